@@ -1,0 +1,1 @@
+"""Small shared helpers: errors, optional imports, device facts, timing."""

@@ -1,0 +1,32 @@
+"""Exceptions that teach: each names the bad value, what was expected, and the fix.
+
+The CLI maps :class:`UsageError` to exit code 2 (bad arguments or input) and any other
+:class:`OverdriveError` to exit code 1 (a failure while doing the work).
+"""
+
+from __future__ import annotations
+
+
+class OverdriveError(RuntimeError):
+    """A failure overdrive detected and can explain (CLI exit code 1)."""
+
+
+class UsageError(OverdriveError, ValueError):
+    """Bad input from the user: a value, a file, or a combination of options (CLI exit code 2).
+
+    Example:
+        >>> raise UsageError("opt_level 'O4' is not one of O0, O1, O2, O3; pick one of those")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: opt_level 'O4' is not one of O0, O1, O2, O3; pick one of those
+    """
+
+
+class MissingDependencyError(OverdriveError, ImportError):
+    """An optional package is needed for this feature but is not installed."""
+
+    def __init__(self, package: str, extra: str | None = None, feature: str = "this feature") -> None:
+        hint = f"pip install 'overdrive[{extra}]'" if extra else f"pip install {package}"
+        super().__init__(f"{feature} needs the optional package '{package}', which is not installed; run: {hint}")
+        self.package = package
+        self.extra = extra

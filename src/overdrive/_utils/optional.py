@@ -1,0 +1,34 @@
+"""Probe and import optional backends lazily, with errors that name the pip extra."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from overdrive._utils.errors import MissingDependencyError
+
+
+def is_available(package: str) -> bool:
+    """True when ``package`` can be imported here, without importing it.
+
+    Example:
+        >>> is_available("torch")
+        True
+    """
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(package: str, extra: str | None = None, feature: str = "this feature") -> ModuleType:
+    """Import ``package`` or raise :class:`MissingDependencyError` naming the extra to install.
+
+    Example:
+        >>> np = require("numpy")
+    """
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise MissingDependencyError(package, extra, feature) from exc

@@ -1,0 +1,39 @@
+"""Timing that is honest on both CPU and CUDA: synchronize, warm up, take medians."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued work on ``device`` (a no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 3, repeat: int = 10) -> list[float]:
+    """Seconds per call of ``fn`` over ``repeat`` runs after ``warmup`` runs.
+
+    Example:
+        >>> times = time_fn(lambda: sum(range(100)), "cpu", warmup=1, repeat=3)
+        >>> len(times)
+        3
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)

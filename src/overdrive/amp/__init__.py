@@ -1,0 +1,26 @@
+"""Mixed precision with apex's opt levels on torch.amp: ``initialize``/``scale_loss`` or ``prepare``.
+
+Example (apex surface):
+    >>> import torch
+    >>> from overdrive import amp
+    >>> model = torch.nn.Linear(4, 2); opt = torch.optim.AdamW(model.parameters())
+    >>> model, opt = amp.initialize(model, opt, opt_level="O2", dtype=torch.bfloat16)
+
+Example (native):
+    >>> mp = amp.prepare(torch.nn.Linear(4, 2), policy=amp.Policy(opt_level="O1", dtype=torch.bfloat16))
+"""
+
+from overdrive.amp.apex import initialize, load_state_dict, master_params, scale_loss, state_dict
+from overdrive.amp.casting import NORM_TYPES, param_dtypes
+from overdrive.amp.config import OPT_LEVELS, Policy
+from overdrive.amp.core import MixedPrecision, prepare
+from overdrive.amp.scaler import LossScaler
+
+__all__ = [
+    # native
+    "Policy", "OPT_LEVELS", "prepare", "MixedPrecision", "LossScaler",
+    # apex-compatible
+    "initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
+    # helpers
+    "NORM_TYPES", "param_dtypes",
+]

@@ -1,0 +1,145 @@
+"""apex.amp's surface over :mod:`overdrive.amp.core`: port apex code by changing the import.
+
+apex's functions take no handle (``amp.scale_loss(loss, optimizer)``, ``amp.state_dict()``), so
+this module keeps a registry from optimizer to the :class:`MixedPrecision` that owns it. It holds
+weak references only, and each ``initialize`` call gets its own entry: two models in one process
+do not interfere. New code can hold the object from :func:`overdrive.amp.prepare` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.amp.config import Policy
+from overdrive.amp.core import MixedPrecision, prepare
+
+_by_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, MixedPrecision] = weakref.WeakKeyDictionary()
+_in_order: list[weakref.ref[MixedPrecision]] = []
+
+
+def _bool_arg(value: Any) -> bool | None:
+    if isinstance(value, str):  # apex accepted the strings "True"/"False" from argparse
+        if value not in ("True", "False"):
+            raise UsageError(f"keep_batchnorm_fp32={value!r}; expected True, False, 'True' or 'False'")
+        return value == "True"
+    return value
+
+
+def initialize(
+    models: Any,
+    optimizers: Any = None,
+    enabled: bool = True,
+    opt_level: str = "O1",
+    cast_model_type: torch.dtype | str | None = None,
+    keep_batchnorm_fp32: bool | str | None = None,
+    master_weights: bool | None = None,
+    loss_scale: float | str | None = None,
+    min_loss_scale: float | None = None,
+    max_loss_scale: float = 2.0**24,
+    cast_model_outputs: torch.dtype | None = None,
+    num_losses: int = 1,
+    verbosity: int = 1,
+    dtype: torch.dtype | str | None = None,
+) -> Any:
+    """apex.amp.initialize: cast models and wire optimizers for ``opt_level``.
+
+    Returns ``(models, optimizers)`` in the structure given (or only ``models`` when no
+    optimizer was given). ``dtype`` picks float16 (default on CUDA) or bfloat16 (default on CPU).
+
+    Example:
+        >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model, opt = initialize(model, opt, opt_level="O2", dtype=torch.bfloat16)
+        >>> with scale_loss(model(torch.randn(3, 4)).sum(), opt) as scaled:
+        ...     scaled.backward()
+        >>> opt.step()
+    """
+    if not enabled:
+        return models if optimizers is None else (models, optimizers)
+    if num_losses != 1:
+        raise UsageError(f"num_losses={num_losses} is not supported; call initialize once per loss/optimizer set")
+    policy = Policy(
+        opt_level=opt_level, dtype=dtype, cast_model_type=cast_model_type,
+        keep_batchnorm_fp32=_bool_arg(keep_batchnorm_fp32), master_weights=master_weights,
+        loss_scale=loss_scale, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+        cast_model_outputs=cast_model_outputs,
+    )
+    opt_list = [] if optimizers is None else (list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers])
+    for opt in opt_list:
+        if opt in _by_optimizer:
+            raise UsageError("this optimizer was already passed to amp.initialize; call initialize once per optimizer")
+    mp = prepare(models, opt_list, policy)
+    for opt in opt_list:
+        _by_optimizer[opt] = mp
+    _in_order.append(weakref.ref(mp))
+    return models if optimizers is None else (models, optimizers)
+
+
+def _handle(optimizers: Any) -> MixedPrecision:
+    opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    handles = {id(_by_optimizer.get(o)): _by_optimizer.get(o) for o in opts}
+    if None in handles.values():
+        raise UsageError(
+            "scale_loss got an optimizer that amp.initialize never saw; pass the optimizer returned by "
+            "amp.initialize(model, optimizer, ...)"
+        )
+    if len(handles) != 1:
+        raise UsageError("scale_loss got optimizers from different amp.initialize calls; use one call per loss")
+    return next(iter(handles.values()))  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def scale_loss(
+    loss: torch.Tensor,
+    optimizers: Any,
+    loss_id: int = 0,
+    model: nn.Module | None = None,
+    delay_unscale: bool = False,
+    delay_overflow_check: bool = False,
+) -> Iterator[torch.Tensor]:
+    """apex.amp.scale_loss: yield the scaled loss; on exit unscale the gradients, check overflow.
+
+    ``delay_unscale`` is accepted for compatibility and unnecessary: accumulation over several
+    ``scale_loss`` blocks is exact here.
+    """
+    with _handle(optimizers).scale_loss(loss) as scaled:
+        yield scaled
+
+
+def master_params(optimizer: torch.optim.Optimizer) -> Iterator[nn.Parameter]:
+    """The parameters ``optimizer`` steps: fp32 masters under O2, the model's own otherwise."""
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+
+def _live() -> list[MixedPrecision]:
+    alive = [r() for r in _in_order]
+    _in_order[:] = [r for r in _in_order if r() is not None]
+    return [h for h in alive if h is not None]
+
+
+def state_dict(destination: dict[str, Any] | None = None) -> dict[str, Any]:
+    """apex.amp.state_dict: one ``loss_scaler<i>`` entry per initialize call, in order."""
+    out: dict[str, Any] = {} if destination is None else destination
+    for i, h in enumerate(_live()):
+        out[f"loss_scaler{i}"] = h.state_dict()
+    return out
+
+
+def load_state_dict(state: dict[str, Any]) -> None:
+    """apex.amp.load_state_dict: restore what :func:`state_dict` saved (after ``initialize``)."""
+    handles = _live()
+    keys = sorted(k for k in state if k.startswith("loss_scaler"))
+    if len(keys) != len(handles):
+        raise UsageError(
+            f"amp state has {len(keys)} loss scaler(s) but {len(handles)} amp.initialize call(s) are live; "
+            "call amp.initialize the same way as in the saved run before amp.load_state_dict"
+        )
+    for i, h in enumerate(handles):
+        h.load_state_dict(state[f"loss_scaler{i}"])

@@ -1,0 +1,133 @@
+"""Casting a model for O2/O3: half weights, fp32 norm layers, fp32 master copies, input/output casts.
+
+Only public mechanisms are used: parameters are swapped on their modules, and inputs/outputs are
+cast by forward hooks. No torch function, optimizer method or ``forward`` is patched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+# Normalization layers that O2 keeps in fp32 (apex: keep_batchnorm_fp32 covers every norm layer).
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.LocalResponseNorm,
+)
+if hasattr(nn, "RMSNorm"):
+    NORM_TYPES = (*NORM_TYPES, nn.RMSNorm)
+# BatchNorm accepts half inputs with fp32 parameters natively (cuDNN and CPU); the others get a cast.
+_NATIVE_MIXED = (nn.modules.batchnorm._BatchNorm,)
+
+
+def cast_floating(obj: Any, dtype: torch.dtype) -> Any:
+    """Cast every floating-point tensor inside ``obj`` (nested tuples/lists/dicts) to ``dtype``."""
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+            return x.to(dtype)
+        return x
+
+    return tree_map(cast, obj)
+
+
+def cast_model(
+    model: nn.Module,
+    dtype: torch.dtype,
+    keep_norm_fp32: bool,
+    make_masters_for: set[int],
+) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """Cast ``model``'s floating parameters and buffers to ``dtype`` in place of the originals.
+
+    Parameters whose id is in ``make_masters_for`` (those an optimizer holds) are replaced on the
+    module by a new half Parameter; the original fp32 Parameter object stays in the optimizer and
+    becomes the master copy, so optimizer references and any state stay valid. Others are cast
+    in place. Tied parameters stay tied. Returns (model_param, master_param) pairs.
+    """
+    replaced: dict[int, nn.Parameter] = {}
+    pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
+    for module in model.modules():
+        if keep_norm_fp32 and isinstance(module, NORM_TYPES):
+            continue
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_floating_point():
+                continue
+            if id(p) in replaced:  # tied weight, already cast through another module
+                module._parameters[name] = replaced[id(p)]
+                continue
+            if id(p) in make_masters_for:
+                half = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                replaced[id(p)] = half
+                module._parameters[name] = half
+                pairs.append((half, p))
+            elif p.dtype != dtype:
+                p.data = p.data.to(dtype)
+                replaced[id(p)] = p
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                module._buffers[name] = b.to(dtype)
+    return pairs
+
+
+def add_io_cast_hooks(model: nn.Module, input_dtype: torch.dtype, output_dtype: torch.dtype | None) -> list[Any]:
+    """Cast floating inputs to ``input_dtype`` on entry and outputs to ``output_dtype`` on exit."""
+    handles = [model.register_forward_pre_hook(
+        lambda _m, args, kwargs: (cast_floating(args, input_dtype), cast_floating(kwargs, input_dtype)),
+        with_kwargs=True,
+    )]
+    if output_dtype is not None:
+        handles.append(model.register_forward_hook(lambda _m, _args, out: cast_floating(out, output_dtype)))
+    return handles
+
+
+def add_norm_fp32_hooks(model: nn.Module, half: torch.dtype) -> list[Any]:
+    """fp32 norm layers other than BatchNorm compute in fp32 and hand ``half`` back to the model."""
+    handles = []
+    for module in model.modules():
+        if isinstance(module, NORM_TYPES) and not isinstance(module, _NATIVE_MIXED):
+            handles.append(module.register_forward_pre_hook(lambda _m, args: cast_floating(args, torch.float32)))
+            handles.append(module.register_forward_hook(lambda _m, _a, out: cast_floating(out, half)))
+    return handles
+
+
+def add_autocast_hooks(model: nn.Module, device_type: str, dtype: torch.dtype) -> list[Any]:
+    """Run ``model``'s forward under torch.autocast (apex O1 without patching torch).
+
+    The exit hook is registered with ``always_call=True``, so an exception in forward still
+    leaves autocast as it was.
+    """
+    stack: list[torch.autocast] = []
+
+    def enter(_m: nn.Module, _args: Any) -> None:
+        ctx = torch.autocast(device_type=device_type, dtype=dtype)
+        ctx.__enter__()
+        stack.append(ctx)
+
+    def leave(_m: nn.Module, _args: Any, _out: Any) -> None:
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    return [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+
+
+def param_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
+    """{qualified name: dtype} for every parameter; handy in tests and reports."""
+    return {n: p.dtype for n, p in model.named_parameters()}
+
+
+def flatten(xs: Any) -> list[Any]:
+    return list(xs) if isinstance(xs, (list, tuple)) else [xs]
+
+
+def ids(params: Iterable[torch.Tensor]) -> set[int]:
+    return {id(p) for p in params}
+
+
+Hook = Callable[..., Any]

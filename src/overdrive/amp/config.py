@@ -1,0 +1,183 @@
+"""The mixed-precision policy: one typed config behind both the apex surface and the native API."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from overdrive._utils.errors import UsageError
+
+OPT_LEVELS = ("O0", "O1", "O2", "O3")
+_HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
+
+LossScale = float | Literal["dynamic"]
+
+
+def parse_dtype(value: torch.dtype | str | None, what: str = "dtype") -> torch.dtype | None:
+    """Accept torch.float16/bfloat16 or their names ('fp16', 'bf16', 'float16', ...)."""
+    if value is None or isinstance(value, torch.dtype):
+        if value is not None and value not in _HALF_DTYPES.values():
+            raise UsageError(f"{what}={value} is not a half dtype; use torch.float16 or torch.bfloat16")
+        return value
+    key = _DTYPE_ALIASES.get(str(value).lower().removeprefix("torch."))
+    if key is None:
+        raise UsageError(f"{what}={value!r} is not a half dtype; use 'fp16'/'float16' or 'bf16'/'bfloat16'")
+    return _HALF_DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What an opt level switches on, spelled out. Unset fields (None) take the opt level's default.
+
+    | level | weights in model | forward           | master weights | loss scale (fp16 / bf16) |
+    |-------|------------------|-------------------|----------------|--------------------------|
+    | O0    | fp32             | fp32              | no             | 1 / 1                    |
+    | O1    | fp32             | autocast (op-wise)| no             | dynamic / 1              |
+    | O2    | half, norms fp32 | half              | fp32 copies    | dynamic / 1              |
+    | O3    | half             | half              | no             | 1 / 1                    |
+
+    Example:
+        >>> p = Policy(opt_level="O2", dtype=torch.bfloat16).resolve(torch.device("cpu"))
+        >>> p.master_weights, p.keep_batchnorm_fp32, p.loss_scale
+        (True, True, 1.0)
+        >>> Policy.from_json(p.to_json()) == p
+        True
+    """
+
+    opt_level: str = "O1"
+    dtype: torch.dtype | None = None  # None: float16 on CUDA, bfloat16 on CPU
+    cast_model_type: torch.dtype | None = None
+    keep_batchnorm_fp32: bool | None = None
+    master_weights: bool | None = None
+    loss_scale: LossScale | None = None
+    min_loss_scale: float | None = None
+    max_loss_scale: float = 2.0**24
+    init_scale: float = 2.0**16
+    growth_interval: int = 2000
+    cast_model_outputs: torch.dtype | None = None  # None: float32 outputs when the model is cast
+
+    def __post_init__(self) -> None:
+        if self.opt_level not in OPT_LEVELS:
+            raise UsageError(
+                f"opt_level {self.opt_level!r} is not one of {', '.join(OPT_LEVELS)} "
+                "(O0 fp32, O1 autocast, O2 half model + fp32 masters, O3 pure half)"
+            )
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype, "dtype"))
+        object.__setattr__(self, "cast_model_type", _parse_cast_type(self.cast_model_type))
+        if self.loss_scale is not None and self.loss_scale != "dynamic":
+            try:
+                scale = float(self.loss_scale)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"loss_scale={self.loss_scale!r} is neither 'dynamic' nor a number") from exc
+            if not scale > 0 or scale == float("inf"):
+                raise UsageError(f"loss_scale={self.loss_scale!r} must be a positive finite number or 'dynamic'")
+            object.__setattr__(self, "loss_scale", scale)
+        if self.min_loss_scale is not None and not self.min_loss_scale > 0:
+            raise UsageError(f"min_loss_scale={self.min_loss_scale!r} must be positive")
+        if not self.max_loss_scale > 0:
+            raise UsageError(f"max_loss_scale={self.max_loss_scale!r} must be positive")
+        if self.min_loss_scale is not None and self.min_loss_scale > self.max_loss_scale:
+            raise UsageError(f"min_loss_scale={self.min_loss_scale} exceeds max_loss_scale={self.max_loss_scale}")
+        if self.growth_interval < 1:
+            raise UsageError(f"growth_interval={self.growth_interval} must be >= 1")
+        if self.master_weights and self.opt_level == "O0":
+            raise UsageError("master_weights=True needs a half model; O0 keeps fp32 weights (use O2)")
+
+    @classmethod
+    def from_opt_level(cls, opt_level: str, **overrides: Any) -> Policy:
+        """The preset for an apex opt level, with apex's keyword overrides."""
+        return cls(opt_level=opt_level, **overrides)
+
+    # --- the resolved view: every field concrete for one device -------------------------------
+    def resolve(self, device: torch.device | str) -> Policy:
+        """Fill every default for ``device`` and check the device can run the dtype."""
+        device = torch.device(device)
+        dtype = self.dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)
+        lvl = self.opt_level
+        if lvl != "O0":
+            _check_dtype_on_device(dtype, device)
+        if self.cast_model_type is not None:
+            cast = self.cast_model_type
+        else:
+            cast = dtype if lvl in ("O2", "O3") else None
+        cast = None if cast is torch.float32 else cast
+        if cast is not None:
+            _check_dtype_on_device(cast, device)
+        keep_bn = self.keep_batchnorm_fp32
+        if keep_bn is None:
+            keep_bn = lvl == "O2"
+        masters = self.master_weights
+        if masters is None:
+            masters = lvl == "O2" and cast is not None
+        if masters and cast is None:
+            raise UsageError(f"master_weights=True at {lvl} needs a half model: set cast_model_type or use O2")
+        scale = self.loss_scale
+        if scale is None:
+            fp16_anywhere = (lvl == "O1" and dtype is torch.float16) or (lvl == "O2" and cast is torch.float16)
+            scale = "dynamic" if fp16_anywhere else 1.0
+        outputs = self.cast_model_outputs or (torch.float32 if cast is not None else None)
+        return dataclasses.replace(
+            self, dtype=dtype, cast_model_type=cast, keep_batchnorm_fp32=keep_bn, master_weights=masters,
+            loss_scale=scale, cast_model_outputs=outputs,
+        )
+
+    @property
+    def autocast(self) -> bool:
+        """O1 runs the forward under torch.autocast (op-level casting)."""
+        return self.opt_level == "O1"
+
+    @property
+    def dynamic(self) -> bool:
+        return self.loss_scale == "dynamic"
+
+    # --- JSON round trip -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("dtype", "cast_model_type", "cast_model_outputs"):
+            d[k] = dtype_name(d[k])
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Policy:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UsageError(f"unknown Policy field(s) {unknown}; known fields: {sorted(known)}")
+        d = dict(d)
+        for k in ("dtype", "cast_model_type", "cast_model_outputs"):
+            if d.get(k) == "float32":
+                d[k] = torch.float32
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> Policy:
+        return cls.from_dict(json.loads(text))
+
+
+def _parse_cast_type(value: torch.dtype | str | None) -> torch.dtype | None:
+    if value in (torch.float32, "float32", "fp32", "torch.float32"):
+        return torch.float32
+    return parse_dtype(value, "cast_model_type")
+
+
+def _check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:
+    if device.type == "cpu" and dtype is torch.float16:
+        raise UsageError(
+            "dtype=float16 was asked for on the CPU, where fp16 math is emulated and slow; "
+            "use dtype=torch.bfloat16 on CPU (or run on a CUDA GPU)"
+        )
+    if device.type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise UsageError(f"dtype=bfloat16 needs compute capability 8.0+, but {name} lacks it; use torch.float16")

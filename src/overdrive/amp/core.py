@@ -1,0 +1,281 @@
+"""The native mixed-precision API: :func:`prepare` returns a :class:`MixedPrecision` you hold.
+
+One implementation: the apex surface (``amp.initialize`` / ``amp.scale_loss``) and the training
+loop both drive this class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.amp import casting
+from overdrive.amp.config import Policy, dtype_name
+from overdrive.amp.scaler import LossScaler
+
+
+class MixedPrecision:
+    """Models and optimizers prepared for one :class:`Policy`; owns the loss scaler.
+
+    Example:
+        >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> mp = prepare(model, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
+        >>> with mp.autocast():
+        ...     loss = mp.model(torch.randn(8, 4)).square().mean()
+        >>> mp.backward(loss); mp.step(); mp.zero_grad()
+        >>> model.weight.dtype, next(iter(mp.master_params())).dtype
+        (torch.bfloat16, torch.float32)
+    """
+
+    def __init__(
+        self,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer],
+        policy: Policy,
+        device: torch.device,
+        autocast_hooks: bool = True,
+    ) -> None:
+        self.models = list(models)
+        self.optimizers = list(optimizers)
+        self.policy = policy.resolve(device)
+        self.device = device
+        p = self.policy
+        self.scaler = LossScaler(
+            dynamic=p.dynamic, init_scale=p.init_scale if p.dynamic else float(p.loss_scale),
+            growth_interval=p.growth_interval, min_scale=p.min_loss_scale, max_scale=p.max_loss_scale,
+        )
+        for opt in self.optimizers:
+            if len(opt.state) > 0:
+                raise UsageError(
+                    "the optimizer already has state (it has stepped): prepare/initialize models and optimizers "
+                    "before the first optimizer.step(), then load checkpoints"
+                )
+        opt_ids = casting.ids(q for opt in self.optimizers for g in opt.param_groups for q in g["params"])
+        self._pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (model half, fp32 master)
+        self._hooks: list[Any] = []
+        for model in self.models:
+            if p.cast_model_type is not None:
+                self._pairs += casting.cast_model(
+                    model, p.cast_model_type, bool(p.keep_batchnorm_fp32), opt_ids if p.master_weights else set()
+                )
+                self._hooks += casting.add_io_cast_hooks(model, p.cast_model_type, p.cast_model_outputs)
+                if p.keep_batchnorm_fp32:
+                    self._hooks += casting.add_norm_fp32_hooks(model, p.cast_model_type)
+            if p.autocast and autocast_hooks:
+                self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype)
+        self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
+        self._stash: list[torch.Tensor | None] | None = None
+        for opt in self.optimizers:
+            self._hooks.append(opt.register_step_pre_hook(self._before_step))
+            self._hooks.append(opt.register_step_post_hook(self._after_step))
+
+    # --- parameters -------------------------------------------------------------------------
+    def master_params(self, optimizer: torch.optim.Optimizer | None = None) -> Iterator[nn.Parameter]:
+        """The parameters the optimizer steps (fp32 masters under O2), for clipping and inspection."""
+        for opt in [optimizer] if optimizer is not None else self.optimizers:
+            for group in opt.param_groups:
+                yield from group["params"]
+
+    def _grad_params(self) -> list[nn.Parameter]:
+        """Where backward writes gradients: the half model params under O2, else the optimizer params."""
+        if self.policy.master_weights:
+            return [half for half, _ in self._pairs]
+        return [q for q in self.master_params() if q.requires_grad]
+
+    # --- forward / backward -----------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """torch.autocast for O1; nothing at other levels (the model is already cast)."""
+        if self.policy.autocast:
+            return torch.autocast(device_type=self.device.type, dtype=self.policy.dtype)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def scale_loss(self, loss: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Yield ``loss * scale``; on exit unscale the new gradients and check them for inf/NaN.
+
+        Gradients accumulated by earlier backward passes are kept aside while this one runs, so
+        gradient accumulation over several ``scale_loss`` blocks is exact.
+        """
+        self._flush_pending()
+        params = self._grad_params()
+        self._stash = [q.grad for q in params]
+        for q in params:
+            q.grad = None
+        try:
+            yield loss * self.scaler.scale if self.scaler.scale != 1.0 else loss
+        except BaseException:
+            for q, g in zip(params, self._stash):
+                q.grad = g
+            self._stash = None
+            raise
+        stash, self._stash = self._stash, None
+        self._unscale_new_grads(params, stash)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Scaled backward with the overflow check: ``with scale_loss(loss) as s: s.backward()``."""
+        with self.scale_loss(loss) as scaled:
+            scaled.backward()
+
+    def _unscale_new_grads(self, params: list[nn.Parameter], stash: list[torch.Tensor | None]) -> None:
+        if self.policy.master_weights:
+            fresh, found = self._move_to_masters(scale=True)
+        else:
+            grads = [q.grad for q in params if q.grad is not None]
+            found = self.scaler.unscale_(grads)
+            to_add = [(q.grad, s) for q, s in zip(params, stash) if s is not None and q.grad is not None]
+            if to_add:
+                torch._foreach_add_([g for g, _ in to_add], [s for _, s in to_add])
+            for q, s in zip(params, stash):
+                if q.grad is None and s is not None:
+                    q.grad = s
+        self.scaler.update(found)
+        if found:
+            self._skip.update(id(opt) for opt in self.optimizers)
+
+    def _move_to_masters(self, scale: bool) -> tuple[int, bool]:
+        """O2: copy the half model grads into the fp32 master grads (unscaled), then drop them."""
+        pairs = [(h, m) for h, m in self._pairs if h.grad is not None]
+        if not pairs:
+            return 0, False
+        fresh_new = [(h, m) for h, m in pairs if m.grad is None]
+        fresh_acc = [(h, m) for h, m in pairs if m.grad is not None]
+        for _, m in fresh_new:
+            m.grad = torch.empty_like(m)
+        bufs = [m.grad for _, m in fresh_new] + [torch.empty_like(m) for _, m in fresh_acc]
+        torch._foreach_copy_(bufs, [h.grad for h, _ in fresh_new] + [h.grad for h, _ in fresh_acc])
+        found = self.scaler.unscale_(bufs) if scale else False
+        if fresh_acc:
+            torch._foreach_add_([m.grad for _, m in fresh_acc], bufs[len(fresh_new):])
+        for h, _ in pairs:
+            h.grad = None
+        return len(pairs), found
+
+    def _flush_pending(self) -> None:
+        """Grads left by a backward outside scale_loss (unscaled) go to the masters as they are."""
+        if self.policy.master_weights:
+            self._move_to_masters(scale=False)
+
+    # --- optimizer step hooks ---------------------------------------------------------------
+    def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        self._flush_pending()
+        if id(optimizer) in self._skip:
+            # Skip the step: optimizers leave parameters whose grad is None untouched.
+            for q in self.master_params(optimizer):
+                q.grad = None
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        skipped = id(optimizer) in self._skip
+        self._skip.discard(id(optimizer))
+        if self.policy.master_weights:
+            mine = casting.ids(self.master_params(optimizer))
+            pairs = [(h, m) for h, m in self._pairs if id(m) in mine]
+            if pairs and not skipped:
+                with torch.no_grad():
+                    torch._foreach_copy_([h for h, _ in pairs], [m for _, m in pairs])
+            for _, m in pairs:  # masters' grads were consumed by this step
+                m.grad = None
+
+    # --- conveniences for the native API ----------------------------------------------------
+    def step(self) -> bool:
+        """Step every optimizer; returns False when the step was skipped for an overflow."""
+        skipped = bool(self._skip)
+        for opt in self.optimizers:
+            opt.step()
+        return not skipped
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        for half, _ in self._pairs:
+            half.grad = None
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip the (unscaled, fp32 under O2) gradients the optimizer will use."""
+        params = [q for q in self.master_params() if q.grad is not None]
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    # --- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state, plus the fp32 masters under O2 (so a resume is bit-identical)."""
+        state: dict[str, Any] = {
+            "opt_level": self.policy.opt_level,
+            "dtype": dtype_name(self.policy.dtype),
+            "loss_scaler": self.scaler.state_dict(),
+        }
+        if self.policy.master_weights:
+            state["master_params"] = [m.detach().clone() for _, m in self._pairs]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("opt_level") != self.policy.opt_level:
+            raise UsageError(
+                f"amp state was saved at opt level {state.get('opt_level')!r} but this run uses "
+                f"{self.policy.opt_level!r}; initialize with opt_level={state.get('opt_level')!r} to resume it"
+            )
+        if state.get("dtype") != dtype_name(self.policy.dtype):
+            raise UsageError(
+                f"amp state was saved with dtype {state.get('dtype')!r} but this run uses "
+                f"{dtype_name(self.policy.dtype)!r}; initialize with the same dtype"
+            )
+        self.scaler.load_state_dict(state["loss_scaler"])
+        if self.policy.master_weights:
+            masters = state.get("master_params")
+            if masters is None or len(masters) != len(self._pairs):
+                raise UsageError(
+                    f"amp state holds {0 if masters is None else len(masters)} master params, this model has "
+                    f"{len(self._pairs)}; load a state saved from the same model"
+                )
+            with torch.no_grad():
+                for (half, master), saved in zip(self._pairs, masters):
+                    if saved.shape != master.shape:
+                        raise UsageError(f"master param shape {tuple(saved.shape)} != {tuple(master.shape)}")
+                    master.copy_(saved)
+                    half.copy_(master)
+
+    def remove(self) -> None:
+        """Remove every hook this object installed (the model stays cast)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def prepare(
+    models: nn.Module | Sequence[nn.Module],
+    optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+    policy: Policy | str = "O1",
+    device: torch.device | str | None = None,
+    autocast_hooks: bool = True,
+) -> MixedPrecision:
+    """Prepare models and optimizers for mixed precision under ``policy``.
+
+    ``autocast_hooks=False`` leaves O1's autocast to you (``with mp.autocast():``), which is what
+    a compiled training step wants.
+
+    Example:
+        >>> mp = prepare(nn.Linear(4, 2), policy="O0")
+        >>> mp.policy.opt_level
+        'O0'
+    """
+    if isinstance(policy, str):
+        policy = Policy.from_opt_level(policy)
+    models_l = casting.flatten(models)
+    opts_l = [] if optimizers is None else casting.flatten(optimizers)
+    for m in models_l:
+        if not isinstance(m, nn.Module):
+            raise UsageError(f"expected torch.nn.Module model(s), got {type(m).__name__}")
+    for o in opts_l:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise UsageError(f"expected torch.optim.Optimizer(s), got {type(o).__name__}")
+    if device is None:
+        first = next((q for m in models_l for q in m.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+    return MixedPrecision(models_l, opts_l, policy, torch.device(device), autocast_hooks=autocast_hooks)

@@ -1,0 +1,34 @@
+"""Helpers shared by the verbs: console output and JSON writing."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(data: Any, target: str | None) -> None:
+    """Write ``data`` as JSON to ``target`` ('-' or None: stdout)."""
+    text = json.dumps(_clean(data), indent=2, default=str)
+    if target in (None, "-"):
+        sys.stdout.write(text + "\n")
+    else:
+        Path(target).write_text(text + "\n")

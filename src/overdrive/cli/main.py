@@ -1,0 +1,109 @@
+"""Entry point: ``overdrive <verb>``. Verbs are the modules of this package that define ``command``.
+
+Errors become one line on stderr and an exit code: 2 for bad arguments or input, 1 for failures.
+``--verbose`` (anywhere on the line) shows the traceback too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from typing import Any
+
+import click
+
+import overdrive
+from overdrive._utils.errors import OverdriveError, UsageError
+
+_NOT_VERBS = {"main", "common"}
+
+
+class _Verbs(click.Group):
+    """Discovers verb modules lazily, so `overdrive env` does not import every technique."""
+
+    def _names(self) -> list[str]:
+        pkg = importlib.import_module("overdrive.cli")
+        return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name not in _NOT_VERBS and not m.name.startswith("_"))
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [n.replace("_", "-") for n in self._names()]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        mod = cmd_name.replace("-", "_")
+        if mod not in self._names():
+            return None
+        return importlib.import_module(f"overdrive.cli.{mod}").command
+
+
+@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(overdrive.__version__, "--version", prog_name="overdrive")
+@click.option("--verbose", is_flag=True, help="Show tracebacks on errors.")
+def cli(verbose: bool) -> None:
+    """overdrive: make PyTorch train faster and serve faster.
+
+    \b
+    Examples:
+      overdrive env                 # versions, GPUs and usable backends
+      overdrive demo                # the whole path on the digits dataset
+      overdrive demo --device cuda --json results.json
+    """
+
+
+def _error(msg: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {msg}", markup=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns (and exits with) the process exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in args
+    if verbose:  # accepted anywhere on the line, not only before the verb
+        args = [a for a in args if a != "--verbose"]
+    code = 0
+    try:
+        rv: Any = cli.main(args=args, prog_name="overdrive", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.exceptions.Abort:
+        _error("aborted")
+        code = 1
+    except click.ClickException as exc:  # bad arguments: unknown option, bad value, missing argument
+        _error(_escape(exc.format_message()) + "  (see --help)")
+        code = exc.exit_code if exc.exit_code else 2
+        if verbose:
+            raise
+    except UsageError as exc:
+        _error(_escape(str(exc)))
+        code = 2
+        if verbose:
+            raise
+    except OverdriveError as exc:
+        _error(_escape(str(exc)))
+        code = 1
+        if verbose:
+            raise
+    except KeyboardInterrupt:
+        _error("interrupted")
+        code = 130
+    except Exception as exc:  # an unexpected failure: one line unless --verbose
+        if verbose:
+            raise
+        _error(_escape(f"{type(exc).__name__}: {exc}") + "  (run with --verbose for the traceback)")
+        code = 1
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(" ".join(text.split()))
+
+
+if __name__ == "__main__":  # python -m overdrive.cli.main
+    main()

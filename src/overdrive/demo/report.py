@@ -1,0 +1,56 @@
+"""A result table: printed with rich, written as JSON. Every demo stage and benchmark returns these."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Table:
+    """Rows of one stage's results.
+
+    Example:
+        >>> t = Table("amp", ["level", "accuracy"], [["O0", 0.97]])
+        >>> t.to_dict()["rows"]
+        [{'level': 'O0', 'accuracy': 0.97}]
+    """
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rows"] = [dict(zip(self.columns, r)) for r in self.rows]
+        return d
+
+    def render(self) -> Any:
+        from rich.table import Table as RichTable
+
+        t = RichTable(title=self.title, caption="\n".join(self.notes) or None, caption_justify="left")
+        for i, c in enumerate(self.columns):
+            t.add_column(c, justify="left" if i == 0 else "right")
+        for r in self.rows:
+            t.add_row(*[_fmt(v) for v in r])
+        return t
+
+    def to_markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.columns) + " |",
+                 "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in self.rows]
+        lines += [""] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.4f}" if abs(v) < 1 else f"{v:.3f}"
+    return "-" if v is None else str(v)

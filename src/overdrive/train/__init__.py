@@ -1,0 +1,15 @@
+"""The training loop that later techniques plug into: model, optimizer, data, amp policy.
+
+Example:
+    >>> import torch
+    >>> from overdrive.train import Trainer
+    >>> model = torch.nn.Linear(4, 3)
+    >>> trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="O0", progress=False)
+    >>> data = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
+    >>> result = trainer.fit(data, epochs=1)
+"""
+
+from overdrive.train.checkpoint import load_checkpoint, save_checkpoint
+from overdrive.train.loop import EpochStats, FitResult, Trainer, evaluate, memory_mib
+
+__all__ = ["Trainer", "FitResult", "EpochStats", "evaluate", "memory_mib", "save_checkpoint", "load_checkpoint"]

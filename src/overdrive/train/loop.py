@@ -1,0 +1,290 @@
+"""A small, readable training loop on overdrive.amp: one step is visible in :meth:`Trainer.train_step`."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.timing import synchronize
+from overdrive.amp import MixedPrecision, Policy, prepare
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    loss: float  # mean training loss over the epoch
+    samples: int
+    seconds: float
+    skipped_steps: int
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class FitResult:
+    history: list[EpochStats] = field(default_factory=list)
+    peak_memory_mib: float = 0.0
+
+    @property
+    def final_loss(self) -> float:
+        return self.history[-1].loss
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput over all epochs but the first (warm-up), or over the only one."""
+        timed = self.history[1:] or self.history
+        return sum(e.samples for e in timed) / max(sum(e.seconds for e in timed), 1e-12)
+
+
+class Trainer:
+    """Model + optimizer + amp policy, with a visible step, a fit loop, evaluation and checkpoints.
+
+    ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
+    the loss scaler and optimizer hooks behave as usual).
+
+    Example:
+        >>> model = nn.Linear(4, 3)
+        >>> t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Policy(opt_level="O1", dtype=torch.bfloat16), progress=False)
+        >>> loss = t.train_step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        policy: Policy | str = "O0",
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        device: torch.device | str | None = None,
+        scheduler: Any | None = None,
+        grad_clip: float | None = None,
+        accumulate: int = 1,
+        compile: bool = False,
+        progress: bool = True,
+        channels_last: bool = False,
+    ) -> None:
+        if accumulate < 1:
+            raise UsageError(f"accumulate={accumulate} must be >= 1")
+        first = next(model.parameters(), None)
+        self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        self.model = model
+        self.optimizer = optimizer
+        self.mp: MixedPrecision = prepare(model, optimizer, policy, device=self.device, autocast_hooks=False)
+        self.loss_fn = loss_fn or nn.functional.cross_entropy
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+        self.accumulate = accumulate
+        self.progress = progress
+        self.channels_last = channels_last
+        self.forward = torch.compile(model) if compile else model
+        self.step_count = 0  # optimizer steps taken (skipped ones included)
+        self.epoch = 0
+        self._micro = 0
+
+    # --- one step, in plain sight -----------------------------------------------------------
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def train_step(self, batch: Batch) -> torch.Tensor:
+        """Forward, scaled backward, (every ``accumulate`` micro-batches) clip and step.
+
+        Returns the micro-batch loss as a detached tensor (no host sync).
+        """
+        x, y = batch
+        x, y = self._to_device(x), y.to(self.device, non_blocking=True)
+        with self.mp.autocast():
+            out = self.forward(x)
+            loss = self.loss_fn(out.float(), y)
+        self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
+        self._micro += 1
+        if self._micro % self.accumulate == 0:
+            if self.grad_clip is not None:
+                self.mp.clip_grad_norm_(self.grad_clip)
+            self.mp.step()
+            self.mp.zero_grad()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self.step_count += 1
+        return loss.detach()
+
+    # --- the loop ---------------------------------------------------------------------------
+    def fit(
+        self,
+        train_data: Iterable[Batch],
+        epochs: int,
+        eval_data: Iterable[Batch] | None = None,
+        on_epoch_end: Callable[[EpochStats], None] | None = None,
+        description: str = "train",
+    ) -> FitResult:
+        """Train for ``epochs`` epochs; returns per-epoch loss, throughput and eval metrics."""
+        if epochs < 1:
+            raise UsageError(f"epochs={epochs} must be >= 1")
+        result = FitResult()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        total = _len_or_none(train_data)
+        with _progress(self.progress, description) as bar:
+            task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
+            for _ in range(epochs):
+                self.model.train()
+                skipped0 = self.mp.scaler.overflows
+                losses: list[torch.Tensor] = []
+                samples = 0
+                synchronize(self.device)
+                t0 = time.perf_counter()
+                for batch in train_data:
+                    losses.append(self.train_step(batch))
+                    samples += int(batch[0].shape[0])
+                    if bar is not None and len(losses) % 10 == 0:
+                        bar.update(task, advance=10, loss=float(losses[-1]), tput=samples / (time.perf_counter() - t0))
+                synchronize(self.device)
+                seconds = time.perf_counter() - t0
+                if not losses:
+                    raise UsageError("the training data yielded no batch; check the dataset and batch size")
+                mean_loss = float(torch.stack(losses).float().mean())
+                if not math.isfinite(mean_loss):
+                    raise OverdriveError(
+                        f"training diverged: mean loss {mean_loss} in epoch {self.epoch}; lower the learning rate or "
+                        "use a dynamic loss scale"
+                    )
+                stats = EpochStats(self.epoch, mean_loss, samples, seconds, self.mp.scaler.overflows - skipped0)
+                if eval_data is not None:
+                    stats.eval_loss, stats.eval_accuracy = evaluate(self.model, eval_data, self.mp, self.channels_last)
+                if bar is not None:
+                    bar.update(task, completed=(self.epoch + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
+                result.history.append(stats)
+                self.epoch += 1
+                if on_epoch_end is not None:
+                    on_epoch_end(stats)
+        result.peak_memory_mib = memory_mib(self)
+        return result
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "amp": self.mp.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "epoch": self.epoch,
+            "step": self.step_count,
+            "micro": self._micro,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.mp.load_state_dict(state["amp"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step_count, self._micro = state["epoch"], state["step"], state["micro"]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: Iterable[Batch],
+    mp: MixedPrecision | None = None,
+    channels_last: bool = False,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[float, float]:
+    """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given).
+
+    Example:
+        >>> evaluate(nn.Linear(4, 3), [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])[1] <= 1.0
+        True
+    """
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    was_training = model.training
+    model.eval()
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    total_loss = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.int64)
+    n = 0
+    ctx = mp.autocast if mp is not None else None
+    for x, y in data:
+        x, y = x.to(device), y.to(device)
+        if channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if ctx is not None:
+            with ctx():
+                out = model(x)
+        else:
+            out = model(x)
+        out = out.float()
+        total_loss += loss_fn(out, y, reduction="sum").double()
+        correct += (out.argmax(dim=-1) == y).sum()
+        n += int(y.shape[0])
+    model.train(was_training)
+    if n == 0:
+        raise UsageError("the evaluation data yielded no sample")
+    return float(total_loss) / n, float(correct) / n
+
+
+def memory_mib(trainer: Trainer) -> float:
+    """Peak memory: CUDA's peak allocated bytes, or on CPU the training state's bytes
+    (parameters, gradients, fp32 masters and optimizer state), which torch cannot track as a peak."""
+    if trainer.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(trainer.device) / 2**20
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+
+    for p in trainer.model.parameters():
+        add(p)
+        add(p.grad)
+    for p in trainer.mp.master_params():
+        add(p)
+        add(p.grad)
+    for st in trainer.optimizer.state.values():
+        for v in st.values():
+            add(v)
+    return total / 2**20
+
+
+def _len_or_none(data: Iterable[Any]) -> int | None:
+    try:
+        return len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+class _NoBar:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(enabled: bool, description: str) -> Any:
+    if not enabled:
+        return _NoBar()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"), TextColumn("{task.fields[tput]:,.0f} samples/s"),
+        TimeElapsedColumn(), transient=True,
+    )
