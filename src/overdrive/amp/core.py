@@ -69,7 +69,6 @@ class MixedPrecision:
             if p.autocast and autocast_hooks:
                 self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
-        self._stash: list[torch.Tensor | None] | None = None
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_step))
             self._hooks.append(opt.register_step_post_hook(self._after_step))
@@ -81,11 +80,11 @@ class MixedPrecision:
             for group in opt.param_groups:
                 yield from group["params"]
 
-    def _grad_params(self) -> list[nn.Parameter]:
-        """Where backward writes gradients: the half model params under O2, else the optimizer params."""
-        if self.policy.master_weights:
-            return [half for half, _ in self._pairs]
-        return [q for q in self.master_params() if q.requires_grad]
+    def _direct_params(self) -> list[nn.Parameter]:
+        """Optimizer params that backward writes to directly: all of them, except O2's masters
+        (whose grads arrive through the half model params). Under O2 these are the fp32 norm layers."""
+        masters = casting.ids(m for _, m in self._pairs)
+        return [q for q in self.master_params() if q.requires_grad and id(q) not in masters]
 
     # --- forward / backward -----------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -102,63 +101,63 @@ class MixedPrecision:
         gradient accumulation over several ``scale_loss`` blocks is exact.
         """
         self._flush_pending()
-        params = self._grad_params()
-        self._stash = [q.grad for q in params]
-        for q in params:
+        direct = self._direct_params()
+        stash = [q.grad for q in direct]
+        for q in direct:
             q.grad = None
         try:
             yield loss * self.scaler.scale if self.scaler.scale != 1.0 else loss
         except BaseException:
-            for q, g in zip(params, self._stash):
+            for q, g in zip(direct, stash):
                 q.grad = g
-            self._stash = None
             raise
-        stash, self._stash = self._stash, None
-        self._unscale_new_grads(params, stash)
+        self._unscale_new_grads(direct, stash)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Scaled backward with the overflow check: ``with scale_loss(loss) as s: s.backward()``."""
         with self.scale_loss(loss) as scaled:
             scaled.backward()
 
-    def _unscale_new_grads(self, params: list[nn.Parameter], stash: list[torch.Tensor | None]) -> None:
-        if self.policy.master_weights:
-            fresh, found = self._move_to_masters(scale=True)
-        else:
-            grads = [q.grad for q in params if q.grad is not None]
-            found = self.scaler.unscale_(grads)
-            to_add = [(q.grad, s) for q, s in zip(params, stash) if s is not None and q.grad is not None]
-            if to_add:
-                torch._foreach_add_([g for g, _ in to_add], [s for _, s in to_add])
-            for q, s in zip(params, stash):
-                if q.grad is None and s is not None:
-                    q.grad = s
+    def _unscale_new_grads(self, direct: list[nn.Parameter], stash: list[torch.Tensor | None]) -> None:
+        # O2: the half model grads are copied into fp32 buffers first, so all new gradients are
+        # unscaled and checked in one pass (one device sync when the scale is dynamic).
+        pairs, bufs, n_new = self._copy_half_grads()
+        fresh = [q.grad for q in direct if q.grad is not None]
+        found = self.scaler.unscale_(fresh + bufs)
+        self._accumulate_masters(pairs, bufs, n_new)
+        to_add = [(q.grad, s) for q, s in zip(direct, stash) if s is not None and q.grad is not None]
+        if to_add:
+            torch._foreach_add_([g for g, _ in to_add], [s for _, s in to_add])
+        for q, s in zip(direct, stash):
+            if q.grad is None and s is not None:
+                q.grad = s
         self.scaler.update(found)
         if found:
             self._skip.update(id(opt) for opt in self.optimizers)
 
-    def _move_to_masters(self, scale: bool) -> tuple[int, bool]:
-        """O2: copy the half model grads into the fp32 master grads (unscaled), then drop them."""
+    def _copy_half_grads(self) -> tuple[list[tuple[nn.Parameter, nn.Parameter]], list[torch.Tensor], int]:
+        """O2: fp32 copies of the half model grads; fresh masters get theirs as ``.grad`` directly."""
         pairs = [(h, m) for h, m in self._pairs if h.grad is not None]
         if not pairs:
-            return 0, False
-        fresh_new = [(h, m) for h, m in pairs if m.grad is None]
-        fresh_acc = [(h, m) for h, m in pairs if m.grad is not None]
-        for _, m in fresh_new:
+            return [], [], 0
+        new = [(h, m) for h, m in pairs if m.grad is None]
+        acc = [(h, m) for h, m in pairs if m.grad is not None]
+        for _, m in new:
             m.grad = torch.empty_like(m)
-        bufs = [m.grad for _, m in fresh_new] + [torch.empty_like(m) for _, m in fresh_acc]
-        torch._foreach_copy_(bufs, [h.grad for h, _ in fresh_new] + [h.grad for h, _ in fresh_acc])
-        found = self.scaler.unscale_(bufs) if scale else False
-        if fresh_acc:
-            torch._foreach_add_([m.grad for _, m in fresh_acc], bufs[len(fresh_new):])
+        bufs = [m.grad for _, m in new] + [torch.empty_like(m) for _, m in acc]
+        torch._foreach_copy_(bufs, [h.grad for h, _ in new + acc])
+        return new + acc, bufs, len(new)
+
+    def _accumulate_masters(self, pairs: list[tuple[nn.Parameter, nn.Parameter]], bufs: list[torch.Tensor], n_new: int) -> None:
+        if len(pairs) > n_new:
+            torch._foreach_add_([m.grad for _, m in pairs[n_new:]], bufs[n_new:])
         for h, _ in pairs:
             h.grad = None
-        return len(pairs), found
 
     def _flush_pending(self) -> None:
-        """Grads left by a backward outside scale_loss (unscaled) go to the masters as they are."""
-        if self.policy.master_weights:
-            self._move_to_masters(scale=False)
+        """Half grads left by a backward outside scale_loss (unscaled) go to the masters as they are."""
+        pairs, bufs, n_new = self._copy_half_grads()
+        self._accumulate_masters(pairs, bufs, n_new)
 
     # --- optimizer step hooks ---------------------------------------------------------------
     def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:

@@ -1,0 +1,92 @@
+"""overdrive.amp on a CUDA GPU: fp16 with dynamic loss scaling, bf16, compile. Run with `pytest -m gpu`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive import amp
+from overdrive.amp import Policy, prepare
+
+from .conftest import Net, batch
+
+pytestmark = pytest.mark.gpu
+
+
+def _fit(model: nn.Module, mp: amp.MixedPrecision, steps: int) -> list[float]:
+    losses = []
+    for i in range(steps):
+        x, y = (t.cuda() for t in batch(64, seed=i % 4))
+        with mp.autocast():
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        mp.backward(loss)
+        mp.step()
+        mp.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_levels_train_on_cuda(level: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = Net().cuda()
+    ref = copy.deepcopy(model)
+    mp = prepare(model, torch.optim.AdamW(model.parameters(), lr=3e-3), Policy(opt_level=level, dtype=dtype))
+    ref_mp = prepare(ref, torch.optim.AdamW(ref.parameters(), lr=3e-3), Policy(opt_level="O0"))
+    losses, ref_losses = _fit(model, mp, 60), _fit(ref, ref_mp, 60)
+    assert losses[-1] < 0.7 * losses[0]
+    # converges like fp32 (pure-half O3 with fp16 is allowed a little more)
+    assert losses[-1] < ref_losses[-1] * (1.5 if level == "O3" else 1.2) + 0.05
+    if level == "O2":
+        assert model.bn.weight.dtype == torch.float32 and model.conv.weight.dtype == dtype
+        assert mp.policy.dynamic == (dtype is torch.float16)
+
+
+def test_fp16_overflow_skips_and_backs_off_on_cuda() -> None:
+    model = Net().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2")  # fp16 default on CUDA
+    mp = amp.apex._by_optimizer[opt]
+    assert mp.policy.dtype is torch.float16 and mp.policy.dynamic
+    before = [m.detach().clone() for m in amp.master_params(opt)]
+    h = model.fc.weight.register_hook(lambda g: g * float("inf"))
+    x, y = (t.cuda() for t in batch(32))
+    with amp.scale_loss(nn.functional.cross_entropy(model(x), y), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    h.remove()
+    assert mp.loss_scale == 2.0**15 and mp.scaler.overflows == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, amp.master_params(opt)))
+
+
+def test_fp16_loss_scale_prevents_underflow() -> None:
+    # gradients ~1e-8 underflow in fp16 without scaling; with the 2**16 scale they survive
+    lin = nn.Linear(8, 8, bias=False).cuda()
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    mp = prepare(lin, opt, Policy(opt_level="O2", dtype=torch.float16))
+    x = torch.randn(4, 8, device="cuda")
+    mp.backward(lin(x).float().sum() * 1e-8)
+    g = next(mp.master_params()).grad
+    assert g is not None and g.abs().max().item() > 0
+
+
+def test_compile_o2_bf16_matches_eager_on_cuda() -> None:
+    torch.manual_seed(0)
+    model = Net().cuda()
+    prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), Policy(opt_level="O2", dtype=torch.bfloat16))
+    model.eval()
+    x = batch(64)[0].cuda()
+    torch.testing.assert_close(torch.compile(model)(x), model(x), atol=3e-2, rtol=3e-2)
+
+
+def test_layernorm_fp32_under_o2_with_half_inputs_on_cuda() -> None:
+    m = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GroupNorm(4, 32), nn.Linear(32, 4)).cuda()
+    mp = prepare(m, torch.optim.SGD(m.parameters(), lr=0.1), Policy(opt_level="O2", dtype=torch.float16))
+    out = m(torch.randn(8, 16, device="cuda"))
+    assert out.dtype == torch.float32 and m[1].weight.dtype == torch.float32
+    mp.backward(out.sum())
+    mp.step()
