@@ -1,0 +1,81 @@
+"""The CLI: --help/--version, env --json schema, and one-line errors with exit codes 2 and 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from overdrive.cli.main import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "overdrive.cli.main", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_help_lists_verbs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "env" in out and "demo" in out and "Examples" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import overdrive
+
+    assert main(["--version"]) == 0
+    assert overdrive.__version__ in capsys.readouterr().out
+
+
+def test_env_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"overdrive", "python", "torch", "cpu", "cuda", "gpus", "backends"} <= set(report)
+    assert {"available", "version", "driver"} <= set(report["cuda"])
+    assert set(report["backends"]) >= {"onnx", "onnxruntime", "tensorrt", "torchvision", "cusparselt", "triton"}
+    assert all("available" in b for b in report["backends"].values())
+    for gpu in report["gpus"]:
+        assert {"name", "compute_capability", "memory_gib", "fp8"} <= set(gpu)
+
+
+def test_env_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env"]) == 0
+    assert "torch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "needle"),
+    [
+        (["demo", "--opt-level", "O9"], 2, "O9"),
+        (["demo", "--epochs", "0"], 2, "--epochs 0"),
+        (["demo", "--epochs", "many"], 2, "many"),
+        (["demo", "--no-such-flag"], 2, "--no-such-flag"),
+        (["demo", "--stage", "warp"], 2, "warp"),
+        (["demo", "--dtype", "int3"], 2, "int3"),
+        (["no-such-verb"], 2, "no-such-verb"),
+    ],
+)
+def test_bad_arguments_one_line_exit_2(args: list[str], code: int, needle: str) -> None:
+    proc = run_cli(*args)
+    assert proc.returncode == code, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0] and lines[0].startswith("error:")
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_gpu_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = run_cli("demo", "--device", "cuda")
+    assert proc.returncode == 2
+    assert "no CUDA GPU" in proc.stderr and "--device cpu" in proc.stderr
+
+
+def test_verbose_shows_the_traceback() -> None:
+    proc = run_cli("demo", "--opt-level", "O9", "--verbose")
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr
