@@ -50,6 +50,7 @@ def jpeg_info(data: bytes) -> JpegInfo:
         seg = (data[i + 2] << 8) | data[i + 3]
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn
             comps = data[i + 9] if i + 9 < n else 0
+            # "progressive" here: anything but Huffman sequential (SOF0/1): progressive or arithmetic coded
             return JpegInfo(True, progressive=marker in (0xC2, 0xC6, 0xCA, 0xCE) or marker >= 0xC9,
                             components=comps, complete=complete)
         i += 2 + seg
