@@ -37,7 +37,7 @@ def jpeg_info(data: bytes) -> JpegInfo:
     """Read the JPEG markers up to the frame header (SOFn): progressive? how many components?"""
     if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return JpegInfo(False)
-    complete = data.rstrip(b"\x00")[-2:] == b"\xff\xd9"
+    complete = data[-2:] == b"\xff\xd9" or (data[-1] == 0 and data.rstrip(b"\x00")[-2:] == b"\xff\xd9")
     i = 2
     n = len(data)
     while i + 4 <= n:
@@ -85,8 +85,9 @@ def decode_gpu(datas: Sequence[bytes], device: torch.device) -> tuple[list[torch
     """
     tv_io = require("torchvision.io", extra="vision", feature="GPU JPEG decoding")
     out: list[torch.Tensor | None] = [None] * len(datas)
-    gpu_idx = [i for i, d in enumerate(datas) if jpeg_info(d).gpu_ok]
-    cpu_idx = [i for i in range(len(datas)) if i not in set(gpu_idx)]
+    ok = [jpeg_info(d).gpu_ok for d in datas]
+    gpu_idx = [i for i in range(len(datas)) if ok[i]]
+    cpu_idx = [i for i in range(len(datas)) if not ok[i]]
     if gpu_idx:
         tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_idx]
         try:

@@ -180,13 +180,15 @@ class ImageLoader:
 
     # --- the GPU pipeline -----------------------------------------------------------------------
     def _iter_gpu(self, batches: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``gpu_threads`` producers (batch k goes to producer k % T, each with its own CUDA stream and
+        bounded queue) read, decode and augment; this consumer takes batches back in order."""
         cfg, device = self.config, self.device
-        q: queue.Queue = queue.Queue(maxsize=cfg.prefetch)
+        T = min(cfg.gpu_threads, max(len(batches), 1))
+        queues: list[queue.Queue] = [queue.Queue(maxsize=cfg.prefetch) for _ in range(T)]
         stop = threading.Event()
-        side = torch.cuda.Stream(device=device)
         pool = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="overdrive-read")
 
-        def put(item: Any) -> bool:
+        def put(q: queue.Queue, item: Any) -> bool:
             while not stop.is_set():
                 try:
                     q.put(item, timeout=0.1)
@@ -195,49 +197,55 @@ class ImageLoader:
                     continue
             return False
 
-        def produce() -> None:
+        def read(idx: list[int]) -> list[Any]:
+            return [pool.submit(self.samples[i].read) for i in idx]
+
+        def produce(t: int) -> None:
+            q = queues[t]
             try:
-                torch.cuda.set_device(device)
-                pending = [pool.submit(self.samples[i].read) for i in batches[0]] if batches else []
-                for k, idx in enumerate(batches):
+                if device.index is not None:
+                    torch.cuda.set_device(device)
+                side = torch.cuda.Stream(device=device)
+                mine = list(range(t, len(batches), T))
+                pending = read(batches[mine[0]]) if mine else []
+                for n, k in enumerate(mine):
                     if stop.is_set():
                         return
+                    idx = batches[k]
                     datas, bad = [], []
                     for i, f in zip(idx, pending):
                         try:
                             datas.append((i, f.result()))
                         except OSError as exc:
                             bad.append(f"{self.samples[i].path}: {exc}")
-                    if k + 1 < len(batches):  # read the next batch while this one decodes
-                        pending = [pool.submit(self.samples[i].read) for i in batches[k + 1]]
+                    if n + 1 < len(mine):  # read this producer's next batch while this one decodes
+                        pending = read(batches[mine[n + 1]])
                     u, flips = draw_params(len(idx), batch_generator(cfg.seed, self.epoch, cfg.shard_id, k), cfg.flip)
                     pos = {i: j for j, i in enumerate(idx)}
                     with torch.cuda.stream(side):
                         imgs, fallback = decode_gpu([d for _, d in datas], device)
                         keep = [j for j, im in enumerate(imgs) if im is not None]
                         bad += [f"{self.samples[datas[j][0]].path}: cannot decode" for j, im in enumerate(imgs) if im is None]
+                        x = y = None
                         if keep:
                             sel = torch.tensor([pos[datas[j][0]] for j in keep])
                             x = transform_batch([imgs[j] for j in keep], u[sel], flips[sel], cfg)
-                            y = torch.tensor([self.samples[datas[j][0]].label for j in keep]).pin_memory().to(device, non_blocking=True)
-                        else:
-                            x = y = None
+                            labels = torch.tensor([self.samples[datas[j][0]].label for j in keep])
+                            y = labels.pin_memory().to(device, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(side)
-                    if not put((x, y, event, bad, fallback)):
+                    if not put(q, (x, y, event, bad, fallback)):
                         return
-            except BaseException as exc:  # hand any failure to the consumer
-                put(exc)
-                return
-            put(None)
+            except BaseException as exc:  # hand any failure to the consumer, in this batch's place
+                put(q, exc)
 
-        thread = threading.Thread(target=produce, name="overdrive-gpu-loader", daemon=True)
-        thread.start()
+        threads = [threading.Thread(target=produce, args=(t,), name=f"overdrive-gpu-loader-{t}", daemon=True)
+                   for t in range(T)]
+        for th in threads:
+            th.start()
         try:
-            while True:
-                item = q.get()
-                if item is None:
-                    return
+            for k in range(len(batches)):
+                item = queues[k % T].get()
                 if isinstance(item, BaseException):
                     raise item
                 x, y, event, bad, fallback = item
@@ -247,19 +255,21 @@ class ImageLoader:
                     continue
                 cur = torch.cuda.current_stream(device)
                 cur.wait_event(event)
-                x.record_stream(cur)  # the side stream's allocator must not reuse x while cur reads it
+                x.record_stream(cur)  # x was allocated on a side stream: keep it alive while cur reads it
                 y.record_stream(cur)
                 self.stats.batches += 1
                 self.stats.images += x.shape[0]
                 yield x, y
         finally:
             stop.set()
-            while thread.is_alive():  # unblock a producer waiting on a full queue
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    pass
-                thread.join(timeout=0.05)
+            for th in threads:
+                while th.is_alive():  # unblock producers waiting on a full queue
+                    for q in queues:
+                        try:
+                            q.get_nowait()
+                        except queue.Empty:
+                            pass
+                    th.join(timeout=0.05)
             pool.shutdown(wait=True, cancel_futures=True)
 
     # --- choosing a pipeline --------------------------------------------------------------------
