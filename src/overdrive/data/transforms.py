@@ -88,18 +88,22 @@ def _normalize(x: torch.Tensor, cfg: LoaderConfig) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x.contiguous()
 
 
-def transform_one(img: torch.Tensor, u: torch.Tensor, flip: bool, cfg: LoaderConfig) -> torch.Tensor:
-    """Reference path for one (3, H, W) uint8 image -> (3, S, S) float32 in [0, 255] (not yet normalized)."""
+def transform_one(img: torch.Tensor, u: torch.Tensor, flip: bool, cfg: LoaderConfig,
+                  box: list[int] | None = None) -> torch.Tensor:
+    """Reference path for one (3, H, W) uint8 image -> (3, S, S) float32 in [0, 255] (not yet normalized).
+
+    ``box`` (top, left, h, w) may be passed when computed for a whole batch with :func:`rrc_boxes`.
+    """
     hw = torch.tensor([[img.shape[1], img.shape[2]]])
     S = cfg.size
     if cfg.train:
-        t, l, h, w = rrc_boxes(hw, u.unsqueeze(0), cfg.scale, cfg.ratio)[0].tolist()
-        crop = img[:, t:t + h, l:l + w].float().unsqueeze(0)
+        t, l, h, w = box if box is not None else rrc_boxes(hw, u.unsqueeze(0), cfg.scale, cfg.ratio)[0].tolist()
+        crop = img[:, t:t + h, l:l + w].contiguous().float().unsqueeze(0)  # contiguous first: only the crop is copied
         out = F.interpolate(crop, size=(S, S), mode="bilinear", align_corners=False, antialias=False)[0]
         return out.flip(-1) if flip else out
     _, rs, off = eval_geometry(hw, S, cfg.crop_fraction)
     rh, rw = int(rs[0, 0]), int(rs[0, 1])
-    big = F.interpolate(img.float().unsqueeze(0), size=(rh, rw), mode="bilinear", align_corners=False, antialias=False)[0]
+    big = F.interpolate(img.contiguous().float().unsqueeze(0), size=(rh, rw), mode="bilinear", align_corners=False, antialias=False)[0]
     t, l = int(off[0, 0]), int(off[0, 1])
     return big[:, t:t + S, l:l + S]
 
