@@ -286,7 +286,7 @@ def main() -> None:
           f"- dataset: {facts['dataset']}", "", "## Image pipelines (read + decode + crop + flip + normalize)", "",
           *_table(pipes), "", "## Training fed by the pipeline vs synthetic data", "", *_table(train), "",
           "## Small images (where the GPU pipeline can lose)", "", *_table(smalls["rows"]), "",
-          f"auto chose **{smalls['auto_choice']}**: {smalls['auto_reason']}", "", "## Tokenization", "", *_table(toks),
+          f"auto: **{smalls['auto_choice']}** ({smalls['auto_reason']})", "", "## Tokenization", "", *_table(toks),
           "", *[f"- {x}" for x in notes]]
     (RESULTS / f"{name}.md").write_text("\n".join(md) + "\n")
     print(f"wrote {RESULTS / name}.json/.md in {facts['total_seconds']:.0f} s")

@@ -94,11 +94,11 @@ def decode_gpu(datas: Sequence[bytes], device: torch.device) -> tuple[list[torch
             decoded = tv_io.decode_jpeg(tensors, mode=tv_io.ImageReadMode.RGB, device=device)
             for i, img in zip(gpu_idx, decoded):
                 out[i] = img
-        except RuntimeError:
+        except Exception:  # nvJPEG rejected something in the batch (torchvision raises RuntimeError or ValueError)
             for i, t in zip(gpu_idx, tensors):  # find the offender(s) one by one
                 try:
                     out[i] = tv_io.decode_jpeg(t, mode=tv_io.ImageReadMode.RGB, device=device)
-                except RuntimeError:
+                except Exception:
                     cpu_idx.append(i)
     for i in cpu_idx:
         try:

@@ -51,7 +51,7 @@ def run(ctx: DemoContext) -> Table:
     from overdrive.data import ImageLoader, LoaderConfig
 
     d = ctx.digits
-    epochs = min(ctx.epochs, 4)
+    epochs = min(ctx.epochs, 3)
     table = Table(f"GPU data pipeline (overdrive.data.ImageLoader) on digits as PNG files, {ctx.device.type}",
                   ["input", "test accuracy", "final train loss", "samples/s", "skipped files"])
     with tempfile.TemporaryDirectory(prefix="overdrive_digits_") as tmp:
