@@ -216,7 +216,7 @@ def _table(rows: list[dict]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny sizes, runs on CPU in about a minute")
-    ap.add_argument("--images", type=int, default=None, help="dataset size (default 5000; quick 96)")
+    ap.add_argument("--images", type=int, default=None, help="dataset size (default 5000; quick 64)")
     ap.add_argument("--workers", type=int, default=None, help="CPU loader workers (default: CPU cores; quick 2)")
     ap.add_argument("--dir", default="/tmp/overdrive_data_bench", help="where the datasets are written")
     ap.add_argument("--device", default="auto")
@@ -224,7 +224,7 @@ def main() -> None:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     q = args.quick
-    n = args.images or (96 if q else 5000)
+    n = args.images or (64 if q else 5000)
     workers = args.workers or (2 if q else min(16, os.cpu_count() or 1))
     root = Path(args.dir)
     t_start = time.perf_counter()
@@ -265,7 +265,7 @@ def main() -> None:
     smalls = small_images(small, device, workers, bs)
     print("\n".join(_table(smalls["rows"])), "\n", smalls["auto_reason"], flush=True)
 
-    toks = tokenization(20_000 if q else 200_000, workers, root / "tok_cache")
+    toks = tokenization(10_000 if q else 200_000, workers, root / "tok_cache")
     print("\n".join(_table(toks)), flush=True)
     facts["total_seconds"] = time.perf_counter() - t_start
 
