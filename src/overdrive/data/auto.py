@@ -60,7 +60,12 @@ def choose_pipeline(loader: ImageLoader, batches: int = 3) -> tuple[str, str]:
     elif not is_available("torchvision"):
         reason = "auto chose cpu: torchvision (nvJPEG decode) is not installed; pip install 'overdrive[vision]'"
     else:
-        gpu = measure(loader, "gpu", batches)
+        try:
+            gpu = measure(loader, "gpu", batches)
+        except Exception as exc:  # e.g. a torchvision build without nvJPEG: the CPU pipeline still works
+            reason = f"auto chose cpu: the GPU pipeline failed here ({type(exc).__name__}: {exc})"
+            log.warning(reason)
+            return "cpu", reason
         cpu = measure(loader, "cpu", batches)
         choice = "gpu" if gpu >= cpu else "cpu"
         reason = (f"auto chose {choice}: measured {gpu:,.0f} img/s on the GPU pipeline vs {cpu:,.0f} img/s on the CPU "
