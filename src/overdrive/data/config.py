@@ -1,0 +1,116 @@
+"""The loader's settings as one typed config: validated, with presets and a JSON round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+
+PIPELINES = ("auto", "cpu", "gpu")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def parse_out_dtype(value: torch.dtype | str) -> torch.dtype:
+    """float32 / float16 / bfloat16 (a torch dtype or its name)."""
+    if isinstance(value, torch.dtype):
+        if value not in (torch.float32, torch.float16, torch.bfloat16):
+            raise UsageError(f"dtype={value} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
+        return value
+    key = str(value).lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise UsageError(f"dtype={value!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[key]
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """What :class:`~overdrive.data.ImageLoader` does to each batch.
+
+    ``train=True``: per-sample RandomResizedCrop(``scale``, ``ratio``) + horizontal flip (probability
+    ``flip``), each sample with its own draw. ``train=False``: resize the shorter side to
+    ``round(size / crop_fraction)`` and center-crop ``size``. Then ``(x/255 - mean) / std`` in ``dtype``.
+
+    Example:
+        >>> cfg = LoaderConfig(batch_size=128, size=160)
+        >>> LoaderConfig.from_json(cfg.to_json()) == cfg
+        True
+    """
+
+    batch_size: int = 256
+    size: int = 224
+    train: bool = True
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    crop_fraction: float = 0.875
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+    drop_last: bool = False
+    seed: int = 0
+    shard_id: int = 0
+    num_shards: int = 1
+    num_workers: int = 4  # CPU pipeline: decode/augment processes (0: in the calling process)
+    read_threads: int = 8  # GPU pipeline: threads that read file bytes
+    gpu_threads: int = 2  # GPU pipeline: batches decoded concurrently (each its own thread and CUDA stream)
+    prefetch: int = 2  # batches prepared ahead (bounded queue depth)
+    pipeline: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", parse_out_dtype(self.dtype))
+        object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
+        object.__setattr__(self, "ratio", tuple(float(v) for v in self.ratio))
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        if self.batch_size < 1:
+            raise UsageError(f"batch_size={self.batch_size} must be >= 1")
+        if self.size < 1:
+            raise UsageError(f"size={self.size} must be >= 1 (the output side in pixels)")
+        if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise UsageError(f"scale={self.scale} must be (lo, hi) with 0 < lo <= hi <= 1, e.g. (0.08, 1.0)")
+        if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise UsageError(f"ratio={self.ratio} must be (lo, hi) with 0 < lo <= hi, e.g. (3/4, 4/3)")
+        if not 0 <= self.flip <= 1:
+            raise UsageError(f"flip={self.flip} must be a probability in [0, 1]")
+        if not 0 < self.crop_fraction <= 1:
+            raise UsageError(f"crop_fraction={self.crop_fraction} must be in (0, 1], e.g. 0.875")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise UsageError(f"mean={self.mean} / std={self.std} must be 3 values each, std > 0")
+        if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
+            raise UsageError(f"shard_id={self.shard_id} must be in [0, num_shards={self.num_shards})")
+        if self.num_workers < 0 or self.read_threads < 1 or self.gpu_threads < 1 or self.prefetch < 1:
+            raise UsageError(f"num_workers={self.num_workers} must be >= 0, read_threads={self.read_threads} and "
+                             f"gpu_threads={self.gpu_threads}, prefetch={self.prefetch} >= 1")
+        if self.pipeline not in PIPELINES:
+            raise UsageError(f"pipeline={self.pipeline!r} is not one of {PIPELINES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["dtype"] = str(self.dtype).removeprefix("torch.")
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> LoaderConfig:
+        d = json.loads(text)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise UsageError(f"unknown LoaderConfig field(s) {sorted(unknown)}")
+        return cls(**d)
+
+
+# Presets: ImageNet-style training and evaluation.
+IMAGENET_TRAIN = LoaderConfig()
+IMAGENET_EVAL = LoaderConfig(train=False)
+PRESETS = {"imagenet_train": IMAGENET_TRAIN, "imagenet_eval": IMAGENET_EVAL}

@@ -1,0 +1,108 @@
+"""Decoding: Pillow on CPU (any format), nvJPEG on the GPU (baseline JPEG), with a CPU fallback.
+
+torchvision is imported lazily and only for the GPU path, so the CPU pipeline needs Pillow alone.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from overdrive._utils.errors import OverdriveError
+from overdrive._utils.optional import require
+
+
+class DecodeError(OverdriveError):
+    """An image could not be decoded (corrupt, truncated, or not an image)."""
+
+
+@dataclass(frozen=True)
+class JpegInfo:
+    is_jpeg: bool
+    progressive: bool = False
+    components: int = 0
+    complete: bool = False  # ends with the EOI marker (FFD9): not truncated
+
+    @property
+    def gpu_ok(self) -> bool:
+        """Baseline/extended JPEG with 1 (gray) or 3 (YCbCr) components, not truncated: nvJPEG's safe case."""
+        return self.is_jpeg and not self.progressive and self.components in (1, 3) and self.complete
+
+
+def jpeg_info(data: bytes) -> JpegInfo:
+    """Read the JPEG markers up to the frame header (SOFn): progressive? how many components?"""
+    if len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return JpegInfo(False)
+    complete = data[-2:] == b"\xff\xd9" or (data[-1] == 0 and data.rstrip(b"\x00")[-2:] == b"\xff\xd9")
+    i = 2
+    n = len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return JpegInfo(True, complete=False)  # malformed: let the CPU decoder judge it
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        seg = (data[i + 2] << 8) | data[i + 3]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn
+            comps = data[i + 9] if i + 9 < n else 0
+            # "progressive" here: anything but Huffman sequential (SOF0/1): progressive or arithmetic coded
+            return JpegInfo(True, progressive=marker in (0xC2, 0xC6, 0xCA, 0xCE) or marker >= 0xC9,
+                            components=comps, complete=complete)
+        i += 2 + seg
+    return JpegInfo(True, complete=False)
+
+
+def decode_cpu(data: bytes) -> torch.Tensor:
+    """Any Pillow-readable image -> (3, H, W) uint8 RGB (grayscale, palette, RGBA and CMYK converted).
+
+    Raises :class:`DecodeError` for corrupt or truncated data.
+
+    Example:
+        >>> # decode_cpu(open("cat.jpg", "rb").read()).shape -> torch.Size([3, H, W])
+    """
+    Image = require("PIL.Image", extra="vision", feature="CPU image decoding")
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()  # raises on truncated data (LOAD_TRUNCATED_IMAGES stays False)
+            rgb = im.convert("RGB") if im.mode != "RGB" else im
+            arr = np.asarray(rgb)
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
+        raise DecodeError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1)  # (3, H, W), a view over HWC memory
+
+
+def decode_gpu(datas: Sequence[bytes], device: torch.device) -> tuple[list[torch.Tensor | None], int]:
+    """Batched nvJPEG decode of the GPU-safe JPEGs; the rest (PNG, CMYK, progressive, truncated,
+    or anything nvJPEG rejects) decode on the CPU and are copied over.
+
+    Returns ((3, H, W) uint8 tensors on ``device``, None where the image is corrupt) and the number
+    that fell back to the CPU.
+    """
+    tv_io = require("torchvision.io", extra="vision", feature="GPU JPEG decoding")
+    out: list[torch.Tensor | None] = [None] * len(datas)
+    ok = [jpeg_info(d).gpu_ok for d in datas]
+    gpu_idx = [i for i in range(len(datas)) if ok[i]]
+    cpu_idx = [i for i in range(len(datas)) if not ok[i]]
+    if gpu_idx:
+        tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_idx]
+        try:
+            decoded = tv_io.decode_jpeg(tensors, mode=tv_io.ImageReadMode.RGB, device=device)
+            for i, img in zip(gpu_idx, decoded):
+                out[i] = img
+        except Exception:  # nvJPEG rejected something in the batch (torchvision raises RuntimeError or ValueError)
+            for i, t in zip(gpu_idx, tensors):  # find the offender(s) one by one
+                try:
+                    out[i] = tv_io.decode_jpeg(t, mode=tv_io.ImageReadMode.RGB, device=device)
+                except Exception:
+                    cpu_idx.append(i)
+    for i in cpu_idx:
+        try:
+            out[i] = decode_cpu(datas[i]).to(device, non_blocking=False)
+        except DecodeError:
+            out[i] = None
+    return out, len(cpu_idx)

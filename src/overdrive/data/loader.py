@@ -1,0 +1,304 @@
+"""ImageLoader: DataLoader semantics (len, set_epoch, seeded shuffle, sharding, drop_last) over
+two pipelines that compute the same transform:
+
+- ``cpu``: worker processes (a torch DataLoader over whole batches) decode with Pillow and crop
+  per sample with the reference math; pinned memory when the target is a GPU.
+- ``gpu``: threads read file bytes; nvJPEG decodes the batch on the GPU; one grid_sample crops,
+  flips and resizes every sample; all of it on a side CUDA stream, a bounded queue ahead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.data.config import LoaderConfig
+from overdrive.data.decode import DecodeError, decode_cpu, decode_gpu
+from overdrive.data.sources import Sample, resolve
+from overdrive.data.transforms import batch_generator, draw_params, finish, rrc_boxes, transform_batch, transform_one
+
+
+def shard_indices(n: int, epoch: int, seed: int, shard_id: int, num_shards: int, drop_last: bool,
+                  shuffle: bool = True) -> list[int]:
+    """This shard's sample indices for ``epoch`` (DistributedSampler semantics).
+
+    The permutation depends on (seed, epoch) only, so every rank agrees on it. ``drop_last``
+    trims it to a multiple of ``num_shards``; otherwise it is padded by wrapping around, so every
+    rank gets the same count and each sample is seen once per epoch (plus at most num_shards-1 repeats).
+
+    Example:
+        >>> sorted(shard_indices(5, 0, 0, 0, 2, False) + shard_indices(5, 0, 0, 1, 2, False))[:5]
+        [0, 1, 2, 3, 4]
+    """
+    if shuffle:
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+    else:
+        perm = list(range(n))
+    if drop_last:
+        perm = perm[: (n // num_shards) * num_shards]
+    else:
+        total = math.ceil(n / num_shards) * num_shards
+        while len(perm) < total:
+            perm += perm[: total - len(perm)]
+    return perm[shard_id::num_shards]
+
+
+@dataclass
+class LoaderStats:
+    """Counters for the current epoch."""
+
+    batches: int = 0
+    images: int = 0
+    skipped: int = 0  # corrupt or truncated files
+    cpu_fallback: int = 0  # GPU pipeline: images nvJPEG could not take (PNG, CMYK, progressive)
+    skipped_files: list[str] = field(default_factory=list)
+
+
+class _BatchDataset(torch.utils.data.Dataset):
+    """Item k = batch k of one epoch, decoded and transformed on the CPU (runs inside workers)."""
+
+    def __init__(self, samples: list[Sample], batches: list[list[int]], cfg: LoaderConfig, epoch: int) -> None:
+        self.samples, self.batches, self.cfg, self.epoch = samples, batches, cfg, epoch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        if torch.utils.data.get_worker_info() is not None:  # workers already run one intra-op thread each
+            return self._batch(k)
+        # In the calling process: per-image ops are tiny, and intra-op threading makes them several
+        # times slower (measured 8x on 2 busy cores); one thread for this call, then restored.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._batch(k)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _batch(self, k: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        cfg = self.cfg
+        idx = self.batches[k]
+        u, flips = draw_params(len(idx), batch_generator(cfg.seed, self.epoch, cfg.shard_id, k), cfg.flip)
+        imgs, labels, bad, keep = [], [], [], []
+        for j, i in enumerate(idx):
+            s = self.samples[i]
+            try:
+                imgs.append(decode_cpu(s.read()))
+            except (DecodeError, OSError) as exc:
+                bad.append(f"{s.path}@{s.offset}: {exc}")
+                continue
+            labels.append(s.label)
+            keep.append(j)
+        boxes: list[Any] = [None] * len(imgs)
+        if cfg.train and imgs:  # one vectorized draw of all boxes (the same numbers transform_one would compute)
+            hw = torch.tensor([[im.shape[1], im.shape[2]] for im in imgs])
+            boxes = rrc_boxes(hw, u[keep], cfg.scale, cfg.ratio).tolist()
+        outs = [transform_one(im, u[j], bool(flips[j]), cfg, box) for im, j, box in zip(imgs, keep, boxes)]
+        if not outs:
+            return torch.empty(0), torch.empty(0, dtype=torch.long), bad
+        return finish(torch.stack(outs), cfg), torch.tensor(labels, dtype=torch.long), bad
+
+
+class ImageLoader:
+    """Batches of augmented images from a folder, tar shards or a file list, on CPU or GPU.
+
+    Example:
+        >>> # loader = ImageLoader("train/", batch_size=256, device="cuda", size=224, seed=0,
+        >>> #                      shard_id=rank, num_shards=world, drop_last=True,
+        >>> #                      dtype=torch.bfloat16, channels_last=True, pipeline="auto")
+        >>> # for epoch in range(epochs):
+        >>> #     loader.set_epoch(epoch)
+        >>> #     for images, labels in loader: ...
+    """
+
+    def __init__(self, source: str | os.PathLike | Sequence, batch_size: int = 256, device: str | torch.device = "cpu",
+                 config: LoaderConfig | None = None, shuffle: bool | None = None, **overrides: Any) -> None:
+        cfg = config or LoaderConfig()
+        try:
+            self.config = replace(cfg, batch_size=batch_size, **overrides)
+        except TypeError as exc:
+            raise UsageError(f"ImageLoader got an unknown option: {exc}; options are LoaderConfig's fields") from None
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError("device='cuda' but CUDA is not available here; use device='cpu'")
+        self.samples, self.classes = resolve(source)
+        self.shuffle = self.config.train if shuffle is None else shuffle
+        self.epoch = 0
+        self.stats = LoaderStats()
+        self.decision: str | None = None  # why `auto` picked what it picked
+        self.pipeline = self._choose(self.config.pipeline)
+
+    # --- DataLoader-like surface --------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle (and redraw the augmentations) for ``epoch``, identically on every rank."""
+        self.epoch = int(epoch)
+
+    def _indices(self) -> list[int]:
+        c = self.config
+        return shard_indices(len(self.samples), self.epoch, c.seed, c.shard_id, c.num_shards, c.drop_last, self.shuffle)
+
+    def _batches(self) -> list[list[int]]:
+        idx, bs = self._indices(), self.config.batch_size
+        n = len(idx) // bs if self.config.drop_last else math.ceil(len(idx) / bs)
+        return [idx[k * bs:(k + 1) * bs] for k in range(n)]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this shard."""
+        n, bs = len(self._indices()), self.config.batch_size
+        return n // bs if self.config.drop_last else math.ceil(n / bs)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.stats = LoaderStats()
+        batches = self._batches()
+        it = self._iter_gpu(batches) if self.pipeline == "gpu" else self._iter_cpu(batches)
+        return it
+
+    def __repr__(self) -> str:
+        return (f"ImageLoader({len(self.samples)} images, {len(self)} batches of {self.config.batch_size}, "
+                f"pipeline={self.pipeline!r}, device={self.device})")
+
+    # --- the CPU pipeline -----------------------------------------------------------------------
+    def _iter_cpu(self, batches: list[list[int]], config: LoaderConfig | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        cfg = config or self.config
+        ds = _BatchDataset(self.samples, batches, cfg, self.epoch)
+        kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch} if cfg.num_workers > 0 else {}
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=cfg.num_workers,
+                                         pin_memory=self.device.type == "cuda", **kw)
+        dl_iter = iter(dl)
+        try:
+            for x, y, bad in dl_iter:
+                self._note_bad(bad)
+                if x.numel() == 0:
+                    continue
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                self.stats.batches += 1
+                self.stats.images += x.shape[0]
+                yield x, y
+        finally:
+            if hasattr(dl_iter, "_shutdown_workers"):
+                dl_iter._shutdown_workers()  # early break: stop the worker processes now, not at GC
+            del dl_iter
+
+    def _note_bad(self, bad: list[str]) -> None:
+        for b in bad:
+            self.stats.skipped += 1
+            self.stats.skipped_files.append(b)
+            warnings.warn(f"overdrive.data: skipped an undecodable image: {b}", RuntimeWarning, stacklevel=3)
+
+    # --- the GPU pipeline -----------------------------------------------------------------------
+    def _iter_gpu(self, batches: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``gpu_threads`` producers (batch k goes to producer k % T, each with its own CUDA stream and
+        bounded queue) read, decode and augment; this consumer takes batches back in order."""
+        cfg, device = self.config, self.device
+        T = min(cfg.gpu_threads, max(len(batches), 1))
+        queues: list[queue.Queue] = [queue.Queue(maxsize=cfg.prefetch) for _ in range(T)]
+        stop = threading.Event()
+        pool = ThreadPoolExecutor(cfg.read_threads, thread_name_prefix="overdrive-read")
+
+        def put(q: queue.Queue, item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def read(idx: list[int]) -> list[Any]:
+            return [pool.submit(self.samples[i].read) for i in idx]
+
+        def produce(t: int) -> None:
+            q = queues[t]
+            try:
+                if device.index is not None:
+                    torch.cuda.set_device(device)
+                side = torch.cuda.Stream(device=device)
+                mine = list(range(t, len(batches), T))
+                pending = read(batches[mine[0]]) if mine else []
+                for n, k in enumerate(mine):
+                    if stop.is_set():
+                        return
+                    idx = batches[k]
+                    datas, bad = [], []
+                    for i, f in zip(idx, pending):
+                        try:
+                            datas.append((i, f.result()))
+                        except OSError as exc:
+                            bad.append(f"{self.samples[i].path}: {exc}")
+                    if n + 1 < len(mine):  # read this producer's next batch while this one decodes
+                        pending = read(batches[mine[n + 1]])
+                    u, flips = draw_params(len(idx), batch_generator(cfg.seed, self.epoch, cfg.shard_id, k), cfg.flip)
+                    pos = {i: j for j, i in enumerate(idx)}
+                    with torch.cuda.stream(side):
+                        imgs, fallback = decode_gpu([d for _, d in datas], device)
+                        keep = [j for j, im in enumerate(imgs) if im is not None]
+                        bad += [f"{self.samples[datas[j][0]].path}: cannot decode" for j, im in enumerate(imgs) if im is None]
+                        x = y = None
+                        if keep:
+                            sel = torch.tensor([pos[datas[j][0]] for j in keep])
+                            x = transform_batch([imgs[j] for j in keep], u[sel], flips[sel], cfg)
+                            labels = torch.tensor([self.samples[datas[j][0]].label for j in keep])
+                            y = labels.pin_memory().to(device, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(side)
+                    if not put(q, (x, y, event, bad, fallback)):
+                        return
+            except BaseException as exc:  # hand any failure to the consumer, in this batch's place
+                put(q, exc)
+
+        threads = [threading.Thread(target=produce, args=(t,), name=f"overdrive-gpu-loader-{t}", daemon=True)
+                   for t in range(T)]
+        for th in threads:
+            th.start()
+        try:
+            for k in range(len(batches)):
+                item = queues[k % T].get()
+                if isinstance(item, BaseException):
+                    raise item
+                x, y, event, bad, fallback = item
+                self._note_bad(bad)
+                self.stats.cpu_fallback += fallback
+                if x is None:
+                    continue
+                cur = torch.cuda.current_stream(device)
+                cur.wait_event(event)
+                x.record_stream(cur)  # x was allocated on a side stream: keep it alive while cur reads it
+                y.record_stream(cur)
+                self.stats.batches += 1
+                self.stats.images += x.shape[0]
+                yield x, y
+        finally:
+            stop.set()
+            for th in threads:
+                while th.is_alive():  # unblock producers waiting on a full queue
+                    for q in queues:
+                        try:
+                            q.get_nowait()
+                        except queue.Empty:
+                            pass
+                    th.join(timeout=0.05)
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # --- choosing a pipeline --------------------------------------------------------------------
+    def _choose(self, pipeline: str) -> str:
+        if pipeline == "cpu":
+            return "cpu"
+        if pipeline == "gpu":
+            if self.device.type != "cuda":
+                raise UsageError("pipeline='gpu' needs device='cuda'; use pipeline='cpu' or 'auto' on CPU")
+            return "gpu"
+        from overdrive.data.auto import choose_pipeline  # pipeline == "auto"
+
+        choice, reason = choose_pipeline(self)
+        self.decision = reason
+        return choice

@@ -1,0 +1,90 @@
+"""A benchmark dataset of ImageNet-size JPEGs cut from real photos (scikit-image's sample images)."""
+
+from __future__ import annotations
+
+import io
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.optional import require
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "immunohistochemistry", "hubble_deep_field",
+          "colorwheel", "retina", "moon", "page", "text", "clock", "coins", "horse", "grass", "gravel", "brick")
+
+
+def _photos() -> list[np.ndarray]:
+    skdata = require("skimage.data", extra="vision", feature="the sample dataset (scikit-image photos)")
+    out = []
+    for name in PHOTOS:
+        fn = getattr(skdata, name, None)
+        if fn is None:
+            continue
+        try:
+            img = np.asarray(fn())
+        except Exception:  # some samples need a download (pooch) that this machine cannot do
+            continue
+        if img.dtype == bool:
+            img = img.astype(np.uint8) * 255
+        if img.dtype != np.uint8:
+            img = (255 * (img - img.min()) / max(float(img.max() - img.min()), 1e-9)).astype(np.uint8)
+        if img.ndim == 2:
+            img = np.stack([img] * 3, -1)
+        out.append(img[..., :3])
+    if not out:
+        raise UsageError("no scikit-image sample photo could be loaded")
+    return out
+
+
+def _write_chunk(args: tuple[str, int, int, int, int, tuple[int, int], int]) -> int:
+    root, start, stop, classes, seed, size, quality = args
+    Image = require("PIL.Image", extra="vision", feature="the sample dataset")
+    photos = _photos()
+    for i in range(start, stop):
+        rng = np.random.default_rng(seed * 1_000_003 + i)
+        img = Image.fromarray(photos[i % len(photos)])
+        W, H = img.size
+        frac = rng.uniform(0.4, 1.0)  # random crop, then rescale to about ImageNet size
+        cw, ch = max(int(W * frac), 16), max(int(H * frac), 16)
+        x0, y0 = int(rng.integers(0, W - cw + 1)), int(rng.integers(0, H - ch + 1))
+        w, h = size if rng.random() < 0.5 else size[::-1]  # landscape or portrait
+        w, h = int(w * rng.uniform(0.85, 1.15)), int(h * rng.uniform(0.85, 1.15))
+        crop = img.crop((x0, y0, x0 + cw, y0 + ch)).resize((w, h), Image.BILINEAR)
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        label = i % classes
+        buf = io.BytesIO()
+        crop.save(buf, format="JPEG", quality=quality)
+        (Path(root) / f"class_{label:03d}" / f"img_{i:06d}.jpg").write_bytes(buf.getvalue())
+    return stop - start
+
+
+def make_sample_dataset(root: str | os.PathLike, n: int = 2000, classes: int = 10, size: tuple[int, int] = (500, 375),
+                        quality: int = 90, seed: int = 0, processes: int = 1) -> Path:
+    """Write ``n`` JPEGs (about ``size`` = (w, h), quality ``quality``) as ``root/class_XXX/img_N.jpg``.
+
+    Each is a random crop of one of scikit-image's sample photos, rescaled (+-15%) and maybe mirrored.
+
+    Example:
+        >>> # make_sample_dataset("/tmp/imgs", n=2000, processes=16)
+    """
+    if n < 1 or classes < 1:
+        raise UsageError(f"n={n} and classes={classes} must be >= 1")
+    if not 1 <= quality <= 100:
+        raise UsageError(f"quality={quality} must be in [1, 100]")
+    root = Path(root)
+    for c in range(classes):
+        (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
+    processes = max(1, min(processes, n))
+    step = -(-n // processes)
+    jobs = [(str(root), s, min(s + step, n), classes, seed, size, quality) for s in range(0, n, step)]
+    if processes == 1:
+        for j in jobs:
+            _write_chunk(j)
+    else:
+        with ProcessPoolExecutor(processes) as ex:
+            list(ex.map(_write_chunk, jobs))
+    return root

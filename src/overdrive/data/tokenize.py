@@ -1,0 +1,185 @@
+"""Fast tokenization for text datasets: a Hugging Face fast tokenizer in batches, across processes,
+cached on disk (the same idea as the image pipeline: keep the input side off the critical path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.optional import require
+
+
+@dataclass
+class TokenizedTexts:
+    """Token ids of many texts, stored flat: text i is ``ids[offsets[i]:offsets[i+1]]``.
+
+    Example:
+        >>> t = TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
+        >>> t[0], len(t)
+        ([5, 6], 2)
+    """
+
+    ids: np.ndarray  # (total tokens,) int32
+    offsets: np.ndarray  # (N + 1,) int64
+    from_cache: bool = False
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> list[int]:
+        return self.ids[self.offsets[i]:self.offsets[i + 1]].tolist()
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def padded(self, pad_id: int = 0, max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, L) int64 ids right-padded with ``pad_id`` and the (N, L) attention mask."""
+        lens = self.lengths()
+        L = int(max_length or (lens.max() if len(lens) else 0))
+        ids = torch.full((len(self), L), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(self), L), dtype=torch.long)
+        for i in range(len(self)):
+            row = torch.from_numpy(self.ids[self.offsets[i]:self.offsets[i + 1]][:L].astype(np.int64))
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return ids, mask
+
+
+def _backend(tokenizer: Any) -> Any:
+    """A ``tokenizers.Tokenizer`` from a Tokenizer, a transformers fast tokenizer, or a tokenizer.json path."""
+    tk = require("tokenizers", extra="text", feature="overdrive.data.tokenize")
+    if isinstance(tokenizer, tk.Tokenizer):
+        return tokenizer
+    if hasattr(tokenizer, "backend_tokenizer"):  # transformers PreTrainedTokenizerFast
+        return tokenizer.backend_tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)) and Path(tokenizer).is_file():
+        return tk.Tokenizer.from_file(str(tokenizer))
+    raise UsageError(f"tokenizer {tokenizer!r} is not a tokenizers.Tokenizer, a transformers fast tokenizer, "
+                     "or a path to a tokenizer.json; slow (Python) tokenizers are not supported")
+
+
+# Per-process worker state: each worker process builds its tokenizer once (in _init_worker) and
+# reuses it for every chunk; the parent process never touches this dict.
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tok_json: str, max_length: int | None, add_special_tokens: bool) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the parallelism
+    tk = require("tokenizers")
+    tok = tk.Tokenizer.from_str(tok_json)
+    if max_length:
+        tok.enable_truncation(max_length)
+    _WORKER["tok"], _WORKER["special"] = tok, add_special_tokens
+
+
+def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    return _flatten(_WORKER["tok"].encode_batch(texts, add_special_tokens=_WORKER["special"]))
+
+
+def _flatten(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int32, count=int(lens.sum()))
+    return ids, lens
+
+
+def _cache_key(tok_json: str, texts: Sequence[str], max_length: int | None, add_special_tokens: bool) -> str:
+    h = hashlib.sha256()
+    h.update(tok_json.encode())
+    h.update(f"|{max_length}|{add_special_tokens}|{len(texts)}|".encode())
+    for t in texts:
+        h.update(t.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    return h.hexdigest()[:32]
+
+
+def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None, add_special_tokens: bool = True,
+             num_workers: int | None = None, chunk_size: int = 2048, cache_dir: str | os.PathLike | None = None) -> TokenizedTexts:
+    """Token ids of every text, equal to ``tokenizer.encode(text).ids`` (truncated to ``max_length``).
+
+    Texts are split into chunks of ``chunk_size`` and encoded with ``encode_batch`` in
+    ``num_workers`` processes (0: in this process, with the tokenizer's own threads; None: one per
+    CPU core for large inputs). With ``cache_dir`` the result is stored under a key of the
+    tokenizer, options and texts, and a second call loads it.
+
+    Example:
+        >>> # out = tokenize(texts, tokenizers.Tokenizer.from_file("tokenizer.json"), max_length=128,
+        >>> #                cache_dir="~/.cache/overdrive/tok"); out[0] -> [101, 7592, ...]
+    """
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise UsageError(f"texts must be a sequence of strings, got {type(texts).__name__}")
+    if max_length is not None and max_length < 1:
+        raise UsageError(f"max_length={max_length} must be >= 1 or None")
+    if chunk_size < 1:
+        raise UsageError(f"chunk_size={chunk_size} must be >= 1")
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise UsageError(f"texts[{bad}] is a {type(texts[bad]).__name__}, expected str")
+    tok = _backend(tokenizer)
+    tok_json = tok.to_str()
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir).expanduser() / f"{_cache_key(tok_json, texts, max_length, add_special_tokens)}.npz"
+        if path.is_file():
+            with np.load(path) as z:
+                return TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+    if num_workers is None:
+        num_workers = (os.cpu_count() or 1) if len(texts) >= 8 * chunk_size else 0
+    chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
+    if num_workers == 0 or len(chunks) <= 1:
+        local = require("tokenizers").Tokenizer.from_str(tok_json)  # a copy: the caller's truncation stays as it was
+        if max_length:
+            local.enable_truncation(max_length)
+        parts = [_flatten(local.encode_batch(c, add_special_tokens=add_special_tokens)) for c in chunks]
+    else:
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(tok_json, max_length, add_special_tokens)) as ex:
+            parts = list(ex.map(_encode_chunk, chunks))
+    ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
+    lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    out = TokenizedTexts(ids, offsets)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, ids=ids, offsets=offsets)
+        os.replace(tmp, path)  # atomic: a reader never sees half a cache file
+    return out
+
+
+def local_corpus(max_files: int = 400) -> list[str]:
+    """Lines of text shipped with Python (the standard library's sources): a corpus needing no download."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    lines: list[str] = []
+    for p in sorted(root.glob("*.py"))[:max_files]:
+        try:
+            lines += [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if len(ln.strip()) > 20]
+        except (UnicodeDecodeError, OSError):
+            continue
+    return lines
+
+
+def train_local_tokenizer(texts: Sequence[str], vocab_size: int = 8000) -> Any:
+    """A WordPiece tokenizer (BERT-style normalizer, pre-tokenizer, [CLS]/[SEP]) trained on ``texts``."""
+    tk = require("tokenizers", extra="text", feature="training a local tokenizer")
+    tok = tk.Tokenizer(tk.models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    tok.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = tk.processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return tok

@@ -1,0 +1,41 @@
+"""The `overdrive data` verb, and that importing overdrive.data stays lean."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+
+def test_import_is_lean() -> None:
+    code = ("import sys, overdrive, overdrive.data; from overdrive.data import ImageLoader, tokenize; "
+            "bad = [m for m in ('torchvision', 'PIL', 'tokenizers', 'transformers', 'skimage') if m in sys.modules]; "
+            "import torch; assert not torch.cuda.is_initialized(); print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_cli_bench_json(folder: Path) -> None:
+    from overdrive.cli.data import command
+
+    res = CliRunner().invoke(command, ["bench", str(folder), "--batch-size", "4", "--size", "8", "--workers", "0",
+                                       "--batches", "2", "--device", "cpu", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert rows[0]["pipeline"] == "cpu (0 workers)" and rows[0]["img_per_s"] > 0 and rows[0]["vs_best"] == 1.0
+
+
+def test_cli_make_dataset_and_errors(tmp_path: Path) -> None:
+    import pytest
+
+    pytest.importorskip("skimage")
+    from overdrive.cli.main import main
+
+    assert main(["data", "make-dataset", str(tmp_path / "d"), "-n", "4", "--width", "40", "--height", "30"]) == 0
+    files = sorted((tmp_path / "d").rglob("*.jpg"))
+    assert len(files) == 4 and files[0].read_bytes()[:2] == b"\xff\xd8"
+    assert main(["data", "make-dataset", str(tmp_path / "e"), "-n", "0"]) == 2
+    assert main(["data", "bench", str(tmp_path / "d"), "--batch-size", "0", "--device", "cpu"]) == 2

@@ -1,0 +1,194 @@
+"""ImageLoader on CPU: determinism, sharding, len/drop_last, sources, robustness, clean shutdown."""
+
+from __future__ import annotations
+
+import tarfile
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.data import ImageLoader, LoaderConfig, shard_indices
+from overdrive.data.decode import decode_cpu, jpeg_info
+from overdrive.data.transforms import batch_generator, draw_params, reference_batch
+
+
+def _collect(loader: ImageLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = zip(*list(loader))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def test_deterministic_with_seed_and_epoch(folder: Path) -> None:
+    kw = dict(batch_size=5, size=20, num_workers=0, seed=3)
+    a, b = ImageLoader(folder, **kw), ImageLoader(folder, **kw)
+    xa, ya = _collect(a)
+    xb, yb = _collect(b)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    b.set_epoch(1)
+    xc, yc = _collect(b)
+    assert not torch.equal(ya, yc)  # reshuffled
+    c = ImageLoader(folder, **{**kw, "seed": 4})
+    assert not torch.equal(_collect(c)[0], xa)
+
+
+def test_workers_give_the_same_batches(folder: Path) -> None:
+    x0, y0 = _collect(ImageLoader(folder, batch_size=4, size=16, num_workers=0))
+    x2, y2 = _collect(ImageLoader(folder, batch_size=4, size=16, num_workers=2))
+    assert torch.equal(x0, x2) and torch.equal(y0, y2)
+
+
+def test_outputs_match_reference_transform(folder: Path) -> None:
+    loader = ImageLoader(folder, batch_size=6, size=24, num_workers=0, seed=1)
+    for k, (x, y) in enumerate(loader):
+        idx = loader._batches()[k]
+        imgs = [decode_cpu(loader.samples[i].read()) for i in idx]
+        u, f = draw_params(len(idx), batch_generator(1, 0, 0, k), 0.5)
+        torch.testing.assert_close(x, reference_batch(imgs, u, f, loader.config), atol=1e-5, rtol=0)
+        assert y.tolist() == [loader.samples[i].label for i in idx]
+
+
+def test_eval_mode_is_deterministic_center_crop(folder: Path) -> None:
+    a = ImageLoader(folder, batch_size=8, size=16, train=False, num_workers=0)
+    xa, ya = _collect(a)
+    a.set_epoch(5)
+    xb, yb = _collect(a)
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)  # no shuffle, no randomness in eval
+    assert ya.tolist() == [s.label for s in a.samples]
+
+
+@pytest.mark.parametrize("n,shards,drop_last", [(22, 3, False), (22, 3, True), (7, 4, False), (20, 4, True), (3, 5, False)])
+def test_sharding_covers_every_sample_once(n: int, shards: int, drop_last: bool) -> None:
+    parts = [shard_indices(n, 2, 0, s, shards, drop_last) for s in range(shards)]
+    assert len({len(p) for p in parts}) == 1  # every rank takes the same number of steps
+    flat = [i for p in parts for i in p]
+    if drop_last:
+        assert len(flat) == len(set(flat)) == (n // shards) * shards
+    else:
+        assert set(flat) == set(range(n))
+        assert len(flat) - n == (-n) % shards  # padding: only the wrap-around repeats
+
+
+def test_len_and_drop_last(folder: Path) -> None:
+    for bs, drop, shards in [(5, False, 1), (5, True, 1), (4, False, 3), (4, True, 3), (30, False, 1), (30, True, 1)]:
+        loaders = [ImageLoader(folder, batch_size=bs, size=8, drop_last=drop, num_workers=0, shard_id=s, num_shards=shards)
+                   for s in range(shards)]
+        per = (22 // shards) if drop else -(-22 // shards)
+        want = per // bs if drop else -(-per // bs)
+        for ld in loaders:
+            batches = list(ld)
+            assert len(ld) == len(batches) == want
+            if drop:
+                assert all(b[0].shape[0] == bs for b in batches)
+        seen = torch.cat([y for ld in loaders for _, y in ld]) if want else torch.empty(0)
+        assert len(seen) == (want * bs * shards if drop else -(-22 // shards) * shards)
+
+
+def test_sources_folder_tar_and_list_agree(folder: Path, tmp_path: Path) -> None:
+    ref = ImageLoader(folder, batch_size=8, size=16, num_workers=0)
+    pairs = [(s.path, s.label) for s in ref.samples]
+    listfile = tmp_path / "list.txt"
+    listfile.write_text("".join(f"{p} {lab}\n" for p, lab in pairs))
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(2):
+        with tarfile.open(shards / f"part-{k}.tar", "w") as tf:
+            for i, (p, lab) in enumerate(pairs):
+                if i % 2 != k:
+                    continue
+                tf.add(p, arcname=f"{i:05d}.jpg")
+                cls = tmp_path / f"{i}.cls"
+                cls.write_text(str(lab))
+                tf.add(cls, arcname=f"{i:05d}.cls")
+    via_list = ImageLoader(listfile, batch_size=8, size=16, num_workers=0)
+    via_pairs = ImageLoader(pairs, batch_size=8, size=16, num_workers=0)
+    via_tar = ImageLoader(shards, batch_size=8, size=16, num_workers=0)
+    x0, y0 = _collect(ref)
+    for other in (via_list, via_pairs):
+        x, y = _collect(other)
+        assert torch.equal(x, x0) and torch.equal(y, y0)
+    # tar order differs (sorted by shard, then key): compare as multisets of (label, image)
+    assert sorted(s.read() for s in via_tar.samples) == sorted(s.read() for s in ref.samples)
+    xt, yt = _collect(via_tar)
+    assert xt.shape == x0.shape and sorted(yt.tolist()) == sorted(y0.tolist())
+
+
+def test_formats_decode_and_corrupt_files_are_skipped(mixed: Path) -> None:
+    loader = ImageLoader(mixed, batch_size=3, size=16, num_workers=0, train=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, y = _collect(loader)
+    assert x.shape[0] == 6  # baseline, progressive, gray, cmyk, png, rgba png
+    assert loader.stats.skipped == 2 and loader.stats.images == 6
+    assert any("corrupt.jpg" in f for f in loader.stats.skipped_files)
+    assert any("truncated.jpg" in f for f in loader.stats.skipped_files)
+    assert sum("undecodable" in str(w.message) for w in caught) == 2
+    # all decodes are the same picture: compare to the baseline decode (JPEG/CMYK conversion error only)
+    base = decode_cpu((mixed / "a" / "baseline.jpg").read_bytes()).float()
+    for name in ["progressive.jpg", "cmyk.jpg"]:
+        img = decode_cpu((mixed / "a" / name).read_bytes()).float()
+        assert img.shape == base.shape and (img - base).abs().mean() < 4
+    png = decode_cpu((mixed / "b" / "rgba.png").read_bytes())
+    assert png.shape[0] == 3
+    gray = decode_cpu((mixed / "a" / "gray.jpg").read_bytes())
+    assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
+
+
+def test_jpeg_info_routes_to_gpu_only_safe_files(mixed: Path) -> None:
+    info = {p.name: jpeg_info(p.read_bytes()) for p in mixed.rglob("*.*")}
+    assert info["baseline.jpg"].gpu_ok and info["gray.jpg"].gpu_ok
+    assert info["progressive.jpg"].progressive and not info["progressive.jpg"].gpu_ok
+    assert info["cmyk.jpg"].components == 4 and not info["cmyk.jpg"].gpu_ok
+    assert not info["image.png"].is_jpeg and not info["truncated.jpg"].gpu_ok and not info["corrupt.jpg"].gpu_ok
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_early_break_leaves_no_threads_or_processes(folder: Path, workers: int) -> None:
+    import multiprocessing as mp
+
+    before = {t.ident for t in threading.enumerate()}
+    loader = ImageLoader(folder, batch_size=2, size=8, num_workers=workers)
+    it = iter(loader)
+    next(it)
+    it.close()  # what a `break` out of a for loop does when the iterator is dropped
+    for _ in range(3):  # and a plain break inside a loop
+        for _x, _y in loader:
+            break
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+    assert not [p for p in mp.active_children() if p.is_alive()]
+
+
+def test_bad_inputs_raise_usage_errors(tmp_path: Path, folder: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        ImageLoader(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no class subfolders"):
+        ImageLoader(tmp_path / "empty")
+    with pytest.raises(UsageError, match="unknown option"):
+        ImageLoader(folder, batch_size=2, bogus=1)
+    with pytest.raises(UsageError, match="needs device='cuda'"):
+        ImageLoader(folder, pipeline="gpu")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a.jpg notanumber\n")
+    with pytest.raises(UsageError, match="integer label"):
+        ImageLoader(bad)
+    with pytest.raises(UsageError, match="does not exist"):
+        ImageLoader([("missing.jpg", 0)])
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            ImageLoader(folder, device="cuda")
+
+
+def test_auto_on_cpu_says_why(folder: Path) -> None:
+    loader = ImageLoader(folder, batch_size=4, size=8, pipeline="auto")
+    assert loader.pipeline == "cpu" and "CPU" in (loader.decision or "")
+
+
+def test_config_object_and_overrides(folder: Path) -> None:
+    cfg = LoaderConfig(size=12, train=False, num_workers=0)
+    loader = ImageLoader(folder, batch_size=3, config=cfg, dtype="bf16", channels_last=True)
+    x, _ = next(iter(loader))
+    assert x.shape == (3, 3, 12, 12) and x.dtype == torch.bfloat16
+    assert x.is_contiguous(memory_format=torch.channels_last)
