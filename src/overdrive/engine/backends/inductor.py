@@ -158,7 +158,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     t0 = time.perf_counter()
     with precision_flags(cfg.precision), torch.no_grad():
         try:
-            ep = torch.export.export(module, example, dynamic_shapes=dyn, strict=False)
+            # _Cast.forward takes *xs, so the per-input specs nest one level down
+            ep = torch.export.export(module, example, dynamic_shapes=(dyn,) if dyn else None, strict=False)
         except Exception as exc:
             raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
                                  "try --backend onnxruntime, or fix the graph break it names") from exc
