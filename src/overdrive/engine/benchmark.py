@@ -40,6 +40,9 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     """
     if iterations < 1 or duration_s < 0 or warmup_ms < 0:
         raise UsageError(f"need iterations >= 1, duration >= 0, warm-up >= 0; got {iterations}, {duration_s}, {warmup_ms}")
+    if export_profile and engine.header["backend"] != "inductor":
+        raise UsageError(f"--export-profile covers the inductor backend (torch profiler); this engine runs on "
+                         f"{engine.header['backend']}, whose kernels the torch profiler does not see")
     dev = engine.device
     cuda = dev.type == "cuda"
     sets = [inputs] if inputs is not None else [engine.random_inputs(shapes, seed=i) for i in range(max(1, rotate))]

@@ -11,6 +11,22 @@ import torch
 from overdrive._utils.errors import UsageError
 
 
+class _OrtReference:
+    """An ONNX file run as-is by ONNX Runtime's CPU provider (the reference polygraphy uses)."""
+
+    def __init__(self, path: str) -> None:
+        from overdrive._utils.optional import require
+
+        ort = require("onnxruntime", "onnx", "comparing against ONNX")
+        if not Path(path).is_file():
+            raise UsageError(f"ONNX file {path!r} does not exist")
+        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+    def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        names = [i.name for i in self.session.get_inputs()]
+        return [torch.from_numpy(o) for o in self.session.run(None, {n: x.cpu().numpy() for n, x in zip(names, xs)})]
+
+
 def _runnable(x: Any) -> tuple[Any, str]:
     """An Engine, an engine path, an ONNX path (run with ONNX Runtime) or an nn.Module -> (callable, label)."""
     from overdrive.engine.api import Engine
@@ -21,9 +37,7 @@ def _runnable(x: Any) -> tuple[Any, str]:
         return x, f"pytorch({type(x).__name__})"
     p = str(x)
     if p.endswith(".onnx"):
-        from overdrive.engine.api import Builder
-
-        return Builder(backend="onnxruntime", device="cpu").build(p), f"onnxruntime({Path(p).name})"
+        return _OrtReference(p), f"onnxruntime({Path(p).name})"
     if Path(p).is_file():
         return Engine.load(p), f"engine({Path(p).name})"
     if ":" in p:
@@ -39,6 +53,8 @@ def _outputs(fn: Any, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
 
     if isinstance(fn, Engine):
         return [o.float().cpu() for o in fn.run(*xs)]
+    if isinstance(fn, _OrtReference):
+        return [o.float() for o in fn(*xs)]
     with torch.no_grad():
         dev = next((p.device for p in fn.parameters()), torch.device("cpu"))
         return [o.float().cpu() for o in flatten_outputs(fn(*(x.to(dev) for x in xs)))]
