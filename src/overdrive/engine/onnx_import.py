@@ -40,12 +40,19 @@ def _tensor(v: Value, like: torch.Tensor | None = None) -> torch.Tensor:
         t = torch.stack([torch.as_tensor(x) if not isinstance(x, torch.SymInt) else torch.sym_int(x) * torch.ones((), dtype=torch.int64) for x in arr.reshape(-1)])
         t = t.reshape(arr.shape)
     else:
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+        t = torch.from_numpy(np.array(arr, copy=True))
     if like is not None:
         t = t.to(like.device)
         if t.is_floating_point() and like.is_floating_point():
             t = t.to(like.dtype)
     return t
+
+
+def _as_value(r: Any) -> Value:
+    """numpy scalars and bare (Sym)ints from host ops -> 0-d arrays, so every value is a tensor or an array."""
+    if r is None or isinstance(r, (torch.Tensor, np.ndarray)):
+        return r
+    return np.array(r, dtype=object if isinstance(r, torch.SymInt) else None)
 
 
 def _ints(v: Value) -> list[Any]:
@@ -450,7 +457,7 @@ class ONNXModule(nn.Module):
                 raise
             except Exception as exc:
                 raise UsageError(f"ONNX node {name!r} ({op}) failed in the importer: {type(exc).__name__}: {exc}") from exc
-            env.update(zip(outs, res))
+            env.update(zip(outs, (_as_value(r) for r in res)))
         outs = [_tensor(env[o]) for o in self.output_names]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
