@@ -45,8 +45,23 @@ class ModelSource:
         if self.onnx_bytes is not None:
             return self.onnx_bytes
         require("onnx", "onnx", "ONNX export")
+        dynamic = any(not p.static for p in profiles)
+        # The TorchScript exporter first: ~10x faster than the dynamo exporter on CPU (1.7 s vs 15 s for the
+        # digits CNN here) and mature for CNNs and BERT-style encoders; the dynamo exporter when it fails.
+        try:
+            import warnings
+
+            axes = {p.name: {d: f"{p.name}_d{d}" for d in p.dynamic_dims()} for p in profiles} if dynamic else None
+            buf = io.BytesIO()
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(self.module, example, buf, dynamo=False, input_names=self.input_names,
+                                  dynamic_axes=axes, opset_version=min(opset, 17))
+            return buf.getvalue()
+        except Exception:  # noqa: BLE001 - fall through to the dynamo exporter, which raises its own error
+            pass
         require("onnxscript", "onnx", "ONNX export")
-        dyn = _dynamic_shapes(profiles, self.input_names) if any(not p.static for p in profiles) else None
+        dyn = _dynamic_shapes(profiles, self.input_names) if dynamic else None
         with torch.no_grad():
             prog = torch.onnx.export(self.module, example, dynamo=True, input_names=self.input_names,
                                      dynamic_shapes=dyn, opset_version=opset, verbose=False)

@@ -98,10 +98,12 @@ def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, 
         raise OverdriveError(f"--precision {precision} from a float model needs overdrive.quant, which is not installed "
                              "in this overdrive; build from a Q/DQ ONNX model instead, or use fp16/bf16") from exc
 
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+
     def forward_loop(m: nn.Module) -> None:
         with torch.no_grad():
             for batch in calib:
-                m(*batch)
+                m(*(x.to(dev) for x in batch))
 
     cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
     model = quant.quantize(model, cfg, forward_loop)

@@ -95,8 +95,6 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
 def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]]) -> bytes:
     import copy
 
-    from overdrive.engine.backends.inductor import _quantize  # noqa: F401  (same error text)
-
     try:
         from overdrive import quant
     except ImportError as exc:
