@@ -115,6 +115,8 @@ def _ordered(profiles: list[ShapeProfile], names: list[str]) -> list[ShapeProfil
 def _profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[torch.Tensor, ...] | None) -> list[ShapeProfile]:
     names = src.input_names
     if profiles:
+        if src.onnx_bytes is None and len(names) == 1 == len(profiles) and profiles[0].name != names[0]:
+            src.input_names = names = [profiles[0].name]  # a module's one input takes the profile's name
         given = {p.name for p in profiles}
         if given != set(names):
             missing, unknown = sorted(set(names) - given), sorted(given - set(names))
