@@ -93,7 +93,8 @@ MODELS = {"resnet50": resnet50, "bert": bert_base, "digits": digits}
 def cold_load(path: Path) -> dict[str, Any]:
     """Load + exec in a fresh process with an empty Inductor cache: the engine's own cache must carry it."""
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONPATH=str(ROOT.parent / "src"))
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                   PYTHONPATH=str(ROOT.parent / "src"))
         t0 = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "overdrive.cli.main", "exec", "--load-engine", str(path),
                             "--duration", "1", "--no-data-transfers", "--json", "-"], capture_output=True, text=True, env=env)

@@ -54,7 +54,8 @@ def test_summary_with_copies(digits: torch.nn.Module) -> None:
     assert s["h2d_ms"]["median"] > 0 and s["d2h_ms"]["median"] > 0 and s["compute_ms"]["median"] > 0
     lat = s["latency_ms"]["mean"]
     assert abs(lat - (s["h2d_ms"]["mean"] + s["compute_ms"]["mean"] + s["d2h_ms"]["mean"])) < 1e-3 * max(lat, 1)
-    assert 0.3 < lat / 1e3 * s["throughput_qps"] <= 1.05
+    # a tiny model: host-side event bookkeeping per iteration can exceed the GPU time, hence the loose floor
+    assert 0.05 < lat / 1e3 * s["throughput_qps"] <= 1.05
     s2 = eng.benchmark(iterations=100, duration_s=0.2, warmup_ms=50, no_data_transfers=True)
     assert s2["h2d_ms"]["max"] == 0 or s2["h2d_ms"]["median"] < s["h2d_ms"]["median"]
 
