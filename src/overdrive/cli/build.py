@@ -1,0 +1,56 @@
+"""``overdrive build``: build an engine once for one device and precision (trtexec's flags)."""
+
+from __future__ import annotations
+
+import click
+
+from overdrive.cli.common import write_json
+
+
+@click.command("build")
+@click.option("--onnx", default=None, metavar="FILE", help="Build from an ONNX model.")
+@click.option("--model", default=None, metavar="PKG.MODULE:FACTORY", help="Build from a PyTorch model factory.")
+@click.option("--torchscript", default=None, metavar="FILE", help="Build from TorchScript (goes through ONNX; needs --shapes).")
+@click.option("--exported", default=None, metavar="FILE.pt2", help="Build from a torch.export archive.")
+@click.option("--save-engine", "--saveEngine", "save_engine", required=True, metavar="FILE", help="Where to write the engine.")
+@click.option("--precision", default="fp32", show_default=True, help="fp32, tf32, fp16, bf16, int8, fp8 or best.")
+@click.option("--fp16", "flag_fp16", is_flag=True, help="Same as --precision fp16 (trtexec spelling).")
+@click.option("--bf16", "flag_bf16", is_flag=True, help="Same as --precision bf16.")
+@click.option("--int8", "flag_int8", is_flag=True, help="Same as --precision int8.")
+@click.option("--fp8", "flag_fp8", is_flag=True, help="Same as --precision fp8.")
+@click.option("--best", "flag_best", is_flag=True, help="Same as --precision best.")
+@click.option("--shapes", default=None, help="Static shapes, e.g. input:8x3x224x224.")
+@click.option("--min-shapes", "--minShapes", "min_shapes", default=None, help="Dynamic profile minimum shapes.")
+@click.option("--opt-shapes", "--optShapes", "opt_shapes", default=None, help="Dynamic profile optimal shapes.")
+@click.option("--max-shapes", "--maxShapes", "max_shapes", default=None, help="Dynamic profile maximum shapes.")
+@click.option("--backend", default="auto", show_default=True, help="auto, inductor, onnxruntime or tensorrt.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--max-autotune", "--maxAutotune", "max_autotune", is_flag=True, help="Inductor max-autotune (minutes of tuning).")
+@click.option("--aot", is_flag=True, help="Also store an AOTInductor package (torch >= 2.12 only).")
+@click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (a tensor or list saved with torch.save).")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the engine info as JSON ('-' for stdout).")
+def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
+            precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
+            shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
+            device: str, max_autotune: bool, aot: bool, calib: str | None, json_path: str | None) -> None:
+    """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
+
+    \b
+    Examples:
+      overdrive build --onnx model.onnx --save-engine model.engine --shapes input:1x3x224x224
+      overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
+          --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine
+    """
+    from overdrive.engine.cli_helpers import build_engine
+
+    flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]
+    engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
+                          precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
+                          opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
+                          max_autotune=max_autotune, aot=aot, calib=calib)
+    info = engine.info
+    if json_path is not None:
+        write_json(info, json_path)
+    if json_path != "-":
+        click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
+                        f"{info['precision']}, device {info['device']}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")

@@ -1,0 +1,33 @@
+"""``overdrive compare``: run two engines / ONNX models / PyTorch models on the same inputs (polygraphy-style)."""
+
+from __future__ import annotations
+
+import click
+
+from overdrive.cli.common import write_json
+
+
+@click.command("compare")
+@click.argument("a")
+@click.argument("b")
+@click.option("--atol", default=1e-3, show_default=True, type=float)
+@click.option("--rtol", default=1e-3, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs (at the engine's opt shapes).")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
+def command(a: str, b: str, atol: float, rtol: float, seed: int, json_path: str | None) -> None:
+    """Compare outputs of A against reference B; exit 1 when any output FAILED.
+
+    \b
+    Examples:
+      overdrive compare model_fp16.engine model.onnx --atol 1e-2 --rtol 1e-2
+      overdrive compare model.engine mypkg.models:make_model
+    """
+    from overdrive.engine import compare, format_compare
+
+    report = compare(a, b, atol=atol, rtol=rtol, seed=seed)
+    if json_path is not None:
+        write_json(report, json_path)
+    if json_path != "-":
+        click.echo(format_compare(report))
+    if not report["passed"]:
+        raise click.exceptions.Exit(1)

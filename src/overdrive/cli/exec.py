@@ -1,0 +1,52 @@
+"""``overdrive exec``: load an engine and time it like trtexec (performance summary in its layout)."""
+
+from __future__ import annotations
+
+import click
+
+from overdrive.cli.common import write_json
+
+
+@click.command("exec")
+@click.option("--load-engine", "--loadEngine", "load_engine", required=True, metavar="FILE", help="Engine built by `overdrive build`.")
+@click.option("--shapes", default=None, help="Input shapes to run (inside the engine's profile); default: the opt shapes.")
+@click.option("--iterations", default=10, show_default=True, type=int, help="Run at least this many iterations.")
+@click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=float, help="Warm-up time in ms.")
+@click.option("--duration", default=3.0, show_default=True, type=float, help="Run at least this many seconds.")
+@click.option("--use-cuda-graph", "--useCudaGraph", "use_cuda_graph", is_flag=True,
+              help="Accepted for trtexec compatibility: static CUDA engines already replay CUDA graphs.")
+@click.option("--no-data-transfers", "--noDataTransfers", "no_data_transfers", is_flag=True, help="Skip H2D/D2H copies.")
+@click.option("--percentile", default="90,95,99", show_default=True, help="Comma-separated latency percentiles.")
+@click.option("--device", default=None, help="Device to load on (default: the one it was built for).")
+@click.option("--precision", default=None, help="Refuse the engine unless it was built for this precision.")
+@click.option("--export-times", "--exportTimes", "export_times", default=None, metavar="FILE", help="Per-iteration times as JSON.")
+@click.option("--export-profile", "--exportProfile", "export_profile", default=None, metavar="FILE", help="Per-kernel profile as JSON.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the summary as JSON ('-' for stdout).")
+def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
+            no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
+            export_profile: str | None, json_path: str | None) -> None:
+    """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
+
+    \b
+    Examples:
+      overdrive exec --load-engine model.engine
+      overdrive exec --loadEngine rn50_fp16.engine --duration 10 --percentile 50,99 --json summary.json
+    """
+    from overdrive._utils.errors import UsageError
+    from overdrive.engine import Engine, parse_shapes
+    from overdrive.engine.benchmark import format_summary
+
+    try:
+        pct = tuple(float(p) for p in percentile.split(",") if p.strip())
+    except ValueError as exc:
+        raise UsageError(f"--percentile {percentile!r} must be numbers separated by commas, like 90,95,99") from exc
+    engine = Engine.load(load_engine, device=device, precision=precision)
+    summary = engine.benchmark(shapes=parse_shapes(shapes) or None, iterations=iterations, warmup_ms=warm_up,
+                               duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
+                               export_times=export_times, export_profile=export_profile)
+    summary["load_s"] = engine.load_s
+    if json_path is not None:
+        write_json(summary, json_path)
+    if json_path != "-":
+        click.echo(f"[I] loaded {load_engine} ({engine.info['runtime']}) in {engine.load_s:.2f} s")
+        click.echo(format_summary(summary))

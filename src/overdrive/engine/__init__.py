@@ -1,0 +1,15 @@
+"""overdrive.engine: build an engine once for one device and precision, save it, load it, run and
+benchmark it like trtexec, and compare it against ONNX Runtime or PyTorch.
+
+Example:
+    >>> from overdrive.engine import Builder, BuildConfig, Engine
+    >>> # engine = Builder(BuildConfig(precision="fp16", device="cuda")).build(model, (x,))
+    >>> # engine.save("m.engine"); Engine.load("m.engine").benchmark()
+"""
+
+from overdrive.engine.api import Builder, Engine, choose_backend
+from overdrive.engine.compare import compare, format_compare
+from overdrive.engine.config import BF16_CUDA, FP16_CUDA, FP32_DEFAULT, BuildConfig, ShapeProfile, parse_shapes, profiles_from_shapes
+
+__all__ = ["Builder", "Engine", "BuildConfig", "ShapeProfile", "compare", "format_compare", "parse_shapes",
+           "profiles_from_shapes", "choose_backend", "FP32_DEFAULT", "FP16_CUDA", "BF16_CUDA"]

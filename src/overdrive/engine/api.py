@@ -1,0 +1,250 @@
+"""The public verbs: ``Builder(cfg).build(model) -> Engine``, ``Engine.save/load``, ``engine(*inputs)``,
+``engine.benchmark()``, and ``compare(a, b)``."""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overdrive import __version__
+from overdrive._utils.device import cpu_isa, resolve_device
+from overdrive._utils.errors import UsageError
+from overdrive.engine import backends, format as fmt
+from overdrive.engine.config import BuildConfig, ShapeProfile
+from overdrive.engine.sources import ModelSource, to_source
+
+_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
+       "int32": torch.int32, "bool": torch.bool, "float64": torch.float64}
+
+
+def device_facts(device: torch.device) -> dict[str, Any]:
+    """What an engine is tied to: GPU name + compute capability, or the CPU ISA."""
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return {"type": "cuda", "name": p.name, "compute_capability": f"{p.major}.{p.minor}"}
+    return {"type": "cpu", "isa": cpu_isa(), "machine": platform.machine()}
+
+
+def _describe(d: dict[str, Any]) -> str:
+    return f"{d['name']} (sm {d['compute_capability']})" if d["type"] == "cuda" else f"CPU {d.get('machine')} {d.get('isa')}"
+
+
+def choose_backend(requested: str, device: torch.device, precision: str, src: ModelSource) -> tuple[str, str]:
+    """``auto`` -> the fastest backend usable here for this device and precision, with the reason."""
+    if requested != "auto":
+        why = backends.get(requested).unavailable(device)
+        if why and requested != "tensorrt":
+            raise UsageError(f"--backend {requested} is not usable on {device.type}: {why}")
+        return requested, "asked for"
+    if device.type == "cuda":
+        return "inductor", "CUDA: Inductor kernels + CUDA graphs (ONNX Runtime here has no GPU provider)"
+    ort_ok = backends.get("onnxruntime").unavailable(device) is None and precision in ("fp32", "tf32", "int8")
+    if ort_ok:
+        return "onnxruntime", "CPU fp32/int8: ONNX Runtime builds in seconds and runs small models faster than Inductor's C++"
+    return "inductor", f"CPU {precision}: ONNX Runtime here runs fp32/int8 only"
+
+
+def _resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "best":
+        return "fp16" if device.type == "cuda" else "fp32"
+    if precision == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise UsageError("--precision fp8 needs compute capability 8.9+ (Ada/Hopper); use fp16 or int8")
+    if precision == "fp8" and device.type == "cpu":
+        raise UsageError("--precision fp8 needs a CUDA GPU of compute capability 8.9+; use fp32 or int8 on CPU")
+    return precision
+
+
+class Builder:
+    """Builds engines for one device and precision (like TensorRT's builder / trtexec).
+
+    Example:
+        >>> # engine = Builder(BuildConfig(precision="fp16", device="cuda")).build(model, (torch.randn(8, 3, 224, 224),))
+        >>> # engine.save("resnet50.engine")
+    """
+
+    def __init__(self, config: BuildConfig | None = None, **overrides: Any) -> None:
+        base = config.to_dict() if config is not None else {}
+        self.config = BuildConfig(**{**base, **overrides})
+
+    def build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None = None,
+              input_names: list[str] | None = None, calib: list[tuple[torch.Tensor, ...]] | None = None,
+              onnx_path: str | None = None) -> Engine:
+        """Build from an nn.Module, ONNX (path/bytes/ModelProto), a .pt2 path or ``pkg.module:factory``."""
+        cfg = BuildConfig(**self.config.to_dict())
+        device = resolve_device(cfg.device)
+        cfg.device = str(device)
+        src = to_source(model, input_names)
+        if isinstance(example_inputs, torch.Tensor):
+            example_inputs = (example_inputs,)
+        cfg.profiles = _profiles(cfg.profiles, src, example_inputs)
+        example = tuple(x.to(device) for x in example_inputs) if example_inputs else _random_inputs(cfg.profiles, src, device)
+        if len(example) != len(src.input_names):
+            raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
+        precision = _resolve_precision(cfg.precision, device)
+        cfg.precision = precision
+        name, reason = choose_backend(cfg.backend, device, precision, src)
+        backend = backends.get(name)
+        if name == "tensorrt":
+            path = onnx_path or "model.onnx"
+            Path(path).write_bytes(src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset))
+            backend.refuse(path, str(Path(path).with_suffix(".plan")), cfg, device)
+        t0 = time.perf_counter()
+        sections, runner, meta = backend.build(src, example, cfg, device, calib)
+        build_s = time.perf_counter() - t0
+        outs = runner(*example)
+        header = {
+            "overdrive": __version__, "backend": name, "backend_reason": reason, "precision": precision,
+            "device": device_facts(device), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
+            "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch.")} for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
+            "outputs": [{"name": f"output{i}" if len(outs) > 1 else "output", "dtype": str(o.dtype).removeprefix("torch."),
+                         "opt_shape": list(o.shape)} for i, o in enumerate(outs)],
+        }
+        return Engine(header, sections, runner, device, build_s=build_s)
+
+
+def _ordered(profiles: list[ShapeProfile], names: list[str]) -> list[ShapeProfile]:
+    by = {p.name: p for p in profiles}
+    return [by[n] for n in names]
+
+
+def _profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[torch.Tensor, ...] | None) -> list[ShapeProfile]:
+    names = src.input_names
+    if profiles:
+        if src.onnx_bytes is None and len(names) == 1 == len(profiles) and profiles[0].name != names[0]:
+            src.input_names = names = [profiles[0].name]  # a module's one input takes the profile's name
+        given = {p.name for p in profiles}
+        if given != set(names):
+            missing, unknown = sorted(set(names) - given), sorted(given - set(names))
+            raise UsageError(f"shape profiles must name every model input {names}: missing {missing}, unknown {unknown}")
+        return _ordered(profiles, names)
+    if example:
+        return [ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, example)]
+    shapes = src.onnx_shapes
+    if shapes and all(n in shapes and all(d for d in shapes[n]) for n in names):
+        return [ShapeProfile.fixed(n, tuple(shapes[n])) for n in names]
+    raise UsageError(f"give the input shapes: --shapes {names[0]}:1x3x224x224 (or --min/--opt/--max-shapes), or example inputs")
+
+
+def _random_inputs(profiles: list[ShapeProfile], src: ModelSource, device: torch.device, which: str = "opt",
+                   seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for p in _ordered(profiles, src.input_names):
+        dt = src.input_dtypes.get(p.name, torch.float32)
+        shape = getattr(p, which)
+        x = torch.randn(shape, generator=g) if dt.is_floating_point else torch.randint(0, 2, shape, generator=g)
+        out.append(x.to(dt).to(device))
+    return tuple(out)
+
+
+class Engine:
+    """A built engine: call it, save it, load it, benchmark it.
+
+    Example:
+        >>> # engine = Engine.load("model.engine"); y = engine(torch.randn(1, 1, 8, 8)); engine.info["precision"]
+    """
+
+    def __init__(self, header: dict[str, Any], sections: dict[str, bytes], runner: Any, device: torch.device,
+                 build_s: float | None = None, load_s: float | None = None) -> None:
+        self.header, self.sections, self.runner, self.device = header, sections, runner, device
+        self.build_s, self.load_s = build_s, load_s
+        self.profiles = [ShapeProfile.from_dict(i) for i in header["inputs"]]
+        self.input_names = [p.name for p in self.profiles]
+        self.input_dtypes = [_DT.get(i["dtype"], torch.float32) for i in header["inputs"]]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Bindings, shapes, precision, backend and device, as stored in the file header."""
+        h = self.header
+        return {"backend": h["backend"], "backend_reason": h.get("backend_reason"), "precision": h["precision"],
+                "device": h["device"], "torch": h["torch"], "cuda": h["cuda"], "source": h.get("source"),
+                "inputs": h["inputs"], "outputs": h["outputs"], "build_s": h.get("build_s"), "load_s": self.load_s,
+                "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values())}
+
+    def save(self, path: str | Path) -> None:
+        fmt.EngineFile(self.header, self.sections).save(path)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | None = None, precision: str | None = None) -> Engine:
+        """Load and check an engine; refuses another device kind/GPU, precision or torch build."""
+        ef = fmt.read(path)
+        h = ef.header
+        built = h["device"]
+        if precision is not None and precision != h["precision"]:
+            raise UsageError(f"{path} was built for precision {h['precision']}, not {precision}: an engine runs only at "
+                             f"the precision it was built with; rebuild with --precision {precision}")
+        if built["type"] == "cuda" and not torch.cuda.is_available() and device in (None, "auto"):
+            raise UsageError(f"{path} was built for {_describe(built)} and there is no CUDA GPU here; "
+                             "rebuild it on this machine with --device cpu")
+        dev = resolve_device(device or built["type"])
+        here = device_facts(dev)
+        if here["type"] != built["type"] or (built["type"] == "cuda" and here["compute_capability"] != built["compute_capability"]):
+            raise UsageError(f"{path} was built for {_describe(built)} but would run on {_describe(here)}; engines are tied "
+                             f"to the device they were built for: rebuild with `overdrive build --device {dev.type}` here")
+        if h["backend"] == "inductor" and h["torch"].split("+")[0] != torch.__version__.split("+")[0]:
+            raise UsageError(f"{path} was built with torch {h['torch']} but this is torch {torch.__version__}; Inductor "
+                             "engines hold torch-version-specific programs: rebuild the engine with this torch")
+        t0 = time.perf_counter()
+        runner = backends.get(h["backend"]).load(ef.sections, h, dev)
+        eng = cls(h, ef.sections, runner, dev)
+        # Load time includes the first call: for Inductor that is when the program compiles (from the cache).
+        eng.runner(*_random_inputs(eng.profiles, ModelSource(input_names=eng.input_names,
+                                                            input_dtypes=dict(zip(eng.input_names, eng.input_dtypes))), dev))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        eng.load_s = time.perf_counter() - t0
+        return eng
+
+    def check_inputs(self, inputs: tuple[torch.Tensor, ...] = (), named: dict[str, torch.Tensor] | None = None,
+                     move: bool = True) -> list[torch.Tensor]:
+        """Order, validate against the profiles, cast and move the inputs."""
+        if named:
+            if inputs:
+                raise UsageError("pass inputs either by position or by name, not both")
+            missing = [n for n in self.input_names if n not in named]
+            unknown = [n for n in named if n not in self.input_names]
+            if missing or unknown:
+                raise UsageError(f"engine inputs are {self.input_names}: missing {missing}, unknown {unknown}")
+            inputs = tuple(named[n] for n in self.input_names)
+        if len(inputs) != len(self.input_names):
+            raise UsageError(f"engine takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}")
+        out = []
+        for x, p, dt in zip(inputs, self.profiles, self.input_dtypes):
+            x = torch.as_tensor(x)
+            if not p.contains(tuple(x.shape)):
+                raise UsageError(f"input {p.name!r} has shape {tuple(x.shape)}, outside the engine's profile min {p.min} "
+                                 f"max {p.max}; rebuild with --min-shapes/--max-shapes covering it")
+            if x.is_floating_point() != dt.is_floating_point:
+                raise UsageError(f"input {p.name!r} is {x.dtype} but the engine expects {dt}")
+            out.append(x.to(self.device, dt) if move else x.to(dtype=dt))
+        return out
+
+    def run(self, *inputs: torch.Tensor, **named: torch.Tensor) -> list[torch.Tensor]:
+        """All outputs as a list (copies: safe to keep across calls, also under CUDA graphs)."""
+        xs = self.check_inputs(inputs, named)
+        return [o.clone() for o in self.runner(*xs)]
+
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outs = self.run(*inputs, **named)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def random_inputs(self, shapes: dict[str, tuple[int, ...]] | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        """Inputs at the profiles' opt shapes (or ``shapes``), on the CPU, for exec and compare."""
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for p, dt in zip(self.profiles, self.input_dtypes):
+            shape = tuple((shapes or {}).get(p.name, p.opt))
+            x = torch.randn(shape, generator=g) if dt.is_floating_point else torch.randint(0, 2, shape, generator=g)
+            out.append(x.to(dt))
+        return tuple(out)
+
+    def benchmark(self, **kwargs: Any) -> dict[str, Any]:
+        """trtexec-style timing; see :func:`overdrive.engine.benchmark.benchmark` for the arguments."""
+        from overdrive.engine.benchmark import benchmark
+
+        return benchmark(self, **kwargs)

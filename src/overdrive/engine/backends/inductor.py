@@ -1,0 +1,212 @@
+"""Inductor backend: torch.export -> torch.compile (Inductor), CUDA graphs for static CUDA profiles.
+
+The engine stores the serialized ExportedProgram (``torch.export.save``) and Inductor's compile cache
+(``torch.compiler.save_cache_artifacts()``); loading deserializes the program and compiles it again
+with the cache preloaded, so a load skips Triton autotuning and C++/PTX code generation. AOTInductor
+packages are stored too when ``BuildConfig.aot`` asks for them, and loaded only where
+``aoti_load_package`` works (torch >= 2.12: it segfaults on torch 2.11, even for a tiny model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive.engine.config import BuildConfig
+from overdrive.engine.sources import ModelSource, dynamic_shapes
+
+NAME = "inductor"
+_HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def unavailable(device: torch.device) -> str | None:
+    return None  # torch.compile ships with torch; CPU needs a C++ compiler, which Inductor checks itself
+
+
+def aoti_works() -> bool:
+    """AOTInductor loading segfaults on torch 2.11 (seen on the H200 machine); trust it from 2.12 on."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 12)
+
+
+class _Cast(nn.Module):
+    """fp32 in/out around a half-precision model (trtexec's default I/O); channels_last for 4-D inputs."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None, channels_last: bool) -> None:
+        super().__init__()
+        self.model, self.dtype, self.channels_last = model, dtype, channels_last
+
+    def forward(self, *xs: torch.Tensor) -> Any:
+        ins = []
+        for x in xs:
+            if self.dtype is not None and x.is_floating_point():
+                x = x.to(self.dtype)
+            if self.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            ins.append(x)
+        out = self.model(*ins)
+        return _map(out, lambda t: t.float() if t.is_floating_point() else t)
+
+
+def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_map(o, fn) for o in out)
+    if isinstance(out, dict):
+        return tuple(_map(v, fn) for v in out.values())  # ModelOutput / dict -> tuple in key order
+    if hasattr(out, "to_tuple"):
+        return tuple(_map(v, fn) for v in out.to_tuple())
+    return out
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in flatten_outputs(o)]
+    return []
+
+
+@contextlib.contextmanager
+def precision_flags(precision: str) -> Iterator[None]:
+    """tf32 for 'tf32' (and the half/quantized precisions' fp32 leftovers); strict fp32 for 'fp32'."""
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    tf32 = precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
+    try:
+        from overdrive import quant
+    except ImportError as exc:
+        raise OverdriveError(f"--precision {precision} from a float model needs overdrive.quant, which is not installed "
+                             "in this overdrive; build from a Q/DQ ONNX model instead, or use fp16/bf16") from exc
+
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def forward_loop(m: nn.Module) -> None:
+        with torch.no_grad():
+            for batch in calib:
+                m(*(x.to(dev) for x in batch))
+
+    cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
+    model = quant.quantize(model, cfg, forward_loop)
+    return quant.to_real(model)
+
+
+def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
+            calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
+    """The module to export: a copy of the model in the build precision on ``device``."""
+    model = copy.deepcopy(src.module) if src.module is not None else src.as_module()
+    model = model.eval().to(device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    dtype = _HALF.get(cfg.precision)
+    if cfg.precision in ("int8", "fp8"):
+        if src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already
+            model = _quantize(model, cfg.precision, calib)
+    elif dtype is not None:
+        model = model.to(dtype)
+    cl = cfg.channels_last and device.type == "cuda"
+    if cl:
+        model = model.to(memory_format=torch.channels_last)
+    return _Cast(model, dtype, cl).eval()
+
+
+def _mode(cfg: BuildConfig, device: torch.device) -> str:
+    if cfg.compile_mode:
+        return cfg.compile_mode
+    static = all(p.static for p in cfg.profiles)
+    return "reduce-overhead" if device.type == "cuda" and static else "default"
+
+
+class Runner:
+    """Calls the compiled program; marks a new CUDA-graph step before each call so outputs stay valid."""
+
+    def __init__(self, fn: Callable, precision: str, mode: str, via: str) -> None:
+        self.fn, self.precision, self.mode, self.via = fn, precision, mode, via
+
+    def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        with precision_flags(self.precision), torch.inference_mode():
+            if self.mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+            return flatten_outputs(self.fn(*xs))
+
+
+def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool) -> Callable:
+    return torch.compile(module, mode=mode, dynamic=True if dynamic else False, fullgraph=True)
+
+
+def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
+          calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
+    module = prepare(src, cfg, device, calib or [example])
+    dyn = dynamic_shapes(cfg.profiles, src.input_names)
+    t0 = time.perf_counter()
+    with precision_flags(cfg.precision), torch.no_grad():
+        try:
+            # _Cast.forward takes *xs, so the per-input specs nest one level down
+            ep = torch.export.export(module, example, dynamic_shapes=(dyn,) if dyn else None, strict=False)
+        except Exception as exc:
+            raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
+                                 "try --backend onnxruntime, or fix the graph break it names") from exc
+    t_export = time.perf_counter() - t0
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    sections = {"exported_program": buf.getvalue()}
+    mode = _mode(cfg, device)
+    compiled = _compile(ep.module(), cfg, mode, dyn is not None)
+    runner = Runner(compiled, cfg.precision, mode, "torch.compile")
+    t0 = time.perf_counter()
+    for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call
+        runner(*example)
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    t_compile = time.perf_counter() - t0
+    artifacts = torch.compiler.save_cache_artifacts()
+    if artifacts is not None:
+        sections["compile_cache"] = artifacts[0]
+    meta = {"compile_mode": mode, "export_s": t_export, "compile_s": t_compile, "dynamic": dyn is not None}
+    if cfg.aot:
+        if not aoti_works():
+            raise UsageError(f"AOTInductor packages crash on torch {torch.__version__} (aoti_load_package segfaults on "
+                             "2.11); build without --aot: the engine then stores the program plus the compile cache")
+        with tempfile.TemporaryDirectory() as tmp, precision_flags(cfg.precision):
+            path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(tmp, "model.pt2"))
+            sections["aoti_package"] = open(path, "rb").read()
+        meta["aot"] = True
+    return sections, runner, meta
+
+
+def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+    meta = header.get("backend_meta", {})
+    precision = header["precision"]
+    if "aoti_package" in sections and aoti_works():
+        tmp = tempfile.NamedTemporaryFile(suffix=".pt2", delete=False)
+        try:
+            tmp.write(sections["aoti_package"])
+            tmp.close()
+            loaded = torch._inductor.aoti_load_package(tmp.name)
+        finally:
+            os.unlink(tmp.name)
+        return Runner(loaded, precision, "default", "AOTInductor")
+    if "compile_cache" in sections:
+        torch.compiler.load_cache_artifacts(sections["compile_cache"])
+    ep = torch.export.load(io.BytesIO(sections["exported_program"]))
+    mode = meta.get("compile_mode", "default")
+    fn = _compile(ep.module(), BuildConfig(precision=precision), mode, meta.get("dynamic", False))
+    return Runner(fn, precision, mode, "torch.compile (from cache)")

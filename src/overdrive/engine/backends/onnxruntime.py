@@ -1,0 +1,119 @@
+"""ONNX Runtime backend (CPU provider; others where installed): all graph optimizations applied at
+build time and the optimized model stored in the engine, so a load skips them. Runs fp32 and int8
+Q/DQ models (ORT fuses QuantizeLinear/DequantizeLinear around Conv/MatMul into integer kernels)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.optional import is_available, require
+from overdrive.engine.config import BuildConfig
+from overdrive.engine.sources import ModelSource
+
+NAME = "onnxruntime"
+PRECISIONS = ("fp32", "tf32", "int8")
+
+
+def unavailable(device: torch.device) -> str | None:
+    if not is_available("onnxruntime"):
+        return "onnxruntime is not installed (pip install 'overdrive[onnx]')"
+    if device.type == "cuda":
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return "this onnxruntime has no CUDAExecutionProvider (CPU only); use --backend inductor on CUDA"
+    return None
+
+
+def _providers(device: torch.device) -> list[str]:
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]
+
+
+def has_qdq(onnx_bytes: bytes) -> bool:
+    import onnx
+
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in onnx.load_from_string(onnx_bytes).graph.node)
+
+
+class Runner:
+    def __init__(self, session: Any, device: torch.device) -> None:
+        self.session, self.device = session, device
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.via = "onnxruntime " + "/".join(session.get_providers())
+
+    def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        feeds = {n: x.detach().cpu().numpy() for n, x in zip(self.input_names, xs)}
+        return [torch.from_numpy(np.asarray(o)) for o in self.session.run(None, feeds)]
+
+
+def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None) -> Any:
+    ort = require("onnxruntime", "onnx", "the onnxruntime backend")
+    so = ort.SessionOptions()
+    if optimize_to:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = optimize_to
+    else:  # stored models are optimized already
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.log_severity_level = 3
+    return ort.InferenceSession(model_bytes, sess_options=so, providers=_providers(device))
+
+
+def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
+          calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
+    if cfg.precision not in PRECISIONS:
+        raise UsageError(f"the onnxruntime backend runs {', '.join(PRECISIONS)} (int8 from a Q/DQ model), not "
+                         f"{cfg.precision}; use --backend inductor for {cfg.precision}")
+    t0 = time.perf_counter()
+    if cfg.precision == "int8" and src.onnx_bytes is None:
+        model_bytes = _quantized_onnx(src, example, calib or [example])
+    else:
+        model_bytes = src.as_onnx(example, cfg.profiles, cfg.opset)
+    if cfg.precision == "int8" and not has_qdq(model_bytes):
+        raise UsageError("--precision int8 with an ONNX model needs QuantizeLinear/DequantizeLinear nodes in it; "
+                         "quantize it with overdrive.quant (export_onnx) or build from the PyTorch model")
+    t_export = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        try:
+            _session(model_bytes, device, optimize_to=path)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"onnxruntime could not load the model: {exc}") from exc
+        optimized = open(path, "rb").read()
+    runner = Runner(_session(optimized, device), device)
+    return {"onnx": optimized}, runner, {"export_s": t_export, "providers": _providers(device)}
+
+
+def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]]) -> bytes:
+    import copy
+
+    try:
+        from overdrive import quant
+    except ImportError as exc:
+        from overdrive._utils.errors import OverdriveError
+
+        raise OverdriveError("--precision int8 from a float model needs overdrive.quant, which is not installed in "
+                             "this overdrive; build from a Q/DQ ONNX model instead") from exc
+
+    def forward_loop(m: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for batch in calib:
+                m(*batch)
+
+    model = quant.quantize(copy.deepcopy(src.module).eval(), quant.INT8_DEFAULT, forward_loop)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "qdq.onnx")
+        quant.export_onnx(model, example, path)
+        return open(path, "rb").read()
+
+
+def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+    return Runner(_session(sections["onnx"], device), device)

@@ -1,0 +1,164 @@
+"""trtexec-style timing of an engine: per-iteration H2D, compute, D2H and enqueue times, a summary
+in trtexec's layout, and the raw times / per-kernel profile as JSON.
+
+On CUDA the copies and the compute are timed with CUDA events around each stage (inputs live in pinned
+host memory, like trtexec); on CPU the copies are zero and compute is the wall time of one call.
+Inputs rotate over several distinct random sets so caches do not hold one batch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+
+_STAGES = ("latency", "enqueue", "h2d", "compute", "d2h")
+
+
+def _stats(xs: list[float], percentiles: tuple[float, ...]) -> dict[str, float]:
+    s = sorted(xs)
+    out = {"min": s[0], "max": s[-1], "mean": statistics.fmean(s), "median": statistics.median(s)}
+    for p in percentiles:
+        out[f"p{p:g}"] = s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
+    return out
+
+
+def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
+              iterations: int = 10, warmup_ms: float = 200.0, duration_s: float = 3.0,
+              percentiles: tuple[float, ...] = (90, 95, 99), no_data_transfers: bool = False, rotate: int = 4,
+              export_times: str | None = None, export_profile: str | None = None) -> dict[str, Any]:
+    """Run the engine for at least ``iterations`` and at least ``duration_s``; return trtexec's summary.
+
+    Example:
+        >>> # s = engine.benchmark(duration_s=1); s["throughput_qps"], s["latency_ms"]["median"]
+    """
+    if iterations < 1 or duration_s < 0 or warmup_ms < 0:
+        raise UsageError(f"need iterations >= 1, duration >= 0, warm-up >= 0; got {iterations}, {duration_s}, {warmup_ms}")
+    if export_profile and engine.header["backend"] != "inductor":
+        raise UsageError(f"--export-profile covers the inductor backend (torch profiler); this engine runs on "
+                         f"{engine.header['backend']}, whose kernels the torch profiler does not see")
+    dev = engine.device
+    cuda = dev.type == "cuda"
+    sets = [inputs] if inputs is not None else [engine.random_inputs(shapes, seed=i) for i in range(max(1, rotate))]
+    sets = [engine.check_inputs(tuple(s), move=False) for s in sets]
+    if cuda:
+        sets = [[x.pin_memory() for x in s] for s in sets]
+        dev_sets = [[x.to(dev) for x in s] for s in sets]
+    else:
+        dev_sets = sets
+    batch = int(sets[0][0].shape[0]) if sets[0] and sets[0][0].dim() else 1
+    runner = engine.runner
+
+    # warm-up: at least warmup_ms of calls
+    t_end = time.perf_counter() + warmup_ms / 1e3
+    n = 0
+    while n < 2 or time.perf_counter() < t_end:
+        runner(*dev_sets[n % len(dev_sets)])
+        n += 1
+    if cuda:
+        torch.cuda.synchronize(dev)
+
+    rec: dict[str, list[float]] = {k: [] for k in _STAGES}
+    starts: list[float] = []
+    host_outs: list[torch.Tensor] | None = None
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if cuda else []
+    t_start = time.perf_counter()
+    deadline = t_start + duration_s
+    i = 0
+    while i < iterations or time.perf_counter() < deadline:
+        k = i % len(sets)
+        t0 = time.perf_counter()
+        if cuda:
+            ev[0].record()
+            xs = dev_sets[k] if no_data_transfers else [x.to(dev, non_blocking=True) for x in sets[k]]
+            ev[1].record()
+            te0 = time.perf_counter()
+            outs = runner(*xs)
+            te1 = time.perf_counter()
+            ev[2].record()
+            if not no_data_transfers:
+                if host_outs is None:
+                    host_outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
+                for h, o in zip(host_outs, outs):
+                    h.copy_(o, non_blocking=True)
+            ev[3].record()
+            ev[3].synchronize()
+            h2d, comp, d2h = ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2]), ev[2].elapsed_time(ev[3])
+            lat = h2d + comp + d2h
+        else:
+            te0 = t0
+            runner(*sets[k])
+            te1 = time.perf_counter()
+            h2d, d2h, comp = 0.0, 0.0, (te1 - te0) * 1e3
+            lat = comp
+        starts.append((t0 - t_start) * 1e3)
+        rec["latency"].append(lat)
+        rec["enqueue"].append((te1 - te0) * 1e3)
+        rec["h2d"].append(h2d)
+        rec["compute"].append(comp)
+        rec["d2h"].append(d2h)
+        i += 1
+    wall = time.perf_counter() - t_start
+    summary: dict[str, Any] = {
+        "iterations": i, "batch": batch, "device": str(dev), "backend": engine.header["backend"],
+        "precision": engine.header["precision"], "throughput_qps": i / wall, "throughput_samples_s": i * batch / wall,
+        "total_host_walltime_s": wall, "total_gpu_compute_time_s": sum(rec["compute"]) / 1e3,
+        "no_data_transfers": no_data_transfers,
+    }
+    for k in _STAGES:
+        summary[f"{k}_ms"] = _stats(rec[k], percentiles)
+    if export_times:
+        rows = [{"startMs": s, "latencyMs": a, "enqueueMs": b, "h2dMs": c, "computeMs": d, "d2hMs": e}
+                for s, a, b, c, d, e in zip(starts, *(rec[k] for k in _STAGES))]
+        Path(export_times).write_text(json.dumps(rows, indent=1))
+    if export_profile:
+        Path(export_profile).write_text(json.dumps(profile(engine, dev_sets[0]), indent=1))
+    return summary
+
+
+def profile(engine: Any, xs: list[torch.Tensor], iterations: int = 10) -> list[dict[str, Any]]:
+    """Per-kernel (GPU) or per-operator (CPU) time over ``iterations`` calls, like trtexec's --exportProfile."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with tprofile(activities=acts) as prof:
+        for _ in range(iterations):
+            engine.runner(*xs)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
+    cuda = engine.device.type == "cuda"
+    rows = []
+    for e in prof.key_averages():
+        us = (getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)) if cuda else e.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": e.key, "timeMs": us / 1e3, "averageMs": us / 1e3 / iterations, "count": e.count})
+    total = sum(r["timeMs"] for r in rows) or 1.0
+    for r in rows:
+        r["percentage"] = 100 * r["timeMs"] / total
+    return sorted(rows, key=lambda r: -r["timeMs"])
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary in trtexec's text layout."""
+    def line(label: str, key: str) -> str:
+        st = s[f"{key}_ms"]
+        pct = ", ".join(f"percentile({k[1:]}%) = {v:.5g} ms" for k, v in st.items() if k.startswith("p"))
+        return (f"[I] {label}: min = {st['min']:.5g} ms, max = {st['max']:.5g} ms, mean = {st['mean']:.5g} ms, "
+                f"median = {st['median']:.5g} ms, {pct}")
+
+    return "\n".join([
+        "[I] === Performance summary ===",
+        f"[I] Throughput: {s['throughput_qps']:.5g} qps ({s['throughput_samples_s']:.5g} samples/s at batch {s['batch']})",
+        line("Latency", "latency"), line("Enqueue Time", "enqueue"), line("H2D Latency", "h2d"),
+        line("GPU Compute Time" if s["device"].startswith("cuda") else "Compute Time", "compute"), line("D2H Latency", "d2h"),
+        f"[I] Total Host Walltime: {s['total_host_walltime_s']:.5g} s",
+        f"[I] Total GPU Compute Time: {s['total_gpu_compute_time_s']:.5g} s",
+        f"[I] Iterations: {s['iterations']}, backend {s['backend']}, precision {s['precision']}, device {s['device']}",
+    ])

@@ -1,0 +1,57 @@
+"""What ``overdrive build`` does with its flags, kept out of the CLI module so it stays thin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine.api import Builder, Engine
+from overdrive.engine.config import BuildConfig, profiles_from_shapes
+from overdrive.engine.sources import from_exported, from_factory, from_onnx, from_torchscript
+
+
+def _calibration(path: str | None) -> list[tuple[torch.Tensor, ...]] | None:
+    if path is None:
+        return None
+    data = torch.load(path, weights_only=True, map_location="cpu")
+    if isinstance(data, torch.Tensor):  # (N, ...) -> batches of up to 32
+        return [(b,) for b in data.split(32)]
+    if isinstance(data, (list, tuple)):
+        return [tuple(b) if isinstance(b, (list, tuple)) else (b,) for b in data]
+    raise UsageError(f"--calib {path}: expected a tensor or a list of batches saved with torch.save, got {type(data).__name__}")
+
+
+def build_engine(onnx: str | None = None, model: str | None = None, torchscript: str | None = None,
+                 exported: str | None = None, save_engine: str = "model.engine", precision: str = "fp32",
+                 shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
+                 max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
+                 aot: bool = False, calib: str | None = None) -> Engine:
+    """Build and save an engine from CLI-style arguments.
+
+    Example:
+        >>> # build_engine(onnx="m.onnx", save_engine="m.engine", shapes="input:1x3x224x224")
+    """
+    given = [n for n, v in (("--onnx", onnx), ("--model", model), ("--torchscript", torchscript), ("--exported", exported)) if v]
+    if len(given) != 1:
+        raise UsageError(f"give exactly one of --onnx, --model, --torchscript, --exported (got {given or 'none'})")
+    profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+    if torchscript:
+        if not profiles:
+            raise UsageError("--torchscript needs --shapes (TorchScript files do not record input shapes)")
+        src = from_torchscript(torchscript, tuple(torch.randn(p.opt) for p in profiles), [p.name for p in profiles])
+        if any(not p.static for p in profiles):
+            raise UsageError("--torchscript builds static shapes only (the TorchScript->ONNX export fixes them); use --shapes")
+    elif onnx:
+        src = from_onnx(onnx)
+    elif exported:
+        src = from_exported(exported)
+    else:
+        src = from_factory(model)
+    cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
+                      compile_mode="max-autotune" if max_autotune else None, aot=aot)
+    engine = Builder(cfg).build(src, calib=_calibration(calib), onnx_path=str(Path(save_engine).with_suffix(".onnx")))
+    engine.save(save_engine)
+    return engine

@@ -1,0 +1,100 @@
+"""Compare two runnables output by output, like polygraphy: max absolute and relative error and
+PASSED/FAILED against ``|a - b| <= atol + rtol * |b|`` elementwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+
+
+class _OrtReference:
+    """An ONNX file run as-is by ONNX Runtime's CPU provider (the reference polygraphy uses)."""
+
+    def __init__(self, path: str) -> None:
+        from overdrive._utils.optional import require
+
+        ort = require("onnxruntime", "onnx", "comparing against ONNX")
+        if not Path(path).is_file():
+            raise UsageError(f"ONNX file {path!r} does not exist")
+        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+    def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        names = [i.name for i in self.session.get_inputs()]
+        return [torch.from_numpy(o) for o in self.session.run(None, {n: x.cpu().numpy() for n, x in zip(names, xs)})]
+
+
+def _runnable(x: Any) -> tuple[Any, str]:
+    """An Engine, an engine path, an ONNX path (run with ONNX Runtime) or an nn.Module -> (callable, label)."""
+    from overdrive.engine.api import Engine
+
+    if isinstance(x, Engine):
+        return x, f"engine({x.header['backend']}, {x.header['precision']})"
+    if isinstance(x, torch.nn.Module):
+        return x, f"pytorch({type(x).__name__})"
+    p = str(x)
+    if p.endswith(".onnx"):
+        return _OrtReference(p), f"onnxruntime({Path(p).name})"
+    if Path(p).is_file():
+        return Engine.load(p), f"engine({Path(p).name})"
+    if ":" in p:
+        from overdrive.engine.sources import from_factory
+
+        return from_factory(p).module, f"pytorch({p})"
+    raise UsageError(f"cannot compare {p!r}: expected an engine file, an .onnx file or pkg.module:factory")
+
+
+def _outputs(fn: Any, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    from overdrive.engine.api import Engine
+    from overdrive.engine.backends.inductor import flatten_outputs
+
+    if isinstance(fn, Engine):
+        return [o.float().cpu() for o in fn.run(*xs)]
+    if isinstance(fn, _OrtReference):
+        return [o.float() for o in fn(*xs)]
+    with torch.no_grad():
+        dev = next((p.device for p in fn.parameters()), torch.device("cpu"))
+        return [o.float().cpu() for o in flatten_outputs(fn(*(x.to(dev) for x in xs)))]
+
+
+def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol: float = 1e-3, rtol: float = 1e-3,
+            seed: int = 0) -> dict[str, Any]:
+    """Run ``a`` and ``b`` on the same inputs; ``b`` is the reference for relative error.
+
+    Example:
+        >>> # r = compare("model_fp16.engine", "model.onnx", atol=1e-2); r["passed"]
+    """
+    fa, la = _runnable(a)
+    fb, lb = _runnable(b)
+    if inputs is None:
+        from overdrive.engine.api import Engine
+
+        eng = fa if isinstance(fa, Engine) else fb if isinstance(fb, Engine) else None
+        if eng is None:
+            raise UsageError("compare needs inputs when neither side is an engine (its profile gives the shapes)")
+        inputs = eng.random_inputs(seed=seed)
+    oa, ob = _outputs(fa, inputs), _outputs(fb, inputs)
+    if len(oa) != len(ob):
+        raise UsageError(f"{la} has {len(oa)} outputs but {lb} has {len(ob)}")
+    rows = []
+    for i, (x, y) in enumerate(zip(oa, ob)):
+        if x.shape != y.shape:
+            raise UsageError(f"output {i}: shape {tuple(x.shape)} from {la} vs {tuple(y.shape)} from {lb}")
+        diff = (x - y).abs()
+        rel = diff / y.abs().clamp_min(1e-12)
+        ok = bool((diff <= atol + rtol * y.abs()).all())
+        rows.append({"output": i, "shape": list(x.shape), "max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
+                     "max_rel": float(rel.max()), "median_rel": float(rel.median()), "passed": ok})
+    return {"a": la, "b": lb, "atol": atol, "rtol": rtol, "outputs": rows, "passed": all(r["passed"] for r in rows)}
+
+
+def format_compare(r: dict[str, Any]) -> str:
+    lines = [f"[I] Comparing {r['a']} vs {r['b']} (atol={r['atol']:g}, rtol={r['rtol']:g})"]
+    for o in r["outputs"]:
+        lines.append(f"[I]   output {o['output']} {tuple(o['shape'])}: max abs {o['max_abs']:.4g}, mean abs {o['mean_abs']:.4g}, "
+                     f"max rel {o['max_rel']:.4g}, median rel {o['median_rel']:.4g} -> {'PASSED' if o['passed'] else 'FAILED'}")
+    lines.append(f"[I] {'PASSED' if r['passed'] else 'FAILED'} | {r['a']} vs {r['b']}")
+    return "\n".join(lines)

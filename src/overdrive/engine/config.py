@@ -1,0 +1,153 @@
+"""Build settings for an engine: precision, backend, device and the input shape profiles.
+
+Shapes follow trtexec: ``"input:8x3x224x224"`` for a static profile, or min/opt/max for a
+dynamic one. A profile is per input; a dimension is dynamic when min != max.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from overdrive._utils.errors import UsageError
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "best")
+BACKENDS = ("auto", "inductor", "onnxruntime", "tensorrt")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """Allowed shapes of one input: every dim d satisfies min[d] <= d <= max[d]; opt is the tuned shape.
+
+    Example:
+        >>> p = ShapeProfile("x", (1, 3), (8, 3), (32, 3))
+        >>> p.dynamic_dims()
+        [0]
+    """
+
+    name: str
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise UsageError(f"shape profile for {self.name!r}: min {self.min}, opt {self.opt}, max {self.max} "
+                             "must have the same rank")
+        for lo, mid, hi in zip(self.min, self.opt, self.max):
+            if not (1 <= lo <= mid <= hi):
+                raise UsageError(f"shape profile for {self.name!r}: need 1 <= min <= opt <= max in every dim, "
+                                 f"got min {self.min}, opt {self.opt}, max {self.max}")
+
+    @property
+    def static(self) -> bool:
+        return self.min == self.max
+
+    def dynamic_dims(self) -> list[int]:
+        return [i for i, (lo, hi) in enumerate(zip(self.min, self.max)) if lo != hi]
+
+    def contains(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.min) and all(lo <= d <= hi for d, lo, hi in zip(shape, self.min, self.max))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShapeProfile:
+        return cls(d["name"], tuple(d["min"]), tuple(d["opt"]), tuple(d["max"]))
+
+    @classmethod
+    def fixed(cls, name: str, shape: tuple[int, ...]) -> ShapeProfile:
+        return cls(name, tuple(shape), tuple(shape), tuple(shape))
+
+
+def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
+    """Parse trtexec's ``name:AxBxC,name2:D`` into ``{name: (A, B, C), ...}``.
+
+    Example:
+        >>> parse_shapes("x:8x3x224x224,mask:8x128")
+        {'x': (8, 3, 224, 224), 'mask': (8, 128)}
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    if not spec:
+        return out
+    for item in spec.split(","):
+        item = item.strip()
+        name, sep, dims = item.rpartition(":")
+        if not sep or not name:
+            raise UsageError(f"shape {item!r} is not name:AxBxC (for example input:8x3x224x224)")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError as exc:
+            raise UsageError(f"shape {item!r}: dims {dims!r} must be integers joined by 'x', like 8x3x224x224") from exc
+        out[name.strip("'\"")] = shape
+    return out
+
+
+def profiles_from_shapes(shapes: str | dict | None = None, min_shapes: str | dict | None = None,
+                         opt_shapes: str | dict | None = None, max_shapes: str | dict | None = None) -> list[ShapeProfile]:
+    """Build per-input profiles from trtexec-style ``--shapes`` or ``--min/opt/max-shapes``."""
+    def as_dict(s: str | dict | None) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v) for k, v in s.items()} if isinstance(s, dict) else parse_shapes(s)
+
+    fixed, lo, mid, hi = as_dict(shapes), as_dict(min_shapes), as_dict(opt_shapes), as_dict(max_shapes)
+    if fixed and (lo or mid or hi):
+        raise UsageError("give either --shapes or --min-shapes/--opt-shapes/--max-shapes, not both")
+    if fixed:
+        return [ShapeProfile.fixed(n, s) for n, s in fixed.items()]
+    if not (lo or hi):
+        return []
+    if set(lo) != set(hi):
+        raise UsageError(f"--min-shapes names {sorted(lo)} and --max-shapes names {sorted(hi)} must be the same inputs")
+    return [ShapeProfile(n, lo[n], mid.get(n, hi[n]), hi[n]) for n in lo]
+
+
+@dataclass
+class BuildConfig:
+    """How to build an engine.
+
+    ``precision`` is the compute precision (inputs and outputs stay float32, like trtexec's default I/O);
+    ``compile_mode`` is Inductor's mode ("reduce-overhead" = CUDA graphs, used for static profiles on CUDA).
+
+    Example:
+        >>> cfg = BuildConfig(precision="fp16", device="cuda")
+        >>> BuildConfig.from_json(cfg.to_json()) == cfg
+        True
+    """
+
+    precision: str = "fp32"
+    backend: str = "auto"
+    device: str = "cpu"
+    profiles: list[ShapeProfile] = field(default_factory=list)
+    compile_mode: str | None = None  # None: reduce-overhead for static CUDA profiles, else default
+    aot: bool | None = None  # AOTInductor package; None: where it works (torch >= 2.12)
+    channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
+    opset: int = 18
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise UsageError(f"compile mode {self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        self.profiles = [p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in self.profiles]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["profiles"] = [p.to_dict() for p in self.profiles]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> BuildConfig:
+        return cls(**json.loads(text))
+
+
+FP32_DEFAULT = BuildConfig(precision="fp32")
+FP16_CUDA = BuildConfig(precision="fp16", device="cuda")
+BF16_CUDA = BuildConfig(precision="bf16", device="cuda")

@@ -1,0 +1,479 @@
+"""ONNX -> PyTorch: run an ONNX graph as an ``nn.Module`` so Inductor can compile it on the GPU.
+
+ONNX Runtime on the GPU machine has only its CPU provider, and onnx2torch (the best known importer)
+is unmaintained and has no QuantizeLinear/DequantizeLinear, so overdrive carries its own importer for
+the operators common CNNs and transformers export to, Q/DQ included. ``forward`` walks the nodes in
+order; ``torch.export`` traces that walk into one flat graph.
+
+Shape arithmetic (Shape -> Gather -> Concat -> Reshape) stays on the host: small integer constants and
+the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic export), so no
+data-dependent ``.tolist()`` reaches the traced graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+
+Value = Any  # torch.Tensor (device data) or np.ndarray (host constants / shapes)
+
+_DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
+           9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16, 17: torch.float8_e4m3fn,
+           19: torch.float8_e5m2}
+_NP = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,
+       torch.float16: np.float16, torch.float64: np.float64, torch.int8: np.int8, torch.uint8: np.uint8}
+
+
+def _tensor(v: Value, like: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v
+    arr = np.asarray(v)
+    if arr.dtype == object:  # symbolic sizes: build the tensor element by element
+        t = torch.stack([torch.as_tensor(x) if not isinstance(x, torch.SymInt) else torch.sym_int(x) * torch.ones((), dtype=torch.int64) for x in arr.reshape(-1)])
+        t = t.reshape(arr.shape)
+    else:
+        t = torch.from_numpy(np.array(arr, copy=True))
+    if like is not None:
+        t = t.to(like.device)
+        if t.is_floating_point() and like.is_floating_point():
+            t = t.to(like.dtype)
+    return t
+
+
+def _as_value(r: Any) -> Value:
+    """numpy scalars and bare (Sym)ints from host ops -> 0-d arrays, so every value is a tensor or an array."""
+    if r is None or isinstance(r, (torch.Tensor, np.ndarray)):
+        return r
+    return np.array(r, dtype=object if isinstance(r, torch.SymInt) else None)
+
+
+def _ints(v: Value) -> list[Any]:
+    if isinstance(v, torch.Tensor):
+        return [int(x) for x in v.reshape(-1).tolist()]
+    return [x if isinstance(x, torch.SymInt) else int(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _host(*vals: Value) -> bool:
+    return all(isinstance(v, np.ndarray) for v in vals)
+
+
+def _like(vals: list[Value]) -> torch.Tensor | None:
+    return next((v for v in vals if isinstance(v, torch.Tensor)), None)
+
+
+def _binary(np_fn: Callable, t_fn: Callable) -> Callable:
+    def run(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+        x, y = ins
+        if _host(x, y):
+            out = np_fn(x, y)
+            return [out.astype(x.dtype) if out.dtype != x.dtype and x.dtype != object and np_fn not in _CMP else out]
+        like = _like(ins)
+        return [t_fn(_tensor(x, like), _tensor(y, like))]
+    return run
+
+
+def _unary(t_fn: Callable) -> Callable:
+    return lambda m, ins, a: [t_fn(_tensor(ins[0]))]
+
+
+_CMP = (np.equal, np.less, np.greater, np.logical_and, np.logical_or)
+
+
+def _div_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.floor_divide(x, y) if x.dtype.kind in "iO" else np.divide(x, y)
+
+
+def _axes(ins: list[Value], a: dict, idx: int = 1) -> list[int] | None:
+    if len(ins) > idx and ins[idx] is not None:
+        return _ints(ins[idx])
+    return list(a["axes"]) if "axes" in a else None
+
+
+def _reduce(fn: str) -> Callable:
+    def run(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+        x, axes, keep = _tensor(ins[0]), _axes(ins, a), bool(a.get("keepdims", 1))
+        if axes is None or not axes:
+            if a.get("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(x.dim()))
+        if fn == "mean":
+            return [x.mean(dim=axes, keepdim=keep)]
+        if fn == "sum":
+            return [x.sum(dim=axes, keepdim=keep)]
+        out = x
+        for ax in sorted((d % x.dim() for d in axes), reverse=True):
+            out = (out.amax if fn == "max" else out.amin)(dim=ax, keepdim=keep)
+        return [out]
+    return run
+
+
+def _pads2d(a: dict, n: int) -> tuple[list[int], list[int] | None]:
+    """ONNX pads [b1, b2, ..., e1, e2, ...] -> symmetric padding or (None, F.pad list)."""
+    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        raise UsageError(f"auto_pad={a['auto_pad']!r} is not supported by the ONNX importer; re-export with explicit pads")
+    pads = list(a.get("pads", [0] * (2 * n)))
+    begin, end = pads[:n], pads[n:]
+    if begin == end:
+        return begin, None
+    fp: list[int] = []
+    for b, e in zip(reversed(begin), reversed(end)):
+        fp += [b, e]
+    return [0] * n, fp
+
+
+def _conv(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, w = _tensor(ins[0]), _tensor(ins[1], ins[0])
+    b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    n = w.dim() - 2
+    pad, fpad = _pads2d(a, n)
+    if fpad:
+        x = F.pad(x, fpad)
+    conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
+    return [conv(x, w, b, list(a.get("strides", [1] * n)), pad, list(a.get("dilations", [1] * n)), int(a.get("group", 1)))]
+
+
+def _pool(kind: str) -> Callable:
+    def run(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+        x, k = _tensor(ins[0]), list(a["kernel_shape"])
+        n = len(k)
+        pad, fpad = _pads2d(a, n)
+        if fpad:
+            x = F.pad(x, fpad, value=-math.inf if kind == "max" else 0.0)
+        strides, ceil = list(a.get("strides", [1] * n)), bool(a.get("ceil_mode", 0))
+        if kind == "max":
+            fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1]
+            return [fn(x, k, strides, pad, list(a.get("dilations", [1] * n)), ceil)]
+        fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[n - 1]
+        return [fn(x, k, strides, pad, ceil, bool(a.get("count_include_pad", 0)))]
+    return run
+
+
+def _gemm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, w = _tensor(ins[0]), _tensor(ins[1], ins[0])
+    x = x.t() if a.get("transA", 0) else x
+    w = w.t() if a.get("transB", 0) else w
+    y = float(a.get("alpha", 1.0)) * (x @ w)
+    if len(ins) > 2 and ins[2] is not None:
+        y = y + float(a.get("beta", 1.0)) * _tensor(ins[2], x)
+    return [y]
+
+
+def _reshape(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, shape = ins[0], _ints(ins[1])
+    if not a.get("allowzero", 0):
+        shape = [x.shape[i] if (not isinstance(s, torch.SymInt) and s == 0) else s for i, s in enumerate(shape)]
+    if isinstance(x, np.ndarray):
+        return [x.reshape(shape)]
+    return [x.reshape(shape)]
+
+
+def _shape(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    dims = list(ins[0].shape)
+    dims = dims[a.get("start", 0):a.get("end", len(dims))]
+    sym = any(isinstance(d, torch.SymInt) for d in dims)
+    return [np.array(dims, dtype=object if sym else np.int64)]
+
+
+def _gather(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, idx, axis = ins[0], ins[1], int(a.get("axis", 0))
+    if _host(x, idx):
+        return [np.take(x, idx, axis=axis)]
+    x = _tensor(x)
+    i = _tensor(idx, None).to(x.device).long()
+    i = torch.where(i < 0, i + x.shape[axis], i)
+    if i.dim() == 0:
+        return [x.select(axis, i) if isinstance(idx, torch.Tensor) else x.select(axis, int(np.asarray(idx)))]
+    return [torch.index_select(x, axis, i.reshape(-1)).reshape(*x.shape[:axis], *i.shape, *x.shape[axis + 1:])]
+
+
+def _slice(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = ins[0]
+    starts, ends = _ints(ins[1]), _ints(ins[2])
+    axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    index = [slice(None)] * len(x.shape)
+    big = 2**62
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        e = None if (not isinstance(e, torch.SymInt) and abs(e) >= big) else e
+        if st < 0:
+            raise UsageError("Slice with a negative step is not supported by the ONNX importer")
+        index[ax] = slice(s, e, st)
+    return [x[tuple(index)]]
+
+
+def _unsqueeze(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, axes = ins[0], _axes(ins, a)
+    rank = len(x.shape) + len(axes)
+    for ax in sorted(ax % rank for ax in axes):
+        x = np.expand_dims(x, ax) if isinstance(x, np.ndarray) else x.unsqueeze(ax)
+    return [x]
+
+
+def _squeeze(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, axes = ins[0], _axes(ins, a)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    axes = tuple(ax % len(x.shape) for ax in axes)
+    return [np.squeeze(x, axes) if isinstance(x, np.ndarray) else x.squeeze(axes)]
+
+
+def _concat(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    ins = [v for v in ins if v is not None]
+    if _host(*ins):
+        return [np.concatenate(ins, axis=int(a["axis"]))]
+    like = _like(ins)
+    return [torch.cat([_tensor(v, like) for v in ins], dim=int(a["axis"]))]
+
+
+def _cast(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    dt = _DTYPES[int(a["to"])]
+    if isinstance(ins[0], np.ndarray) and dt in _NP:
+        return [ins[0] if ins[0].dtype == object else ins[0].astype(_NP[dt])]
+    return [_tensor(ins[0]).to(dt)]
+
+
+def _split(m: ONNXModule, ins: list[Value], a: dict, n_out: int) -> list[Value]:
+    x, axis = _tensor(ins[0]), int(a.get("axis", 0))
+    sizes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else list(a.get("split", []))
+    if not sizes:
+        sizes = [math.ceil(x.shape[axis] / n_out)] * n_out
+    return list(torch.split(x, sizes, dim=axis))
+
+
+def _quantize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = _tensor(ins[0])
+    scale = _tensor(ins[1], x)
+    zp = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    qdt = _DTYPES[int(a["output_dtype"])] if a.get("output_dtype") else (_tensor(zp).dtype if zp is not None else torch.uint8)
+    axis = int(a.get("axis", 1))
+    shape = [1] * x.dim()
+    if scale.numel() > 1:
+        shape[axis] = -1
+    scale = scale.reshape(shape)
+    if qdt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        lim = torch.finfo(qdt).max
+        return [(x / scale).clamp(-lim, lim).to(qdt)]
+    zpt = _tensor(zp).to(x.device).float().reshape(shape) if zp is not None else 0.0
+    info = torch.iinfo(qdt)
+    return [(torch.round(x / scale) + zpt).clamp(info.min, info.max).to(qdt)]
+
+
+def _dequantize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    q = _tensor(ins[0])
+    scale = _tensor(ins[1])
+    zp = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    shape = [1] * q.dim()
+    if scale.numel() > 1:
+        shape[int(a.get("axis", 1))] = -1
+    x = q.float()
+    if zp is not None:
+        x = x - _tensor(zp).to(q.device).float().reshape(shape)
+    return [(x * scale.to(q.device).float().reshape(shape)).to(scale.dtype)]
+
+
+def _layernorm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = _tensor(ins[0])
+    axis = int(a.get("axis", -1)) % x.dim()
+    shape = list(x.shape[axis:])
+    w = _tensor(ins[1], x)
+    b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    return [F.layer_norm(x, shape, w, b, float(a.get("epsilon", 1e-5)))]
+
+
+def _batchnorm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = _tensor(ins[0])
+    w, b, mean, var = (_tensor(v, x) for v in ins[1:5])
+    return [F.batch_norm(x, mean, var, w, b, False, 0.0, float(a.get("epsilon", 1e-5)))]
+
+
+def _clip(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
+    hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
+    f = (lambda v: None if v is None else float(np.asarray(v)) if not isinstance(v, torch.Tensor) else float(v))
+    return [_tensor(ins[0]).clamp(f(lo), f(hi))]
+
+
+def _where(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    if _host(*ins):
+        return [np.where(*ins)]
+    like = _like(ins)
+    c, x, y = (_tensor(v, like) for v in ins)
+    return [torch.where(c.bool(), x, y)]
+
+
+def _expand(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, shape = _tensor(ins[0]), _ints(ins[1])
+    # ONNX Expand broadcasts both ways (a 1 in `shape` keeps x's size); torch expand does not.
+    rank = max(x.dim(), len(shape))
+    xs = [1] * (rank - x.dim()) + list(x.shape)
+    shape = [1] * (rank - len(shape)) + shape
+    target = [d if (not isinstance(s, torch.SymInt) and s == 1) else s for s, d in zip(shape, xs)]
+    return [x.reshape(xs).expand(target)]
+
+
+def _const_of_shape(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    val = a.get("value", np.zeros(1, np.float32))
+    shape = _ints(ins[0])
+    if not any(isinstance(s, torch.SymInt) for s in shape):
+        return [np.full(shape, val.reshape(-1)[0], dtype=val.dtype)]
+    return [torch.full(shape, val.reshape(-1)[0].item(), dtype=torch.from_numpy(val).dtype)]
+
+
+def _softmax(fn: Callable) -> Callable:
+    return lambda m, ins, a: [fn(_tensor(ins[0]), dim=int(a.get("axis", -1)))]
+
+
+def _gelu(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    approx = a.get("approximate", b"none")
+    return [F.gelu(_tensor(ins[0]), approximate="tanh" if approx in (b"tanh", "tanh") else "none")]
+
+
+def _pad(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, pads = _tensor(ins[0]), _ints(ins[1])
+    mode = a.get("mode", b"constant")
+    if mode not in (b"constant", "constant") or (len(ins) > 3 and ins[3] is not None):
+        raise UsageError(f"Pad mode {mode!r} with axes is not supported by the ONNX importer; only constant pads over all axes")
+    value = float(np.asarray(ins[2]).reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else 0.0
+    n = x.dim()
+    fp: list[int] = []
+    for d in reversed(range(n)):
+        fp += [pads[d], pads[d + n]]
+    return [F.pad(x, fp, value=value)]
+
+
+def _flatten(x: torch.Tensor, axis: int) -> torch.Tensor:
+    axis %= max(x.dim(), 1)
+    return x.reshape(1, -1) if axis == 0 else x.flatten(axis).flatten(0, axis - 1)
+
+
+def _range(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    s, e, d = (np.asarray(v).reshape(-1)[0] if not isinstance(v, torch.Tensor) else v.item() for v in ins)
+    if _host(*ins):
+        return [np.arange(s, e, d, dtype=np.asarray(ins[0]).dtype)]
+    return [torch.arange(s, e, d, device=_like(ins).device)]
+
+
+_OPS: dict[str, Callable] = {
+    "Identity": lambda m, ins, a: [ins[0]],
+    "Dropout": lambda m, ins, a: [ins[0]],
+    "Relu": _unary(F.relu), "Sigmoid": _unary(torch.sigmoid), "Tanh": _unary(torch.tanh),
+    "Erf": _unary(torch.erf), "Sqrt": _unary(torch.sqrt), "Exp": _unary(torch.exp), "Log": _unary(torch.log),
+    "Neg": _unary(torch.neg), "Abs": _unary(torch.abs), "Reciprocal": _unary(torch.reciprocal),
+    "Not": _unary(torch.logical_not), "Floor": _unary(torch.floor), "Ceil": _unary(torch.ceil),
+    "HardSwish": _unary(F.hardswish), "Softplus": _unary(F.softplus),
+    "LeakyRelu": lambda m, ins, a: [F.leaky_relu(_tensor(ins[0]), float(a.get("alpha", 0.01)))],
+    "HardSigmoid": lambda m, ins, a: [torch.clamp(float(a.get("alpha", 0.2)) * _tensor(ins[0]) + float(a.get("beta", 0.5)), 0, 1)],
+    "Add": _binary(np.add, torch.add), "Sub": _binary(np.subtract, torch.sub), "Mul": _binary(np.multiply, torch.mul),
+    "Div": _binary(_div_np, torch.div), "Pow": _binary(np.power, torch.pow),
+    "Equal": _binary(np.equal, torch.eq), "Less": _binary(np.less, torch.lt), "Greater": _binary(np.greater, torch.gt),
+    "And": _binary(np.logical_and, torch.logical_and), "Or": _binary(np.logical_or, torch.logical_or),
+    "Max": _binary(np.maximum, torch.maximum), "Min": _binary(np.minimum, torch.minimum),
+    "MatMul": lambda m, ins, a: [torch.matmul(_tensor(ins[0]), _tensor(ins[1], _like(ins)))],
+    "Gemm": _gemm, "Conv": _conv, "BatchNormalization": _batchnorm, "LayerNormalization": _layernorm,
+    "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
+    "GlobalAveragePool": lambda m, ins, a: [_tensor(ins[0]).mean(dim=tuple(range(2, ins[0].dim())), keepdim=True)],
+    "GlobalMaxPool": lambda m, ins, a: [_tensor(ins[0]).amax(dim=tuple(range(2, ins[0].dim())), keepdim=True)],
+    "Flatten": lambda m, ins, a: [_flatten(_tensor(ins[0]), int(a.get("axis", 1)))],
+    "Reshape": _reshape, "Shape": _shape, "Gather": _gather, "Slice": _slice, "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze, "Concat": _concat, "Cast": _cast, "Where": _where, "Expand": _expand,
+    "Transpose": lambda m, ins, a: [np.transpose(ins[0], a.get("perm")) if isinstance(ins[0], np.ndarray) else _tensor(ins[0]).permute(*(a.get("perm") or reversed(range(ins[0].dim()))))],
+    "ConstantOfShape": _const_of_shape, "Range": _range, "Pad": _pad, "Clip": _clip, "Gelu": _gelu,
+    "Softmax": _softmax(torch.softmax), "LogSoftmax": _softmax(torch.log_softmax),
+    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "ReduceMin": _reduce("min"),
+    "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
+}
+SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
+
+
+class ONNXModule(nn.Module):
+    """An ONNX graph as a module: ``forward(*inputs)`` in the graph's input order.
+
+    Example:
+        >>> # mod = ONNXModule(onnx.load("model.onnx")); y = mod(torch.randn(1, 3, 224, 224))
+    """
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        from onnx import helper, numpy_helper
+
+        g = model.graph
+        for node in g.node:
+            if node.domain not in ("", "ai.onnx") or (node.op_type not in _OPS and node.op_type not in ("Constant", "Split")):
+                raise UsageError(
+                    f"ONNX operator {node.domain + '::' if node.domain else ''}{node.op_type} (node {node.name or '<unnamed>'!r}) "
+                    "is not supported by overdrive's ONNX importer; use --backend onnxruntime on CPU, re-export the model "
+                    "without it, or build from the PyTorch model (--model pkg.module:factory)")
+        self.input_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
+        self.output_names = [o.name for o in g.output]
+        self._host: dict[str, np.ndarray] = {}  # small integer constants (shapes, axes): folded at trace time
+        self._buffers_by_value: dict[str, str] = {}
+        for i, t in enumerate(g.initializer):
+            arr = numpy_helper.to_array(t)
+            if arr.dtype.kind in "iub" and arr.size <= 64:
+                self._host[t.name] = arr
+            else:
+                key = f"w{i}"
+                self.register_buffer(key, torch.from_numpy(arr.copy()))
+                self._buffers_by_value[t.name] = key
+        self._nodes: list[tuple[str, list[str], list[str], dict[str, Any], str]] = []
+        for node in g.node:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if node.op_type == "Constant":
+                val = attrs.get("value")
+                if val is not None:
+                    arr = numpy_helper.to_array(val)
+                elif "value_float" in attrs or "value_int" in attrs:
+                    arr = np.array(attrs.get("value_float", attrs.get("value_int")))
+                elif "value_floats" in attrs or "value_ints" in attrs:
+                    arr = np.array(attrs.get("value_floats", attrs.get("value_ints")))
+                else:
+                    raise UsageError(f"Constant node {node.name!r}: unsupported attribute {list(attrs)}")
+                self._host[node.output[0]] = arr
+                continue
+            if "value" in attrs and hasattr(attrs["value"], "dims"):  # ConstantOfShape's tensor attribute
+                attrs["value"] = numpy_helper.to_array(attrs["value"])
+            self._nodes.append((node.op_type, list(node.input), list(node.output), attrs, node.name))
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        if len(inputs) != len(self.input_names):
+            raise UsageError(f"ONNX model takes {len(self.input_names)} inputs {self.input_names}, got {len(inputs)}")
+        env: dict[str, Value] = dict(self._host)
+        env.update({v: getattr(self, k) for v, k in self._buffers_by_value.items()})
+        env.update(zip(self.input_names, inputs))
+        env[""] = None
+        for op, ins, outs, attrs, name in self._nodes:
+            args = [env[i] for i in ins]
+            try:
+                res = _split(self, args, attrs, len(outs)) if op == "Split" else _OPS[op](self, args, attrs)
+            except UsageError:
+                raise
+            except Exception as exc:
+                raise UsageError(f"ONNX node {name!r} ({op}) failed in the importer: {type(exc).__name__}: {exc}") from exc
+            env.update(zip(outs, (_as_value(r) for r in res)))
+        outs = [_tensor(env[o]) for o in self.output_names]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def import_onnx(model_or_path: Any) -> ONNXModule:
+    """Load an ONNX model (path, bytes or ModelProto) as an :class:`ONNXModule`.
+
+    Example:
+        >>> # mod = import_onnx("resnet50.onnx")
+    """
+    import onnx
+
+    if isinstance(model_or_path, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(model_or_path))
+    elif isinstance(model_or_path, onnx.ModelProto):
+        model = model_or_path
+    else:
+        model = onnx.load(str(model_or_path))
+    return ONNXModule(model)

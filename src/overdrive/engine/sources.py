@@ -1,0 +1,181 @@
+"""Where a model comes from: an nn.Module, an ONNX file, TorchScript, a torch.export archive, or a
+``pkg.module:factory`` string; and the two forms the backends need (a module, or ONNX bytes)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.optional import require
+from overdrive.engine.config import ShapeProfile
+
+_ONNX_FLOAT = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64, 7: torch.int64,
+               6: torch.int32, 9: torch.bool}
+
+
+@dataclass
+class ModelSource:
+    """A model plus what we know of its inputs. Exactly one of ``module`` / ``onnx_bytes`` is set."""
+
+    module: nn.Module | None = None
+    onnx_bytes: bytes | None = None
+    input_names: list[str] = field(default_factory=list)
+    input_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+    onnx_shapes: dict[str, list[int | None]] = field(default_factory=dict)  # None: dynamic dim
+    kind: str = "module"  # module | onnx | torchscript | exported
+
+    def as_module(self) -> nn.Module:
+        """The model as an ``nn.Module`` (ONNX goes through overdrive's importer)."""
+        if self.module is not None:
+            return self.module
+        from overdrive.engine.onnx_import import import_onnx
+
+        return import_onnx(self.onnx_bytes)
+
+    def as_onnx(self, example: tuple[torch.Tensor, ...], profiles: list[ShapeProfile], opset: int = 18) -> bytes:
+        """The model as ONNX bytes (exported from the module with the profiles' dynamic dims)."""
+        if self.onnx_bytes is not None:
+            return self.onnx_bytes
+        require("onnx", "onnx", "ONNX export")
+        dynamic = any(not p.static for p in profiles)
+        # The TorchScript exporter first: ~10x faster than the dynamo exporter on CPU (1.7 s vs 15 s for the
+        # digits CNN here) and mature for CNNs and BERT-style encoders; the dynamo exporter when it fails.
+        try:
+            import warnings
+
+            axes = {p.name: {d: f"{p.name}_d{d}" for d in p.dynamic_dims()} for p in profiles} if dynamic else None
+            buf = io.BytesIO()
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(self.module, example, buf, dynamo=False, input_names=self.input_names,
+                                  dynamic_axes=axes, opset_version=min(opset, 17))
+            return buf.getvalue()
+        except Exception:  # noqa: BLE001 - fall through to the dynamo exporter, which raises its own error
+            pass
+        require("onnxscript", "onnx", "ONNX export")
+        dyn = _dynamic_shapes(profiles, self.input_names) if dynamic else None
+        with torch.no_grad():
+            prog = torch.onnx.export(self.module, example, dynamo=True, input_names=self.input_names,
+                                     dynamic_shapes=dyn, opset_version=opset, verbose=False)
+        return prog.model_proto.SerializeToString()
+
+
+def _dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict[int, Any], ...]:
+    by = {p.name: p for p in profiles}
+    out = []
+    for n in names:
+        p = by[n]
+        out.append({d: torch.export.Dim(f"{n}_d{d}", min=p.min[d], max=p.max[d]) for d in p.dynamic_dims()})
+    return tuple(out)
+
+
+def dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict[int, Any], ...] | None:
+    """torch.export ``dynamic_shapes`` for the profiles (None when every profile is static)."""
+    return _dynamic_shapes(profiles, names) if any(not p.static for p in profiles) else None
+
+
+def from_module(module: nn.Module, input_names: list[str] | None = None) -> ModelSource:
+    fwd = getattr(module, "forward", module)
+    if input_names is None:
+        try:
+            params = [p for p in inspect.signature(fwd).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+            input_names = [p.name for p in params] or ["input"]
+        except (TypeError, ValueError):
+            input_names = ["input"]
+    return ModelSource(module=module, input_names=list(input_names), kind="module")
+
+
+def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
+    onnx = require("onnx", "onnx", "building from ONNX")
+    if isinstance(model, (str, Path)):
+        if not Path(model).is_file():
+            raise UsageError(f"ONNX file {str(model)!r} does not exist")
+        data = Path(model).read_bytes()
+    elif isinstance(model, (bytes, bytearray)):
+        data = bytes(model)
+    else:
+        data = model.SerializeToString()
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception as exc:
+        raise UsageError(f"{model if isinstance(model, (str, Path)) else 'ONNX bytes'}: not a valid ONNX model ({exc})") from exc
+    inits = {t.name for t in proto.graph.initializer}
+    names, dtypes, shapes = [], {}, {}
+    for i in proto.graph.input:
+        if i.name in inits:
+            continue
+        names.append(i.name)
+        tt = i.type.tensor_type
+        dtypes[i.name] = _ONNX_FLOAT.get(tt.elem_type, torch.float32)
+        shapes[i.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return ModelSource(onnx_bytes=data, input_names=names, input_dtypes=dtypes, onnx_shapes=shapes, kind="onnx")
+
+
+def from_factory(spec: str) -> ModelSource:
+    """``pkg.module:factory`` -> the module the factory returns (called with no arguments)."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not attr:
+        raise UsageError(f"--model {spec!r} is not pkg.module:factory (for example torchvision.models:resnet50)")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--model {spec!r}: cannot import {attr!r} from {mod_name!r} ({exc})") from exc
+    model = factory() if callable(factory) and not isinstance(factory, nn.Module) else factory
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return from_module(model.eval())
+
+
+def from_torchscript(path: str | Path, example: tuple[torch.Tensor, ...], input_names: list[str] | None = None) -> ModelSource:
+    """TorchScript goes through ONNX (the TorchScript exporter), like trtexec's workflow."""
+    if not Path(path).is_file():
+        raise UsageError(f"TorchScript file {str(path)!r} does not exist")
+    scripted = torch.jit.load(str(path), map_location="cpu").eval()
+    names = input_names or [f"input{i}" if len(example) > 1 else "input" for i in range(len(example))]
+    buf = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(scripted, example, buf, dynamo=False, input_names=names, opset_version=17)
+    src = from_onnx(buf.getvalue())
+    src.kind = "torchscript"
+    return src
+
+
+def from_exported(path: str | Path) -> ModelSource:
+    if not Path(path).is_file():
+        raise UsageError(f"exported program {str(path)!r} does not exist")
+    ep = torch.export.load(str(path))
+    names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    src = from_module(ep.module(), names)
+    src.kind = "exported"
+    return src
+
+
+def to_source(model: Any, input_names: list[str] | None = None) -> ModelSource:
+    """Anything ``Builder.build`` accepts -> a :class:`ModelSource`."""
+    if isinstance(model, ModelSource):
+        return model
+    if isinstance(model, nn.Module):
+        return from_module(model, input_names)
+    if isinstance(model, (bytes, bytearray)):
+        return from_onnx(model)
+    if isinstance(model, (str, Path)):
+        s = str(model)
+        if s.endswith(".onnx"):
+            return from_onnx(s)
+        if s.endswith(".pt2"):
+            return from_exported(s)
+        if ":" in s and not Path(s).exists():
+            return from_factory(s)
+        raise UsageError(f"model {s!r}: expected a .onnx or .pt2 file, or pkg.module:factory")
+    if type(model).__name__ == "ModelProto":
+        return from_onnx(model)
+    raise UsageError(f"cannot build from {type(model).__name__}; pass an nn.Module, an ONNX model/path, or a .pt2 path")

@@ -1,0 +1,80 @@
+"""Engines on the GPU: fp32/tf32/fp16/bf16 round trips (CUDA graphs for static profiles), dynamic
+profiles, ONNX through the importer, the trtexec summary with copies, and device checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine import Builder, Engine, ShapeProfile
+
+pytestmark = pytest.mark.gpu
+
+STATIC = [ShapeProfile.fixed("x", (8, 1, 8, 8))]
+DYN = [ShapeProfile("x", (1, 1, 8, 8), (8, 1, 8, 8), (64, 1, 8, 8))]
+# error bound against the fp32 PyTorch model: fp32 strict, tf32 ~1e-3, halves ~1e-2 of the logit scale
+TOL = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 2e-2, "bf16": 8e-2}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
+def test_round_trip_static_cuda_graphs(tmp_path: Path, digits: torch.nn.Module, precision: str) -> None:
+    eng = Builder(precision=precision, device="cuda", backend="inductor", profiles=STATIC).build(digits)
+    assert eng.info["device"]["type"] == "cuda" and eng.header["backend_meta"]["compile_mode"] == "reduce-overhead"
+    eng.save(tmp_path / "e.engine")
+    loaded = Engine.load(tmp_path / "e.engine")
+    xs = [torch.randn(8, 1, 8, 8) for _ in range(3)]
+    with torch.no_grad():
+        refs = [digits(x) for x in xs]
+    outs = [loaded(x) for x in xs]  # outputs must survive the next CUDA-graph replay
+    for o, r in zip(outs, refs):
+        assert o.dtype == torch.float32 and o.device.type == "cuda"
+        scale = r.abs().max().item()
+        assert (o.cpu() - r).abs().max().item() <= TOL[precision] * max(scale, 1.0)
+    with pytest.raises(UsageError, match="outside the engine's profile"):
+        loaded(torch.randn(4, 1, 8, 8))
+
+
+def test_dynamic_profile_and_onnx_import_on_gpu(digits: torch.nn.Module, digits_onnx: bytes) -> None:
+    eng = Builder(precision="fp16", device="cuda", backend="inductor", profiles=DYN).build(digits_onnx)
+    assert eng.info["source"] == "onnx" and eng.header["backend_meta"]["compile_mode"] == "default"
+    for b in (1, 8, 37, 64):
+        x = torch.randn(b, 1, 8, 8)
+        with torch.no_grad():
+            r = digits(x)
+        assert (eng(x).cpu() - r).abs().max().item() <= 2e-2 * max(r.abs().max().item(), 1.0)
+
+
+def test_summary_with_copies(digits: torch.nn.Module) -> None:
+    eng = Builder(precision="fp16", device="cuda", profiles=STATIC).build(digits)
+    assert eng.info["backend"] == "inductor"
+    s = eng.benchmark(iterations=100, duration_s=0.3, warmup_ms=50)
+    assert s["h2d_ms"]["median"] > 0 and s["d2h_ms"]["median"] > 0 and s["compute_ms"]["median"] > 0
+    lat = s["latency_ms"]["mean"]
+    assert abs(lat - (s["h2d_ms"]["mean"] + s["compute_ms"]["mean"] + s["d2h_ms"]["mean"])) < 1e-3 * max(lat, 1)
+    # a tiny model: host-side event bookkeeping per iteration can exceed the GPU time, hence the loose floor
+    assert 0.05 < lat / 1e3 * s["throughput_qps"] <= 1.05
+    s2 = eng.benchmark(iterations=100, duration_s=0.2, warmup_ms=50, no_data_transfers=True)
+    assert s2["h2d_ms"]["max"] == 0 or s2["h2d_ms"]["median"] < s["h2d_ms"]["median"]
+
+
+def test_cuda_engine_refuses_cpu(tmp_path: Path, digits: torch.nn.Module) -> None:
+    Builder(precision="fp16", device="cuda", profiles=STATIC).build(digits).save(tmp_path / "g.engine")
+    with pytest.raises(UsageError, match="engines are tied to the device"):
+        Engine.load(tmp_path / "g.engine", device="cpu")
+    with pytest.raises(UsageError, match="built for precision fp16, not bf16"):
+        Engine.load(tmp_path / "g.engine", precision="bf16")
+
+
+def test_int8_fp8_need_quant(digits: torch.nn.Module) -> None:
+    quant = pytest.importorskip("overdrive.quant")
+    if not hasattr(quant, "to_real"):
+        pytest.skip("overdrive.quant without to_real")
+    for prec in ("int8", "fp8"):
+        eng = Builder(precision=prec, device="cuda", profiles=STATIC).build(digits, calib=[(torch.randn(8, 1, 8, 8),)])
+        x = torch.randn(8, 1, 8, 8)
+        with torch.no_grad():
+            r = digits(x)
+        assert (eng(x).cpu() - r).abs().max().item() <= 0.15 * max(r.abs().max().item(), 1.0)

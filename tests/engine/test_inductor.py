@@ -1,0 +1,74 @@
+"""Inductor backend on CPU: build -> save -> load (recompiles from the stored cache) -> run, against
+PyTorch, over a dynamic batch profile; TorchScript input; and the lean-import rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine import Builder, Engine, ShapeProfile
+from overdrive.engine.cli_helpers import build_engine
+
+DYN = [ShapeProfile("x", (1, 16), (4, 16), (32, 16))]
+
+
+@pytest.fixture(scope="module")
+def mlp() -> torch.nn.Module:
+    # small on purpose: Inductor's C++ compile on a shared 2-core box is the slow part of this file
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, mlp: torch.nn.Module) -> tuple[Engine, Path]:
+    eng = Builder(backend="inductor", device="cpu", profiles=DYN).build(mlp)
+    path = tmp_path_factory.mktemp("ind") / "d.engine"
+    eng.save(path)
+    return eng, path
+
+
+def test_round_trip_dynamic(built: tuple[Engine, Path], mlp: torch.nn.Module) -> None:
+    eng, path = built
+    assert eng.info["backend"] == "inductor" and set(eng.sections) >= {"exported_program", "compile_cache"}
+    loaded = Engine.load(path)
+    assert loaded.info["runtime"].startswith("torch.compile") and loaded.load_s < eng.build_s
+    for batch in (1, 4, 32):
+        x = torch.randn(batch, 16)
+        with torch.no_grad():
+            ref = mlp(x)
+        torch.testing.assert_close(eng(x), ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(loaded(x), ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(UsageError, match="outside the engine's profile"):
+        loaded(torch.randn(64, 16))
+
+
+def test_benchmark_summary(built: tuple[Engine, Path]) -> None:
+    s = built[0].benchmark(inputs=(torch.randn(1, 16),), iterations=50, duration_s=0.2, warmup_ms=10)
+    assert s["backend"] == "inductor" and s["iterations"] >= 50
+    assert 0.6 < s["latency_ms"]["mean"] / 1e3 * s["throughput_qps"] <= 1.0
+
+
+def test_torchscript_goes_through_onnx(tmp_path: Path, digits: torch.nn.Module) -> None:
+    ts = tmp_path / "d.pt"
+    torch.jit.trace(digits, torch.randn(2, 1, 8, 8)).save(str(ts))
+    eng = build_engine(torchscript=str(ts), save_engine=str(tmp_path / "ts.engine"), shapes="input:2x1x8x8",
+                       device="cpu", backend="onnxruntime")
+    assert eng.info["source"] == "torchscript"
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(Engine.load(tmp_path / "ts.engine")(x), digits(x), atol=1e-5, rtol=1e-4)
+    with pytest.raises(UsageError, match="--torchscript needs --shapes"):
+        build_engine(torchscript=str(ts), save_engine=str(tmp_path / "x.engine"), device="cpu")
+
+
+def test_lean_import() -> None:
+    code = ("import sys, overdrive.engine, overdrive.engine.api, overdrive.engine.benchmark; "
+            "bad = [m for m in ('onnx', 'onnxruntime', 'tensorrt', 'torchvision', 'transformers') if m in sys.modules]; "
+            "import torch; assert not torch.cuda.is_initialized(); print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

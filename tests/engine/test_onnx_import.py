@@ -1,0 +1,137 @@
+"""overdrive's ONNX -> PyTorch importer: CNN and attention graphs against PyTorch references (also
+under torch.export with dynamic shapes), Q/DQ, and the error that names an unsupported op and node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine.onnx_import import import_onnx
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray], opset: int = 18) -> bytes:
+    g = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(m)
+    return m.SerializeToString()
+
+
+def _attention_graph() -> tuple[bytes, dict[str, np.ndarray]]:
+    """x (B, T, 32) -> LayerNorm -> per-head attention (shapes computed with Shape/Gather/Concat) -> GELU(erf)."""
+    rng = np.random.default_rng(0)
+    w = {"ln_w": rng.standard_normal(32).astype(np.float32), "ln_b": rng.standard_normal(32).astype(np.float32),
+         "wqkv": (rng.standard_normal((32, 96)) * 0.2).astype(np.float32), "split": np.array([32, 32, 32], np.int64),
+         "heads": np.array([4, 8], np.int64), "idx0": np.array(0, np.int64), "idx1": np.array(1, np.int64),
+         "zero_ax": np.array([0], np.int64), "minus1": np.array([-1], np.int64), "scale": np.array(8 ** 0.5, np.float32),
+         "half": np.array(0.5, np.float32), "one": np.array(1.0, np.float32), "rt2": np.array(2 ** 0.5, np.float32),
+         "neg": np.array(-1e4, np.float32), "zero_i": np.array(0, np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("LayerNormalization", ["x", "ln_w", "ln_b"], ["h"], name="ln", axis=-1, epsilon=1e-5),
+        n("MatMul", ["h", "wqkv"], ["qkv"], name="qkv_proj"),
+        n("Split", ["qkv", "split"], ["q", "k", "v"], name="split_qkv", axis=2),
+        n("Shape", ["x"], ["xs"], name="shape"),
+        n("Gather", ["xs", "idx0"], ["b"], name="get_b", axis=0),
+        n("Gather", ["xs", "idx1"], ["t"], name="get_t", axis=0),
+        n("Unsqueeze", ["b", "zero_ax"], ["b1"], name="b1"),
+        n("Unsqueeze", ["t", "zero_ax"], ["t1"], name="t1"),
+        n("Concat", ["b1", "t1", "heads"], ["hshape"], name="hshape", axis=0),
+        n("Concat", ["b1", "t1", "minus1"], ["oshape"], name="oshape", axis=0),
+        *[n("Reshape", [s, "hshape"], [s + "r"], name="r_" + s) for s in "qkv"],
+        *[n("Transpose", [s + "r"], [s + "t"], name="t_" + s, perm=[0, 2, 1, 3]) for s in "qv"],
+        n("Transpose", ["kr"], ["kt"], name="t_k", perm=[0, 2, 3, 1]),
+        n("MatMul", ["qt", "kt"], ["s0"], name="scores"),
+        n("Div", ["s0", "scale"], ["s1"], name="scale"),
+        n("Equal", ["mask", "zero_i"], ["pad"], name="is_pad"),
+        n("Unsqueeze", ["pad", "heads_ax"], ["pad4"], name="pad4"),
+        n("Where", ["pad4", "neg", "s1"], ["s2"], name="mask"),
+        n("Softmax", ["s2"], ["p"], name="softmax", axis=-1),
+        n("MatMul", ["p", "vt"], ["o"], name="pv"),
+        n("Transpose", ["o"], ["ot"], name="t_o", perm=[0, 2, 1, 3]),
+        n("Reshape", ["ot", "oshape"], ["o2"], name="merge"),
+        n("Div", ["o2", "rt2"], ["g0"], name="gelu_div"),
+        n("Erf", ["g0"], ["g1"], name="gelu_erf"),
+        n("Add", ["g1", "one"], ["g2"], name="gelu_add"),
+        n("Mul", ["o2", "g2"], ["g3"], name="gelu_mul"),
+        n("Mul", ["g3", "half"], ["y"], name="gelu_half"),
+    ]
+    w["heads_ax"] = np.array([1, 2], np.int64)
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", 32]),
+           helper.make_tensor_value_info("mask", TensorProto.INT64, ["B", "T"])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", 32])]
+    return _model(nodes, ins, outs, w), w
+
+
+def _attention_reference(x: torch.Tensor, mask: torch.Tensor, w: dict[str, np.ndarray]) -> torch.Tensor:
+    t = {k: torch.from_numpy(v) for k, v in w.items()}
+    B, T, _ = x.shape
+    h = F.layer_norm(x, (32,), t["ln_w"], t["ln_b"], 1e-5)
+    q, k, v = (h @ t["wqkv"]).split(32, -1)
+    q, k, v = (z.reshape(B, T, 4, 8).transpose(1, 2) for z in (q, k, v))
+    s = (q @ k.transpose(-2, -1)) / 8 ** 0.5
+    s = s.masked_fill(mask[:, None, None, :] == 0, -1e4)
+    o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, 32)
+    return F.gelu(o)
+
+
+def test_attention_graph_matches_pytorch_and_exports_dynamic() -> None:
+    model, w = _attention_graph()
+    mod = import_onnx(model)
+    assert mod.input_names == ["x", "mask"]
+    for B, T in ((2, 16), (3, 5)):
+        x = torch.randn(B, T, 32)
+        mask = torch.ones(B, T, dtype=torch.int64)
+        mask[-1, T // 2:] = 0
+        torch.testing.assert_close(mod(x, mask), _attention_reference(x, mask, w), atol=1e-5, rtol=1e-4)
+    b, t = torch.export.Dim("b", min=1, max=64), torch.export.Dim("t", min=2, max=128)
+    ep = torch.export.export(mod, (torch.randn(2, 16, 32), torch.ones(2, 16, dtype=torch.int64)),
+                             dynamic_shapes=(({0: b, 1: t}, {0: b, 1: t}),))
+    x, mask = torch.randn(5, 9, 32), torch.ones(5, 9, dtype=torch.int64)
+    torch.testing.assert_close(ep.module()(x, mask), _attention_reference(x, mask, w), atol=1e-5, rtol=1e-4)
+
+
+def test_exported_cnn_matches_pytorch(digits: torch.nn.Module, digits_onnx: bytes) -> None:
+    mod = import_onnx(digits_onnx)
+    for batch in (1, 4, 9):
+        x = torch.randn(batch, 1, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(mod(x), digits(x), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("qtype,ref_dtype", [(TensorProto.INT8, torch.int8), (TensorProto.UINT8, torch.uint8)])
+def test_quantize_dequantize(qtype: int, ref_dtype: torch.dtype) -> None:
+    zp = np.array(0 if qtype == TensorProto.INT8 else 128, dtype=np.int8 if qtype == TensorProto.INT8 else np.uint8)
+    scale = np.array([0.02, 0.05, 0.1], np.float32)  # per channel on axis 1
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q", axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq", axis=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+                   {"s": scale, "z": np.full(3, zp, zp.dtype)})
+    x = torch.randn(2, 3, 4) * 3
+    s = torch.from_numpy(scale).reshape(1, 3, 1)
+    info = torch.iinfo(ref_dtype)
+    ref = ((torch.round(x / s) + int(zp)).clamp(info.min, info.max) - int(zp)) * s
+    torch.testing.assert_close(import_onnx(model)(x), ref)
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x.numpy()})[0], ref.numpy(), atol=1e-6)
+
+
+def test_unsupported_op_names_op_and_node() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu0"),
+             helper.make_node("NonMaxSuppression", ["h", "h"], ["y"], name="nms_head")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.INT64, [None, 3])], {})
+    with pytest.raises(UsageError, match=r"ONNX operator NonMaxSuppression \(node 'nms_head'\) is not supported"):
+        import_onnx(model)
+    from overdrive.engine import Builder
+
+    with pytest.raises(UsageError, match="NonMaxSuppression"):
+        Builder(backend="inductor", device="cpu", profiles=[{"name": "x", "min": [1, 4, 4], "opt": [1, 4, 4],
+                                                              "max": [1, 4, 4]}]).build(model)

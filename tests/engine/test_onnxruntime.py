@@ -1,0 +1,156 @@
+"""onnxruntime backend: round trip, outputs against PyTorch, dynamic profiles, bad inputs, int8 Q/DQ,
+the trtexec-style summary, compare, and the CLI verbs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.cli.main import main
+from overdrive.engine import Builder, Engine, ShapeProfile, compare
+
+DYN = [ShapeProfile("x", (1, 1, 8, 8), (4, 1, 8, 8), (32, 1, 8, 8))]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory, digits_onnx: bytes) -> Path:
+    path = tmp_path_factory.mktemp("ort") / "d.engine"
+    Builder(device="cpu", profiles=DYN).build(digits_onnx).save(path)
+    return path
+
+
+def test_auto_picks_onnxruntime_on_cpu_and_says_why(saved: Path) -> None:
+    info = Engine.load(saved).info
+    assert info["backend"] == "onnxruntime" and "CPU" in info["backend_reason"]
+    assert info["load_s"] is not None and info["load_s"] < 5
+
+
+@pytest.mark.parametrize("batch", [1, 4, 32])
+def test_outputs_match_pytorch_across_the_profile(saved: Path, digits: torch.nn.Module, batch: int) -> None:
+    eng = Engine.load(saved)
+    x = torch.randn(batch, 1, 8, 8)
+    with torch.no_grad():
+        ref = digits(x)
+    torch.testing.assert_close(eng(x), ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(eng(x=x), ref, atol=1e-5, rtol=1e-4)
+
+
+def test_bad_inputs(saved: Path) -> None:
+    eng = Engine.load(saved)
+    with pytest.raises(UsageError, match=r"shape \(33, 1, 8, 8\), outside the engine's profile"):
+        eng(torch.randn(33, 1, 8, 8))
+    with pytest.raises(UsageError, match=r"outside the engine's profile"):
+        eng(torch.randn(2, 1, 9, 8))
+    with pytest.raises(UsageError, match=r"missing \['x'\], unknown \['image'\]"):
+        eng(image=torch.randn(1, 1, 8, 8))
+    with pytest.raises(UsageError, match="takes 1 input"):
+        eng(torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8))
+
+
+def test_fp16_is_refused_with_the_fix(digits_onnx: bytes) -> None:
+    with pytest.raises(UsageError, match="use --backend inductor for fp16"):
+        Builder(backend="onnxruntime", precision="fp16", device="cpu", profiles=DYN).build(digits_onnx)
+
+
+def test_summary_is_consistent(saved: Path) -> None:
+    eng = Engine.load(saved)
+    s = eng.benchmark(inputs=(torch.randn(1, 1, 8, 8),), iterations=200, duration_s=0.3, warmup_ms=20)
+    for key in ("latency_ms", "enqueue_ms", "h2d_ms", "compute_ms", "d2h_ms"):
+        st = s[key]
+        assert st["min"] <= st["median"] <= st["max"] and st["min"] <= st["p90"] <= st["p99"] <= st["max"]
+    assert s["iterations"] >= 200 and s["total_host_walltime_s"] >= 0.3
+    # batch-1 sequential runs: throughput is one over the mean latency (loop overhead aside)
+    ratio = s["latency_ms"]["mean"] / 1e3 * s["throughput_qps"]
+    assert 0.6 < ratio <= 1.0, ratio
+    assert s["total_gpu_compute_time_s"] <= s["total_host_walltime_s"]
+
+
+def _qdq_model() -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    wq = rng.integers(-127, 128, size=(16, 8)).astype(np.int8)
+    ws = (rng.random(8) * 0.01 + 0.005).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    inits = [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(ws, "ws"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "xs"), numpy_helper.from_array(np.array(0, np.int8), "xz"),
+             numpy_helper.from_array(np.zeros(8, np.int8), "wz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q_x"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq_x"),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="dq_w", axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm"], name="fc"),
+             helper.make_node("Add", ["mm", "b"], ["pre"], name="bias"),
+             helper.make_node("Relu", ["pre"], ["y"], name="relu")]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model.SerializeToString(), wq, ws, b
+
+
+def _qdq_reference(x: np.ndarray, wq: np.ndarray, ws: np.ndarray, b: np.ndarray) -> np.ndarray:
+    xd = np.clip(np.round(x / 0.05), -128, 127) * 0.05  # symmetric int8, zero point 0
+    return np.maximum(xd @ (wq.astype(np.float32) * ws) + b, 0)
+
+
+def test_int8_qdq_engine(tmp_path: Path) -> None:
+    model, wq, ws, b = _qdq_model()
+    eng = Builder(precision="int8", device="cpu",
+                  profiles=[{"name": "x", "min": [1, 16], "opt": [8, 16], "max": [64, 16]}]).build(model)
+    assert eng.info["backend"] == "onnxruntime" and eng.info["precision"] == "int8"
+    eng.save(tmp_path / "q.engine")
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32) * 2
+    out = Engine.load(tmp_path / "q.engine")(torch.from_numpy(x)).numpy()
+    ref = _qdq_reference(x, wq, ws, b)
+    # ORT's integer kernels may requantize the accumulator; allow 1e-2 of the output range
+    np.testing.assert_allclose(out, ref, atol=1e-2 * np.abs(ref).max())
+
+
+def test_int8_refuses_a_float_onnx_model(digits_onnx: bytes) -> None:
+    with pytest.raises(UsageError, match="needs QuantizeLinear/DequantizeLinear nodes"):
+        Builder(precision="int8", device="cpu", profiles=DYN).build(digits_onnx)
+
+
+def test_compare_engine_vs_pytorch(saved: Path, digits: torch.nn.Module) -> None:
+    r = compare(Engine.load(saved), digits, atol=1e-4, rtol=1e-4)
+    assert r["passed"] and r["outputs"][0]["max_abs"] < 1e-4
+    perturbed = copy.deepcopy(digits)
+    with torch.no_grad():
+        perturbed.fc2.bias[3] += 0.01  # one logit off by 0.01: must fail at atol 1e-4
+    r = compare(Engine.load(saved), perturbed, atol=1e-4, rtol=1e-4)
+    assert not r["passed"] and abs(r["outputs"][0]["max_abs"] - 0.01) < 1e-4
+
+
+def test_cli_build_exec_compare(tmp_path: Path, digits_onnx: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    onnx_path = tmp_path / "d.onnx"
+    onnx_path.write_bytes(digits_onnx)
+    eng = tmp_path / "d.engine"
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(eng), "--minShapes", "x:1x1x8x8",
+                 "--optShapes", "x:2x1x8x8", "--maxShapes", "x:8x1x8x8", "--device", "cpu"]) == 0
+    assert "backend onnxruntime" in capsys.readouterr().out
+    assert main(["exec", "--load-engine", str(eng), "--duration", "0.2", "--iterations", "20", "--json", "-",
+                 "--export-times", str(tmp_path / "t.json")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["iterations"] >= 20 and summary["batch"] == 2 and summary["throughput_qps"] > 0
+    times = json.loads((tmp_path / "t.json").read_text())
+    assert len(times) >= 20 and {"latencyMs", "h2dMs", "computeMs", "d2hMs", "enqueueMs"} <= set(times[0])
+    capsys.readouterr()
+    assert main(["exec", "--load-engine", str(eng), "--duration", "0.1", "--shapes", "x:8x1x8x8"]) == 0
+    out = capsys.readouterr().out
+    for field in ("Throughput:", "Latency:", "Enqueue Time:", "H2D Latency:", "Compute Time:", "D2H Latency:",
+                  "Total Host Walltime:", "Total GPU Compute Time:", "batch 8"):
+        assert field in out
+    assert main(["compare", str(eng), str(onnx_path)]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    assert main(["exec", "--load-engine", str(eng), "--shapes", "x:9x1x8x8"]) == 2
+    assert main(["build", "--onnx", str(onnx_path), "--save-engine", str(eng), "--backend", "tensorrt", "--device", "cpu",
+                 "--shapes", "x:2x1x8x8"]) == 1
+    err = capsys.readouterr().err
+    assert "trtexec --onnx=" in err and "--shapes=x:2x1x8x8" in err
