@@ -22,11 +22,8 @@ from overdrive.demo.report import Table
 # Stage name -> module (each has ``run(ctx) -> Table | list[Table]``), in the order they run.
 STAGES: dict[str, str] = {
     "amp": "overdrive.demo.amp_stage",
-<<<<<<< HEAD
-    "data": "overdrive.demo.data_stage",
-=======
     "engine": "overdrive.demo.engine_stage",
->>>>>>> engine
+    "data": "overdrive.demo.data_stage",
 }
 
 
