@@ -209,10 +209,11 @@ class Parallel:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
+            # broadcast_buffers only when changed: torch 2.13 deprecates the name, 2.11 lacks the new one.
+            extra = {} if s.broadcast_buffers else {"broadcast_buffers": False}
             self.wrapped = DDP(
                 model, device_ids=ids, bucket_cap_mb=s.bucket_cap_mb, gradient_as_bucket_view=s.gradient_as_bucket_view,
-                static_graph=s.static_graph, find_unused_parameters=s.find_unused_parameters,
-                broadcast_buffers=s.broadcast_buffers,
+                static_graph=s.static_graph, find_unused_parameters=s.find_unused_parameters, **extra,
             )
             return self.wrapped
         self.wrapped = model
