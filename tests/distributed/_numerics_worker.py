@@ -131,7 +131,10 @@ def main() -> None:
         assert second.step_count == 2, second.step_count
         for mb in shard(batches[2], rank, world):
             second.train_step(mb)
-        res[f"resume_{strategy}"] = maxdiff(params(second.model), params(whole.model))
+        whole_params = params(whole.model)
+        res[f"resume_{strategy}"] = maxdiff(params(second.model), whole_params)
+        if rank == 0:
+            torch.save(whole_params, os.path.join(out, f"whole_{strategy}.pt"))
     step2 = params(first.model)  # full_tensor() is a collective: every rank calls it
     if rank == 0:
         torch.save(step2, os.path.join(out, "fsdp_step2_params.pt"))

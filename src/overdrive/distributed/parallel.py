@@ -17,6 +17,7 @@ reduce-scatters on the last micro-batch.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -70,12 +71,18 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     if backend not in ("nccl", "gloo"):
         raise UsageError(f"backend={backend!r}: use 'nccl' (GPUs) or 'gloo' (CPU)")
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world}
         if "MASTER_PORT" not in os.environ:
             if world > 1:
                 raise UsageError("WORLD_SIZE > 1 but MASTER_PORT is unset; start the script with `overdrive launch`")
-            os.environ["MASTER_PORT"] = str(free_port())
-        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world}
+            kwargs["init_method"] = f"tcp://127.0.0.1:{free_port()}"  # a group of one, without torchrun
+        else:
+            # One key space per torchrun attempt: after a restart, gloo could otherwise read the dead
+            # round's addresses from the shared store and fail with "Connection refused".
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
+                                  is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True", timeout=datetime.timedelta(seconds=300))
+            kwargs["store"] = dist.PrefixStore(f"overdrive/attempt_{attempt}", store)
         if backend == "nccl":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
