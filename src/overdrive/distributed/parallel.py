@@ -161,7 +161,12 @@ def _rebuild_optimizer(optimizer: torch.optim.Optimizer, old_to_name: dict[int, 
         except KeyError as exc:
             raise UsageError(f"the optimizer holds a parameter that is not in the model ({exc}); build it from model.parameters()") from exc
         groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
-    return type(optimizer)(groups, **optimizer.defaults)
+    # Each group carries its own hyperparameters; pass only the defaults the constructor accepts
+    # (AdamW's defaults hold 'decoupled_weight_decay', which AdamW.__init__ does not take).
+    import inspect
+
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
 class Parallel:
@@ -199,6 +204,15 @@ class Parallel:
         mpp, rest = fsdp_mixed_precision(policy, self.device)
         names = {id(q): n for n, q in model.named_parameters()}
         s = self.strategy
+        if mpp.param_dtype is not None:
+            # BatchNorm keeps fp32 weights (as amp's keep_batchnorm_fp32): its running stats are fp32
+            # buffers, and half weights with fp32 stats fail; shard each norm on its own, uncast.
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            keep = MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False)
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    fully_shard(m, mp_policy=keep, reshard_after_forward=s.reshard_after_forward)
         for block in fsdp_blocks(model, s.fsdp_blocks):
             fully_shard(block, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
         fully_shard(model, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
