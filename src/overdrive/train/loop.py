@@ -54,7 +54,9 @@ class Trainer:
     """Model + optimizer + amp policy, with a visible step, a fit loop, evaluation and checkpoints.
 
     ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
-    the loss scaler and optimizer hooks behave as usual).
+    the loss scaler and optimizer hooks behave as usual). ``strategy="ddp"|"fsdp"`` (or an
+    ``overdrive.distributed.Strategy``) spreads the model over the process group; see
+    ``overdrive/distributed/README.md``.
 
     Example:
         >>> model = nn.Linear(4, 3)
