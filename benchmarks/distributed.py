@@ -111,7 +111,10 @@ def worker(a: argparse.Namespace) -> None:
         for strategy in a.strategies.split(","):
             torch.manual_seed(0)
             model, x, y, per_batch = build(name, a.quick, env.device)
+            if name == "resnet50" and strategy != "fsdp":  # FSDP2 shards only contiguous parameters
+                model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=env.device.type == "cuda")
+            tr = ddp = None
             if strategy == "torch_ddp":  # the plain-PyTorch baseline
                 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -150,7 +153,8 @@ def worker(a: argparse.Namespace) -> None:
             rows.append({"model": name, "strategy": strategy, "gpus": env.world_size, "step_ms": float(med) * 1e3,
                          "throughput": per_batch * env.world_size / float(med), "unit": "img/s" if name == "resnet50" else "tok/s",
                          "peak_mem_gib": mem})
-            del model, opt
+            del model, opt, step
+            tr = ddp = None  # noqa: F841 - drop the last config's state before the next one
             if env.device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
@@ -169,13 +173,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--max-bytes", type=int, default=4 * 2**30, help="all_reduce busbw sweep: 8 KiB up to this")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "distributed"))
+    ap.add_argument("--out", default=None, help="path stem for .json/.md (default benchmarks/results/distributed[_quick])")
     ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker_out:
         return worker(a)
     from overdrive.distributed.launch import bandwidth
 
+    a.out = a.out or str(ROOT / "benchmarks" / "results" / ("distributed_quick" if a.quick else "distributed"))
     if a.quick:
         counts, a.steps, a.warmup, a.max_bytes = [1, 2], min(a.steps, 5), 2, 1 << 20
     else:
