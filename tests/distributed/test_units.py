@@ -153,3 +153,38 @@ def test_fsdp_policy_mapping() -> None:
 def test_strategy_without_process_group_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="init"):
         Parallel("ddp", torch.device("cpu"))
+
+
+def test_strategy_none_is_the_plain_loop() -> None:
+    from overdrive.train import Trainer
+
+    def run(strategy: str | None) -> torch.Tensor:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        t = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), progress=False, strategy=strategy)
+        t.train_step((torch.ones(8, 4), torch.zeros(8, dtype=torch.long)))
+        return m.weight.detach().clone()
+
+    assert torch.equal(run("none"), run(None))
+
+
+def test_group_of_one_refuses_unsupported_combinations() -> None:
+    import torch.distributed as dist
+
+    from overdrive import distributed as odist
+    from overdrive.train import Trainer
+
+    odist.init(backend="gloo", device="cpu")
+    try:
+        fp16_o1 = Policy(opt_level="O1", dtype=torch.float16, loss_scale="dynamic")  # fp16 is a CUDA matter
+        with pytest.raises(UsageError, match="accumulate"):
+            Parallel("ddp", torch.device("cuda", 0), accumulate=2).after_amp(torch.nn.Linear(4, 3), fp16_o1)
+        m = torch.nn.Linear(4, 3)
+        with pytest.raises(UsageError, match="bfloat16"):
+            Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), policy=Policy(opt_level="O2", dtype=torch.float16),
+                    strategy="fsdp", progress=False)
+        with pytest.raises(UsageError, match="matched no module"):
+            Trainer(torch.nn.Sequential(torch.nn.Linear(4, 3)), torch.optim.SGD(m.parameters(), lr=0.1),
+                    strategy=Strategy(kind="fsdp", fsdp_blocks=("Nope",)), progress=False)
+    finally:
+        dist.destroy_process_group()
