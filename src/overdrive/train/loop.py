@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -53,7 +54,9 @@ class Trainer:
     """Model + optimizer + amp policy, with a visible step, a fit loop, evaluation and checkpoints.
 
     ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
-    the loss scaler and optimizer hooks behave as usual).
+    the loss scaler and optimizer hooks behave as usual). ``strategy="ddp"|"fsdp"`` (or an
+    ``overdrive.distributed.Strategy``) spreads the model over the process group; see
+    ``overdrive/distributed/README.md``.
 
     Example:
         >>> model = nn.Linear(4, 3)
@@ -74,14 +77,24 @@ class Trainer:
         compile: bool = False,
         progress: bool = True,
         channels_last: bool = False,
+        strategy: Any | None = None,
     ) -> None:
         if accumulate < 1:
             raise UsageError(f"accumulate={accumulate} must be >= 1")
         first = next(model.parameters(), None)
         self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        # strategy='ddp'|'fsdp' (or an overdrive.distributed.Strategy): see overdrive/distributed/parallel.py
+        self.parallel = None
+        if strategy is not None:
+            from overdrive.distributed.parallel import Parallel
+
+            self.parallel = Parallel(strategy, self.device, accumulate)
+            model, optimizer, policy = self.parallel.before_amp(model, optimizer, policy)
         self.model = model
         self.optimizer = optimizer
         self.mp: MixedPrecision = prepare(model, optimizer, policy, device=self.device, autocast_hooks=False)
+        if self.parallel is not None:
+            model = self.parallel.after_amp(model, self.mp.policy)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.scheduler = scheduler
         self.grad_clip = grad_clip
@@ -107,12 +120,16 @@ class Trainer:
         """
         x, y = batch
         x, y = self._to_device(x), y.to(self.device, non_blocking=True)
-        with self.mp.autocast():
-            out = self.forward(x)
-            loss = self.loss_fn(out.float(), y)
-        self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
+        last = (self._micro + 1) % self.accumulate == 0
+        with self._grad_sync(last):
+            with self.mp.autocast():
+                out = self.forward(x)
+                loss = self.loss_fn(out.float(), y)
+            self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
         self._micro += 1
-        if self._micro % self.accumulate == 0:
+        if last:
+            if self.parallel is not None:
+                self.parallel.finish_accumulation(self.mp.master_params())
             if self.grad_clip is not None:
                 self.mp.clip_grad_norm_(self.grad_clip)
             self.mp.step()
@@ -121,6 +138,9 @@ class Trainer:
                 self.scheduler.step()
             self.step_count += 1
         return loss.detach()
+
+    def _grad_sync(self, last: bool) -> Any:
+        return self.parallel.accumulation(last) if self.parallel is not None else contextlib.nullcontext()
 
     # --- the loop ---------------------------------------------------------------------------
     def fit(

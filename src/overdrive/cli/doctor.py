@@ -1,0 +1,67 @@
+"""``overdrive doctor``: versions, GPUs/topology, NCCL variables, interfaces, master port, bandwidth."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from overdrive.cli.common import console, write_json
+
+
+@click.command("doctor")
+@click.option("--master-addr", default=None, help="Check this master address (default: $MASTER_ADDR).")
+@click.option("--master-port", type=int, default=None, help="Check this master port (default: $MASTER_PORT).")
+@click.option("--node-rank", type=int, default=0, show_default=True, help="0: the port must be free here; >0: it must be reachable.")
+@click.option("--bandwidth", "nproc", type=int, default=0, help="Run the collective bandwidth test on this many local ranks (0: skip).")
+@click.option("--min-bytes", type=int, default=8 * 1024, show_default=True)
+@click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True)
+@click.option("--ops", default="all_reduce,all_gather,reduce_scatter", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def command(master_addr: str | None, master_port: int | None, node_rank: int, nproc: int, min_bytes: int,
+            max_bytes: int, ops: str, as_json: bool) -> None:
+    """Diagnose a distributed set-up; exits 1 when a finding is an error.
+
+    \b
+    Example:
+      overdrive doctor --master-addr 10.0.0.1 --master-port 29500 --node-rank 1
+      overdrive doctor --bandwidth 8 --max-bytes 4294967296 --ops all_reduce --json
+    """
+    from overdrive.distributed import doctor
+    from overdrive.distributed.launch import bandwidth
+
+    report = doctor.diagnose(master_addr=master_addr, master_port=master_port, node_rank=node_rank)
+    if nproc > 0:
+        report["bandwidth"] = bandwidth(nproc, min_bytes, max_bytes, ops)
+    errs = doctor.errors(report)
+    if as_json:
+        write_json(report, None)
+        sys.exit(1 if errs else 0)
+    from rich.table import Table
+
+    con = console()
+    v = report["versions"]
+    con.print(f"torch {v['torch']}, CUDA {v['cuda']}, NCCL {v['nccl']}, driver {v['driver']}, gloo {v['gloo']}")
+    for g in report["gpus"]:
+        con.print(f"gpu {g['index']}: {g['name']}, sm {g['compute_capability']}, {g['memory_gib']} GiB")
+    if report["topology"]:
+        con.print(report["topology"])
+    t = Table(title="NCCL / torch.distributed variables")
+    for c in ("name", "value", "meaning"):
+        t.add_column(c)
+    for r in report["env"]:
+        t.add_row(r["name"], r["value"], r["meaning"])
+    con.print(t if report["env"] else "no NCCL_* / TORCH_NCCL_* variable set")
+    con.print("interfaces: " + ", ".join(f"{i['name']} ({i['state']}, {i['ipv4'] or '-'})" for i in report["interfaces"]))
+    for f in report["findings"]:
+        color = {"error": "red", "warning": "yellow"}.get(f["level"], "green")
+        con.print(f"[{color}]{f['level']}[/]: {f['detail']}")
+    if "bandwidth" in report:
+        bw = report["bandwidth"]
+        t = Table(title=f"collectives ({bw['backend']}, {bw['world_size']} ranks): median over iterations")
+        for c in ("op", "bytes", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+            t.add_column(c, justify="right")
+        for r in bw["rows"]:
+            t.add_row(r["op"], f"{r['bytes']:,}", f"{r['time_us']:.1f}", f"{r['algbw_gbs']:.2f}", f"{r['busbw_gbs']:.2f}")
+        con.print(t)
+    sys.exit(1 if errs else 0)

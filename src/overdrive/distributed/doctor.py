@@ -1,0 +1,215 @@
+"""The NCCL doctor: multi-node problems are almost always set-up (variables, interfaces,
+topology, ports), not code. :func:`diagnose` gathers the facts and the findings; the collective
+bandwidth test lives in :mod:`overdrive.distributed.bandwidth`.
+
+Example:
+    >>> report = diagnose(master_addr=None)
+    >>> sorted(report)[:3]
+    ['env', 'findings', 'gpus']
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# What each variable does, and when its value is a risk: (meaning, {value: warning}).
+# Values are compared lower-cased; "*" matches any value.
+NCCL_VARS: dict[str, tuple[str, dict[str, str]]] = {
+    "NCCL_DEBUG": ("log level (WARN, INFO, TRACE)", {"info": "debug logging left on: slows start-up and floods logs",
+                                                      "trace": "trace logging left on: very slow"}),
+    "NCCL_DEBUG_SUBSYS": ("which subsystems log", {}),
+    "NCCL_DEBUG_FILE": ("where the log goes", {}),
+    "NCCL_SOCKET_IFNAME": ("interfaces for bootstrap and socket traffic (prefix match, ^ excludes, = exact)", {}),
+    "NCCL_IB_DISABLE": ("1 disables InfiniBand/RoCE", {"1": "InfiniBand disabled: inter-node traffic falls back to TCP sockets (10x slower)"}),
+    "NCCL_P2P_DISABLE": ("1 disables GPU peer-to-peer (NVLink/PCIe)", {"1": "P2P disabled: intra-node traffic goes through host memory"}),
+    "NCCL_SHM_DISABLE": ("1 disables shared-memory transport", {"1": "shared memory disabled: intra-node traffic may go over the network"}),
+    "NCCL_P2P_LEVEL": ("max topology distance for P2P (LOC, NVL, PIX, PXB, PHB, SYS)", {"loc": "P2P_LEVEL=LOC disables P2P"}),
+    "NCCL_NET_GDR_LEVEL": ("max distance for GPUDirect RDMA", {}),
+    "NCCL_IB_HCA": ("which InfiniBand adapters/ports to use", {}),
+    "NCCL_IB_GID_INDEX": ("RoCE GID index", {}),
+    "NCCL_ALGO": ("force algorithms (Ring, Tree, NVLS, CollNet)", {"*": "algorithm forced: NCCL's tuner is overridden"}),
+    "NCCL_PROTO": ("force protocols (LL, LL128, Simple)", {"*": "protocol forced: NCCL's tuner is overridden"}),
+    "NCCL_NVLS_ENABLE": ("NVLink SHARP / multicast (NVLS) collectives", {}),
+    "NCCL_CUMEM_ENABLE": ("cuMem-based buffers", {}),
+    "NCCL_BUFFSIZE": ("per-channel buffer bytes", {}),
+    "NCCL_MIN_NCHANNELS": ("minimum channels", {}),
+    "NCCL_MAX_NCHANNELS": ("maximum channels", {"1": "one channel: bandwidth capped"}),
+    "NCCL_TIMEOUT": ("NCCL-level timeout", {}),
+    "NCCL_BLOCKING_WAIT": ("(old name) blocking wait", {"*": "deprecated name: use TORCH_NCCL_BLOCKING_WAIT"}),
+    "NCCL_ASYNC_ERROR_HANDLING": ("(old name) async error handling", {"*": "deprecated name: use TORCH_NCCL_ASYNC_ERROR_HANDLING"}),
+    "TORCH_NCCL_BLOCKING_WAIT": ("host waits on each collective (debug)", {"1": "blocking wait on: serializes host and GPU"}),
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("what a failed/timed-out collective does (3 = tear down, default)", {"0": "errors not handled: a hung rank hangs the job"}),
+    "TORCH_NCCL_ENABLE_MONITORING": ("heartbeat watchdog", {"0": "watchdog monitoring off: hangs are not reported"}),
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": ("watchdog heartbeat timeout", {}),
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": ("flight-recorder entries", {}),
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": ("dump flight recorder on timeout", {}),
+    "TORCH_NCCL_DESYNC_DEBUG": ("report which rank is out of step (debug)", {"1": "desync debug on: extra overhead"}),
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": ("avoid record_stream for collectives' tensors", {}),
+    "TORCH_DISTRIBUTED_DEBUG": ("c10d debug (OFF, INFO, DETAIL)", {"detail": "DETAIL debug on: every collective is checked (slow)",
+                                                                   "info": "debug logging left on"}),
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": ("1 keeps symmetric memory off NVLink multicast", {}),
+}
+
+
+@dataclass
+class Finding:
+    level: str  # "error" (launch stops), "warning", "info"
+    what: str
+    detail: str
+
+
+def _cmd(args: list[str], timeout: float = 10.0) -> str | None:
+    if shutil.which(args[0]) is None:
+        return None
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def versions() -> dict[str, Any]:
+    v: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None, "driver": None,
+                         "gloo": torch.distributed.is_gloo_available() if torch.distributed.is_available() else False}
+    if torch.cuda.is_available():
+        try:
+            v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            v["nccl"] = None
+        out = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        v["driver"] = out.strip().splitlines()[0] if out else None
+    return v
+
+
+def gpus() -> list[dict[str, Any]]:
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                    "compute_capability": f"{p.major}.{p.minor}"})
+    return out
+
+
+def interfaces() -> list[dict[str, Any]]:
+    """Network interfaces with operstate and IPv4 address (from /sys/class/net and ioctl)."""
+    rows = []
+    for _, name in socket.if_nameindex():
+        state_file = Path("/sys/class/net") / name / "operstate"
+        state = state_file.read_text().strip() if state_file.exists() else "unknown"
+        rows.append({"name": name, "state": state, "ipv4": _ipv4(name)})
+    return rows
+
+
+def _ipv4(name: str) -> str | None:
+    try:
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+
+
+def check_socket_ifname(value: str, ifaces: list[dict[str, Any]]) -> list[Finding]:
+    """NCCL_SOCKET_IFNAME: comma list of prefixes; ``=name`` exact; ``^`` excludes."""
+    value = value.strip()
+    if value.startswith("^"):
+        return []
+    exact = value.startswith("=")
+    names = {i["name"]: i for i in ifaces}
+    out: list[Finding] = []
+    for want in filter(None, (w.strip() for w in value.lstrip("=").split(","))):
+        hits = [i for n, i in names.items() if (n == want if exact else n.startswith(want))]
+        if not hits:
+            out.append(Finding("error", "NCCL_SOCKET_IFNAME", f"{want!r} matches no interface here "
+                               f"(have: {', '.join(sorted(names))}); set it to an interface that exists or unset it"))
+        elif not any(i["state"] in ("up", "unknown") for i in hits):
+            out.append(Finding("error", "NCCL_SOCKET_IFNAME", f"{want!r} matches only interfaces that are down: "
+                               f"{', '.join(i['name'] for i in hits)}"))
+    return out
+
+
+def env_findings(env: dict[str, str], ifaces: list[dict[str, Any]]) -> tuple[list[dict[str, str]], list[Finding]]:
+    rows, findings = [], []
+    for k in sorted(env):
+        if not (k.startswith("NCCL_") or k.startswith("TORCH_NCCL_") or k in NCCL_VARS):
+            continue
+        meaning, risks = NCCL_VARS.get(k, ("(not in the doctor's table: check the NCCL docs)", {}))
+        rows.append({"name": k, "value": env[k], "meaning": meaning})
+        warn = risks.get(env[k].strip().lower()) or risks.get("*")
+        if warn:
+            findings.append(Finding("warning", k, f"{k}={env[k]}: {warn}"))
+    if "NCCL_SOCKET_IFNAME" in env:
+        findings += check_socket_ifname(env["NCCL_SOCKET_IFNAME"], ifaces)
+    return rows, findings
+
+
+def _is_local(addr: str) -> bool:
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError:
+        return False
+    if ip.startswith("127.") or ip in ("0.0.0.0", socket.gethostbyname(socket.gethostname())):
+        return True
+    return any(i["ipv4"] == ip for i in interfaces())
+
+
+def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0) -> list[Finding]:
+    """Node 0 must be able to bind the master port (free); other nodes must reach it over TCP."""
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError as exc:
+        return [Finding("error", "MASTER_ADDR", f"{addr!r} does not resolve ({exc}); use an IP or a name in DNS/hosts")]
+    if node_rank == 0 and _is_local(addr):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((ip, port))
+            except OSError as exc:
+                return [Finding("error", "MASTER_PORT", f"{addr}:{port} cannot be bound on the master node ({exc.strerror}): "
+                                "another job holds it; pick another --master-port")]
+        return [Finding("info", "MASTER_PORT", f"{addr}:{port} is free on this (master) node")]
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return [Finding("info", "MASTER_PORT", f"{addr}:{port} is reachable")]
+    except OSError as exc:
+        return [Finding("error", "MASTER_PORT", f"{addr}:{port} is not reachable from this node ({exc.strerror or exc}): "
+                        "start node 0 first, check the address, the port and firewalls")]
+
+
+def diagnose(master_addr: str | None = None, master_port: int | None = None, node_rank: int = 0,
+             env: dict[str, str] | None = None, topology: bool = True) -> dict[str, Any]:
+    """Versions, GPUs (+ ``nvidia-smi topo -m``), NCCL variables with findings, interfaces, master check.
+
+    ``master_addr``/``master_port`` default to MASTER_ADDR / MASTER_PORT from ``env``.
+    """
+    env = dict(os.environ if env is None else env)
+    ifaces = interfaces()
+    rows, findings = env_findings(env, ifaces)
+    addr = master_addr or env.get("MASTER_ADDR")
+    port = master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else None)
+    if addr is not None and port is not None:
+        findings += check_master(addr, port, node_rank)
+    g = gpus()
+    topo = _cmd(["nvidia-smi", "topo", "-m"]) if (topology and g) else None
+    return {
+        "versions": versions(), "gpus": g, "topology": topo, "env": rows, "interfaces": ifaces,
+        "master": {"addr": addr, "port": port, "node_rank": node_rank},
+        "findings": [asdict(f) for f in findings],
+    }
+
+
+def errors(report: dict[str, Any]) -> list[str]:
+    """The findings that should stop a launch."""
+    return [f"{f['what']}: {f['detail']}" for f in report["findings"] if f["level"] == "error"]

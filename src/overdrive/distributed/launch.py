@@ -1,0 +1,84 @@
+"""``overdrive launch``: torchrun (torch.distributed.run) with the doctor's quick checks first.
+
+Example:
+    >>> cfg = LaunchConfig(nproc_per_node=2, max_restarts=1)
+    >>> build_command(cfg, "train.py", ["--epochs", "3"])[3:7]
+    ['--nnodes', '1', '--nproc-per-node', '2']
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive.distributed.config import LaunchConfig
+from overdrive.distributed import doctor
+
+
+def build_command(cfg: LaunchConfig, script: str, script_args: list[str], module: bool = False) -> list[str]:
+    """The torchrun command line: ``python -m torch.distributed.run <flags> [-m] script args``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *cfg.torchrun_args()]
+    if module:
+        cmd.append("-m")
+    return [*cmd, script, *script_args]
+
+
+def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The doctor's quick checks for this launch (no bandwidth test); raises on an error finding."""
+    env = dict(os.environ if env is None else env)
+    import torch
+
+    if isinstance(cfg.nproc_per_node, int) and torch.cuda.is_available() and cfg.nproc_per_node > torch.cuda.device_count():
+        raise OverdriveError(f"--nproc-per-node {cfg.nproc_per_node} but {torch.cuda.device_count()} GPU(s) are visible; "
+                             "lower it or check CUDA_VISIBLE_DEVICES")
+    if cfg.rdzv_endpoint is not None:
+        host, port = cfg.rdzv_endpoint.rsplit(":", 1)
+        addr, prt = host, int(port)
+    else:
+        addr, prt = cfg.master_addr, cfg.master_port or (29500 if cfg.master_addr else None)
+    if cfg.standalone:  # torchrun picks its own free port; stale MASTER_* variables do not matter
+        addr = prt = None
+        env = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    report = doctor.diagnose(master_addr=addr, master_port=prt, node_rank=cfg.node_rank, env=env, topology=False)
+    if cfg.rdzv_endpoint is not None:
+        # c10d rendezvous: whichever node comes first hosts the store; a busy port on us is fine.
+        report["findings"] = [f for f in report["findings"] if not (f["what"] == "MASTER_PORT" and cfg.node_rank == 0)]
+    errs = doctor.errors(report)
+    if errs:
+        raise OverdriveError("overdrive launch stopped before torchrun, the doctor found:\n  " + "\n  ".join(errs))
+    return report
+
+
+def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None, module: bool = False,
+           check: bool = True, env: dict[str, str] | None = None) -> int:
+    """Run ``script`` under torchrun; returns its exit code (restarts are torchrun's ``--max-restarts``).
+
+    Example:
+        >>> # launch(LaunchConfig(nproc_per_node=2, max_restarts=1), "train.py", ["--steps", "100"])
+    """
+    if not module and not Path(script).is_file():
+        raise UsageError(f"training script {script!r} does not exist")
+    env = dict(os.environ if env is None else env)
+    if check:
+        preflight(cfg, env)
+    return subprocess.run(build_command(cfg, script, list(script_args or []), module), env=env, check=False).returncode
+
+
+def bandwidth(nproc: int, min_bytes: int = 8 * 1024, max_bytes: int = 64 * 2**20, ops: str = "all_reduce,all_gather,reduce_scatter",
+              iters: int = 20, backend: str | None = None) -> dict[str, Any]:
+    """Run the collective bandwidth test on ``nproc`` local ranks (torchrun, standalone)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bw.json")
+        args = ["--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--ops", ops, "--iters", str(iters), "--out", out]
+        if backend:
+            args += ["--backend", backend]
+        rc = launch(LaunchConfig(nproc_per_node=nproc), "overdrive.distributed.bandwidth", args, module=True, check=False)
+        if rc != 0 or not os.path.exists(out):
+            raise OverdriveError(f"the bandwidth test failed (torchrun exit code {rc}); rerun with NCCL_DEBUG=WARN to see why")
+        return json.loads(Path(out).read_text())

@@ -1,0 +1,287 @@
+"""DDP and FSDP2 on a model + optimizer + amp policy; the process group from torchrun's environment.
+
+Order matters and is kept here, out of the training loop:
+  - DDP: amp casts the model first (O2/O3 half weights), then DDP wraps it, so its buckets hold
+    the dtype the backward produces.
+  - FSDP2: ``fully_shard`` first (parameters become DTensor shards, so the optimizer is rebuilt on
+    them), with a ``MixedPrecisionPolicy`` derived from the amp level; amp then runs at O0 (bf16
+    O2/O3: FSDP holds fp32 shards = the masters, computes in bf16) or O1 (autocast, fp32 params).
+
+Gradient accumulation: amp keeps each micro-batch's gradients aside while the next backward runs
+(exact unscaling), so DDP's reducer would only see the last micro-batch. Under DDP the loop runs
+every micro-batch in ``no_sync`` and :meth:`Parallel.finish_accumulation` all-reduces the
+accumulated optimizer gradients once, bucketed. FSDP2 accumulates unsharded gradients itself and
+reduce-scatters on the last micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive.amp import Policy
+from overdrive.distributed.config import Strategy
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job (from torchrun's RANK / WORLD_SIZE / LOCAL_RANK)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(backend: str | None = None, device: str | torch.device | None = None) -> DistEnv:
+    """Join the process group torchrun describes (or a group of one without torchrun).
+
+    ``backend`` defaults to nccl when CUDA is available and the device is not 'cpu', else gloo.
+
+    Example:
+        >>> # env = overdrive.distributed.init(); model = ... .to(env.device)
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    want_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    dev = torch.device("cuda", local) if want_cuda else torch.device("cpu")
+    if want_cuda:
+        if local >= torch.cuda.device_count():
+            raise OverdriveError(
+                f"LOCAL_RANK={local} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                "lower --nproc-per-node or check CUDA_VISIBLE_DEVICES"
+            )
+        torch.cuda.set_device(dev)
+    backend = backend or ("nccl" if want_cuda else "gloo")
+    if backend not in ("nccl", "gloo"):
+        raise UsageError(f"backend={backend!r}: use 'nccl' (GPUs) or 'gloo' (CPU)")
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world}
+        if "MASTER_PORT" not in os.environ:
+            if world > 1:
+                raise UsageError("WORLD_SIZE > 1 but MASTER_PORT is unset; start the script with `overdrive launch`")
+            kwargs["init_method"] = f"tcp://127.0.0.1:{free_port()}"  # a group of one, without torchrun
+        else:
+            # One key space per torchrun attempt: after a restart, gloo could otherwise read the dead
+            # round's addresses from the shared store and fail with "Connection refused".
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
+                                  is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True", timeout=datetime.timedelta(seconds=300))
+            kwargs["store"] = dist.PrefixStore(f"overdrive/attempt_{attempt}", store)
+        if backend == "nccl":
+            kwargs["device_id"] = dev
+        dist.init_process_group(**kwargs)
+    return DistEnv(rank, world, local, dev, dist.get_backend())
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (the OS picks it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fsdp_mixed_precision(policy: Policy, device: torch.device) -> tuple[Any, Policy]:
+    """The FSDP2 MixedPrecisionPolicy for an amp policy, and the amp policy that remains.
+
+    O2/O3 bf16 -> param_dtype bf16, reduce_dtype fp32 (O2) / bf16 (O3), amp O0 (the fp32
+    shards are the master weights). O1 -> no FSDP casting, amp O1 autocast on fp32 params.
+
+    Example:
+        >>> mpp, rest = fsdp_mixed_precision(Policy(opt_level="O2", dtype=torch.bfloat16), torch.device("cpu"))
+        >>> mpp.param_dtype, rest.opt_level
+        (torch.bfloat16, 'O0')
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    p = policy.resolve(device)
+    if p.opt_level in ("O2", "O3"):
+        if p.dtype != torch.bfloat16:
+            raise UsageError(
+                f"strategy='fsdp' at {p.opt_level} needs dtype bfloat16 (got {p.dtype}): fp16 would need a loss "
+                "scaler over sharded gradients; use Policy(opt_level=..., dtype=torch.bfloat16) or O1"
+            )
+        reduce = torch.float32 if p.opt_level == "O2" else torch.bfloat16
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce), Policy(opt_level="O0")
+    if p.opt_level == "O1" and p.dtype == torch.float16 and p.dynamic:
+        raise UsageError("strategy='fsdp' with O1 fp16 needs a sharded loss scaler; use dtype=torch.bfloat16")
+    return MixedPrecisionPolicy(), policy
+
+
+def fsdp_blocks(model: nn.Module, class_names: tuple[str, ...] = ()) -> list[nn.Module]:
+    """The modules to shard one by one: by class name if given, else the children of every
+    ``nn.ModuleList`` / ``nn.Sequential`` (outermost containers first), else the root's children."""
+    if class_names:
+        blocks = [m for m in model.modules() if type(m).__name__ in class_names and m is not model]
+        if not blocks:
+            raise UsageError(f"fsdp_blocks={class_names} matched no module; class names here: "
+                             f"{sorted({type(m).__name__ for m in model.modules()})[:20]}")
+        return blocks
+    blocks: list[nn.Module] = []
+    seen: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, (nn.ModuleList, nn.Sequential)) and id(m) not in seen:
+            for c in m.children():
+                if any(True for _ in c.parameters()):
+                    blocks.append(c)
+                for d in c.modules():
+                    seen.add(id(d))
+            for d in m.modules():
+                seen.add(id(d))
+    if not blocks:
+        blocks = [c for c in model.children() if any(True for _ in c.parameters())]
+    return blocks
+
+
+def _rebuild_optimizer(optimizer: torch.optim.Optimizer, old_to_name: dict[int, str], model: nn.Module) -> torch.optim.Optimizer:
+    if len(optimizer.state) > 0:
+        raise UsageError("strategy='fsdp' needs an optimizer that has not stepped yet (its params are re-created as shards)")
+    new = dict(model.named_parameters())
+    groups = []
+    for g in optimizer.param_groups:
+        try:
+            params = [new[old_to_name[id(q)]] for q in g["params"]]
+        except KeyError as exc:
+            raise UsageError(f"the optimizer holds a parameter that is not in the model ({exc}); build it from model.parameters()") from exc
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
+    # Each group carries its own hyperparameters; pass only the defaults the constructor accepts
+    # (AdamW's defaults hold 'decoupled_weight_decay', which AdamW.__init__ does not take).
+    import inspect
+
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+
+class Parallel:
+    """One model under one :class:`Strategy`. The training loop calls, in order:
+    ``before_amp`` -> amp ``prepare`` -> ``after_amp``; per micro-batch ``accumulation(sync)``;
+    after the last micro-batch's backward ``finish_accumulation(mp)``.
+
+    Example:
+        >>> # par = Parallel("ddp", device); model, opt, policy = par.before_amp(model, opt, policy)
+    """
+
+    def __init__(self, strategy: Strategy | str, device: torch.device, accumulate: int = 1) -> None:
+        self.strategy = Strategy.from_name(strategy)
+        self.device = torch.device(device)
+        self.accumulate = accumulate
+        self.wrapped: nn.Module | None = None
+        self.model: nn.Module | None = None
+        if self.strategy.kind != "none" and not dist.is_initialized():
+            raise UsageError(
+                f"strategy={self.strategy.kind!r} needs a process group: call overdrive.distributed.init() first "
+                "(and start the script with `overdrive launch`)"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    def before_amp(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy | str) -> tuple[nn.Module, torch.optim.Optimizer, Policy]:
+        policy = Policy.from_opt_level(policy) if isinstance(policy, str) else policy
+        self.model = model
+        if self.strategy.kind != "fsdp":
+            return model, optimizer, policy
+        from torch.distributed.fsdp import fully_shard
+
+        mpp, rest = fsdp_mixed_precision(policy, self.device)
+        names = {id(q): n for n, q in model.named_parameters()}
+        s = self.strategy
+        if mpp.param_dtype is not None:
+            # BatchNorm keeps fp32 weights (as amp's keep_batchnorm_fp32): its running stats are fp32
+            # buffers, and half weights with fp32 stats fail; shard each norm on its own, uncast.
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            keep = MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False)
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    fully_shard(m, mp_policy=keep, reshard_after_forward=s.reshard_after_forward)
+        for block in fsdp_blocks(model, s.fsdp_blocks):
+            fully_shard(block, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
+        fully_shard(model, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
+        return model, _rebuild_optimizer(optimizer, names, model), rest
+
+    def after_amp(self, model: nn.Module, policy: Policy) -> nn.Module:
+        """The module the forward runs through (DDP wraps here, after amp cast the weights)."""
+        s = self.strategy
+        if s.kind == "ddp":
+            if self.accumulate > 1 and policy.resolve(self.device).dynamic:
+                raise UsageError(
+                    "strategy='ddp' with accumulate > 1 and a dynamic fp16 loss scale is not supported (ranks could "
+                    "disagree on skipping a step); use bf16, a static loss scale, or accumulate=1"
+                )
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # broadcast_buffers only when changed: torch 2.13 deprecates the name, 2.11 lacks the new one.
+            extra = {} if s.broadcast_buffers else {"broadcast_buffers": False}
+            self.wrapped = DDP(
+                model, device_ids=ids, bucket_cap_mb=s.bucket_cap_mb, gradient_as_bucket_view=s.gradient_as_bucket_view,
+                static_graph=s.static_graph, find_unused_parameters=s.find_unused_parameters, **extra,
+            )
+            return self.wrapped
+        self.wrapped = model
+        return model
+
+    @contextlib.contextmanager
+    def accumulation(self, sync: bool) -> Iterator[None]:
+        """Wrap one micro-batch's forward + backward; ``sync`` is True on the last one."""
+        kind = self.strategy.kind
+        if kind == "ddp" and (self.accumulate > 1 or not sync):
+            assert self.wrapped is not None
+            with self.wrapped.no_sync():  # type: ignore[operator]
+                yield
+            return
+        if kind == "fsdp" and self.accumulate > 1:
+            self.wrapped.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
+        yield
+
+    def finish_accumulation(self, params: Iterator[nn.Parameter]) -> None:
+        """DDP with accumulation: average the accumulated optimizer gradients over ranks, bucketed."""
+        if self.strategy.kind != "ddp" or self.accumulate == 1:
+            return
+        all_reduce_mean([q.grad for q in params if q.grad is not None], self.strategy.bucket_cap_mb)
+
+
+def all_reduce_mean(tensors: list[torch.Tensor], bucket_cap_mb: float = 25.0) -> None:
+    """Average ``tensors`` in place over all ranks: flattened into buckets of ``bucket_cap_mb`` per dtype.
+
+    SUM then divide (not ReduceOp.AVG, which gloo lacks).
+    """
+    world = dist.get_world_size()
+    if world == 1 or not tensors:
+        return
+    cap = int(bucket_cap_mb * 2**20)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in group + [None]:  # type: ignore[list-item]
+            if t is not None and (size + t.numel() * t.element_size() <= cap or not bucket):
+                bucket.append(t)
+                size += t.numel() * t.element_size()
+                continue
+            flat = torch.cat([b.reshape(-1) for b in bucket])
+            dist.all_reduce(flat)
+            flat.div_(world)
+            torch._foreach_copy_(bucket, [v.view_as(b) for v, b in zip(flat.split([b.numel() for b in bucket]), bucket)])
+            bucket, size = ([t], t.numel() * t.element_size()) if t is not None else ([], 0)

@@ -1,0 +1,148 @@
+"""Run under torchrun with 2 ranks (gloo): DDP / accumulation / FSDP2 / checkpoint numerics.
+
+Each check compares against a single-process full-batch reference computed on every rank from
+the same seed, and rank 0 writes max abs differences to ``$OUT_DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from overdrive import distributed as odist
+from overdrive.train import Trainer
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(self.norm(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 16, classes: int = 5) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(3)])
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def data(steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 8, generator=g), torch.randint(0, 5, (batch,), generator=g)) for _ in range(steps)]
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: full(q.detach()).float().clone() for n, q in model.named_parameters()}
+
+
+def maxdiff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), (a.keys(), b.keys())
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def reference(base: nn.Module, batches: list, lr: float, momentum: float) -> dict[str, torch.Tensor]:
+    model = copy.deepcopy(base)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for x, y in batches:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return params(model)
+
+
+def shard(batch: tuple[torch.Tensor, torch.Tensor], rank: int, world: int, micro: int = 1) -> list:
+    x, y = batch
+    n = x.shape[0] // world
+    x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+    return list(zip(x.chunk(micro), y.chunk(micro)))
+
+
+def train(base: nn.Module, strategy: str | None, batches: list, rank: int, world: int, policy="O0", accumulate: int = 1,
+          lr: float = 0.5, momentum: float = 0.9) -> Trainer:
+    model = copy.deepcopy(base)
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum), policy=policy, progress=False,
+                strategy=strategy, accumulate=accumulate)
+    for b in batches:
+        for mb in shard(b, rank, world, accumulate):
+            t.train_step(mb)
+    return t
+
+
+def main() -> None:
+    out = sys.argv[1]
+    import faulthandler
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a hung collective fails the test instead of hanging it
+    env = odist.init(backend="gloo", device="cpu")
+    rank, world = env.rank, env.world_size
+    torch.manual_seed(0)
+    base = Net()
+    batches = data(3, 16)
+    ref = reference(base, batches, 0.5, 0.9)
+    res: dict[str, float] = {"world_size": world}
+
+    res["ddp"] = maxdiff(params(train(base, "ddp", batches, rank, world).model), ref)
+    res["ddp_static"] = maxdiff(params(train(base, "ddp_static", batches, rank, world).model), ref)
+    res["ddp_accumulate2"] = maxdiff(params(train(base, "ddp", batches, rank, world, accumulate=2).model), ref)
+    t_fsdp = train(base, "fsdp", batches, rank, world)
+    res["fsdp"] = maxdiff(params(t_fsdp.model), ref)
+    res["fsdp_is_sharded"] = float(all(hasattr(q, "full_tensor") for q in t_fsdp.model.parameters()))
+    res["fsdp_accumulate2"] = maxdiff(params(train(base, "fsdp", batches, rank, world, accumulate=2).model), ref)
+    # Gradient scale alone (pytorch#162338: AVG on gloo): one step of plain SGD, lr 1, no momentum.
+    one = batches[:1]
+    res["fsdp_grad_scale"] = maxdiff(params(train(base, "fsdp", one, rank, world, lr=1.0, momentum=0.0).model),
+                                     reference(base, one, 1.0, 0.0))
+    bf16 = __import__("overdrive").amp.Policy(opt_level="O2", dtype=torch.bfloat16)
+    res["fsdp_o2_bf16"] = maxdiff(params(train(base, "fsdp", batches, rank, world, policy=bf16).model), ref)
+    res["ddp_o2_bf16"] = maxdiff(params(train(base, "ddp", batches, rank, world, policy=bf16).model), ref)
+
+    # Checkpoint / resume == uninterrupted, for DDP (O2 bf16: masters + scaler) and FSDP.
+    for strategy, policy in (("ddp", bf16), ("fsdp", "O0")):
+        whole = train(base, strategy, batches, rank, world, policy=policy)
+        first = train(base, strategy, batches[:2], rank, world, policy=policy)
+        root = os.path.join(out, f"ckpt_{strategy}")
+        odist.checkpoint.save(root, first, position={"consumed": 32, "epoch": 0})
+        model = copy.deepcopy(base)
+        second = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), policy=policy, progress=False,
+                         strategy=strategy)
+        pos = odist.checkpoint.load(odist.checkpoint.latest(root), second)
+        assert pos == {"consumed": 32, "epoch": 0}, pos
+        assert second.step_count == 2, second.step_count
+        for mb in shard(batches[2], rank, world):
+            second.train_step(mb)
+        whole_params = params(whole.model)
+        res[f"resume_{strategy}"] = maxdiff(params(second.model), whole_params)
+        if rank == 0:
+            torch.save(whole_params, os.path.join(out, f"whole_{strategy}.pt"))
+    step2 = params(first.model)  # full_tensor() is a collective: every rank calls it
+    if rank == 0:
+        torch.save(step2, os.path.join(out, "fsdp_step2_params.pt"))
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(res, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

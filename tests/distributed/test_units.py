@@ -1,0 +1,190 @@
+"""Single-process checks: configs, sampler, doctor findings, bandwidth formulas, CLI and errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from overdrive import UsageError
+from overdrive._utils.errors import OverdriveError
+from overdrive.amp import Policy
+from overdrive.distributed import PRESETS, LaunchConfig, Parallel, ResumableSampler, Strategy, fsdp_mixed_precision
+from overdrive.distributed import bandwidth, doctor
+from overdrive.distributed.launch import build_command, launch, preflight
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_strategy_presets_json_round_trip(name: str) -> None:
+    s = PRESETS[name]
+    assert Strategy.from_json(s.to_json()) == s
+    assert Strategy.from_name(name) is s
+
+
+@pytest.mark.parametrize("kwargs", [{"kind": "zero3"}, {"bucket_cap_mb": 0}, {"static_graph": True, "find_unused_parameters": True}])
+def test_strategy_rejects_bad_values(kwargs: dict) -> None:
+    with pytest.raises(UsageError):
+        Strategy(**kwargs)
+
+
+def test_strategy_unknown_name_and_field() -> None:
+    with pytest.raises(UsageError, match="ddp"):
+        Strategy.from_name("deepspeed")
+    with pytest.raises(UsageError, match="bucket"):
+        Strategy.from_dict({"buckets": 3})
+
+
+def test_launch_config_builds_torchrun_flags() -> None:
+    assert "--standalone" in LaunchConfig(nproc_per_node=2).torchrun_args()
+    static = LaunchConfig(nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=1234, nproc_per_node=8).torchrun_args()
+    assert static[static.index("--master-addr") + 1] == "10.0.0.1" and static[static.index("--node-rank") + 1] == "1"
+    elastic = LaunchConfig(nnodes=2, rdzv_endpoint="h:29400", max_restarts=3).torchrun_args()
+    assert elastic[elastic.index("--rdzv-backend") + 1] == "c10d" and elastic[elastic.index("--max-restarts") + 1] == "3"
+    cmd = build_command(LaunchConfig(), "train.py", ["--lr", "1"])
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-3:] == ["train.py", "--lr", "1"]
+
+
+@pytest.mark.parametrize("kwargs", [{"nnodes": 0}, {"nproc_per_node": 0}, {"nproc_per_node": "many"}, {"node_rank": 2, "nnodes": 2, "master_addr": "a"},
+                                    {"master_port": 70000}, {"max_restarts": -1}, {"nnodes": 2}, {"rdzv_endpoint": "nohostport"}])
+def test_launch_config_rejects_bad_values(kwargs: dict) -> None:
+    with pytest.raises(UsageError):
+        LaunchConfig(**kwargs)
+
+
+def test_sampler_covers_each_epoch_once_and_resumes_on_other_world_size() -> None:
+    two = [ResumableSampler(20, batch_size=2, rank=r, world_size=2, seed=3) for r in range(2)]
+    seen = sorted(i for s in two for i in s)
+    assert len(seen) == 20 and len(set(seen)) == 20  # 20 = 5 global batches of 4
+    order = list(torch.randperm(20, generator=torch.Generator().manual_seed(3)))
+    two[0].advance(2)  # 8 global samples consumed with 2 ranks ...
+    one = ResumableSampler(20, batch_size=4, rank=0, world_size=1, seed=3)
+    one.load_state_dict(two[0].state_dict())  # ... resume on 1 rank at the same place
+    assert list(one) == [int(i) for i in order[8:]]
+    with pytest.raises(UsageError):
+        ResumableSampler(20, batch_size=3, world_size=1).load_state_dict(two[0].state_dict())  # 8 % 3 != 0
+    with pytest.raises(UsageError):
+        ResumableSampler(10, batch_size=2, rank=2, world_size=2)
+
+
+def test_busbw_factors_match_nccl_tests() -> None:
+    assert bandwidth.BUS_FACTOR["all_reduce"](8) == pytest.approx(2 * 7 / 8)
+    assert bandwidth.BUS_FACTOR["all_gather"](8) == pytest.approx(7 / 8)
+    assert bandwidth.BUS_FACTOR["reduce_scatter"](4) == pytest.approx(3 / 4)
+    assert bandwidth.sizes_pow2(8 * 1024, 4 * 2**30)[-1] == 4 * 2**30 and len(bandwidth.sizes_pow2(8 * 1024, 4 * 2**30)) == 20
+    with pytest.raises(UsageError):
+        bandwidth.sizes_pow2(10, 5)
+    with pytest.raises(UsageError, match="process group"):
+        bandwidth.measure()
+
+
+def test_doctor_flags_missing_socket_ifname_and_debug_left_on() -> None:
+    ifaces = [{"name": "lo", "state": "unknown", "ipv4": "127.0.0.1"}, {"name": "eth0", "state": "up", "ipv4": None},
+              {"name": "ib0", "state": "down", "ipv4": None}]
+    _, findings = doctor.env_findings({"NCCL_SOCKET_IFNAME": "eth7", "NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1",
+                                       "NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}, ifaces)
+    by = {(f.level, f.what) for f in findings}
+    assert ("error", "NCCL_SOCKET_IFNAME") in by
+    assert {("warning", "NCCL_DEBUG"), ("warning", "NCCL_IB_DISABLE"), ("warning", "NCCL_P2P_DISABLE")} <= by
+    assert not any(f.what == "NCCL_NVLS_ENABLE" for f in findings)  # reported, not judged
+    assert doctor.check_socket_ifname("eth", ifaces) == []  # prefix match
+    assert doctor.check_socket_ifname("=ib0", ifaces)[0].detail.endswith("ib0")  # down
+    assert doctor.check_socket_ifname("^docker", ifaces) == []
+
+
+def test_doctor_flags_unreachable_and_busy_master_port() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        # Bound but not listening: nothing accepts, so a worker node cannot reach it ...
+        assert doctor.check_master("127.0.0.1", port, node_rank=1, timeout=2)[0].level == "error"
+        # ... and the master node cannot bind it.
+        assert doctor.check_master("127.0.0.1", port, node_rank=0)[0].level == "error"
+        s.listen()
+        assert doctor.check_master("127.0.0.1", port, node_rank=1)[0].level == "info"
+    assert doctor.check_master("no-such-host.invalid", 1)[0].what == "MASTER_ADDR"
+
+
+def test_doctor_report_and_cli_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "nonexistent0")
+    from overdrive.cli.doctor import command
+
+    r = CliRunner().invoke(command, ["--json"])
+    assert r.exit_code == 1, r.output
+    rep = json.loads(r.output)
+    assert rep["versions"]["torch"] == torch.__version__
+    assert any(e["name"] == "NCCL_SOCKET_IFNAME" for e in rep["env"])
+    assert doctor.errors(rep) and "nonexistent0" in doctor.errors(rep)[0]
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    assert CliRunner().invoke(command, ["--json"]).exit_code == 0
+
+
+def test_launch_preflight_stops_on_fault(tmp_path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("raise SystemExit(3)\n")
+    with pytest.raises(OverdriveError, match="NCCL_SOCKET_IFNAME"):
+        launch(LaunchConfig(nproc_per_node=1), str(script), env={"NCCL_SOCKET_IFNAME": "nope9", "PATH": "/usr/bin"})
+    with pytest.raises(OverdriveError, match="not reachable"):
+        preflight(LaunchConfig(nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=_closed_port()), env={})
+    with pytest.raises(UsageError, match="does not exist"):
+        launch(LaunchConfig(), str(tmp_path / "missing.py"))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp_policy_mapping() -> None:
+    cpu = torch.device("cpu")
+    mpp, rest = fsdp_mixed_precision(Policy(opt_level="O2", dtype=torch.bfloat16), cpu)
+    assert (mpp.param_dtype, mpp.reduce_dtype, rest.opt_level) == (torch.bfloat16, torch.float32, "O0")
+    mpp, rest = fsdp_mixed_precision(Policy(opt_level="O3", dtype=torch.bfloat16), cpu)
+    assert mpp.reduce_dtype == torch.bfloat16
+    mpp, rest = fsdp_mixed_precision(Policy(opt_level="O1", dtype=torch.bfloat16), cpu)
+    assert mpp.param_dtype is None and rest.opt_level == "O1"
+    with pytest.raises(UsageError, match="bfloat16"):
+        fsdp_mixed_precision(Policy(opt_level="O2", dtype=torch.float16), cpu)
+
+
+def test_strategy_without_process_group_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="init"):
+        Parallel("ddp", torch.device("cpu"))
+
+
+def test_strategy_none_is_the_plain_loop() -> None:
+    from overdrive.train import Trainer
+
+    def run(strategy: str | None) -> torch.Tensor:
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        t = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), progress=False, strategy=strategy)
+        t.train_step((torch.ones(8, 4), torch.zeros(8, dtype=torch.long)))
+        return m.weight.detach().clone()
+
+    assert torch.equal(run("none"), run(None))
+
+
+def test_group_of_one_refuses_unsupported_combinations() -> None:
+    import torch.distributed as dist
+
+    from overdrive import distributed as odist
+    from overdrive.train import Trainer
+
+    odist.init(backend="gloo", device="cpu")
+    try:
+        fp16_o1 = Policy(opt_level="O1", dtype=torch.float16, loss_scale="dynamic")  # fp16 is a CUDA matter
+        with pytest.raises(UsageError, match="accumulate"):
+            Parallel("ddp", torch.device("cuda", 0), accumulate=2).after_amp(torch.nn.Linear(4, 3), fp16_o1)
+        m = torch.nn.Linear(4, 3)
+        with pytest.raises(UsageError, match="bfloat16"):
+            Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), policy=Policy(opt_level="O2", dtype=torch.float16),
+                    strategy="fsdp", progress=False)
+        with pytest.raises(UsageError, match="matched no module"):
+            Trainer(torch.nn.Sequential(torch.nn.Linear(4, 3)), torch.optim.SGD(m.parameters(), lr=0.1),
+                    strategy=Strategy(kind="fsdp", fsdp_blocks=("Nope",)), progress=False)
+    finally:
+        dist.destroy_process_group()
