@@ -79,3 +79,12 @@ def test_verbose_shows_the_traceback() -> None:
     proc = run_cli("demo", "--opt-level", "O9", "--verbose")
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr
+
+
+def test_verbose_after_a_launched_script_belongs_to_the_script() -> None:
+    from overdrive.cli.main import _own_args
+
+    args = ["launch", "--nproc-per-node", "2", "train.py", "--verbose", "--lr", "1"]
+    assert _own_args(args) == 3  # train.py's --verbose is not overdrive's
+    assert _own_args(["demo", "--verbose"]) == 2
+    assert _own_args(["--verbose", "launch", "-m", "pkg.train", "--verbose"]) == 3

@@ -59,9 +59,10 @@ def _error(msg: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and exits with) the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in args
-    if verbose:  # accepted anywhere on the line, not only before the verb
-        args = [a for a in args if a != "--verbose"]
+    own = _own_args(args)
+    verbose = "--verbose" in args[:own]
+    if verbose:  # accepted anywhere among overdrive's own arguments, not only before the verb
+        args = [a for a in args[:own] if a != "--verbose"] + args[own:]
     code = 0
     try:
         rv: Any = cli.main(args=args, prog_name="overdrive", standalone_mode=False)
@@ -97,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         sys.exit(code)
     return code
+
+
+def _own_args(args: list[str]) -> int:
+    """How many leading arguments are overdrive's: everything before ``--``, and for ``launch``
+    everything before the training script (whose own flags, ``--verbose`` too, pass through)."""
+    end = args.index("--") if "--" in args else len(args)
+    if "launch" in args[:end]:
+        for i in range(args.index("launch") + 1, end):
+            if args[i].endswith(".py") or args[i] == "-m":
+                return i
+    return end
 
 
 def _escape(text: str) -> str:
