@@ -87,4 +87,4 @@ def test_verbose_after_a_launched_script_belongs_to_the_script() -> None:
     args = ["launch", "--nproc-per-node", "2", "train.py", "--verbose", "--lr", "1"]
     assert _own_args(args) == 3  # train.py's --verbose is not overdrive's
     assert _own_args(["demo", "--verbose"]) == 2
-    assert _own_args(["--verbose", "launch", "-m", "pkg.train", "--verbose"]) == 3
+    assert _own_args(["--verbose", "launch", "-m", "pkg.train", "--verbose"]) == 2
