@@ -7,6 +7,7 @@ carries them and checkpoint/resume keeps them; amp never casts them (they are no
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,19 +58,36 @@ class SparseHandle:
 
     def __init__(self, model: nn.Module, config: Config, layers: list[PrunedLayer], skipped: list[Candidate],
                  permutation: dict[str, Any]) -> None:
-        self.model = model
+        self._model = weakref.ref(model)  # the handle never keeps the model alive (ASP's registry is weak)
         self.config = config
         self.layers = layers
         self.skipped = skipped
         self.permutation = permutation
         self._hooks: list[Any] = []
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._permutation_pending = config.permutation
         for module in {id(layer.module): layer.module for layer in layers}.values():
             self._hooks.append(module.register_load_state_dict_post_hook(self._check_loaded))
 
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise UsageError("the model of this sparsity handle no longer exists")
+        return model
+
     # --- masks ------------------------------------------------------------------------------
     def compute_masks(self) -> None:
-        """(Re)compute masks from the current weights (from the dense copy if one was kept) and apply them."""
+        """(Re)compute masks from the current weights (from the dense copy if one was kept) and apply them.
+
+        The first call runs the channel permutation search when the config asks for it."""
+        if self._permutation_pending:
+            self._permutation_pending = False
+            self._permute()
+        if self.config.allow_recompute_mask:
+            for layer in self.layers:
+                if layer.dense is None:
+                    layer.dense = layer.weight.detach().to("cpu", copy=True)
         with torch.no_grad():
             for layer in self.layers:
                 w = layer.weight
@@ -82,11 +100,22 @@ class SparseHandle:
                     w.copy_(dense)
         self.apply_masks()
 
+    def _permute(self) -> None:
+        from overdrive.sparsity.permutation import permute_for_sparsity
+
+        for layer in self.layers:
+            w = layer.weight
+            layer.retained_unpermuted = M.retained_magnitude(w, M.compute_mask(w, self.config.mask_calculator))
+        self.permutation = permute_for_sparsity(
+            self.model, [layer.module for layer in self.layers if layer.param_name == "weight"], self.config)
+
     def apply_masks(self) -> None:
         """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2)."""
         with torch.no_grad():
             for layer in self.layers:
                 mask = layer.mask
+                if layer.weight.layout != torch.strided or _is_semi_structured(layer.weight):
+                    continue  # exported to cuSPARSELt: inference only, already 2:4 by construction
                 for t in {id(x): x for x in (layer.weight, layer.original)}.values():
                     t.mul_(mask.to(t.device))
 
@@ -176,6 +205,22 @@ class SparseHandle:
                 _check_layer(layer)
 
 
+def _is_semi_structured(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.sparse.SparseSemiStructuredTensor)
+
+
+def _handle_from_buffers(model: nn.Module, config: Config) -> SparseHandle:
+    """A handle over a model that already carries mask buffers (loaded, or pruned by another handle)."""
+    layers = []
+    cands = find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))
+    for c in cands:
+        if hasattr(c.module, c.param_name + MASK_SUFFIX):
+            layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, getattr(c.module, c.param_name)))
+    if not layers:
+        raise UsageError(f"{type(model).__name__} has no 2:4 mask buffers; prune it with sparsify() first")
+    return SparseHandle(model, config, layers, [], {})
+
+
 def _check_layer(layer: PrunedLayer) -> None:
     mask, w = layer.mask, layer.weight
     if mask.shape != w.shape:
@@ -213,23 +258,12 @@ def sparsify(model: nn.Module, config: Config | None = None, compute_masks: bool
     if not prunable:
         reasons = "; ".join(f"{c.name}: {c.skip_reason}" for c in cands[:5]) or "no Linear/Conv/MultiheadAttention layers"
         raise UsageError(f"no prunable layer in {type(model).__name__} for {config.layer_types} ({reasons})")
-    permutation: dict[str, Any] = {}
-    unpermuted: dict[str, float] = {}
-    if config.permutation and compute_masks:
-        from overdrive.sparsity.permutation import permute_for_sparsity
-
-        for c in prunable:
-            w = getattr(c.module, c.param_name)
-            unpermuted[c.name] = M.retained_magnitude(w, M.compute_mask(w, config.mask_calculator))
-        permutation = permute_for_sparsity(model, [c.module for c in prunable if c.param_name == "weight"], config)
     layers = []
     for c in prunable:
         w = getattr(c.module, c.param_name)
         c.module.register_buffer(c.param_name + MASK_SUFFIX, torch.ones_like(w, dtype=torch.bool), persistent=True)
-        dense = w.detach().to("cpu", copy=True) if config.allow_recompute_mask else None
-        layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, w, dense,
-                                  retained_unpermuted=unpermuted.get(c.name)))
-    handle = SparseHandle(model, config, layers, [c for c in cands if c.skip_reason is not None], permutation)
+        layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, w))
+    handle = SparseHandle(model, config, layers, [c for c in cands if c.skip_reason is not None], {})
     if compute_masks:
         handle.compute_masks()
     return handle
