@@ -58,7 +58,10 @@ class SparseHandle:
 
     def __init__(self, model: nn.Module, config: Config, layers: list[PrunedLayer], skipped: list[Candidate],
                  permutation: dict[str, Any]) -> None:
-        self._model = weakref.ref(model)  # the handle never keeps the model alive (ASP's registry is weak)
+        self._model = weakref.ref(model)
+        # The handle keeps its model alive; ASP's weak registry drops this strong reference so a
+        # model deleted by the user frees its registry entry.
+        self._strong: nn.Module | None = model
         self.config = config
         self.layers = layers
         self.skipped = skipped

@@ -66,6 +66,7 @@ class ASP:
                      disallowed_layer_names=tuple(disallowed_layer_names), allow_recompute_mask=allow_recompute_mask,
                      permutation=allow_permutation)
         handle = sparsify(model, cfg, compute_masks=False)
+        handle._strong = None  # the registry value must not keep its key alive
         _HANDLES[model] = handle
         if verbosity >= 3:
             print(handle.report())
