@@ -12,7 +12,7 @@ Native API (no global state, several models per process):
 apex surface: ``from overdrive.sparsity import ASP; ASP.prune_trained_model(model, optimizer)``.
 """
 
-from overdrive.sparsity.api import PrunedLayer, SparseHandle, sparsify
+from overdrive.sparsity.api import PrunedLayer, SparseHandle, from_pruned, sparsify
 from overdrive.sparsity.asp import ASP
 from overdrive.sparsity.config import ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, Config
 from overdrive.sparsity.export import compress, decompress, load_compressed, save_compressed, to_semi_structured
@@ -23,7 +23,7 @@ from overdrive.sparsity.report import SparsityReport
 __all__ = [
     # native
     "Config", "PRESETS", "ASP_DEFAULT", "TRANSPOSABLE", "PERMUTED", "MASK_CALCULATORS",
-    "sparsify", "SparseHandle", "PrunedLayer", "SparsityReport",
+    "sparsify", "from_pruned", "SparseHandle", "PrunedLayer", "SparsityReport",
     # masks
     "compute_mask", "m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best", "is_2to4", "retained_magnitude", "shape_rule",
     # export

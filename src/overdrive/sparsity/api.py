@@ -212,8 +212,17 @@ def _is_semi_structured(t: torch.Tensor) -> bool:
     return isinstance(t, torch.sparse.SparseSemiStructuredTensor)
 
 
-def _handle_from_buffers(model: nn.Module, config: Config) -> SparseHandle:
-    """A handle over a model that already carries mask buffers (loaded, or pruned by another handle)."""
+def from_pruned(model: nn.Module, config: Config | None = None) -> SparseHandle:
+    """A handle over a model that already carries 2:4 mask buffers (a deepcopy of a pruned model,
+    one loaded from a checkpoint saved with its masks), for report/attach/export.
+
+    Example:
+        >>> import copy
+        >>> model = nn.Sequential(nn.Linear(32, 16)); _ = sparsify(model)
+        >>> len(from_pruned(copy.deepcopy(model)).layers)
+        1
+    """
+    config = config or Config()
     layers = []
     cands = find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))
     for c in cands:

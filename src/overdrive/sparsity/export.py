@@ -110,9 +110,9 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
     names = list(payload["sparse"])
     have = {n for n, _ in model.named_buffers() if n.endswith(MASK_SUFFIX)}
     if have:
-        from overdrive.sparsity.api import _handle_from_buffers
+        from overdrive.sparsity.api import from_pruned
 
-        handle = _handle_from_buffers(model, Config.from_json(payload["config"]))
+        handle = from_pruned(model, Config.from_json(payload["config"]))
     else:
         cfg = Config.from_json(payload["config"]).replace(
             allowed_layer_names=tuple(n.rsplit(".", 1)[0] if "." in n else "" for n in names),
