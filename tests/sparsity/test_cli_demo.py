@@ -54,3 +54,29 @@ def test_demo_stage_registered_and_models_build() -> None:
 
     assert STAGES["sparsity"] == "overdrive.demo.sparsity_stage"
     assert type(build_model("docstrings")).__name__ == "ByteTransformer"
+
+
+@pytest.mark.slow
+def test_demo_stage_runs_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overdrive.demo import sparsity_stage
+    from overdrive.demo.context import DemoContext
+    from overdrive.demo.data import load_digits
+
+    monkeypatch.setattr(sparsity_stage, "FINETUNE_EPOCHS", 1)
+    ctx = DemoContext(device=torch.device("cpu"), dtype=torch.bfloat16, digits=load_digits(), progress=False)
+    ctx.fp32_model = DigitsCNN().eval()
+    ctx.fp32_accuracy = 0.1
+    table = sparsity_stage.run(ctx)
+    assert [r[0] for r in table.rows] == ["dense (O0)", "2:4 pruned, no fine-tune", "2:4 + fine-tune (1 epochs)"]
+    assert table.rows[1][4] < 0.55 * table.rows[0][4]
+    assert 0.0 <= table.rows[2][1] <= 1.0
+
+
+def test_lean_import() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, overdrive.sparsity; bad = [m for m in ('onnx', 'onnxruntime', 'torchvision', 'transformers', "
+            "'matplotlib', 'tensorrt', 'sklearn') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out
