@@ -47,7 +47,7 @@ def m4n2_1d(matrix: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _patterns_2d(device_type: str) -> torch.Tensor:
+def _patterns_2d(device: str) -> torch.Tensor:
     """All 90 4x4 0/1 patterns with exactly 2 ones in every row and column, as (90, 16) floats."""
     rows = [r for r in itertools.product((0, 1), repeat=4) if sum(r) == 2]
     pats = []
@@ -55,7 +55,7 @@ def _patterns_2d(device_type: str) -> torch.Tensor:
         block = torch.tensor(choice, dtype=torch.float32)
         if bool((block.sum(0) == 2).all()):
             pats.append(block.reshape(16))
-    return torch.stack(pats).to(device_type)
+    return torch.stack(pats).to(device)
 
 
 def _blocks(matrix: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,7 @@ def m4n2_2d_best(matrix: torch.Tensor) -> torch.Tensor:
     _check_cols(matrix)
     _check_rows(matrix)
     mag = _blocks(matrix.detach().abs().float())  # (nblocks, 16)
-    pats = _patterns_2d(matrix.device.type)
+    pats = _patterns_2d(str(matrix.device))
     best = (mag @ pats.T).argmax(dim=1)  # (nblocks,)
     return _unblocks(pats[best].bool(), tuple(matrix.shape))
 
@@ -105,7 +105,7 @@ def m4n2_2d_greedy(matrix: torch.Tensor) -> torch.Tensor:
     # taken); fill such blocks with the best valid pattern so the mask is always 2:4 both ways.
     short = keep.sum(1) != 8
     if bool(short.any()):
-        pats = _patterns_2d(matrix.device.type)
+        pats = _patterns_2d(str(matrix.device))
         keep[short] = pats[(mag[short] @ pats.T).argmax(1)].bool()
     return _unblocks(keep, tuple(matrix.shape))
 
