@@ -1,0 +1,33 @@
+"""2:4 structured sparsity (ASP): prune, fine-tune with masks kept, permute channels, export.
+
+Native API (no global state, several models per process):
+    >>> import torch
+    >>> from overdrive import sparsity
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    >>> handle = sparsity.sparsify(model, sparsity.Config(pattern="2:4"))
+    >>> opt = torch.optim.AdamW(model.parameters()); _ = handle.attach(opt)
+    >>> round(handle.report().weight_fraction_pruned, 2)
+    0.49
+
+apex surface: ``from overdrive.sparsity import ASP; ASP.prune_trained_model(model, optimizer)``.
+"""
+
+from overdrive.sparsity.api import PrunedLayer, SparseHandle, from_pruned, sparsify
+from overdrive.sparsity.asp import ASP
+from overdrive.sparsity.config import ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, Config
+from overdrive.sparsity.export import compress, decompress, load_compressed, save_compressed, to_semi_structured
+from overdrive.sparsity.layers import shape_rule
+from overdrive.sparsity.masks import compute_mask, is_2to4, m4n2_1d, m4n2_2d_best, m4n2_2d_greedy, retained_magnitude
+from overdrive.sparsity.report import SparsityReport
+
+__all__ = [
+    # native
+    "Config", "PRESETS", "ASP_DEFAULT", "TRANSPOSABLE", "PERMUTED", "MASK_CALCULATORS",
+    "sparsify", "from_pruned", "SparseHandle", "PrunedLayer", "SparsityReport",
+    # masks
+    "compute_mask", "m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best", "is_2to4", "retained_magnitude", "shape_rule",
+    # export
+    "save_compressed", "load_compressed", "compress", "decompress", "to_semi_structured",
+    # apex-compatible
+    "ASP",
+]

@@ -1,0 +1,281 @@
+"""The native API: ``handle = sparsify(model, Config(...))``; the handle owns masks and hooks.
+
+No global state: every model gets its own handle, so several pruned models live in one process.
+Masks are bool buffers on the pruned modules (``<param>_sparse_mask``), so ``model.state_dict()``
+carries them and checkpoint/resume keeps them; amp never casts them (they are not floating).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.sparsity import masks as M
+from overdrive.sparsity.config import Config
+from overdrive.sparsity.layers import Candidate, find_candidates
+from overdrive.sparsity.report import SparsityReport, gemm_macs
+
+MASK_SUFFIX = "_sparse_mask"
+
+
+@dataclass
+class PrunedLayer:
+    name: str
+    module: nn.Module
+    param_name: str
+    layer_type: str
+    original: torch.Tensor  # the Parameter at sparsify time (the fp32 master once amp O2 casts the model)
+    dense: torch.Tensor | None = None  # dense copy (CPU) kept for allow_recompute_mask
+    retained: float = 1.0
+    retained_unpermuted: float | None = None
+    magnitude: float = 0.0  # sum |w| of the dense weight the mask was computed from
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return getattr(self.module, self.param_name + MASK_SUFFIX)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight the module computes with now (the half copy under amp O2)."""
+        return getattr(self.module, self.param_name)
+
+
+class SparseHandle:
+    """Masks of one pruned model, the optimizer hooks that keep them, report and export.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 8))
+        >>> handle = sparsify(model)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1); _ = handle.attach(opt)
+        >>> M.is_2to4(model[0].weight)
+        True
+    """
+
+    def __init__(self, model: nn.Module, config: Config, layers: list[PrunedLayer], skipped: list[Candidate],
+                 permutation: dict[str, Any]) -> None:
+        self._model = weakref.ref(model)
+        # The handle keeps its model alive; ASP's weak registry drops this strong reference so a
+        # model deleted by the user frees its registry entry.
+        self._strong: nn.Module | None = model
+        self.config = config
+        self.layers = layers
+        self.skipped = skipped
+        self.permutation = permutation
+        self._hooks: list[Any] = []
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._permutation_pending = config.permutation
+        for module in {id(layer.module): layer.module for layer in layers}.values():
+            self._hooks.append(module.register_load_state_dict_post_hook(self._check_loaded))
+
+    @property
+    def model(self) -> nn.Module:
+        model = self._model()
+        if model is None:
+            raise UsageError("the model of this sparsity handle no longer exists")
+        return model
+
+    # --- masks ------------------------------------------------------------------------------
+    def compute_masks(self) -> None:
+        """(Re)compute masks from the current weights (from the dense copy if one was kept) and apply them.
+
+        The first call runs the channel permutation search when the config asks for it."""
+        if self._permutation_pending:
+            self._permutation_pending = False
+            self._permute()
+        if self.config.allow_recompute_mask:
+            for layer in self.layers:
+                if layer.dense is None:
+                    layer.dense = layer.weight.detach().to("cpu", copy=True)
+        with torch.no_grad():
+            for layer in self.layers:
+                w = layer.weight
+                dense = layer.dense.to(w.device, w.dtype) if layer.dense is not None else w
+                mask = M.compute_mask(dense, self.config.mask_calculator)
+                layer.mask.copy_(mask)
+                layer.retained = M.retained_magnitude(dense, mask)
+                layer.magnitude = float(dense.detach().abs().float().sum())
+                if layer.dense is not None:
+                    w.copy_(dense)
+        self.apply_masks()
+
+    def _permute(self) -> None:
+        from overdrive.sparsity.permutation import permute_for_sparsity
+
+        for layer in self.layers:
+            w = layer.weight
+            layer.retained_unpermuted = M.retained_magnitude(w, M.compute_mask(w, self.config.mask_calculator))
+        self.permutation = permute_for_sparsity(
+            self.model, [layer.module for layer in self.layers if layer.param_name == "weight"], self.config)
+
+    def apply_masks(self) -> None:
+        """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2)."""
+        with torch.no_grad():
+            for layer in self.layers:
+                mask = layer.mask
+                if layer.weight.layout != torch.strided or _is_semi_structured(layer.weight):
+                    continue  # exported to cuSPARSELt: inference only, already 2:4 by construction
+                for t in {id(x): x for x in (layer.weight, layer.original)}.values():
+                    t.mul_(mask.to(t.device))
+
+    def restore_dense(self) -> None:
+        """Put back the dense weights kept at sparsify time (needs ``allow_recompute_mask=True``)."""
+        if any(layer.dense is None for layer in self.layers):
+            raise UsageError("no dense weights were kept; sparsify with Config(allow_recompute_mask=True) to restore them")
+        with torch.no_grad():
+            for layer in self.layers:
+                for t in {id(x): x for x in (layer.weight, layer.original)}.values():
+                    t.copy_(layer.dense.to(t.device, t.dtype))
+                layer.mask.fill_(True)
+
+    def masks(self) -> dict[str, torch.Tensor]:
+        return {layer.name: layer.mask for layer in self.layers}
+
+    def verify(self) -> None:
+        """Raise when a mask is not 2:4, or a weight is nonzero where its mask prunes it."""
+        for layer in self.layers:
+            _check_layer(layer)
+
+    # --- training ---------------------------------------------------------------------------
+    def attach(self, optimizer: torch.optim.Optimizer) -> SparseHandle:
+        """Keep masks through ``optimizer.step()`` with a step post-hook (any optimizer: foreach, fused,
+        amp masters). Sparsify before ``amp.prepare``: the hook then masks the fp32 masters and
+        the half model weights alike, whichever hook runs first."""
+        held = {id(q) for g in optimizer.param_groups for q in g["params"]}
+        missing = [layer.name for layer in self.layers if id(layer.original) not in held and id(layer.weight) not in held]
+        if len(missing) == len(self.layers):
+            raise UsageError(
+                f"the optimizer holds none of the pruned weights ({missing[:3]}...): pass the optimizer built on this "
+                "model's parameters; with overdrive.amp O2/apex O2, call sparsify/ASP before amp.prepare/initialize"
+            )
+        self._hooks.append(optimizer.register_step_post_hook(lambda _opt, _a, _k: self.apply_masks()))
+        self._optimizers.append(optimizer)
+        self.apply_masks()
+        return self
+
+    def remove(self) -> None:
+        """Drop hooks and mask buffers; the weights stay pruned."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        for layer in self.layers:
+            delattr(layer.module, layer.param_name + MASK_SUFFIX)
+
+    # --- reporting and export ---------------------------------------------------------------
+    def report(self, example_inputs: tuple[Any, ...] | None = None) -> SparsityReport:
+        """Pruned/skipped layers, weight and (with ``example_inputs``) FLOP fractions pruned."""
+        rep = SparsityReport(self.config.pattern, self.config.mask_calculator, permutation=self.permutation)
+        total_w = sum(q.numel() for q in self.model.parameters())
+        zeros = 0
+        kept_mag = all_mag = 0.0
+        for layer in self.layers:
+            w = layer.weight.detach()
+            zeros += int((~layer.mask).sum())
+            rep.pruned.append({"name": layer.name, "type": layer.layer_type, "shape": list(w.shape),
+                               "retained_magnitude": layer.retained})
+            kept_mag += layer.retained * layer.magnitude
+            all_mag += layer.magnitude
+        for c in self.skipped:
+            rep.skipped.append({"name": c.name, "type": c.layer_type, "shape": list(getattr(c.module, c.param_name).shape),
+                                "reason": c.skip_reason})
+        rep.weight_fraction_pruned = zeros / max(total_w, 1)
+        rep.retained_magnitude = kept_mag / all_mag if all_mag else 1.0
+        if any(layer.retained_unpermuted is not None for layer in self.layers):
+            num = sum((layer.retained_unpermuted if layer.retained_unpermuted is not None else layer.retained)
+                      * layer.magnitude for layer in self.layers)
+            rep.retained_magnitude_unpermuted = num / all_mag if all_mag else None
+        if example_inputs is not None:
+            macs = gemm_macs(self.model, tuple(example_inputs))
+            total = sum(macs.values())
+            pruned = sum(macs.get(id(layer.weight), 0) for layer in self.layers) / 2
+            rep.flop_fraction_pruned = pruned / total if total else 0.0
+        return rep
+
+    def export(self, **kwargs: Any) -> Any:
+        """Swap pruned Linear weights to cuSPARSELt 2:4 tensors where measured faster; see
+        :func:`overdrive.sparsity.export.to_semi_structured` for the arguments."""
+        from overdrive.sparsity.export import to_semi_structured
+
+        return to_semi_structured(self.model, self, **kwargs)
+
+    def _check_loaded(self, module: nn.Module, _incompatible: Any) -> None:
+        for layer in self.layers:
+            if layer.module is module:
+                _check_layer(layer)
+
+
+def _is_semi_structured(t: torch.Tensor) -> bool:
+    return isinstance(t, torch.sparse.SparseSemiStructuredTensor)
+
+
+def from_pruned(model: nn.Module, config: Config | None = None) -> SparseHandle:
+    """A handle over a model that already carries 2:4 mask buffers (a deepcopy of a pruned model,
+    one loaded from a checkpoint saved with its masks), for report/attach/export.
+
+    Example:
+        >>> import copy
+        >>> model = nn.Sequential(nn.Linear(32, 16)); _ = sparsify(model)
+        >>> len(from_pruned(copy.deepcopy(model)).layers)
+        1
+    """
+    config = config or Config()
+    layers = []
+    cands = find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))
+    for c in cands:
+        if hasattr(c.module, c.param_name + MASK_SUFFIX):
+            layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, getattr(c.module, c.param_name)))
+    if not layers:
+        raise UsageError(f"{type(model).__name__} has no 2:4 mask buffers; prune it with sparsify() first")
+    return SparseHandle(model, config, layers, [], {})
+
+
+def _check_layer(layer: PrunedLayer) -> None:
+    mask, w = layer.mask, layer.weight
+    if mask.shape != w.shape:
+        raise UsageError(f"mask of {layer.name} has shape {tuple(mask.shape)} but the weight is {tuple(w.shape)}; "
+                         "load a checkpoint saved from this pruned model")
+    if not bool(mask.all()) and not M.is_2to4(mask):
+        raise UsageError(f"mask of {layer.name} is not a 2:4 pattern (more than 2 kept in a group of 4); "
+                         "the checkpoint is corrupt or from another pattern")
+    if bool((w.detach()[~mask.to(w.device)] != 0).any()):
+        raise UsageError(f"weights of {layer.name} are nonzero where its mask prunes them: the loaded weights do not "
+                         "match the loaded masks; load weights and masks from the same pruned checkpoint")
+
+
+def sparsify(model: nn.Module, config: Config | None = None, compute_masks: bool = True) -> SparseHandle:
+    """Prune ``model`` to 2:4 in place (masks as buffers) and return the handle that keeps them.
+
+    ``compute_masks=False`` installs all-ones masks (apex's init_model_for_pruning) for a later
+    :meth:`SparseHandle.compute_masks`.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+        >>> handle = sparsify(model, Config(disallowed_layer_names=("2",)))
+        >>> [p["name"] for p in handle.report().pruned]
+        ['0.weight']
+    """
+    config = config or Config()
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"sparsify expects a torch.nn.Module, got {type(model).__name__}")
+    already = [n for n, _ in model.named_buffers() if n.endswith(MASK_SUFFIX)]
+    if already:
+        raise UsageError(f"model is already pruned (it has mask buffers such as {already[0]!r}); use its existing "
+                         "handle, or handle.remove() before pruning again")
+    cands = find_candidates(model, config)
+    prunable = [c for c in cands if c.skip_reason is None]
+    if not prunable:
+        reasons = "; ".join(f"{c.name}: {c.skip_reason}" for c in cands[:5]) or "no Linear/Conv/MultiheadAttention layers"
+        raise UsageError(f"no prunable layer in {type(model).__name__} for {config.layer_types} ({reasons})")
+    layers = []
+    for c in prunable:
+        w = getattr(c.module, c.param_name)
+        c.module.register_buffer(c.param_name + MASK_SUFFIX, torch.ones_like(w, dtype=torch.bool), persistent=True)
+        layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, w))
+    handle = SparseHandle(model, config, layers, [c for c in cands if c.skip_reason is not None], {})
+    if compute_masks:
+        handle.compute_masks()
+    return handle

@@ -1,0 +1,130 @@
+"""apex-compatible ``ASP`` surface, a thin layer over :func:`sparsify` / :class:`SparseHandle`.
+
+apex keeps one model per process in class attributes; here each model has its own handle in a
+weak registry keyed by the model, so several models per process work and a deleted model frees
+its entry. Calls that name no model (``compute_sparse_masks()``) act on the only registered model
+and ask for ``model=`` when there are several.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.sparsity.api import SparseHandle, sparsify
+from overdrive.sparsity.config import Config
+from overdrive.sparsity.layers import _TYPES
+
+_HANDLES: weakref.WeakKeyDictionary[nn.Module, SparseHandle] = weakref.WeakKeyDictionary()
+_DEFAULT_WHITELIST = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+
+
+def _type_names(whitelist: Sequence[type[nn.Module]]) -> tuple[str, ...]:
+    names = []
+    for cls in whitelist:
+        match = [k for k, base in _TYPES.items() if isinstance(cls, type) and issubclass(cls, base)]
+        if not match:
+            raise UsageError(f"whitelist entry {cls!r} is not Linear, Conv1d/2d/3d, MultiheadAttention or a subclass")
+        names.append(match[0])
+    return tuple(dict.fromkeys(names))
+
+
+class ASP:
+    """apex.contrib.sparsity.ASP, same names and arguments.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> ASP.prune_trained_model(model, opt)
+        >>> ASP.is_sparsity_enabled(model)
+        True
+    """
+
+    @staticmethod
+    def init_model_for_pruning(
+        model: nn.Module,
+        mask_calculator: str = "m4n2_1d",
+        verbosity: int = 3,
+        whitelist: Sequence[type[nn.Module]] = _DEFAULT_WHITELIST,
+        allowed_layer_names: Sequence[str] | None = None,
+        disallowed_layer_names: Sequence[str] = (),
+        allow_recompute_mask: bool = False,
+        custom_layer_dict: dict | None = None,
+        allow_permutation: bool = True,
+    ) -> SparseHandle:
+        """Install all-ones masks on the prunable layers; masks are computed by compute_sparse_masks()."""
+        if custom_layer_dict:
+            raise UsageError("custom_layer_dict is not supported; subclasses of Linear/Conv/MHA are found automatically")
+        if model in _HANDLES:
+            raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
+        cfg = Config(mask_calculator=mask_calculator, layer_types=_type_names(whitelist),
+                     allowed_layer_names=None if allowed_layer_names is None else tuple(allowed_layer_names),
+                     disallowed_layer_names=tuple(disallowed_layer_names), allow_recompute_mask=allow_recompute_mask,
+                     permutation=allow_permutation)
+        handle = sparsify(model, cfg, compute_masks=False)
+        handle._strong = None  # the registry value must not keep its key alive
+        _HANDLES[model] = handle
+        if verbosity >= 3:
+            print(handle.report())
+        return handle
+
+    @staticmethod
+    def init_optimizer_for_pruning(optimizer: torch.optim.Optimizer) -> None:
+        """Keep masks applied after every ``optimizer.step()`` (a step post-hook, no patching)."""
+        held = {id(q) for g in optimizer.param_groups for q in g["params"]}
+        owners = [h for h in _HANDLES.values() if any(id(layer.original) in held or id(layer.weight) in held for layer in h.layers)]
+        if not owners:
+            raise UsageError("no model initialized with ASP.init_model_for_pruning owns this optimizer's parameters; "
+                             "call init_model_for_pruning(model) first")
+        for h in owners:
+            if optimizer in h._optimizers:
+                raise UsageError("ASP.init_optimizer_for_pruning was already called for this optimizer")
+            h.attach(optimizer)
+
+    @staticmethod
+    def compute_sparse_masks(model: nn.Module | None = None) -> None:
+        """Compute 2:4 masks from the current weights (after the permutation search) and apply them."""
+        ASP._handle(model).compute_masks()
+
+    @staticmethod
+    def restore_pruned_weights(model: nn.Module | None = None) -> None:
+        """Put the dense weights back (needs allow_recompute_mask=True) and reset masks to all ones."""
+        ASP._handle(model).restore_dense()
+
+    @staticmethod
+    def is_sparsity_enabled(model: nn.Module | None = None) -> bool:
+        """True when some mask prunes something."""
+        return any(not bool(layer.mask.all()) for layer in ASP._handle(model).layers)
+
+    @staticmethod
+    def already_init_asp_model(model: nn.Module) -> bool:
+        return model in _HANDLES
+
+    @staticmethod
+    def handle(model: nn.Module | None = None) -> SparseHandle:
+        """The native handle behind a model ASP pruned (for report/export)."""
+        return ASP._handle(model)
+
+    @staticmethod
+    def prune_trained_model(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """The one-call recipe: init model (m4n2_1d, Linear/Conv/MHA), init optimizer, compute masks."""
+        ASP.init_model_for_pruning(model, mask_calculator="m4n2_1d", verbosity=2, allow_recompute_mask=False)
+        ASP.init_optimizer_for_pruning(optimizer)
+        ASP.compute_sparse_masks(model)
+
+    @staticmethod
+    def _handle(model: nn.Module | None) -> SparseHandle:
+        if model is not None:
+            if model not in _HANDLES:
+                raise UsageError("this model was not initialized with ASP.init_model_for_pruning(model)")
+            return _HANDLES[model]
+        handles = list(_HANDLES.values())
+        if not handles:
+            raise UsageError("no model initialized for pruning; call ASP.init_model_for_pruning(model) first")
+        if len(handles) > 1:
+            raise UsageError(f"{len(handles)} models are initialized for pruning; pass model= to say which one")
+        return handles[0]

@@ -1,0 +1,89 @@
+"""The one config object of ``overdrive.sparsity``: which pattern, which mask calculator, which layers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from overdrive._utils.errors import UsageError
+
+PATTERNS = ("2:4",)
+MASK_CALCULATORS = ("m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best")
+# apex spells the transposable calculators "m4n2_2d_greedy"/"m4n2_2d_best"; "m4n2_2d" means best.
+_ALIASES = {"m4n2_2d": "m4n2_2d_best"}
+LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
+
+
+@dataclass(frozen=True)
+class Config:
+    """How to prune a model to 2:4 structured sparsity.
+
+    Args:
+        pattern: the N:M pattern; "2:4" (2 kept of every 4 along the input dimension).
+        mask_calculator: "m4n2_1d" (keep the 2 largest |w| of every 4), "m4n2_2d_greedy" or
+            "m4n2_2d_best" (transposable: 2 of 4 along rows and columns of each 4x4 block, so the
+            transposed weight is 2:4 too, which the backward pass of sparse training can use).
+        layer_types: which layer kinds to prune (subclasses included).
+        allowed_layer_names: prune only these module names (None: all of ``layer_types``).
+        disallowed_layer_names: never prune these module names (e.g. the classifier head).
+        permutation: search an input-channel permutation (torch.fx) that raises kept magnitude.
+        permutation_budget_s: seconds the permutation search may spend per channel group.
+        allow_recompute_mask: keep the dense weights aside so masks can be recomputed later.
+
+    Example:
+        >>> cfg = Config(mask_calculator="m4n2_2d_best", disallowed_layer_names=("head",))
+        >>> Config.from_json(cfg.to_json()) == cfg
+        True
+    """
+
+    pattern: str = "2:4"
+    mask_calculator: str = "m4n2_1d"
+    layer_types: tuple[str, ...] = LAYER_TYPES
+    allowed_layer_names: tuple[str, ...] | None = None
+    disallowed_layer_names: tuple[str, ...] = field(default_factory=tuple)
+    permutation: bool = False
+    permutation_budget_s: float = 2.0
+    allow_recompute_mask: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pattern not in PATTERNS:
+            raise UsageError(f"pattern {self.pattern!r} is not supported; use one of {PATTERNS} (sparse tensor cores do 2:4)")
+        calc = _ALIASES.get(self.mask_calculator, self.mask_calculator)
+        if calc not in MASK_CALCULATORS:
+            raise UsageError(f"mask_calculator {self.mask_calculator!r} is not one of {MASK_CALCULATORS}")
+        object.__setattr__(self, "mask_calculator", calc)
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if bad:
+            raise UsageError(f"layer_types {bad} not supported; choose from {LAYER_TYPES}")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.allowed_layer_names is not None:
+            object.__setattr__(self, "allowed_layer_names", tuple(self.allowed_layer_names))
+        object.__setattr__(self, "disallowed_layer_names", tuple(self.disallowed_layer_names))
+        if self.permutation_budget_s <= 0:
+            raise UsageError(f"permutation_budget_s {self.permutation_budget_s} must be > 0 seconds")
+
+    def replace(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        data = json.loads(text)
+        for key in ("layer_types", "disallowed_layer_names"):
+            data[key] = tuple(data.get(key, ()))
+        if data.get("allowed_layer_names") is not None:
+            data["allowed_layer_names"] = tuple(data["allowed_layer_names"])
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"unknown sparsity config keys {sorted(unknown)}")
+        return cls(**data)
+
+
+# Named presets.
+ASP_DEFAULT = Config()  # apex ASP's default: m4n2_1d on Linear/Conv/MHA
+TRANSPOSABLE = Config(mask_calculator="m4n2_2d_best")
+PERMUTED = Config(permutation=True)
+PRESETS: dict[str, Config] = {"default": ASP_DEFAULT, "transposable": TRANSPOSABLE, "permuted": PERMUTED}

@@ -1,0 +1,90 @@
+"""Model specs and checkpoints for ``overdrive sparsify``: build a model, load its weights, prune,
+write the compressed checkpoint. The CLI only parses arguments and calls :func:`sparsify_checkpoint`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.sparsity.api import sparsify
+from overdrive.sparsity.config import Config
+from overdrive.sparsity.export import save_compressed
+from overdrive.sparsity.report import SparsityReport
+
+ALIASES = {"digits": "overdrive.demo.models:DigitsCNN", "docstrings": "overdrive.sparsity.textdata:ByteTransformer"}
+
+
+def build_model(spec: str) -> nn.Module:
+    """``"pkg.module:Factory"``, ``"path/to/file.py:Factory"`` or an alias (digits, docstrings) -> model.
+
+    Example:
+        >>> type(build_model("digits")).__name__
+        'DigitsCNN'
+    """
+    spec = ALIASES.get(spec, spec)
+    if ":" not in spec:
+        raise UsageError(f"--model {spec!r} must be 'module:Factory' or 'file.py:Factory' (or one of {sorted(ALIASES)})")
+    where, attr = spec.rsplit(":", 1)
+    try:
+        if where.endswith(".py"):
+            if not Path(where).is_file():
+                raise UsageError(f"--model file {where!r} does not exist")
+            loader = importlib.util.spec_from_file_location(Path(where).stem, where)
+            mod = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(where)
+    except ImportError as exc:
+        raise UsageError(f"--model: cannot import {where!r} ({exc}); check the module path") from exc
+    factory = getattr(mod, attr, None)
+    if factory is None:
+        raise UsageError(f"--model: {where!r} has no attribute {attr!r}")
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Load a plain state_dict, a {'model'/'state_dict': ...} dict, or an overdrive Trainer checkpoint."""
+    if not Path(path).is_file():
+        raise UsageError(f"--checkpoint {str(path)!r} does not exist")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(payload, dict) and isinstance(payload.get("trainer"), dict):
+        payload = payload["trainer"]
+    for key in ("model", "state_dict"):
+        if isinstance(payload, dict) and isinstance(payload.get(key), dict):
+            payload = payload[key]
+    if not isinstance(payload, dict):
+        raise UsageError(f"--checkpoint {path} holds a {type(payload).__name__}, not a state_dict")
+    try:
+        model.load_state_dict(payload)
+    except RuntimeError as exc:
+        raise UsageError(f"--checkpoint {path} does not fit the model: {str(exc).splitlines()[0]}") from exc
+
+
+def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, config: Config,
+                        example_shape: tuple[int, ...] | None = None) -> tuple[SparsityReport, dict[str, Any]]:
+    """Build, load, prune to 2:4 and save compressed; returns the report and byte counts."""
+    model = build_model(model_spec)
+    if checkpoint:
+        load_weights(model, checkpoint)
+    model.eval()
+    handle = sparsify(model, config)
+    example = None
+    if example_shape is not None:
+        emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+        # token models take integer ids; others a float tensor
+        example = ((torch.randint(0, emb.num_embeddings, example_shape),) if emb is not None
+                   else (torch.randn(example_shape),))
+    report = handle.report(example_inputs=example)
+    stats = save_compressed(handle, out)
+    stats["file_bytes"] = Path(out).stat().st_size
+    return report, stats

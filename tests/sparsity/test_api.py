@@ -1,0 +1,212 @@
+"""sparsify(): layer discovery and skip rules, masks held through optimizers (foreach, fused, amp
+O2 masters), gradient accumulation, checkpoint/resume, several models, report, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive import amp
+from overdrive._utils.errors import UsageError
+from overdrive.sparsity import Config, PRESETS, is_2to4, sparsify
+
+
+class MyLinear(nn.Linear):  # a subclass: apex ASP missed these
+    pass
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), MyLinear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def _zero_where_pruned(handle) -> bool:
+    return all(bool((layer.weight[~layer.mask] == 0).all()) for layer in handle.layers)
+
+
+def test_finds_layers_and_states_skip_reasons() -> None:
+    model = nn.Sequential(nn.Conv2d(16, 32, 3), nn.Conv2d(32, 32, 3, groups=4), nn.Flatten(), nn.Linear(32, 10),
+                          nn.Conv1d(3, 8, 1))
+    handle = sparsify(model)
+    assert [layer.name for layer in handle.layers] == ["0.weight"]
+    reasons = {s.name: s.skip_reason for s in handle.skipped}
+    assert "grouped convolution" in reasons["1.weight"]
+    assert "out % 8" in reasons["3.weight"]  # 10 outputs
+    assert "in % 16" in reasons["4.weight"]
+
+
+def test_subclass_and_mha_are_pruned() -> None:
+    model = nn.ModuleDict({"attn": nn.MultiheadAttention(32, 4), "mlp": _mlp()})
+    handle = sparsify(model)
+    names = {layer.name for layer in handle.layers}
+    assert {"attn.in_proj_weight", "attn.out_proj.weight", "mlp.0.weight", "mlp.2.weight"} <= names
+    assert all(is_2to4(layer.weight) for layer in handle.layers)
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=False),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
+    lambda p: torch.optim.Adam(p, lr=1e-2, foreach=True),
+], ids=["sgd-foreach", "adamw-loop", "adamw-fused", "adam-foreach"])
+def test_masks_survive_optimizer_steps(make_opt) -> None:
+    model = _mlp()
+    handle = sparsify(model)
+    opt = make_opt(model.parameters())
+    handle.attach(opt)
+    masks = {k: v.clone() for k, v in handle.masks().items()}
+    for _ in range(3):
+        loss = model(torch.randn(16, 32)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert _zero_where_pruned(handle)
+    assert all(torch.equal(masks[k], v) for k, v in handle.masks().items())
+    # kept weights did train
+    assert all(bool((layer.weight[layer.mask] != 0).all()) for layer in handle.layers)
+
+
+def test_amp_o2_masks_masters_and_model_weights() -> None:
+    torch.manual_seed(0)
+    model = _mlp()
+    handle = sparsify(model)  # before amp.prepare: the fp32 params become the masters
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    handle.attach(opt)
+    mp = amp.prepare(model, opt, amp.Policy(opt_level="O2", dtype=torch.bfloat16))
+    for _ in range(3):
+        with mp.autocast():
+            loss = model(torch.randn(16, 32)).float().square().mean()
+        mp.backward(loss)
+        mp.step()
+        mp.zero_grad()
+    for layer in handle.layers:
+        assert layer.weight.dtype == torch.bfloat16 and layer.original.dtype == torch.float32
+        assert layer.weight is not layer.original
+        assert bool((layer.original[~layer.mask] == 0).all()), "fp32 master not masked"
+        assert bool((layer.weight[~layer.mask] == 0).all()), "half model weight not masked"
+        assert torch.equal(layer.weight, layer.original.to(torch.bfloat16))
+
+
+def test_amp_o2_attach_after_prepare_order() -> None:
+    model = _mlp()
+    handle = sparsify(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    mp = amp.prepare(model, opt, amp.Policy(opt_level="O2", dtype=torch.bfloat16))
+    handle.attach(opt)  # amp's copy hook now runs first, ours second: both copies still masked
+    mp.backward(model(torch.randn(8, 32)).float().sum())
+    mp.step()
+    for layer in handle.layers:
+        assert bool((layer.original[~layer.mask] == 0).all()) and bool((layer.weight[~layer.mask] == 0).all())
+
+
+def test_sparsify_after_amp_o2_is_refused() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp.prepare(model, opt, amp.Policy(opt_level="O2", dtype=torch.bfloat16))
+    handle = sparsify(model)
+    with pytest.raises(UsageError, match="before amp.prepare"):
+        handle.attach(opt)
+
+
+def test_gradient_accumulation_and_resume() -> None:
+    model = _mlp()
+    handle = sparsify(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    handle.attach(opt)
+    for _ in range(2):  # two micro-batches, one step
+        model(torch.randn(8, 32)).square().mean().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+    # resume into a fresh model: sparsify (masks from its random weights), then load: masks come from the file
+    model2 = _mlp()
+    handle2 = sparsify(model2)
+    model2.load_state_dict(state["model"])
+    assert all(torch.equal(a.mask, b.mask) for a, b in zip(handle.layers, handle2.layers))
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    opt2.load_state_dict(state["opt"])
+    handle2.attach(opt2)
+    model2(torch.randn(8, 32)).square().mean().backward()
+    opt2.step()
+    assert _zero_where_pruned(handle2)
+
+
+def test_mismatched_masks_at_load_raise() -> None:
+    model = _mlp()
+    sparsify(model)
+    state = model.state_dict()
+    state["0.weight"] = torch.randn(64, 32)  # dense weights with the pruned model's masks
+    model2 = _mlp()
+    sparsify(model2)
+    with pytest.raises(UsageError, match="nonzero where its mask prunes"):
+        model2.load_state_dict(state)
+    state = model.state_dict()
+    state["0.weight_sparse_mask"] = torch.ones(64, 32, dtype=torch.bool)
+    state["0.weight_sparse_mask"][0, :4] = torch.tensor([True, True, True, False])
+    with pytest.raises(UsageError, match="not a 2:4 pattern"):
+        _mlp_loaded = _mlp()
+        sparsify(_mlp_loaded)
+        _mlp_loaded.load_state_dict(state)
+
+
+def test_two_models_do_not_interfere() -> None:
+    a, b = _mlp(), _mlp()
+    ha = sparsify(a)
+    hb = sparsify(b, Config(mask_calculator="m4n2_2d_best"))
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    ha.attach(oa)
+    hb.attach(ob)
+    b(torch.randn(4, 32)).sum().backward()
+    ob.step()
+    assert _zero_where_pruned(hb) and _zero_where_pruned(ha)
+    assert hb.report().mask_calculator == "m4n2_2d_best"
+
+
+def test_report_fractions() -> None:
+    model = _mlp()
+    handle = sparsify(model, Config(disallowed_layer_names=("4",)))
+    rep = handle.report(example_inputs=(torch.randn(5, 32),))
+    pruned_w = (32 * 64 + 64 * 32) / 2
+    total = sum(p.numel() for p in model.parameters())
+    assert rep.weight_fraction_pruned == pytest.approx(pruned_w / total)
+    macs = 32 * 64 + 64 * 32 + 32 * 10
+    assert rep.flop_fraction_pruned == pytest.approx(pruned_w / macs)
+    assert 0.5 < rep.retained_magnitude < 1.0
+    assert {s["name"]: s["reason"] for s in rep.skipped}["4.weight"] == "in disallowed_layer_names"
+    assert "pruned 2:4" in str(rep)
+
+
+def test_recompute_and_restore() -> None:
+    model = _mlp()
+    dense = model[0].weight.detach().clone()
+    handle = sparsify(model, Config(allow_recompute_mask=True))
+    handle.restore_dense()
+    assert torch.equal(model[0].weight, dense)
+    handle.compute_masks()
+    assert is_2to4(model[0].weight)
+
+
+def test_errors() -> None:
+    with pytest.raises(UsageError, match="no prunable layer"):
+        sparsify(nn.Sequential(nn.Linear(10, 6), nn.ReLU()))
+    model = _mlp()
+    sparsify(model)
+    with pytest.raises(UsageError, match="already pruned"):
+        sparsify(model)
+    with pytest.raises(UsageError, match="holds none of the pruned weights"):
+        m2 = _mlp()
+        sparsify(m2).attach(torch.optim.SGD(nn.Linear(3, 3).parameters(), lr=0.1))
+    with pytest.raises(UsageError, match="pattern"):
+        Config(pattern="1:4")
+    with pytest.raises(UsageError, match="mask_calculator"):
+        Config(mask_calculator="m4n3")
+    with pytest.raises(UsageError, match="unknown sparsity config keys"):
+        Config.from_json('{"bogus": 1}')
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_round_trip_and_prune(name: str) -> None:
+    cfg = PRESETS[name]
+    assert Config.from_json(cfg.to_json()) == cfg
+    model = _mlp()
+    handle = sparsify(model, cfg)
+    assert all(is_2to4(layer.weight) for layer in handle.layers)

@@ -1,0 +1,82 @@
+"""`overdrive sparsify` end to end, its errors, and the demo stage registration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from overdrive.cli.main import main
+from overdrive.demo.models import DigitsCNN
+from overdrive.sparsity import load_compressed
+from overdrive.sparsity.files import build_model
+
+
+def test_sparsify_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    torch.save(model.state_dict(), tmp_path / "digits.pt")
+    out = tmp_path / "digits.sparse24.pt"
+    code = main(["sparsify", "--model", "digits", "--checkpoint", str(tmp_path / "digits.pt"), "--out", str(out),
+                 "--input-shape", "1,1,8,8", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["report"]["flop_fraction_pruned"] > 0.3
+    assert {s["name"] for s in data["report"]["skipped"]} == {"stem.0.weight", "fc2.weight"}
+    assert data["storage"]["compressed_weight_bytes"] < 0.55 * data["storage"]["dense_weight_bytes"]
+    # the file loads back into a fresh model and computes the pruned model's function
+    fresh = DigitsCNN().eval()
+    load_compressed(fresh, out)
+    ref = DigitsCNN()
+    ref.load_state_dict(torch.load(tmp_path / "digits.pt"))
+    x = torch.randn(4, 1, 8, 8)
+    assert fresh(x).shape == (4, 10)
+    kept = fresh.block1.conv1[0].weight
+    assert torch.equal(kept[kept != 0], ref.block1.conv1[0].weight[kept != 0])
+
+
+def test_sparsify_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sparsify", "--model", "nope", "--out", str(tmp_path / "o.pt")]) == 2
+    assert "must be 'module:Factory'" in capsys.readouterr().err
+    assert main(["sparsify", "--model", "digits", "--checkpoint", str(tmp_path / "missing.pt"),
+                 "--out", str(tmp_path / "o.pt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    f = tmp_path / "tiny.py"
+    f.write_text("import torch\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(6, 3))\n")
+    assert main(["sparsify", "--model", f"{f}:make", "--out", str(tmp_path / "o.pt")]) == 2
+    assert "no prunable layer" in capsys.readouterr().err
+
+
+def test_demo_stage_registered_and_models_build() -> None:
+    from overdrive.demo import STAGES
+
+    assert STAGES["sparsity"] == "overdrive.demo.sparsity_stage"
+    assert type(build_model("docstrings")).__name__ == "ByteTransformer"
+
+
+@pytest.mark.slow
+def test_demo_stage_runs_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overdrive.demo import sparsity_stage
+    from overdrive.demo.context import DemoContext
+    from overdrive.demo.data import load_digits
+
+    monkeypatch.setattr(sparsity_stage, "FINETUNE_EPOCHS", 1)
+    ctx = DemoContext(device=torch.device("cpu"), dtype=torch.bfloat16, digits=load_digits(), progress=False)
+    ctx.fp32_model = DigitsCNN().eval()
+    ctx.fp32_accuracy = 0.1
+    table = sparsity_stage.run(ctx)
+    assert [r[0] for r in table.rows] == ["dense (O0)", "2:4 pruned, no fine-tune", "2:4 + fine-tune (1 epochs)"]
+    assert table.rows[1][4] < 0.55 * table.rows[0][4]
+    assert 0.0 <= table.rows[2][1] <= 1.0
+
+
+def test_lean_import() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, overdrive.sparsity; bad = [m for m in ('onnx', 'onnxruntime', 'torchvision', 'transformers', "
+            "'matplotlib', 'tensorrt', 'sklearn') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out
