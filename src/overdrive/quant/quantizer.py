@@ -117,20 +117,24 @@ class TensorQuantizer(nn.Module):
         scale = self.scale().to(x.device)
         if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
             scale = torch.tensor(scale.tolist(), dtype=torch.float32, device=x.device)
-        xf = x.float()
+        out = self._fake_quant(x if x.dtype == torch.float32 else x.float(), scale)
+        return out if out.dtype == x.dtype else out.to(x.dtype)  # (no Cast nodes in fp32 ONNX graphs)
+
+    def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        x = xf
         if self.config.format == "fp8_e4m3":
-            return _FakeFp8.apply(xf, scale, -1 if self.axis is None else self.axis).to(x.dtype)
+            return _FakeFp8.apply(xf, scale, -1 if self.axis is None else self.axis)
         qmin = -127 if self.config.narrow_range else -128
         if self.axis is None:
             zp = torch.zeros((), dtype=torch.int32, device=x.device)
             if torch.onnx.is_in_onnx_export():  # the exporter handles only [-128, 127] / [0, 255]
                 qmin = -128
-                return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, qmin, 127).to(x.dtype)
-            return torch.fake_quantize_per_tensor_affine(xf, scale, zp, qmin, 127).to(x.dtype)
+                return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, qmin, 127)
+            return torch.fake_quantize_per_tensor_affine(xf, scale, zp, qmin, 127)
         zp = torch.zeros(scale.numel(), dtype=torch.int32, device=x.device)
         if torch.onnx.is_in_onnx_export():
             qmin = -128  # identical results for max-calibrated weights: |w| <= amax means q >= -127
-        return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, qmin, 127).to(x.dtype)
+        return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, qmin, 127)
 
     def extra_repr(self) -> str:
         if not self.enabled:
