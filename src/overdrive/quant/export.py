@@ -39,28 +39,36 @@ def _check_ready(model: nn.Module) -> str:
 
 def find_op_owner(model: nn.Module, example_inputs: tuple[Any, ...], op: str) -> str | None:
     """The name of the innermost module whose forward calls aten ``op`` (for error messages)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.overrides import TorchFunctionMode
 
     stack: list[str] = []
     found: list[str] = []
     names = {m: n for n, m in model.named_modules()}
 
-    class _Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-            if not found and op in str(func.overloadpacket.__name__):
+    class _Watch(TorchFunctionMode):  # sees torch.* calls (torch.fft.fft is named 'fft_fft' there)
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            fname = getattr(func, "__name__", "")
+            if not found and fname and (fname == op or fname.strip("_") == op.strip("_")):
                 found.append(stack[-1] if stack else "<root>")
             return func(*args, **(kwargs or {}))
 
-    pre = nn.modules.module.register_module_forward_pre_hook(lambda m, i: stack.append(names.get(m, "?")) if m in names else None)
-    post = nn.modules.module.register_module_forward_hook(lambda m, i, o: stack.pop() if m in names and stack else None)
+    def enter(m: nn.Module, inputs: Any) -> None:
+        if m in names:
+            stack.append(names[m])
+
+    def leave(m: nn.Module, inputs: Any, output: Any) -> None:  # must return None: a value replaces the output
+        if m in names and stack:
+            stack.pop()
+
+    handles = [h for m in names for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     try:
         with torch.no_grad(), _Watch():
             model(*example_inputs)
     except Exception:  # noqa: BLE001 - best effort: only used to improve an error message
         pass
     finally:
-        pre.remove()
-        post.remove()
+        for h in handles:
+            h.remove()
     return found[0] if found else None
 
 
