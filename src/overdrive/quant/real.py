@@ -173,6 +173,9 @@ def to_real(model: nn.Module, rowwise: bool = False, device: torch.device | str 
             report[name] = reason or "float"
         else:
             report[name] = f"{fmt} {'rowwise' if rowwise and fmt == 'fp8' else 'per-tensor'}"
+        if name == "":  # a bare quantized layer
+            new._overdrive_real = report
+            return new
         _set(model, name, new)
     model._overdrive_real = report
     return model
