@@ -76,3 +76,11 @@ def test_all_zero_and_no_data() -> None:
 def test_nan_inf_rejected(bad: float) -> None:
     with pytest.raises(UsageError, match="NaN/inf"):
         HistogramCalibrator().collect(torch.tensor([1.0, bad]), where="layer1.input_quantizer")
+
+
+def test_entropy_keeps_range_of_coarse_data() -> None:
+    """Data with few distinct values (the digits' pixels are k/16) would make KL pick a tiny range."""
+    x = torch.randint(0, 17, (10_000,)).float() / 16
+    cal = HistogramCalibrator()
+    cal.collect(x)
+    assert float(cal.compute_amax("entropy")) == pytest.approx(1.0, abs=1e-3)

@@ -123,7 +123,9 @@ def _entropy_amax(hist: np.ndarray, width: float, num_quant_bins: int = 128, str
     """
     hist = hist.copy()
     nbins = hist.size
-    if nbins <= num_quant_bins:
+    if nbins <= num_quant_bins or np.count_nonzero(hist[1:]) <= num_quant_bins:
+        # Already coarse data (e.g. 8x8 digit pixels take 17 values): any clipping bin whose levels
+        # cover the non-empty bins has KL 0, so the search is degenerate; keep the full range.
         return nbins * width
     # Leading zeros (e.g. after ReLU) are real data; TensorRT sets bin 0 aside since it is exact.
     hist[0] = 0
