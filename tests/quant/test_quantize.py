@@ -151,3 +151,12 @@ def test_qat_keeps_amax_and_accuracy(trained_cnn, digits, accuracy) -> None:
     assert result.history[-1].eval_accuracy >= ptq - 0.01
     with pytest.raises(UsageError, match="lr"):
         quant.qat(q, train, epochs=1, lr=0.0)
+
+
+def test_calibrated_state_dict_round_trip(trained_cnn, digits) -> None:
+    calib = digits.calibration_batches(n=2)
+    q = quant.quantize(copy.deepcopy(trained_cnn), quant.INT8_DEFAULT, forward_loop=lambda m: [m(x) for x in calib])
+    fresh = quant.quantize(copy.deepcopy(trained_cnn), quant.INT8_DEFAULT)
+    fresh.load_state_dict(q.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(digits.x_test), q(digits.x_test), rtol=0, atol=0)

@@ -94,6 +94,15 @@ class TensorQuantizer(nn.Module):
     def set_amax(self, amax: torch.Tensor) -> None:
         self.amax = amax.detach().float().clone()
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:  # noqa: ANN001
+        # amax is None until calibration; take it from a calibrated checkpoint so quantize() + load works.
+        key = prefix + "amax"
+        if self.amax is None and key in state_dict:
+            self.amax = state_dict[key].detach().clone().float()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     @property
     def is_calibrated(self) -> bool:
         return self.amax is not None
