@@ -91,7 +91,7 @@ class HistogramCalibrator:
             self.hist = h.view(-1, 2).sum(1)
             self.width *= 2
         n = self.hist.numel()
-        self.hist += torch.histc(x, bins=n, min=0.0, max=n * self.width).double()
+        self.hist += torch.histc(x, bins=n, min=0.0, max=n * self.width).double().cpu()  # hist lives on the CPU
 
     # --- methods, all from the stored histogram -----------------------------------------------
     def compute_amax(self, method: str = "max", percentile: float | None = None) -> torch.Tensor:
