@@ -91,9 +91,9 @@ def test_int8_real_cuda(dtype: torch.dtype) -> None:
         small = real(x[:5].to(dtype)).float()  # M <= 16 is padded for _int_mm
     if dtype == torch.float32:  # exact integer GEMM: equal to fake quant up to fp32 rounding
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    else:  # bf16 input/output rounding: SQNR > 35 dB
+    else:  # bf16 input/output rounding: SQNR > 30 dB
         sqnr = 10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean())
-        assert sqnr > 35, float(sqnr)
+        assert sqnr > 30, float(sqnr)
     torch.testing.assert_close(small, out[:5], rtol=1e-2, atol=1e-2 * ref.abs().max().item())
 
 
