@@ -22,6 +22,7 @@ from overdrive.demo.report import Table
 # Stage name -> module (each has ``run(ctx) -> Table | list[Table]``), in the order they run.
 STAGES: dict[str, str] = {
     "amp": "overdrive.demo.amp_stage",
+    "quant": "overdrive.demo.quant_stage",
     "sparsity": "overdrive.demo.sparsity_stage",
     "engine": "overdrive.demo.engine_stage",
     "data": "overdrive.demo.data_stage",

@@ -1,0 +1,39 @@
+"""``overdrive quantize``: calibrate a model, report accuracy per calibrator, export ONNX with Q/DQ."""
+
+from __future__ import annotations
+
+import click
+
+from overdrive.cli.common import console, write_json
+
+
+@click.command("quantize")
+@click.option("--model", "model_spec", default="digits", show_default=True,
+              help="'digits' (the demo CNN, trained here in a few seconds), 'pkg.module:factory' (a callable "
+                   "returning an nn.Module) or a checkpoint file saved with torch.save(model).")
+@click.option("--calib-data", default="digits", show_default=True,
+              help="'digits' or a .pt file holding a tensor (N, ...) or a list of batches.")
+@click.option("--config", "config_name", type=click.Choice(["int8", "fp8"]), default="int8", show_default=True)
+@click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), default="max", show_default=True)
+@click.option("--percentile", default=99.99, show_default=True, type=float)
+@click.option("--calib-batches", default=8, show_default=True, type=int, help="Batches used for calibration.")
+@click.option("--batch-size", default=64, show_default=True, type=int)
+@click.option("--export", "export_path", default=None, metavar="FILE.onnx", help="Write an ONNX model with Q/DQ nodes.")
+@click.option("--opset", default=None, type=int, help="ONNX opset (default 17 for int8, 19 for fp8).")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the summary as JSON ('-' for stdout).")
+def command(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
+            batch_size: int, export_path: str | None, opset: int | None, json_path: str | None) -> None:
+    """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX.
+
+    \b
+    Examples:
+      overdrive quantize --config int8 --method entropy --export digits_int8.onnx
+      overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx
+    """
+    from overdrive.quant.cli_support import run_quantize
+
+    out = console()
+    result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,
+                          export_path, opset, console=None if json_path == "-" else out)
+    if json_path is not None:
+        write_json(result, json_path)

@@ -1,0 +1,43 @@
+"""overdrive.quant: PTQ and QAT with calibrators, ONNX Q/DQ export, real int8/fp8 modules.
+
+Example:
+    >>> import torch
+    >>> from overdrive import quant
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    >>> model = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(32, 8)))
+    >>> model(torch.randn(2, 8)).shape
+    torch.Size([2, 4])
+"""
+
+from overdrive.quant.api import (
+    CALIBRATORS,
+    calibrate,
+    compare_calibrators,
+    load_calib_amax,
+    partial_quantize,
+    print_summary,
+    qat,
+    quantize,
+    quantized_layers,
+    quantizers,
+    sensitivity,
+    set_quantizers_enabled,
+    summary,
+)
+from overdrive.quant.config import FP8_DEFAULT, INT8_DEFAULT, PRESETS, QuantConfig, QuantizerConfig, get_preset
+from overdrive.quant.export import export_onnx
+from overdrive.quant.modules import QuantAdd, QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose2d, QuantLinear
+from overdrive.quant.quantizer import TensorQuantizer
+from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, to_real, weight_only
+
+__all__ = [
+    # configs
+    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "PRESETS", "get_preset",
+    # PTQ / QAT
+    "quantize", "calibrate", "load_calib_amax", "print_summary", "summary", "quantizers", "quantized_layers",
+    "set_quantizers_enabled", "compare_calibrators", "CALIBRATORS", "sensitivity", "partial_quantize", "qat",
+    # modules
+    "TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d", "QuantAdd",
+    # export and real low precision
+    "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "weight_only", "WeightOnlyLinear",
+]

@@ -1,0 +1,310 @@
+"""The public verbs: quantize (PTQ), calibration, summary, calibrator comparison, sensitivity and
+partial quantization, and the QAT recipe on overdrive.train.Trainer.
+
+Example:
+    >>> import torch
+    >>> from overdrive import quant
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    >>> model = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(16, 8)))
+    >>> type(model[0]).__name__, model[0].input_quantizer.is_calibrated
+    ('QuantLinear', True)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.quant.config import QuantConfig
+from overdrive.quant.modules import QUANT_MODULES, QuantAdd, _QuantMixin, insert_residual_quantizers
+from overdrive.quant.quantizer import TensorQuantizer
+
+ForwardLoop = Callable[[nn.Module], Any]
+
+
+def _selected(name: str, mod: nn.Module, config: QuantConfig) -> str | None:
+    """None if ``mod`` is to be quantized, else the reason it is skipped."""
+    if type(mod).__name__ not in config.layer_types:
+        return f"type {type(mod).__name__} not in layer_types"
+    if not any(fnmatch.fnmatch(name, p) for p in config.include):
+        return "not matched by include"
+    hit = next((p for p in config.exclude if fnmatch.fnmatch(name, p)), None)
+    return f"excluded by pattern {hit!r}" if hit else None
+
+
+def _swap(module: nn.Module, config: QuantConfig, prefix: str, skipped: dict[str, str]) -> None:
+    for name, child in list(module.named_children()):
+        full = prefix + name
+        cls = QUANT_MODULES.get(type(child))
+        if cls is not None:
+            reason = _selected(full, child, config)
+            if reason is None:
+                setattr(module, name, cls.from_float(child, config))
+                continue
+            skipped[full] = reason
+        elif isinstance(child, _QuantMixin):
+            continue
+        _swap(child, config, full + ".", skipped)
+
+
+def quantizers(model: nn.Module) -> Iterable[tuple[str, TensorQuantizer]]:
+    """(name, quantizer) for every TensorQuantizer in ``model``."""
+    for name, m in model.named_modules():
+        if isinstance(m, TensorQuantizer):
+            yield name, m
+
+
+def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | None = None) -> nn.Module:
+    """Insert quantizers (ModelOpt-style) and calibrate them by running ``forward_loop(model)``.
+
+    Swaps selected Linear/Conv/ConvTranspose2d layers for quantized ones (same parameters), adds
+    residual-add quantizers with torch.fx when ``config.residual_add``, computes weight amax
+    (per channel), then runs ``forward_loop`` once in calibration mode and sets every activation
+    amax with ``config.method``. Without ``forward_loop`` the activation quantizers stay
+    uncalibrated (running, exporting or converting then raises). Returns the model (modified in
+    place, except a root module that adds tensors itself is returned as a GraphModule).
+
+    Example:
+        >>> m = quantize(torch.nn.Linear(4, 2), INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(8, 4)))
+        >>> type(m).__name__
+        'QuantLinear'
+    """
+    if not isinstance(config, QuantConfig):
+        raise UsageError(f"config must be a quant.QuantConfig (e.g. quant.INT8_DEFAULT), got {type(config).__name__}")
+    if any(True for _ in quantizers(model)):
+        raise UsageError("this model already has quantizers; call quantize() on the float model, or use "
+                         "quant.calibrate(model, forward_loop) to recalibrate")
+    skipped: dict[str, str] = {}
+    cls = QUANT_MODULES.get(type(model))
+    if cls is not None:  # a bare layer
+        reason = _selected("", model, config)
+        if reason is None:
+            model = cls.from_float(model, config)
+        else:
+            skipped["<root>"] = reason
+    else:
+        _swap(model, config, "", skipped)
+    untraced: list[str] = []
+    if config.residual_add and cls is None:
+        model, _, untraced = insert_residual_quantizers(model, config)
+    for name, q in quantizers(model):
+        q.name = name
+    model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
+    _calibrate_weights(model)
+    if forward_loop is not None:
+        calibrate(model, forward_loop, method=config.method, percentile=config.percentile)
+    return model
+
+
+def _calibrate_weights(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, _QuantMixin) and m.weight_quantizer.enabled:
+            w = m.weight.detach()
+            if not bool(torch.isfinite(w).all()):
+                raise UsageError(f"the weight of {m.weight_quantizer.name.rsplit('.', 1)[0]} has NaN/inf values; "
+                                 "fix the checkpoint before quantizing")
+            m.weight_quantizer.start_calibration()
+            m.weight_quantizer.calibrator.collect(w, m.weight_quantizer.name)
+            m.weight_quantizer.finish_calibration()
+
+
+def _activation_quantizers(model: nn.Module) -> list[TensorQuantizer]:
+    return [q for n, q in quantizers(model) if not n.endswith("weight_quantizer")]
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", percentile: float | None = 99.99) -> nn.Module:
+    """Run ``forward_loop(model)`` once with every activation quantizer observing, then set amax.
+
+    Histograms are kept, so :func:`load_calib_amax` can switch method later without data.
+    """
+    acts = _activation_quantizers(model)
+    if not acts:
+        raise UsageError("the model has no activation quantizers; call quant.quantize(model, config) first")
+    was_training = model.training
+    model.eval()
+    for q in acts:
+        q.start_calibration()
+    try:
+        forward_loop(model)
+    finally:
+        for q in acts:
+            q.calibrating = False
+        model.train(was_training)
+    missing = [q.name for q in acts if q.enabled and (q.calibrator is None or
+               (getattr(q.calibrator, "hist", None) is None and not getattr(q.calibrator, "_zeros", 0)
+                and getattr(q.calibrator, "amax", None) is None))]
+    if missing:
+        raise UsageError(f"forward_loop never reached quantizer(s) {missing[:5]}; it must call the model on "
+                         "calibration batches, e.g. forward_loop=lambda m: [m(x) for x in batches]")
+    load_calib_amax(model, method, percentile)
+    return model
+
+
+def load_calib_amax(model: nn.Module, method: str = "max", percentile: float | None = 99.99) -> None:
+    """Recompute every activation amax from the stored histograms with ``method`` (no data)."""
+    if method not in ("max", "percentile", "entropy", "mse"):
+        raise UsageError(f"calibration method {method!r} is not one of max, percentile, entropy, mse")
+    for q in _activation_quantizers(model):
+        if q.enabled or q.calibrator is not None:
+            q.load_calib_amax(method, percentile)
+
+
+def set_quantizers_enabled(model: nn.Module, enabled: bool, names: Sequence[str] | None = None) -> None:
+    """Turn the quantizers of the layers named in ``names`` (all layers if None) on or off."""
+    owners = {n: m for n, m in model.named_modules() if isinstance(m, (_QuantMixin, QuantAdd))}
+    if names is not None:
+        unknown = [n for n in names if n not in owners]
+        if unknown:
+            raise UsageError(f"no quantized layer named {unknown}; quantized layers: {list(owners)[:10]}...")
+        owners = {n: owners[n] for n in names}
+    for m in owners.values():
+        for q in m.children():
+            if isinstance(q, TensorQuantizer):
+                q.enabled = enabled
+
+
+def quantized_layers(model: nn.Module) -> list[str]:
+    """Names of the quantized layers and residual adds, in module order."""
+    return [n for n, m in model.named_modules() if isinstance(m, (_QuantMixin, QuantAdd))]
+
+
+@dataclass
+class SummaryRow:
+    name: str
+    kind: str
+    input_amax: float | None
+    weight_amax: str
+    enabled: bool
+
+
+def summary(model: nn.Module) -> dict[str, Any]:
+    """What print_summary shows, as data: quantized layers with amax, skipped layers and why."""
+    rows = []
+    for name, m in model.named_modules():
+        if isinstance(m, _QuantMixin):
+            iq, wq = m.input_quantizer, m.weight_quantizer
+            w = "-" if wq.amax is None else (f"{float(wq.amax.min()):.4g}..{float(wq.amax.max()):.4g}"
+                                               if wq.amax.dim() else f"{float(wq.amax):.4g}")
+            rows.append(SummaryRow(name, type(m).__name__, None if iq.amax is None else float(iq.amax), w,
+                                   iq.enabled or wq.enabled))
+        elif isinstance(m, QuantAdd):
+            q = m.residual_quantizer
+            rows.append(SummaryRow(name, "QuantAdd (residual input)", None if q.amax is None else float(q.amax), "-",
+                                   q.enabled))
+    meta = getattr(model, "_overdrive_quant", {})
+    zero = [r.name for r in rows if r.input_amax == 0.0]
+    return {"layers": rows, "skipped": meta.get("skipped", {}), "untraced": meta.get("untraced", []),
+            "all_zero_inputs": zero, "config": meta.get("config")}
+
+
+def print_summary(model: nn.Module, console: Any = None) -> None:
+    """Print the quantized layers with their amax, the layers left in float and why.
+
+    Example:
+        >>> # quant.print_summary(model)
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    s = summary(model)
+    t = Table(title="overdrive.quant summary")
+    for c in ("layer", "kind", "input amax", "weight amax", "quantized"):
+        t.add_column(c)
+    for r in s["layers"]:
+        t.add_row(r.name, r.kind, "-" if r.input_amax is None else f"{r.input_amax:.4g}", r.weight_amax,
+                  "yes" if r.enabled else "no (float)")
+    for name, why in s["skipped"].items():
+        t.add_row(name, "skipped", "-", "-", why)
+    out = console or Console(highlight=False)
+    out.print(t)
+    if s["untraced"]:
+        out.print(f"residual adds not quantized (torch.fx could not trace): {s['untraced']}")
+    if s["all_zero_inputs"]:
+        out.print(f"all-zero activations seen at: {s['all_zero_inputs']} (amax 0: these inputs quantize to 0)")
+
+
+# --- choosing and repairing ------------------------------------------------------------------
+CALIBRATORS: tuple[tuple[str, float | None], ...] = (
+    ("max", None), ("percentile", 99.9), ("percentile", 99.99), ("percentile", 99.999), ("entropy", None), ("mse", None),
+)
+
+
+def compare_calibrators(model: nn.Module, eval_fn: Callable[[nn.Module], float],
+                        methods: Sequence[tuple[str, float | None]] = CALIBRATORS, apply_best: bool = True) -> list[dict[str, Any]]:
+    """Evaluate every calibration method from the stored histograms; apply the best (highest eval_fn).
+
+    Example:
+        >>> # rows = quant.compare_calibrators(model, lambda m: accuracy(m, test_loader))
+    """
+    rows = []
+    for method, pct in methods:
+        load_calib_amax(model, method, pct)
+        label = f"percentile {pct}" if method == "percentile" else method
+        rows.append({"method": method, "percentile": pct, "label": label, "metric": float(eval_fn(model))})
+    if apply_best and rows:
+        best = max(rows, key=lambda r: r["metric"])
+        load_calib_amax(model, best["method"], best["percentile"])
+        for r in rows:
+            r["best"] = r is best
+    return rows
+
+
+def sensitivity(model: nn.Module, eval_fn: Callable[[nn.Module], float]) -> list[dict[str, Any]]:
+    """Quantize one layer at a time (others float); rank layers by the metric's drop, worst first."""
+    layers = quantized_layers(model)
+    saved = {n: q.enabled for n, q in quantizers(model)}
+    set_quantizers_enabled(model, False)
+    base = float(eval_fn(model))
+    rows = []
+    try:
+        for name in layers:
+            set_quantizers_enabled(model, True, [name])
+            rows.append({"layer": name, "metric": float(eval_fn(model)), "drop": 0.0})
+            rows[-1]["drop"] = base - rows[-1]["metric"]
+            set_quantizers_enabled(model, False, [name])
+    finally:
+        for n, q in quantizers(model):
+            q.enabled = saved[n]
+    return sorted(rows, key=lambda r: -r["drop"])
+
+
+def partial_quantize(model: nn.Module, ranking: Sequence[dict[str, Any]], k: int) -> list[str]:
+    """Keep the ``k`` most sensitive layers of ``ranking`` (from :func:`sensitivity`) in float."""
+    if k < 0:
+        raise UsageError(f"k={k} must be >= 0")
+    names = [r["layer"] for r in ranking[:k]]
+    if names:
+        set_quantizers_enabled(model, False, names)
+    return names
+
+
+def qat(model: nn.Module, train_data: Iterable[Any], epochs: int, lr: float, eval_data: Iterable[Any] | None = None,
+        policy: Any = "O0", device: torch.device | str | None = None, weight_decay: float = 0.0,
+        progress: bool = False) -> Any:
+    """Quantization-aware fine-tuning of a calibrated model (amax fixed, STE gradients).
+
+    The recipe (Wu et al. 2020): ~10% of the original epochs, ``lr`` about 1% of the original
+    initial LR, cosine decay. Uses overdrive.train.Trainer (and so overdrive.amp's ``policy``).
+    Returns the Trainer's FitResult.
+    """
+    from overdrive.train import Trainer
+
+    for _, q in quantizers(model):
+        if q.enabled and not q.is_calibrated:
+            raise UsageError(f"quantizer {q.name} is not calibrated; calibrate (quant.quantize with forward_loop) "
+                             "before QAT")
+    if epochs < 1 or not math.isfinite(lr) or lr <= 0:
+        raise UsageError(f"QAT needs epochs >= 1 and lr > 0, got epochs={epochs}, lr={lr}")
+    steps = epochs * len(train_data)  # type: ignore[arg-type]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
+    trainer = Trainer(model, opt, policy=policy, device=device, scheduler=sched, progress=progress)
+    return trainer.fit(train_data, epochs=epochs, eval_data=eval_data, description="QAT")

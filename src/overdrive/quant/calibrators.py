@@ -1,0 +1,173 @@
+"""Calibrators: turn observed activations into an ``amax`` (the clipping range).
+
+One calibration pass feeds a :class:`HistogramCalibrator` (which also tracks the exact max); every
+method (max, percentile, entropy, MSE) is then computed from the stored histogram without running
+data again, which is what makes ``compare_calibrators`` cheap.
+
+Example:
+    >>> import torch
+    >>> cal = HistogramCalibrator(num_bins=2048)
+    >>> cal.collect(torch.randn(10000))
+    >>> 3.0 < cal.compute_amax("max") < 5.0 and cal.compute_amax("percentile", 99.0) < cal.compute_amax("max")
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from overdrive._utils.errors import UsageError
+
+_MAX_BINS_FACTOR = 8  # the histogram may grow to this many times num_bins before it is coarsened
+
+
+def _check_finite(x: torch.Tensor, where: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise UsageError(
+            f"calibration data reaching {where} has {bad} NaN/inf value(s) out of {x.numel()}; clean the calibration "
+            "batches (or fix the layer producing them) before calibrating"
+        )
+
+
+class MaxCalibrator:
+    """Running max of |x|, per tensor (``axis=None``) or per channel along ``axis``."""
+
+    def __init__(self, axis: int | None = None) -> None:
+        self.axis = axis
+        self.amax: torch.Tensor | None = None
+
+    def collect(self, x: torch.Tensor, where: str = "a quantizer") -> None:
+        x = x.detach().float()
+        _check_finite(x, where)
+        if self.axis is None:
+            m = x.abs().amax()
+        else:
+            dims = [d for d in range(x.dim()) if d != self.axis % x.dim()]
+            m = x.abs().amax(dim=dims) if dims else x.abs()
+        self.amax = m if self.amax is None else torch.maximum(self.amax, m)
+
+    def compute_amax(self, method: str = "max", percentile: float | None = None) -> torch.Tensor:
+        if self.amax is None:
+            raise UsageError("the calibrator saw no data; run the forward loop over at least one batch first")
+        return self.amax.clone()
+
+
+class HistogramCalibrator:
+    """Histogram of |x| with fixed bin width that grows as larger values arrive (one pass).
+
+    ``compute_amax`` supports ``max``, ``percentile`` (e.g. 99.99), ``entropy`` (TensorRT's KL
+    divergence search over 128-level quantizations of the reference distribution) and ``mse``.
+    """
+
+    def __init__(self, num_bins: int = 2048, bound: float = 127.0) -> None:
+        self.num_bins = num_bins
+        self.bound = bound  # 127 for int8, 448 for fp8 (the MSE search simulates this format)
+        self.hist: torch.Tensor | None = None  # (bins,) float64 counts
+        self.width = 0.0
+        self.max = 0.0
+
+    def collect(self, x: torch.Tensor, where: str = "a quantizer") -> None:
+        x = x.detach().float().abs().flatten()
+        _check_finite(x, where)
+        xmax = float(x.max()) if x.numel() else 0.0
+        self.max = max(self.max, xmax)
+        if self.hist is None:
+            if xmax == 0.0:
+                self._zeros = getattr(self, "_zeros", 0) + x.numel()  # all-zero so far: no width to choose yet
+                return
+            self.width = xmax / self.num_bins
+            self.hist = torch.zeros(self.num_bins, dtype=torch.float64)
+            zeros = getattr(self, "_zeros", 0)
+            self.hist[0] += zeros
+        needed = int(np.ceil(xmax / self.width)) if xmax > 0 else 0
+        if needed > self.hist.numel():
+            self.hist = torch.cat([self.hist, torch.zeros(needed - self.hist.numel(), dtype=torch.float64)])
+        while self.hist.numel() > _MAX_BINS_FACTOR * self.num_bins:  # coarsen: merge bin pairs
+            h = self.hist
+            if h.numel() % 2:
+                h = torch.cat([h, h.new_zeros(1)])
+            self.hist = h.view(-1, 2).sum(1)
+            self.width *= 2
+        n = self.hist.numel()
+        self.hist += torch.histc(x, bins=n, min=0.0, max=n * self.width).double().cpu()  # hist lives on the CPU
+
+    # --- methods, all from the stored histogram -----------------------------------------------
+    def compute_amax(self, method: str = "max", percentile: float | None = None) -> torch.Tensor:
+        if self.hist is None:
+            if getattr(self, "_zeros", 0):
+                return torch.tensor(0.0)  # all-zero activations: amax 0 (the quantizer guards the division)
+            raise UsageError("the calibrator saw no data; run the forward loop over at least one batch first")
+        if method == "max":
+            return torch.tensor(self.max)
+        hist = self.hist.numpy()
+        edges = np.arange(1, hist.size + 1) * self.width  # right edges
+        if method == "percentile":
+            p = 99.99 if percentile is None else percentile
+            cdf = np.cumsum(hist) / hist.sum()
+            idx = int(np.searchsorted(cdf, p / 100.0))
+            return torch.tensor(float(min(edges[min(idx, hist.size - 1)], self.max)))
+        if method == "entropy":
+            return torch.tensor(float(_entropy_amax(hist, self.width)))
+        if method == "mse":
+            return torch.tensor(float(_mse_amax(hist, self.width, self.bound)))
+        raise UsageError(f"calibration method {method!r} is not one of max, percentile, entropy, mse")
+
+
+def _entropy_amax(hist: np.ndarray, width: float, num_quant_bins: int = 128, stride: int = 1) -> float:
+    """TensorRT's entropy calibration: the clipping bin i minimising KL(P_i || Q_i).
+
+    P_i is hist[:i] with the clipped tail folded into its last bin; Q_i merges hist[:i] into 128
+    levels and spreads each level's mass evenly over the bins that were non-zero in P.
+    """
+    hist = hist.copy()
+    nbins = hist.size
+    if nbins <= num_quant_bins or np.count_nonzero(hist[1:]) <= num_quant_bins:
+        # Already coarse data (e.g. 8x8 digit pixels take 17 values): any clipping bin whose levels
+        # cover the non-empty bins has KL 0, so the search is degenerate; keep the full range.
+        return nbins * width
+    # Leading zeros (e.g. after ReLU) are real data; TensorRT sets bin 0 aside since it is exact.
+    hist[0] = 0
+    total_tail = np.cumsum(hist[::-1])[::-1]  # total_tail[i] = sum(hist[i:])
+    best_kl, best_i = np.inf, nbins
+    for i in range(num_quant_bins, nbins + 1, stride):
+        p = hist[:i].copy()
+        if i < nbins:
+            p[i - 1] += total_tail[i]
+        nonzero = p != 0
+        # merge hist[:i] into num_quant_bins levels (the last level takes the remainder)
+        edges = np.linspace(0, i, num_quant_bins + 1).astype(np.int64)
+        sums = np.add.reduceat(hist[:i], edges[:-1])
+        counts = np.add.reduceat(nonzero.astype(np.float64), edges[:-1])
+        level = np.repeat(np.arange(num_quant_bins), np.diff(edges))
+        q = np.where(nonzero, sums[level] / np.maximum(counts[level], 1), 0.0)
+        ps, qs = p.sum(), q.sum()
+        if ps == 0 or qs == 0:
+            continue
+        pn, qn = p / ps, q / qs
+        m = pn > 0
+        kl = float(np.sum(pn[m] * np.log(pn[m] / np.maximum(qn[m], 1e-12))))
+        if kl < best_kl:
+            best_kl, best_i = kl, i
+    return (best_i + 0.5) * width
+
+
+def _mse_amax(hist: np.ndarray, width: float, bound: float, num_candidates: int = 256) -> float:
+    """The amax whose symmetric quantization (``bound`` levels) of the histogram's bin centres has
+    the lowest count-weighted squared error; candidates span (0, max]."""
+    centers = (np.arange(hist.size) + 0.5) * width
+    top = hist.size * width
+    cands = np.linspace(top / num_candidates, top, num_candidates)
+    best, best_err = top, np.inf
+    for amax in cands:
+        scale = amax / bound
+        if bound == 127.0:
+            q = np.clip(np.round(centers / scale), -bound, bound) * scale
+        else:  # fp8 e4m3: round through the real format
+            t = torch.from_numpy(np.clip(centers / scale, -bound, bound)).float()
+            q = t.to(torch.float8_e4m3fn).double().numpy() * scale
+        err = float(np.sum(hist * (centers - q) ** 2))
+        if err < best_err:
+            best_err, best = err, amax
+    return best

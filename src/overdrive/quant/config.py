@@ -1,0 +1,128 @@
+"""Quantization recipes as typed dataclasses: presets, validation, and a JSON round trip.
+
+Example:
+    >>> from overdrive.quant.config import INT8_DEFAULT, QuantConfig
+    >>> QuantConfig.from_json(INT8_DEFAULT.to_json()) == INT8_DEFAULT
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from overdrive._utils.errors import UsageError
+
+FORMATS = ("int8", "fp8_e4m3")
+METHODS = ("max", "percentile", "entropy", "mse")
+LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d")
+# The largest representable magnitude of each format: int8 scale = amax/127, fp8 e4m3 scale = amax/448.
+FORMAT_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
+
+
+@dataclass(frozen=True)
+class QuantizerConfig:
+    """How one tensor is quantized: format, per-channel or per-tensor, narrow range, on/off.
+
+    ``per_channel`` means one scale per output channel for weights (axis 0 for Linear/Conv, axis 1
+    for ConvTranspose); activations are always per tensor. ``narrow_range`` uses [-127, 127]
+    (TensorRT's symmetric weights) instead of [-128, 127].
+    """
+
+    format: str = "int8"
+    per_channel: bool = False
+    narrow_range: bool = False
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise UsageError(f"quantizer format {self.format!r} is not one of {FORMATS}; pick one of those")
+
+    @property
+    def bound(self) -> float:
+        return FORMAT_MAX[self.format]
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """What ``quantize`` does: the input and weight quantizers, the calibrator, and layer selection.
+
+    Layers are selected by type (``layer_types``, class names) and by name: a module whose dotted
+    name matches any ``exclude`` fnmatch pattern stays in float (e.g. ``("stem.*", "fc2")`` keeps
+    the first conv and the classifier in float); ``include`` restricts to matching names.
+    ``residual_add`` inserts a quantizer on the residual input of ``x + y`` adds (torch.fx, see
+    README) so TensorRT can fuse the add into the conv.
+
+    Example:
+        >>> cfg = QuantConfig(method="percentile", percentile=99.99, exclude=("fc2",))
+        >>> cfg.input.format, cfg.weight.per_channel
+        ('int8', True)
+    """
+
+    input: QuantizerConfig = field(default_factory=QuantizerConfig)
+    weight: QuantizerConfig = field(default_factory=lambda: QuantizerConfig(per_channel=True, narrow_range=True))
+    method: str = "max"
+    percentile: float = 99.99
+    num_bins: int = 2048
+    layer_types: tuple[str, ...] = LAYER_TYPES
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    residual_add: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise UsageError(f"calibration method {self.method!r} is not one of {METHODS}; pick one of those")
+        if not 50.0 < self.percentile <= 100.0:
+            raise UsageError(f"percentile {self.percentile} must be in (50, 100], e.g. 99.99")
+        if self.num_bins < 128:
+            raise UsageError(f"num_bins {self.num_bins} must be >= 128 (the entropy method merges into 128 bins)")
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+        if bad:
+            raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
+        for name in ("layer_types", "include", "exclude"):  # JSON gives lists; keep the config hashable
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def replace(self, **changes: Any) -> QuantConfig:
+        """A copy with some fields changed (configs are frozen)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuantConfig:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UsageError(f"unknown QuantConfig field(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
+        d = dict(d)
+        for k in ("input", "weight"):
+            if isinstance(d.get(k), dict):
+                d[k] = QuantizerConfig(**d[k])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> QuantConfig:
+        return cls.from_dict(json.loads(text))
+
+
+INT8_DEFAULT = QuantConfig()
+"""int8: activations per tensor [-128, 127], weights per output channel [-127, 127], max calibration."""
+
+FP8_DEFAULT = QuantConfig(
+    input=QuantizerConfig(format="fp8_e4m3"),
+    weight=QuantizerConfig(format="fp8_e4m3", per_channel=True),
+)
+"""fp8 e4m3: activations per tensor, weights per output channel, scale = amax / 448, max calibration."""
+
+PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT}
+
+
+def get_preset(name: str) -> QuantConfig:
+    """A preset by name ('int8' or 'fp8')."""
+    if name not in PRESETS:
+        raise UsageError(f"quantization config {name!r} is not one of {list(PRESETS)}; pick one of those")
+    return PRESETS[name]

@@ -1,0 +1,155 @@
+"""TensorQuantizer: the module that sits on a layer's input or weight (pytorch-quantization style).
+
+Modes: disabled (identity), calibrating (observe, pass through), fake-quant (quantize-dequantize
+with the calibrated ``amax``). Gradients use the straight-through estimator with clipping: they
+pass where |x| <= amax and are zero outside (QAT keeps amax fixed).
+
+Example:
+    >>> import torch
+    >>> q = TensorQuantizer(QuantizerConfig())
+    >>> q.start_calibration(); _ = q(torch.tensor([1.0, -2.0])); q.finish_calibration()
+    >>> float(q.amax), q(torch.tensor([0.5])).item() == round(0.5 / (2 / 127)) * (2 / 127)
+    (2.0, True)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.quant.calibrators import HistogramCalibrator, MaxCalibrator
+from overdrive.quant.config import QuantizerConfig
+
+_TINY_AMAX = 1e-12  # floor for amax: an all-zero layer gets a tiny scale instead of a division by zero
+
+
+class _FakeFp8(torch.autograd.Function):
+    """Quantize-dequantize through float8 e4m3 with a clipping straight-through gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, axis: int) -> torch.Tensor:  # type: ignore[override]
+        if axis >= 0:  # per channel: scale (C,) broadcast along axis
+            shape = [1] * x.dim()
+            shape[axis] = -1
+            scale = scale.view(shape)
+        y = x / scale
+        ctx.save_for_backward(y.abs() <= 448.0)
+        return y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None
+
+    @staticmethod
+    def symbolic(g, x, scale, axis):  # ONNX (legacy exporter): Q/DQ with an fp8 zero point (opset >= 19)
+        shape = [] if axis < 0 else [scale.type().sizes()[0]]
+        zp = g.op("Constant", value_t=torch.zeros(shape, dtype=torch.float8_e4m3fn))
+        kw = {} if axis < 0 else {"axis_i": axis}
+        return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zp, **kw), scale, zp, **kw)
+
+
+class TensorQuantizer(nn.Module):
+    """Quantizer for one tensor; ``axis`` is the per-channel axis (None: per tensor).
+
+    ``amax`` is a buffer (saved in state_dict once calibrated). Activation quantizers collect a
+    histogram during calibration so every method can be applied afterwards with
+    :meth:`load_calib_amax`; weight quantizers use the exact max of the weight.
+    """
+
+    def __init__(self, config: QuantizerConfig, axis: int | None = None, num_bins: int = 2048,
+                 histogram: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.axis = axis if config.per_channel else None
+        self.num_bins = num_bins
+        self.histogram = histogram and self.axis is None
+        self.enabled = config.enabled
+        self.calibrating = False
+        self.register_buffer("amax", None)
+        self.calibrator: MaxCalibrator | HistogramCalibrator | None = None
+        self.name = ""  # set by quantize(): used in error messages and the summary
+
+    # --- modes ------------------------------------------------------------------------------
+    def start_calibration(self) -> None:
+        self.calibrating = True
+        self.calibrator = (HistogramCalibrator(self.num_bins, self.config.bound) if self.histogram
+                           else MaxCalibrator(self.axis))
+
+    def finish_calibration(self, method: str = "max", percentile: float | None = None) -> None:
+        self.calibrating = False
+        self.load_calib_amax(method, percentile)
+
+    def load_calib_amax(self, method: str = "max", percentile: float | None = None) -> None:
+        """Set amax from the stored calibration statistics with ``method`` (no data rerun)."""
+        if self.calibrator is None:
+            raise UsageError(f"quantizer {self.name or '?'} has no calibration statistics; run quantize(...) with a forward_loop")
+        if isinstance(self.calibrator, MaxCalibrator) and method != "max":
+            method = "max"  # weights and per-channel quantizers are max-calibrated by design
+        amax = self.calibrator.compute_amax(method, percentile)
+        device = self.amax.device if self.amax is not None else amax.device
+        self.amax = amax.float().to(device)
+
+    def set_amax(self, amax: torch.Tensor) -> None:
+        self.amax = amax.detach().float().clone()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:  # noqa: ANN001
+        # amax is None until calibration; take it from a calibrated checkpoint so quantize() + load works.
+        key = prefix + "amax"
+        if self.amax is None and key in state_dict:
+            self.amax = state_dict[key].detach().clone().float()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    @property
+    def is_calibrated(self) -> bool:
+        return self.amax is not None
+
+    # --- numerics ---------------------------------------------------------------------------
+    def scale(self) -> torch.Tensor:
+        """amax / 127 (int8) or amax / 448 (fp8); shape () or (C,)."""
+        if self.amax is None:
+            raise UsageError(
+                f"quantizer {self.name or '?'} is not calibrated: call quant.quantize(model, config, forward_loop=...) "
+                "(or give it a forward_loop) before running, exporting or converting the model"
+            )
+        return self.amax.clamp_min(_TINY_AMAX) / self.config.bound
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return x
+        if self.calibrating:
+            self.calibrator.collect(x, where=self.name or "a quantizer")  # type: ignore[union-attr]
+            return x
+        scale = self.scale().to(x.device)
+        if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
+            scale = torch.tensor(scale.tolist(), dtype=torch.float32, device=x.device)
+        out = self._fake_quant(x if x.dtype == torch.float32 else x.float(), scale)
+        return out if out.dtype == x.dtype else out.to(x.dtype)  # (no Cast nodes in fp32 ONNX graphs)
+
+    def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        x = xf
+        if self.config.format == "fp8_e4m3":
+            return _FakeFp8.apply(xf, scale, -1 if self.axis is None else self.axis)
+        qmin = -127 if self.config.narrow_range else -128
+        if self.axis is None:
+            zp = torch.zeros((), dtype=torch.int32, device=x.device)
+            if torch.onnx.is_in_onnx_export():  # the exporter handles only [-128, 127] / [0, 255]
+                qmin = -128
+                return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, qmin, 127)
+            return torch.fake_quantize_per_tensor_affine(xf, scale, zp, qmin, 127)
+        zp = torch.zeros(scale.numel(), dtype=torch.int32, device=x.device)
+        if torch.onnx.is_in_onnx_export():
+            qmin = -128  # identical results for max-calibrated weights: |w| <= amax means q >= -127
+        return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, qmin, 127)
+
+    def extra_repr(self) -> str:
+        if not self.enabled:
+            return "disabled"
+        amax = "uncalibrated" if self.amax is None else (
+            f"amax={float(self.amax):.4g}" if self.amax.dim() == 0 else
+            f"amax=[{float(self.amax.min()):.4g}, {float(self.amax.max()):.4g}] ({self.amax.numel()} channels)")
+        kind = f"per-channel axis {self.axis}" if self.axis is not None else "per-tensor"
+        return f"{self.config.format} {kind} {amax}"

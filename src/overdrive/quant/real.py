@@ -1,0 +1,256 @@
+"""Real low-precision execution: calibrated fake-quant layers become int8 / fp8 GEMM modules.
+
+- int8 (``Int8Linear``, ``Int8Conv1x1``): symmetric int8 activations (static per-tensor scale from
+  the calibrated amax) times int8 weights (per output channel) with ``torch._int_mm`` (int32
+  accumulate), rescaled in fp32. Runs on CUDA and on CPU (torch has both kernels).
+- fp8 e4m3 (``Fp8Linear``, ``Fp8Conv1x1``): ``torch._scaled_mm`` with per-tensor scales (static,
+  from amax) or per-row scales (dynamic per-token activation scales, per-channel weight scales);
+  needs a CUDA GPU of compute capability 8.9+ (Ada, Hopper); elsewhere a UsageError.
+- 1x1 convolutions (the bulk of ResNet-50's bottlenecks) run as GEMMs on channels-last data;
+  other convolutions go back to float with the summary saying so.
+- Weight-only int8 / int4 (group-wise scales) for memory-bound Linear layers: ``weight_only``.
+
+Example:
+    >>> # model = quant.to_real(quant.quantize(model, quant.INT8_DEFAULT, forward_loop=loop))
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from overdrive._utils.device import supports_fp8
+from overdrive._utils.errors import UsageError
+from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin
+
+
+class _LowPrecisionGemm(nn.Module):
+    """y = x @ W^T (+ b) with quantized x and W. ``w_q``: (N, K) int8 or float8_e4m3fn."""
+
+    fmt = "int8"
+
+    def __init__(self, weight: torch.Tensor, w_amax: torch.Tensor, x_amax: torch.Tensor, bias: torch.Tensor | None,
+                 rowwise: bool = False) -> None:
+        super().__init__()
+        bound = 127.0 if self.fmt == "int8" else 448.0
+        w = weight.detach().float().reshape(weight.shape[0], -1)
+        w_amax = w_amax.detach().float().to(w.device)
+        w_scale = w_amax.clamp_min(1e-12) / bound  # () or (N,)
+        if self.fmt == "fp8" and not rowwise and w_scale.dim():
+            w_scale = w_scale.max()  # per-tensor fp8 _scaled_mm takes one weight scale
+        ws = w_scale.view(-1, 1) if w_scale.dim() else w_scale
+        if self.fmt == "int8":
+            w_q = torch.clamp(torch.round(w / ws), -127, 127).to(torch.int8)
+        else:
+            w_q = (w / ws).clamp(-448, 448).to(torch.float8_e4m3fn)
+        self.register_buffer("w_q", w_q)  # (N, K)
+        self.register_buffer("w_scale", w_scale.reshape(-1) if w_scale.dim() else w_scale)
+        self.register_buffer("x_scale", x_amax.detach().float().clamp_min(1e-12).to(w.device) / bound)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.rowwise = rowwise
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+
+    def gemm(self, x2: torch.Tensor) -> torch.Tensor:
+        """(M, K) float -> (M, N) in x's dtype."""
+        out_dtype = x2.dtype if x2.dtype in (torch.float16, torch.bfloat16) else torch.float32
+        m = x2.shape[0]
+        pad = 17 - m if (self.fmt == "int8" and x2.is_cuda and m <= 16) else 0  # _int_mm on CUDA needs M > 16
+        if pad > 0:
+            x2 = F.pad(x2, (0, 0, 0, pad))
+        if self.fmt == "int8":
+            xq = torch.clamp(torch.round(x2.float() / self.x_scale), -128, 127).to(torch.int8)
+            acc = torch._int_mm(xq, self.w_q.t())  # (M, N) int32
+            y = acc.float() * (self.x_scale * self.w_scale)
+            if self.bias is not None:
+                y = y + self.bias.float()
+            y = y.to(out_dtype)
+        else:
+            if self.rowwise:  # dynamic per-token scales
+                xs = x2.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 448.0  # (M, 1)
+                ws = self.w_scale.view(1, -1)
+                od = torch.bfloat16
+            else:
+                xs, ws, od = self.x_scale, self.w_scale, (out_dtype if out_dtype != torch.float32 else torch.bfloat16)
+            xq = (x2.float() / xs).clamp(-448, 448).to(torch.float8_e4m3fn)
+            bias = None if self.bias is None else self.bias.to(od)
+            y = torch._scaled_mm(xq, self.w_q.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=od).to(out_dtype)
+        return y[:m] if pad > 0 else y
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.fmt}{' rowwise' if self.rowwise else ''}"
+
+
+class Int8Linear(_LowPrecisionGemm):
+    """Linear on int8 tensor cores (``torch._int_mm``), from a calibrated QuantLinear."""
+
+    fmt = "int8"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gemm(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+
+
+class Fp8Linear(Int8Linear):
+    """Linear on fp8 e4m3 tensor cores (``torch._scaled_mm``), per-tensor or per-row scales."""
+
+    fmt = "fp8"
+
+
+class Int8Conv1x1(_LowPrecisionGemm):
+    """A 1x1 convolution (any stride, groups 1) as an int8 GEMM over channels-last pixels."""
+
+    fmt = "int8"
+
+    def __init__(self, *args, stride: int = 1, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kw)
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W)
+        if self.stride > 1:
+            x = x[:, :, ::self.stride, ::self.stride]
+        b, c, h, w = x.shape
+        x2 = x.permute(0, 2, 3, 1).reshape(-1, c)  # (B*H*W, C): a view for channels-last input
+        return self.gemm(x2).view(b, h, w, -1).permute(0, 3, 1, 2)  # channels-last (B, N, H, W)
+
+
+class Fp8Conv1x1(Int8Conv1x1):
+    fmt = "fp8"
+
+
+def _gemm_ok(k: int, n: int, fmt: str) -> str | None:
+    mult = 8 if fmt == "int8" else 16
+    if k % mult or n % mult:
+        return f"in/out features ({k}, {n}) not multiples of {mult} ({'_int_mm' if fmt == 'int8' else '_scaled_mm'})"
+    return None
+
+
+def to_real(model: nn.Module, rowwise: bool = False, device: torch.device | str | None = None) -> nn.Module:
+    """Replace calibrated QuantLinear / 1x1 QuantConv2d layers by real int8 or fp8 GEMM modules.
+
+    Other quantized layers (3x3 convs, ConvTranspose, disabled ones, unsupported shapes) go back to
+    their float layer; ``model._overdrive_real`` lists what was converted and what was not, and why.
+    ``rowwise`` (fp8 only): dynamic per-token activation scales and per-channel weight scales.
+
+    Example:
+        >>> # real = quant.to_real(calibrated_model)   # int8: CUDA or CPU; fp8: CUDA sm_89+
+    """
+    first = next(model.parameters(), None)
+    dev = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QuantMixin)]
+    if not layers:
+        raise UsageError("the model has no quantized layers; call quant.quantize(model, config, forward_loop) first")
+    report: dict[str, str] = {}
+    for name, m in layers:
+        iq, wq = m.input_quantizer, m.weight_quantizer
+        if iq.enabled and not iq.is_calibrated:
+            raise UsageError(f"cannot convert {name} before calibration: its input quantizer has no amax; run "
+                             "quant.quantize(model, config, forward_loop=...) first")
+        fmt = "fp8" if iq.config.format == "fp8_e4m3" else "int8"
+        if fmt == "fp8" and not supports_fp8(dev):
+            what = "a CPU" if dev.type == "cpu" else f"compute capability {torch.cuda.get_device_capability(dev)}"
+            raise UsageError(f"fp8 execution of {name} needs a CUDA GPU of compute capability 8.9+ (Ada/Hopper), "
+                             f"but the model is on {what}; use the int8 config, or keep the fake-quant model for "
+                             "accuracy checks and export_onnx for deployment")
+        new: nn.Module | None = None
+        reason = None
+        if not (iq.enabled and wq.enabled):
+            reason = "quantizers disabled (kept in float)"
+        elif isinstance(m, QuantLinear):
+            reason = _gemm_ok(m.in_features, m.out_features, fmt)
+            if reason is None:
+                cls = Fp8Linear if fmt == "fp8" else Int8Linear
+                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise)
+        elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
+                and m.stride[0] == m.stride[1]:
+            reason = _gemm_ok(m.in_channels, m.out_channels, fmt)
+            if reason is None:
+                cls = Fp8Conv1x1 if fmt == "fp8" else Int8Conv1x1
+                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise, stride=m.stride[0])
+        else:
+            reason = f"{type(m).__name__} {getattr(m, 'kernel_size', '')} has no low-precision kernel here (float)"
+        if new is None:
+            new = m.to_float()
+            report[name] = reason or "float"
+        else:
+            report[name] = f"{fmt} {'rowwise' if rowwise and fmt == 'fp8' else 'per-tensor'}"
+        if name == "":  # a bare quantized layer
+            new._overdrive_real = report
+            return new
+        _set(model, name, new)
+    model._overdrive_real = report
+    return model
+
+
+def _set(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+class WeightOnlyLinear(nn.Module):
+    """Linear with int8 or int4 weights and group-wise fp scales; dequantizes per call (memory-bound
+    layers: the weight read shrinks 2x / 4x vs bf16).
+
+    Example:
+        >>> lin = torch.nn.Linear(256, 64)
+        >>> q = WeightOnlyLinear.from_linear(lin, bits=4, group_size=128)
+        >>> bool((q(torch.randn(2, 256)) - lin(torch.randn(2, 256))).abs().max() < 10)
+        True
+    """
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, bits: int, group_size: int,
+                 in_features: int) -> None:
+        super().__init__()
+        self.register_buffer("q", q)  # int8 (N, K) or uint8 (N, K/2) two int4 per byte
+        self.register_buffer("scales", scales)  # (N, K / group_size)
+        self.register_buffer("bias", bias)
+        self.bits, self.group_size, self.in_features = bits, group_size, in_features
+        self.out_features = q.shape[0]
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, bits: int = 8, group_size: int = 128) -> WeightOnlyLinear:
+        if bits not in (4, 8):
+            raise UsageError(f"weight-only bits={bits} must be 4 or 8")
+        n, k = lin.weight.shape
+        if group_size <= 0 or k % group_size:
+            raise UsageError(f"group_size={group_size} must divide in_features={k} (e.g. 32, 64, 128)")
+        w = lin.weight.detach().float().view(n, k // group_size, group_size)
+        qmax = 127 if bits == 8 else 7
+        scales = w.abs().amax(-1).clamp_min(1e-12) / qmax  # (N, G)
+        q = torch.clamp(torch.round(w / scales.unsqueeze(-1)), -qmax - (bits == 4), qmax).view(n, k)
+        if bits == 8:
+            q = q.to(torch.int8)
+        else:
+            u = (q + 8).to(torch.uint8)  # [-8, 7] -> [0, 15]
+            q = u[:, 0::2] | (u[:, 1::2] << 4)
+        bias = None if lin.bias is None else lin.bias.detach().clone()
+        return cls(q, scales.to(lin.weight.dtype), bias, bits, group_size, k)
+
+    def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.bits == 8:
+            q = self.q.to(dtype)
+        else:
+            q = torch.stack([(self.q & 0xF), (self.q >> 4)], dim=-1).view(self.out_features, -1).to(dtype) - 8
+        n, k = self.out_features, self.in_features
+        return (q.view(n, k // self.group_size, self.group_size) * self.scales.to(dtype).unsqueeze(-1)).view(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, int{self.bits}, group_size={self.group_size}"
+
+
+def weight_only(model: nn.Module, bits: int = 8, group_size: int = 128, min_features: int = 256,
+                exclude: tuple[str, ...] = ()) -> nn.Module:
+    """Swap float nn.Linear layers (both dims >= ``min_features``, in_features divisible by
+    ``group_size``, name not matching ``exclude``) for :class:`WeightOnlyLinear`."""
+    import fnmatch
+
+    if isinstance(model, nn.Linear):
+        return WeightOnlyLinear.from_linear(model, bits, group_size)
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.Linear and min(m.in_features, m.out_features) >= min_features \
+                and m.in_features % group_size == 0 and not any(fnmatch.fnmatch(name, p) for p in exclude):
+            _set(model, name, WeightOnlyLinear.from_linear(m, bits, group_size))
+    return model

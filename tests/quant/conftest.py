@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from overdrive.demo.models import DigitsCNN
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from overdrive.demo.data import load_digits
+
+    return load_digits()
+
+
+@pytest.fixture(scope="module")
+def trained_cnn(digits):
+    """The digits CNN trained briefly in fp32 (about 1 s on 2 idle cores), reused by the module's tests."""
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    train, _ = digits.loaders(batch_size=64, seed=0)
+    for _ in range(2):
+        for x, y in train:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def accuracy():
+    return _accuracy
+
+
+def _accuracy(model, digits) -> float:
+    with torch.no_grad():
+        return float((model(digits.x_test).argmax(1) == digits.y_test).float().mean())

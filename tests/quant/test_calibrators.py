@@ -1,0 +1,86 @@
+"""Calibrators against closed-form references on known distributions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.quant.calibrators import HistogramCalibrator, MaxCalibrator
+
+
+def test_max_per_tensor_and_per_channel() -> None:
+    cal = MaxCalibrator()
+    cal.collect(torch.tensor([[1.0, -3.0], [2.0, 0.5]]))
+    cal.collect(torch.tensor([[0.0, 2.5]]))
+    assert float(cal.compute_amax()) == 3.0
+    pc = MaxCalibrator(axis=0)
+    pc.collect(torch.tensor([[1.0, -3.0], [2.0, 0.5]]))
+    assert pc.compute_amax().tolist() == [3.0, 2.0]
+
+
+def test_histogram_max_equals_exact_max_over_batches() -> None:
+    cal = HistogramCalibrator()
+    xs = [torch.randn(5000) * s for s in (1.0, 3.0, 0.5)]  # the second batch grows the range
+    for x in xs:
+        cal.collect(x)
+    assert float(cal.compute_amax("max")) == pytest.approx(max(float(x.abs().max()) for x in xs))
+    assert float(cal.hist.sum()) == 15000
+
+
+@pytest.mark.parametrize("pct", [99.0, 99.9, 99.99])
+def test_percentile_matches_numpy_quantile(pct: float) -> None:
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(0))
+    cal = HistogramCalibrator(num_bins=2048)
+    cal.collect(x)
+    ref = float(np.quantile(x.abs().numpy(), pct / 100))
+    assert float(cal.compute_amax("percentile", pct)) == pytest.approx(ref, abs=2 * cal.width)
+
+
+def test_entropy_clips_gaussian_outliers() -> None:
+    """For a Gaussian with two far outliers, KL calibration clips well below the max, above 2 sigma."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(100_000, generator=g), torch.tensor([40.0, -35.0])])
+    cal = HistogramCalibrator()
+    cal.collect(x)
+    amax = float(cal.compute_amax("entropy"))
+    assert 2.0 < amax < 20.0, amax
+
+
+@pytest.mark.parametrize("outlier", [8.0, 60.0])
+def test_mse_matches_brute_force_optimum(outlier: float) -> None:
+    """The histogram MSE search lands within 5% of the error of a brute-force search on the raw data."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.randn(50_000, generator=g), torch.tensor([outlier])])
+    cal = HistogramCalibrator()
+    cal.collect(x)
+
+    def err(amax: float) -> float:
+        s = amax / 127
+        return float(((torch.clamp(torch.round(x / s), -127, 127) * s - x) ** 2).mean())
+
+    best = min(err(a) for a in np.linspace(0.5, outlier, 400))
+    assert err(float(cal.compute_amax("mse"))) <= 1.05 * best
+
+
+def test_all_zero_and_no_data() -> None:
+    cal = HistogramCalibrator()
+    cal.collect(torch.zeros(100))
+    assert float(cal.compute_amax("entropy")) == 0.0
+    with pytest.raises(UsageError, match="saw no data"):
+        HistogramCalibrator().compute_amax("max")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_inf_rejected(bad: float) -> None:
+    with pytest.raises(UsageError, match="NaN/inf"):
+        HistogramCalibrator().collect(torch.tensor([1.0, bad]), where="layer1.input_quantizer")
+
+
+def test_entropy_keeps_range_of_coarse_data() -> None:
+    """Data with few distinct values (the digits' pixels are k/16) would make KL pick a tiny range."""
+    x = torch.randint(0, 17, (10_000,)).float() / 16
+    cal = HistogramCalibrator()
+    cal.collect(x)
+    assert float(cal.compute_amax("entropy")) == pytest.approx(1.0, abs=1e-3)

@@ -1,0 +1,119 @@
+"""ONNX export: Q/DQ placement (TensorRT rules), checker, and ONNX Runtime vs the fake-quant model."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from overdrive import quant
+from overdrive._utils.errors import OverdriveError, UsageError
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def int8_cnn(trained_cnn, digits):
+    calib = digits.calibration_batches(n=4)
+    return quant.quantize(copy.deepcopy(trained_cnn), quant.INT8_DEFAULT, forward_loop=lambda m: [m(x) for x in calib])
+
+
+def _producers(graph) -> dict[str, object]:
+    return {o: n for n in graph.node for o in n.output}
+
+
+def _init(graph, name: str) -> np.ndarray | None:
+    from onnx import numpy_helper
+
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for n in graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            return numpy_helper.to_array(n.attribute[0].t)
+    return None
+
+
+def test_int8_export_placement_and_ort_match(int8_cnn, digits, tmp_path) -> None:
+    path = quant.export_onnx(int8_cnn, (digits.x_test[:1],), tmp_path / "cnn_int8.onnx")
+    g = onnx.load(str(path)).graph
+    prod = _producers(g)
+    # Every Conv/Gemm input (activation and weight) comes from a DequantizeLinear.
+    for n in g.node:
+        if n.op_type in ("Conv", "Gemm"):
+            assert prod[n.input[0]].op_type == "DequantizeLinear", n.name
+            assert prod[n.input[1]].op_type == "DequantizeLinear", n.name
+    # Each residual Add has exactly one quantized input (the residual); the other is the BN output.
+    adds = [n for n in g.node if n.op_type == "Add"]
+    assert len(adds) == 2
+    for n in adds:
+        kinds = sorted(prod[i].op_type for i in n.input)
+        assert kinds == ["BatchNormalization", "DequantizeLinear"], kinds
+    # Zero points are 0; weight quantizers are per channel (axis 0, one scale per output channel).
+    qs = [n for n in g.node if n.op_type == "QuantizeLinear"]
+    assert len(qs) == 2 * 8 + 2
+    for n in qs:
+        assert not np.any(_init(g, n.input[2]))
+    per_channel = [n for n in qs if (_init(g, n.input[1]) is not None and _init(g, n.input[1]).size > 1)]
+    assert len(per_channel) == 8
+    assert all(a.i == 0 for n in per_channel for a in n.attribute if a.name == "axis")
+    # ONNX Runtime agrees with the fake-quant model: 95% of logits within 1e-4 (float summation
+    # order), all within 2% of the largest logit (a rounding tie can flip one int8 step inside the
+    # net), argmax identical on >= 99.5% of the test set.
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input": digits.x_test.numpy()})[0]
+    with torch.no_grad():
+        ref = int8_cnn(digits.x_test).numpy()
+    diff = np.abs(got - ref)
+    assert np.quantile(diff, 0.95) <= 1e-4
+    assert diff.max() <= 0.02 * np.abs(ref).max()
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.995
+
+
+def test_fp8_export_opset19(trained_cnn, digits, tmp_path) -> None:
+    calib = digits.calibration_batches(n=2)
+    q = quant.quantize(copy.deepcopy(trained_cnn), quant.FP8_DEFAULT, forward_loop=lambda m: [m(x) for x in calib])
+    with pytest.raises(UsageError, match="opset >= 19"):
+        quant.export_onnx(q, (digits.x_test[:1],), tmp_path / "x.onnx", opset=17)
+    path = quant.export_onnx(q, (digits.x_test[:1],), tmp_path / "cnn_fp8.onnx")
+    m = onnx.load(str(path))
+    assert m.opset_import[0].version == 19
+    qs = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(qs) == 18
+    zp = _init(m.graph, qs[0].input[2])
+    assert zp is not None and "float8" in str(zp.dtype).lower()  # fp8 zero point
+    opts = ort.SessionOptions()  # ORT_ENABLE_ALL's QDQ fusions miscompute fp8 Q/DQ around Conv (ORT 1.32)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    try:
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"this onnxruntime cannot load fp8 Q/DQ on CPU: {exc}")
+    got = sess.run(None, {"input": digits.x_test[:64].numpy()})[0]
+    with torch.no_grad():
+        ref = q(digits.x_test[:64]).numpy()
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.98
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
+
+
+def test_export_before_calibration_raises(trained_cnn, tmp_path) -> None:
+    q = quant.quantize(copy.deepcopy(trained_cnn), quant.INT8_DEFAULT)
+    with pytest.raises(UsageError, match="before calibration"):
+        quant.export_onnx(q, (torch.randn(1, 1, 8, 8),), tmp_path / "x.onnx")
+    with pytest.raises(UsageError, match="no enabled quantizers"):
+        quant.export_onnx(nn.Linear(2, 2), (torch.randn(1, 2),), tmp_path / "x.onnx")
+
+
+class _Fft(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.fft(x).real
+
+
+def test_unsupported_op_names_op_and_module(tmp_path) -> None:
+    model = nn.Sequential(nn.Linear(8, 8), _Fft())
+    q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(4, 8)))
+    with pytest.raises(OverdriveError, match=r"fft.*module '1'"):
+        quant.export_onnx(q, (torch.randn(2, 8),), tmp_path / "x.onnx")

@@ -1,0 +1,115 @@
+"""Real int8 / fp8 modules against the fake-quant model they come from; weight-only int8/int4."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive import quant
+from overdrive._utils.errors import UsageError
+
+
+def _mlp(k: int = 64, n: int = 128) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(k, n), nn.ReLU(), nn.Linear(n, 32))
+
+
+def _calibrated(cfg, device="cpu", k: int = 64) -> tuple[nn.Module, torch.Tensor]:
+    x = torch.randn(256, k, device=device)
+    model = quant.quantize(_mlp(k).to(device), cfg, forward_loop=lambda m: m(x))
+    return model, x
+
+
+def test_int8_real_matches_fake_quant_cpu() -> None:
+    """Integer GEMM = fake-quant float GEMM up to fp32 rounding of the int32 sum (atol 1e-5)."""
+    model, x = _calibrated(quant.INT8_DEFAULT)
+    with torch.no_grad():
+        ref = model(x)
+        real = quant.to_real(copy.deepcopy(model))
+        out = real(x)
+    assert isinstance(real[0], quant.Int8Linear) and real[0].w_q.dtype == torch.int8
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_conv1x1_and_fallbacks_cpu() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.ReLU(), nn.Conv2d(16, 16, 1, stride=2), nn.Conv2d(16, 8, 3, padding=1))
+    x = torch.randn(4, 8, 6, 6)
+    q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    with torch.no_grad():
+        ref = q(x)
+        real = quant.to_real(copy.deepcopy(q))
+        out = real(x)
+    assert type(real[0]).__name__ == "Int8Conv1x1" and type(real[2]).__name__ == "Int8Conv1x1"
+    assert type(real[3]) is nn.Conv2d and "no low-precision kernel" in real._overdrive_real["3"]
+    # the 3x3 conv runs in float now, so compare with a tolerance of a few int8 steps
+    assert (out - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+def test_to_real_errors() -> None:
+    with pytest.raises(UsageError, match="before calibration"):
+        quant.to_real(quant.quantize(_mlp(), quant.INT8_DEFAULT))
+    with pytest.raises(UsageError, match="no quantized layers"):
+        quant.to_real(_mlp())
+    if not torch.cuda.is_available():
+        model, _ = _calibrated(quant.FP8_DEFAULT)
+        with pytest.raises(UsageError, match="compute capability 8.9"):
+            quant.to_real(model)
+
+
+@pytest.mark.parametrize("bits, group, tol", [(8, 64, 0.01), (4, 32, 0.2)])
+def test_weight_only(bits: int, group: int, tol: float) -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 128)
+    x = torch.randn(8, 256)
+    q = quant.weight_only(nn.Sequential(lin, nn.ReLU()), bits=bits, group_size=group, min_features=64)
+    assert isinstance(q[0], quant.WeightOnlyLinear)
+    assert q[0].q.numel() == 128 * 256 // (2 if bits == 4 else 1)
+    w = lin.weight.detach().view(128, -1, group)
+    qmax = 127 if bits == 8 else 7
+    s = w.abs().amax(-1, keepdim=True) / qmax
+    ref_w = (torch.clamp(torch.round(w / s), -qmax - (bits == 4), qmax) * s).view(128, 256)
+    torch.testing.assert_close(q[0].dequantized_weight(torch.float32), ref_w, rtol=0, atol=1e-6)
+    err = (q[0](x) - lin(x)).abs().max() / lin(x).abs().max()
+    assert err < tol
+    with pytest.raises(UsageError, match="group_size"):
+        quant.WeightOnlyLinear.from_linear(nn.Linear(100, 8), bits=4, group_size=64)
+
+
+# --- GPU -----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_real_cuda(dtype: torch.dtype) -> None:
+    model, x = _calibrated(quant.INT8_DEFAULT, "cuda", k=256)
+    with torch.no_grad():
+        ref = model(x)
+        real = quant.to_real(copy.deepcopy(model))
+        out = real(x.to(dtype)).float()
+        small = real(x[:5].to(dtype)).float()  # M <= 16 is padded for _int_mm
+    if dtype == torch.float32:  # exact integer GEMM: equal to fake quant up to fp32 rounding
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    else:  # bf16 input/output rounding: SQNR > 30 dB
+        sqnr = 10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean())
+        assert sqnr > 30, float(sqnr)
+    torch.testing.assert_close(small, out[:5], rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_fp8_real_cuda(rowwise: bool) -> None:
+    from overdrive._utils.device import supports_fp8
+
+    if not supports_fp8(torch.device("cuda")):
+        pytest.skip("fp8 needs compute capability 8.9+")
+    model, x = _calibrated(quant.FP8_DEFAULT, "cuda", k=256)
+    with torch.no_grad():
+        ref = model(x)
+        real = quant.to_real(copy.deepcopy(model), rowwise=rowwise)
+        out = real(x.bfloat16()).float()
+    assert isinstance(real[0], quant.Fp8Linear) and real[0].w_q.dtype == torch.float8_e4m3fn
+    # fp8 e4m3 has 3 mantissa bits; per-tensor weight scale and bf16 output: SQNR > 25 dB vs fake quant
+    sqnr = 10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean())
+    assert sqnr > 25, float(sqnr)
