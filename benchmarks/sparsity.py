@@ -149,14 +149,17 @@ def bench_mlp(name, hidden, ffn, tokens, dtype, device, iters, warmup) -> dict:
         import copy
 
         for mode, min_speedup in (("forced", 0.0), ("auto", 1.0)):
-            m2 = copy.deepcopy(mlp)
-            h2 = from_pruned(m2)  # the copy carries the masks
-            table = h2.export(tokens=tokens, min_speedup=min_speedup)
-            out = m2(xs[0]).float()
-            row[f"{mode}_rel_err"] = float((out - ref).norm() / ref.norm())
-            row[f"{mode}_ms"] = timed(lambda i: m2(xs[i % len(xs)]), device, iters, warmup)
-            row[f"{mode}_speedup"] = row["dense_ms"] / row[f"{mode}_ms"]
-            row[f"{mode}_sparse_layers"] = sum(r[-1] == "sparse" for r in table.rows)
+            try:
+                m2 = copy.deepcopy(mlp)
+                h2 = from_pruned(m2)  # the copy carries the masks
+                table = h2.export(tokens=tokens, min_speedup=min_speedup)
+                out = m2(xs[0]).float()
+                row[f"{mode}_rel_err"] = float((out - ref).norm() / ref.norm())
+                row[f"{mode}_ms"] = timed(lambda i: m2(xs[i % len(xs)]), device, iters, warmup)
+                row[f"{mode}_speedup"] = row["dense_ms"] / row[f"{mode}_ms"]
+                row[f"{mode}_sparse_layers"] = sum(r[-1] == "sparse" for r in table.rows)
+            except Exception as exc:  # report, do not hide
+                row[f"{mode}_error"] = f"{type(exc).__name__}: {exc}"[:200]
     del handle
     return row
 

@@ -181,8 +181,11 @@ def semi_structured_weight(w: torch.Tensor, x: torch.Tensor | None = None, searc
         try:
             res = torch._cslt_sparse_mm_search(sp.packed, x.t())
             sp.alg_id_cusparselt = int(res[0] if isinstance(res, (tuple, list)) else res)
-        except (RuntimeError, TypeError):  # the search is best-effort; alg 0 still works
-            pass
+            # The search runs one operand layout; F.linear runs another, for which the id found can be
+            # invalid (seen on the H200 in bf16: "invalid value" from cusparseLtMatmulAlgSetAttribute).
+            torch.nn.functional.linear(x, sp)
+        except (RuntimeError, TypeError):  # the search is best-effort; alg 0 always works
+            sp.alg_id_cusparselt = 0
     return sp
 
 
