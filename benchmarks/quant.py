@@ -119,6 +119,12 @@ def gemm_table(device: torch.device, shapes, warmup: int, repeat: int) -> Table:
                    "Int8Linear / Fp8Linear include quantizing the activation and rescaling the output.")
     if not fp8:
         t.notes.append("fp8 columns empty: fp8 _scaled_mm needs a CUDA GPU of compute capability 8.9+.")
+    if device.type == "cuda":
+        from overdrive.quant import real as _real
+
+        steps = "eager (torch.compile failed, see the warning)" if _real._FUSED.failed else \
+            f"fused, torch.compile ({len(_real._FUSED.compiled)} compiled steps)"
+        t.notes.append(f"activation quantize / int8 rescale steps: {steps}.")
     return t
 
 

@@ -160,3 +160,45 @@ def test_calibrated_state_dict_round_trip(trained_cnn, digits) -> None:
     fresh.load_state_dict(q.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(fresh(digits.x_test), q(digits.x_test), rtol=0, atol=0)
+
+
+class _Embeddings(nn.Module):
+    """token + position embeddings with an optional ``position_ids`` (like BERT's embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(50, 16), nn.Embedding(8, 16)
+        self.register_buffer("position_ids", torch.arange(8))
+
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = self.position_ids[: ids.shape[1]]
+        return self.tok(ids) + self.pos(position_ids)
+
+
+class _TokenModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.fc = _Embeddings(), nn.Linear(16, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        return h + self.fc(h)
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_optional_none_arguments_are_not_traced(preset: str) -> None:
+    # fx would trace `if position_ids is None` as "not None" and the graph then calls embedding(None)
+    torch.manual_seed(0)
+    model = _TokenModel().eval()
+    ids = torch.randint(0, 50, (4, 8), generator=torch.Generator().manual_seed(1))
+    ref = model(ids).detach()
+    q = quant.quantize(copy.deepcopy(model), PRESETS[preset], forward_loop=lambda m: m(ids))
+    assert quant.summary(q)["untraced"] == ["emb"]  # its add stays in float, reported
+    assert isinstance(q.residual_add0, quant.QuantAdd)  # the root's own add is still traced
+    out = q(ids).detach()
+    tol = 0.05 if preset == "int8" else 0.15  # int8: scale/2 per operand; fp8 e4m3: 2^-4 relative
+    assert (out - ref).abs().max() <= tol * ref.abs().max()
+    if preset == "int8":  # the real int8 module runs the same graph on CPU
+        real = quant.to_real(q)
+        torch.testing.assert_close(real(ids).detach(), out, rtol=0, atol=2e-2 * float(ref.abs().max()))

@@ -60,6 +60,75 @@ def test_to_real_errors() -> None:
             quant.to_real(model)
 
 
+def test_weight_operand_needs_no_copy() -> None:
+    """w_q is (N, K) contiguous, so w_q.t() is the column-major (K, N) operand cuBLAS takes without a copy."""
+    model, _ = _calibrated(quant.INT8_DEFAULT)
+    real = quant.to_real(model)
+    w = real[0].w_q
+    assert w.shape == (128, 64) and w.is_contiguous() and w.t().stride() == (1, 64)
+
+
+class _Recorder:
+    """A stand-in compiler: returns the eager function wrapped so calls can be counted."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def __call__(self, fn):  # noqa: ANN001, ANN204
+        def compiled(*args):  # noqa: ANN002, ANN202
+            self.calls.append(fn.__name__)
+            if self.fail:
+                raise RuntimeError("inductor exploded")
+            return fn(*args)
+        return compiled
+
+
+def test_fused_steps_wiring_and_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantize + epilogue go through the compiled steps when allowed; a compile failure warns once
+    and falls back to the eager steps with the same output."""
+    from overdrive.quant import real as real_mod
+
+    model, x = _calibrated(quant.INT8_DEFAULT)
+    real = quant.to_real(model)
+    with torch.no_grad():
+        ref = real(x)  # CPU: eager steps
+    assert not real_mod._can_compile(x)  # never compiled on CPU
+    monkeypatch.setattr(real_mod, "_can_compile", lambda t: True)
+    rec = _Recorder()
+    monkeypatch.setattr(real_mod, "_FUSED", real_mod._FusedSteps(compiler=rec))
+    with torch.no_grad():
+        out = real(x)
+    assert rec.calls == ["_quantize_int8", "_int8_epilogue"] * 2  # two Int8Linear layers
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    bad = _Recorder(fail=True)
+    monkeypatch.setattr(real_mod, "_FUSED", real_mod._FusedSteps(compiler=bad))
+    with pytest.warns(RuntimeWarning, match="torch.compile of the int8/fp8.*inductor exploded"):
+        with torch.no_grad():
+            out = real(x)
+    assert real_mod._FUSED.failed and bad.calls == ["_quantize_int8"]  # tried once, then eager for good
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_quantize_steps_match_the_fake_quantizer() -> None:
+    """The int8 / fp8 quantize steps give exactly the fake quantizer's grid values."""
+    from overdrive.quant import QuantizerConfig, TensorQuantizer
+    from overdrive.quant import real as real_mod
+
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(3))
+    for fmt, fn in (("int8", real_mod._quantize_int8), ("fp8_e4m3", real_mod._quantize_fp8)):
+        q = TensorQuantizer(QuantizerConfig(format=fmt))
+        q.start_calibration()
+        q(x)
+        q.finish_calibration()
+        s = q.scale()
+        torch.testing.assert_close(fn(x, s).float() * s, q(x), rtol=0, atol=0)
+    xq, xs = real_mod._quantize_fp8_rowwise(x)
+    assert xs.shape == (64, 1)
+    torch.testing.assert_close(xs, x.abs().amax(1, keepdim=True) / 448)
+    assert float(xq.float().abs().amax()) == 448.0  # each row's largest value lands on the top of the grid
+
+
 @pytest.mark.parametrize("bits, group, tol", [(8, 64, 0.01), (4, 32, 0.2)])
 def test_weight_only(bits: int, group: int, tol: float) -> None:
     torch.manual_seed(0)
@@ -113,3 +182,27 @@ def test_fp8_real_cuda(rowwise: bool) -> None:
     # fp8 e4m3 has 3 mantissa bits; per-tensor weight scale and bf16 output: SQNR > 25 dB vs fake quant
     sqnr = 10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean())
     assert sqnr > 25, float(sqnr)
+
+
+@pytest.mark.gpu
+def test_fused_steps_compile_and_match_eager_cuda() -> None:
+    """On CUDA the quantize / epilogue steps run compiled (no fallback) and give the eager values:
+    the quantized activations bit for bit (IEEE division), the rescaled output to fp32 rounding."""
+    from overdrive.quant import real as real_mod
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(300, 256, device="cuda", generator=g).bfloat16()
+    s = torch.tensor(4.0 / 127, device="cuda")
+    fused = real_mod._FusedSteps()
+    assert torch.equal(fused(real_mod._quantize_int8, x, s), real_mod._quantize_int8(x, s))
+    assert torch.equal(fused(real_mod._quantize_fp8, x, s).float(), real_mod._quantize_fp8(x, s).float())
+    q, qs = fused(real_mod._quantize_fp8_rowwise, x)
+    eq, es = real_mod._quantize_fp8_rowwise(x)
+    torch.testing.assert_close(qs, es, rtol=1e-6, atol=0)
+    assert (q.float() != eq.float()).float().mean() < 1e-3  # /448.0 may become *(1/448): rare 1-step moves
+    acc = torch.randint(-20000, 20000, (300, 128), device="cuda", dtype=torch.int32, generator=g)
+    ws, b = torch.rand(128, device="cuda", generator=g) * 1e-3, torch.randn(128, device="cuda", generator=g)
+    for bias, dt in ((b, torch.bfloat16), (None, torch.float32)):
+        torch.testing.assert_close(fused(real_mod._int8_epilogue, acc, s, ws, bias, dt),
+                                   real_mod._int8_epilogue(acc, s, ws, bias, dt))
+    assert not fused.failed and len(fused.compiled) == 4

@@ -8,6 +8,7 @@ place with torch.fx (forward code cannot be seen by a module swap).
 
 from __future__ import annotations
 
+import inspect
 import operator
 
 import torch
@@ -113,6 +114,15 @@ def _is_tensor_add(node: torch.fx.Node) -> bool:
             and len(node.args) == 2 and all(isinstance(a, torch.fx.Node) for a in node.args) and not node.kwargs)
 
 
+def _has_none_defaults(module: nn.Module) -> bool:
+    """True when ``module.forward`` has a parameter whose default is None (an optional input)."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.default is None for p in params)
+
+
 def insert_residual_quantizers(module: nn.Module, config: QuantConfig, prefix: str = "") -> tuple[nn.Module, list[str], list[str]]:
     """Rewrite tensor ``a + b`` adds in forward code into :class:`QuantAdd` modules with torch.fx.
 
@@ -136,10 +146,13 @@ def insert_residual_quantizers(module: nn.Module, config: QuantConfig, prefix: s
     if type(module).forward is nn.Module.forward or type(module).__module__.startswith("torch.nn"):
         return module, added, untraced  # containers and torch.nn layers do no residual adds themselves
     try:
+        if _has_none_defaults(module):
+            # fx makes every argument a Proxy, so `if arg is None:` branches are silently traced as
+            # "not None" and the graph then fails when the default None is used (BERT's embeddings:
+            # embedding(None)); such a forward cannot be captured faithfully by one trace
+            raise TypeError("forward has arguments defaulting to None")
         graph = _OwnCodeTracer().trace(module)
     except Exception:  # noqa: BLE001 - data-dependent control flow etc.: leave this module as it is
-        import inspect
-
         try:
             src = inspect.getsource(type(module).forward)
         except (OSError, TypeError):

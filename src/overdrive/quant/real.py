@@ -9,12 +9,18 @@
 - 1x1 convolutions (the bulk of ResNet-50's bottlenecks) run as GEMMs on channels-last data;
   other convolutions go back to float with the summary saying so.
 - Weight-only int8 / int4 (group-wise scales) for memory-bound Linear layers: ``weight_only``.
+- On CUDA the elementwise steps around the GEMM (quantizing the activation; the int8 rescale + bias +
+  cast) each run as one fused kernel (``torch.compile`` of the small functions below); on CPU, under
+  an outer torch.compile / export, or if compiling fails (one warning), they run eagerly, same numerics.
 
 Example:
     >>> # model = quant.to_real(quant.quantize(model, quant.INT8_DEFAULT, forward_loop=loop))
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +29,93 @@ from torch import nn
 from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
 from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin
+
+
+def _quantize_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Symmetric int8 with a per-tensor scale: clamp(round(x / scale), -128, 127)."""
+    return torch.clamp(torch.round(x.float() / scale), -128, 127).to(torch.int8)
+
+
+def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8 e4m3 with a per-tensor scale (or an (M, 1) per-row one)."""
+    return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-row (per-token) fp8 scales amax / 448 and the quantized rows."""
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 448.0  # (M, 1)
+    return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+
+def _int8_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """int32 accumulator -> acc * x_scale * w_scale (+ bias) in ``out_dtype``."""
+    y = acc.float() * (x_scale * w_scale)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+def _can_compile(x: torch.Tensor) -> bool:
+    """Compile the small steps only for plain CUDA tensors in eager code: not on CPU (slow to start),
+    not while an outer torch.compile / export / jit trace / CUDA-graph capture sees this code (the
+    outer compiler fuses them itself; a FakeTensor or other subclass means such a trace)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    if is_exporting is not None and is_exporting():
+        return False
+    if not x.is_cuda or type(x) is not torch.Tensor:
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _default_compiler(fn: Callable[..., Any]) -> Callable[..., Any]:
+    from torch._inductor import config as inductor_config
+
+    # Triton's fp32 `/` is approximate (div.full, 2 ulp): it would move round(x / scale) across .5
+    # ties now and then; ask Inductor for IEEE division like eager (the option's name changed in 2.11,
+    # and Inductor rejects unknown options)
+    options: dict[str, Any] = {}
+    if hasattr(inductor_config, "emulate_divison_rounding"):
+        options["emulate_divison_rounding"] = True
+    elif hasattr(getattr(inductor_config, "eager_numerics", None), "division_rounding"):
+        options["eager_numerics.division_rounding"] = True
+    # fullgraph=False only so that hitting Dynamo's recompile limit (dtype x bias x grad-mode variants)
+    # runs the extra variants eagerly instead of raising; each function is one graph (no breaks)
+    return torch.compile(fn, dynamic=True, fullgraph=False, options=options or None)
+
+
+class _FusedSteps:
+    """Runs the elementwise steps around a low-precision GEMM, each compiled into one fused kernel.
+
+    A compile failure (no Triton, an unsupported GPU, a torch bug) warns once and switches this
+    object to eager for good; the eager functions compute the same values.
+    """
+
+    def __init__(self, compiler: Callable[[Callable[..., Any]], Callable[..., Any]] = _default_compiler) -> None:
+        self.compiler = compiler
+        self.compiled: dict[Callable[..., Any], Callable[..., Any]] = {}
+        self.failed = False
+
+    def __call__(self, fn: Callable[..., Any], x: torch.Tensor, *args: Any) -> Any:
+        if self.failed or not _can_compile(x):
+            return fn(x, *args)
+        c = self.compiled.get(fn)
+        try:
+            if c is None:
+                c = self.compiled[fn] = self.compiler(fn)
+            return c(x, *args)
+        except Exception as exc:  # noqa: BLE001 - any compile failure: fall back to the eager steps
+            self.failed = True
+            warnings.warn(f"overdrive.quant: torch.compile of the int8/fp8 quantize/rescale steps failed "
+                          f"({type(exc).__name__}: {str(exc)[:300]}); running them eagerly from now on "
+                          "(same results, several memory passes per layer instead of one)", RuntimeWarning,
+                          stacklevel=3)
+            return fn(x, *args)
+
+
+_FUSED = _FusedSteps()  # one process-wide cache of the compiled steps (compiled graphs are shared anyway)
 
 
 class _LowPrecisionGemm(nn.Module):
@@ -58,21 +151,20 @@ class _LowPrecisionGemm(nn.Module):
         pad = 17 - m if (self.fmt == "int8" and x2.is_cuda and m <= 16) else 0  # _int_mm on CUDA needs M > 16
         if pad > 0:
             x2 = F.pad(x2, (0, 0, 0, pad))
+        # w_q is (N, K) contiguous, so w_q.t() is the column-major (K, N) operand cuBLAS(Lt) takes as is
+        # ("TN" layout, required by _scaled_mm and int8 IMMA): no weight copy per call
         if self.fmt == "int8":
-            xq = torch.clamp(torch.round(x2.float() / self.x_scale), -128, 127).to(torch.int8)
+            xq = _FUSED(_quantize_int8, x2, self.x_scale)
             acc = torch._int_mm(xq, self.w_q.t())  # (M, N) int32
-            y = acc.float() * (self.x_scale * self.w_scale)
-            if self.bias is not None:
-                y = y + self.bias.float()
-            y = y.to(out_dtype)
+            y = _FUSED(_int8_epilogue, acc, self.x_scale, self.w_scale, self.bias, out_dtype)
         else:
             if self.rowwise:  # dynamic per-token scales
-                xs = x2.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 448.0  # (M, 1)
+                xq, xs = _FUSED(_quantize_fp8_rowwise, x2)
                 ws = self.w_scale.view(1, -1)
                 od = torch.bfloat16
             else:
                 xs, ws, od = self.x_scale, self.w_scale, (out_dtype if out_dtype != torch.float32 else torch.bfloat16)
-            xq = (x2.float() / xs).clamp(-448, 448).to(torch.float8_e4m3fn)
+                xq = _FUSED(_quantize_fp8, x2, xs)
             bias = None if self.bias is None else self.bias.to(od)
             y = torch._scaled_mm(xq, self.w_q.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=od).to(out_dtype)
         return y[:m] if pad > 0 else y
