@@ -36,27 +36,9 @@ def device_facts(device: torch.device) -> dict[str, Any]:
 
 def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> list[float]:
     """Seconds per call of ``step``: CUDA events on GPU, perf_counter on CPU; after ``warmup`` calls."""
-    import time
+    from overdrive._utils.timing import time_fn
 
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        times = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return times
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return times
+    return time_fn(step, device, warmup=warmup, repeat=iters)
 
 
 def median(xs: list[float]) -> float:

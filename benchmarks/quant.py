@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from overdrive import quant  # noqa: E402
 from overdrive._utils.device import supports_fp8  # noqa: E402
+from overdrive._utils.timing import time_fn  # noqa: E402
 from overdrive.demo.report import Table  # noqa: E402
 
 FULL_SHAPES = [  # (tokens M, in K, out N): transformer projections / FFNs
@@ -43,25 +43,7 @@ QUICK_SHAPES = [(256, 256, 512), (512, 512, 512)]
 
 def bench(fn, device: torch.device, warmup: int, repeat: int) -> float:
     """Median seconds per call: CUDA events on GPU, perf_counter on CPU."""
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeat):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(time_fn(fn, device, warmup=warmup, repeat=repeat))
 
 
 def _rotating(make, n: int):

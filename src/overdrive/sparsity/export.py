@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.timing import time_fn
 from overdrive.sparsity import masks as M
 
 if TYPE_CHECKING:
@@ -159,17 +160,7 @@ def check_sparse_gpu(device: torch.device) -> None:
 
 
 def _cuda_median_ms(fn: Any, iters: int = 20, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(time_fn(fn, "cuda", warmup=warmup, repeat=iters)) * 1e3
 
 
 def semi_structured_weight(w: torch.Tensor, x: torch.Tensor | None = None, search: bool = True) -> torch.Tensor:
