@@ -267,3 +267,20 @@ def test_torch_compile_o2_matches_eager(net: Net) -> None:
     assert compiled.dtype == torch.float32
     torch.testing.assert_close(compiled, eager, atol=2e-2, rtol=2e-2)  # bf16 kernels may differ by an ulp
     assert mp.policy.opt_level == "O2"
+
+
+def test_o1_apex_hooks_work_under_torch_compile() -> None:
+    # the autocast hooks used to be traced by Dynamo and failed ("'autocast' object has no attribute 'prev'")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m, opt = amp.initialize(m, opt, opt_level="O1", dtype=torch.bfloat16)
+    x = torch.randn(4, 8)
+    eager = m(x)
+    out = torch.compile(m)(x)
+    assert out.dtype == torch.bfloat16  # ran under autocast
+    torch.testing.assert_close(out, eager)
+    assert not torch.is_autocast_enabled("cpu")
+    with amp.scale_loss(out.float().sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()

@@ -105,11 +105,16 @@ def add_autocast_hooks(model: nn.Module, device_type: str, dtype: torch.dtype) -
     """
     stack: list[torch.autocast] = []
 
+    # The hooks run eagerly even inside torch.compile: Dynamo cannot trace an autocast context that
+    # is entered in one hook and left in another, but it compiles the forward under the autocast
+    # state the hooks set, as it would under a ``with torch.autocast(...)`` around the call.
+    @torch._dynamo.disable
     def enter(_m: nn.Module, _args: Any) -> None:
         ctx = torch.autocast(device_type=device_type, dtype=dtype)
         ctx.__enter__()
         stack.append(ctx)
 
+    @torch._dynamo.disable
     def leave(_m: nn.Module, _args: Any, _out: Any) -> None:
         if stack:
             stack.pop().__exit__(None, None, None)
