@@ -71,3 +71,7 @@ def test_onnxruntime_warns_and_cli_spellings(tmp_path: Path, digits_onnx: bytes,
     assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(tmp_path / "i.engine"), "--shapes", "x:2x1x8x8",
                  "--device", "cpu", "--backend", "inductor", "--timingCacheFile", str(bad)]) == 2
     assert "bad.cache" in capsys.readouterr().err
+    good = tmp_path / "good.cache"
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(tmp_path / "i.engine"), "--shapes", "x:2x1x8x8",
+                 "--device", "cpu", "--backend", "inductor", "--timing-cache", str(good)]) == 0
+    assert "timing cache" in capsys.readouterr().out and good.stat().st_size > 0

@@ -29,7 +29,8 @@ from overdrive.cli.common import write_json
 @click.option("--aot", is_flag=True, help="Also store an AOTInductor package (torch >= 2.12 only).")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (a tensor or list saved with torch.save).")
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
-              help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after (no effect on onnxruntime).")
+              help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after "
+                   "(no effect on onnxruntime).")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the engine info as JSON ('-' for stdout).")
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
@@ -59,5 +60,5 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                         f"{info['precision']}, device {info['device']}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
         tc = info.get("timing_cache")
         if tc:
-            click.echo(f"[I] timing cache {tc['path']}: " + (f"loaded {tc['loaded_bytes']:,} bytes" if tc["loaded"] else "not found, new")
-                       + f", saved {tc.get('saved_bytes', 0):,} bytes")
+            loaded = f"loaded {tc['loaded_bytes']:,} bytes" if tc["loaded"] else "not found, started a new one"
+            click.echo(f"[I] timing cache {tc['path']}: {loaded}, saved {tc.get('saved_bytes', 0):,} bytes")
