@@ -28,18 +28,22 @@ from overdrive.cli.common import write_json
 @click.option("--max-autotune", "--maxAutotune", "max_autotune", is_flag=True, help="Inductor max-autotune (minutes of tuning).")
 @click.option("--aot", is_flag=True, help="Also store an AOTInductor package (torch >= 2.12 only).")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (a tensor or list saved with torch.save).")
+@click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
+              help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after "
+                   "(no effect on onnxruntime).")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the engine info as JSON ('-' for stdout).")
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
-            device: str, max_autotune: bool, aot: bool, calib: str | None, json_path: str | None) -> None:
+            device: str, max_autotune: bool, aot: bool, calib: str | None, timing_cache: str | None,
+            json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b
     Examples:
       overdrive build --onnx model.onnx --save-engine model.engine --shapes input:1x3x224x224
       overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
-          --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine
+          --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
     """
     from overdrive.engine.cli_helpers import build_engine
 
@@ -47,10 +51,14 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
                           opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                          max_autotune=max_autotune, aot=aot, calib=calib)
+                          max_autotune=max_autotune, aot=aot, calib=calib, timing_cache=timing_cache)
     info = engine.info
     if json_path is not None:
         write_json(info, json_path)
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
                         f"{info['precision']}, device {info['device']}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+        tc = info.get("timing_cache")
+        if tc:
+            loaded = f"loaded {tc['loaded_bytes']:,} bytes" if tc["loaded"] else "not found, started a new one"
+            click.echo(f"[I] timing cache {tc['path']}: {loaded}, saved {tc.get('saved_bytes', 0):,} bytes")

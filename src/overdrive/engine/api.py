@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ class Builder:
         cfg.precision = precision
         name, reason = choose_backend(cfg.backend, device, precision, src)
         backend = backends.get(name)
+        if cfg.timing_cache and name != "inductor":
+            warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
+                          "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)
         if name == "tensorrt":
             path = onnx_path or "model.onnx"
             Path(path).write_bytes(src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset))
@@ -100,6 +104,7 @@ class Builder:
             "overdrive": __version__, "backend": name, "backend_reason": reason, "precision": precision,
             "device": device_facts(device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
+            "timing_cache": meta.get("timing_cache"),
             "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch.")} for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
             "outputs": [{"name": f"output{i}" if len(outs) > 1 else "output", "dtype": str(o.dtype).removeprefix("torch."),
                          "opt_shape": list(o.shape)} for i, o in enumerate(outs)],
@@ -164,7 +169,8 @@ class Engine:
         return {"backend": h["backend"], "backend_reason": h.get("backend_reason"), "precision": h["precision"],
                 "device": h["device"], "torch": h["torch"], "cuda": h["cuda"], "source": h.get("source"),
                 "inputs": h["inputs"], "outputs": h["outputs"], "build_s": h.get("build_s"), "load_s": self.load_s,
-                "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values())}
+                "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
+                "timing_cache": h.get("timing_cache")}
 
     def save(self, path: str | Path) -> None:
         fmt.EngineFile(self.header, self.sections).save(path)

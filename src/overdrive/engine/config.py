@@ -110,6 +110,9 @@ class BuildConfig:
 
     ``precision`` is the compute precision (inputs and outputs stay float32, like trtexec's default I/O);
     ``compile_mode`` is Inductor's mode ("reduce-overhead" = CUDA graphs, used for static profiles on CUDA).
+    ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
+    one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
+    effect on the onnxruntime backend (a warning says so).
 
     Example:
         >>> cfg = BuildConfig(precision="fp16", device="cuda")
@@ -125,6 +128,7 @@ class BuildConfig:
     aot: bool | None = None  # AOTInductor package; None: where it works (torch >= 2.12)
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18
+    timing_cache: str | None = None  # a file kept across builds (Inductor's compile cache); None: no file
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -153,8 +153,57 @@ def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool) -> C
     return torch.compile(module, mode=mode, dynamic=True if dynamic else False, fullgraph=True)
 
 
+def load_timing_cache(path: str) -> dict[str, Any]:
+    """Preload Inductor's compile cache from ``path`` (``--timing-cache``) if the file exists.
+
+    Returns what was done, for ``engine.info["timing_cache"]``. A file that is not a cache written by
+    ``torch.compiler.save_cache_artifacts`` raises UsageError naming it.
+
+    Example:
+        >>> # load_timing_cache("model.cache")  # {'path': 'model.cache', 'loaded': True, 'loaded_bytes': 51234, ...}
+    """
+    info: dict[str, Any] = {"path": str(path), "loaded": False, "loaded_bytes": 0, "loaded_artifacts": 0}
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--timing-cache {path}: folder {folder} does not exist; create it or give another path")
+    if not os.path.exists(path):
+        return info
+    try:
+        data = open(path, "rb").read()
+    except OSError as exc:
+        raise UsageError(f"--timing-cache {path}: cannot read it ({exc}); give a readable file or a new path") from exc
+    cache_info = torch.compiler.load_cache_artifacts(data) if data else None
+    if cache_info is None:  # torch returns None (and logs) when the bytes do not deserialize
+        raise UsageError(f"--timing-cache {path}: the file is empty or not an Inductor compile cache "
+                         f"(torch.compiler.save_cache_artifacts bytes from torch {torch.__version__}); delete it "
+                         "or give a new path, and the next build writes a fresh one")
+    info.update(loaded=True, loaded_bytes=len(data),
+                loaded_artifacts=sum(len(v) for v in getattr(cache_info, "artifacts", {}).values()))
+    return info
+
+
+def save_timing_cache(path: str, artifacts: bytes | None, info: dict[str, Any]) -> None:
+    """Write the compile cache to ``path`` atomically (temp file + rename); keeps the old file if there is nothing new."""
+    if not artifacts:
+        info["saved_bytes"] = 0
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".timing-cache-", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            f.write(artifacts)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise UsageError(f"--timing-cache {path}: cannot write it ({exc}); give a path in a writable folder") from exc
+    info["saved_bytes"] = len(artifacts)
+
+
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
           calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
+    cache_info = load_timing_cache(cfg.timing_cache) if cfg.timing_cache else None
     module = prepare(src, cfg, device, calib or [example])
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
     t0 = time.perf_counter()
@@ -181,6 +230,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     if artifacts is not None:
         sections["compile_cache"] = artifacts[0]
     meta = {"compile_mode": mode, "export_s": t_export, "compile_s": t_compile, "dynamic": dyn is not None}
+    if cache_info is not None:
+        save_timing_cache(cfg.timing_cache, artifacts[0] if artifacts is not None else None, cache_info)
+        meta["timing_cache"] = cache_info
     if cfg.aot:
         if not aoti_works():
             raise UsageError(f"AOTInductor packages crash on torch {torch.__version__} (aoti_load_package segfaults on "

@@ -1,0 +1,77 @@
+"""``--timing-cache FILE`` (trtexec's ``--timingCacheFile``): Inductor's compile cache carried across
+builds. Building twice with one file works and the second build loads it; a corrupt file is a clear
+UsageError naming the file; the onnxruntime backend warns that the flag has no effect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.cli.main import main
+from overdrive.engine import Builder, BuildConfig, Engine, ShapeProfile
+
+STATIC = [ShapeProfile.fixed("x", (4, 16))]
+
+
+@pytest.fixture(scope="module")
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+def test_build_twice_with_one_cache_file(tmp_path: Path, mlp: torch.nn.Module) -> None:
+    cache = tmp_path / "mlp.cache"
+    cfg = BuildConfig(backend="inductor", device="cpu", profiles=STATIC, timing_cache=str(cache))
+    assert BuildConfig.from_json(cfg.to_json()) == cfg
+    first = Builder(cfg).build(mlp)
+    tc = first.info["timing_cache"]
+    assert tc["path"] == str(cache) and tc["loaded"] is False  # no file yet: built from scratch
+    assert cache.is_file() and cache.stat().st_size > 0 and tc["saved_bytes"] == cache.stat().st_size
+    written = cache.read_bytes()
+    second = Builder(cfg).build(mlp)
+    tc2 = second.info["timing_cache"]
+    assert tc2["loaded"] is True and tc2["loaded_bytes"] == len(written) and tc2["loaded_artifacts"] >= 1
+    assert cache.stat().st_size > 0
+    assert not list(tmp_path.glob(".timing-cache-*"))  # the atomic write left no temp file
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        ref = mlp(x)
+    torch.testing.assert_close(second(x), ref, atol=1e-5, rtol=1e-5)
+    # saved with the engine and back: the header keeps what happened
+    second.save(tmp_path / "m.engine")
+    assert Engine.load(tmp_path / "m.engine").info["timing_cache"]["loaded"] is True
+
+
+def test_corrupt_cache_file_is_a_usage_error(tmp_path: Path, mlp: torch.nn.Module) -> None:
+    bad = tmp_path / "bad.cache"
+    bad.write_bytes(b"this is not an inductor cache" * 10)
+    with pytest.raises(UsageError, match=r"--timing-cache .*bad\.cache.*not an Inductor compile cache"):
+        Builder(backend="inductor", device="cpu", profiles=STATIC, timing_cache=str(bad)).build(mlp)
+    assert bad.read_bytes() == b"this is not an inductor cache" * 10  # left as it was
+    with pytest.raises(UsageError, match=r"nofolder.*does not exist"):
+        Builder(backend="inductor", device="cpu", profiles=STATIC,
+                timing_cache=str(tmp_path / "nofolder" / "c.cache")).build(mlp)
+
+
+def test_onnxruntime_warns_and_cli_spellings(tmp_path: Path, digits_onnx: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    onnx_path = tmp_path / "d.onnx"
+    onnx_path.write_bytes(digits_onnx)
+    cache = tmp_path / "ort.cache"
+    for flag in ("--timing-cache", "--timingCacheFile"):
+        with pytest.warns(UserWarning, match=r"ort\.cache has no effect with the onnxruntime backend"):
+            assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(tmp_path / "d.engine"),
+                         "--shapes", "x:2x1x8x8", "--device", "cpu", "--backend", "onnxruntime", flag, str(cache)]) == 0
+        assert "backend onnxruntime" in capsys.readouterr().out
+    assert not cache.exists()  # neither read nor written
+    bad = tmp_path / "bad.cache"
+    bad.write_bytes(b"garbage")
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(tmp_path / "i.engine"), "--shapes", "x:2x1x8x8",
+                 "--device", "cpu", "--backend", "inductor", "--timingCacheFile", str(bad)]) == 2
+    assert "bad.cache" in capsys.readouterr().err
+    good = tmp_path / "good.cache"
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(tmp_path / "i.engine"), "--shapes", "x:2x1x8x8",
+                 "--device", "cpu", "--backend", "inductor", "--timing-cache", str(good)]) == 0
+    assert "timing cache" in capsys.readouterr().out and good.stat().st_size > 0
