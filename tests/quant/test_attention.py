@@ -267,3 +267,25 @@ def test_export_qdq_on_both_matmul_inputs_and_ort_match(trained_attention, digit
     assert np.quantile(diff, 0.95) <= 1e-4
     assert diff.max() <= 0.02 * np.abs(ref).max()
     assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.995
+
+
+def test_export_matmul_only_ort_default_optimizations(tmp_path) -> None:
+    """Only the attention matmuls quantized: ORT with all its (QDQ-fusing) optimizations matches."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    block = _Attention(32, 2).eval()
+    calib, x = torch.randn(16, 8, 32), torch.randn(32, 8, 32)
+    q = quant.quantize(copy.deepcopy(block), _only_matmuls("int8"), forward_loop=lambda m: m(calib))
+    path = quant.export_onnx(q, (x[:1],), tmp_path / "mm_int8.onnx")
+    g = onnx.load(str(path)).graph
+    prod = {o: n for n in g.node for o in n.output}
+    mms = [n for n in g.node if n.op_type == "MatMul" and all(prod.get(i) is not None and
+                                                               prod[i].op_type == "DequantizeLinear" for i in n.input)]
+    assert len(mms) == 2 and sum(n.op_type == "QuantizeLinear" for n in g.node) == 4
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input": x.numpy()})[0]
+    with torch.no_grad():
+        ref = q(x).numpy()
+    diff = np.abs(got - ref)
+    assert np.quantile(diff, 0.95) <= 1e-4 and diff.max() <= 0.02 * np.abs(ref).max()
