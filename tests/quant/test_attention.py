@@ -289,3 +289,21 @@ def test_export_matmul_only_ort_default_optimizations(tmp_path) -> None:
         ref = q(x).numpy()
     diff = np.abs(got - ref)
     assert np.quantile(diff, 0.95) <= 1e-4 and diff.max() <= 0.02 * np.abs(ref).max()
+
+
+def test_sdpa_export_ort_match(tmp_path) -> None:
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    block = _Attention(32, 2, sdpa=True).eval()
+    calib, x = torch.randn(16, 8, 32), torch.randn(32, 8, 32)
+    q = quant.quantize(copy.deepcopy(block), _only_matmuls("int8"), forward_loop=lambda m: m(calib))
+    path = quant.export_onnx(q, (x[:1],), tmp_path / "sdpa_int8.onnx")
+    g = onnx.load(str(path)).graph
+    assert sum(n.op_type == "QuantizeLinear" for n in g.node) == 3  # q, k, v
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"input": x.numpy()})[0]
+    with torch.no_grad():
+        ref = q(x).numpy()
+    diff = np.abs(got - ref)
+    assert np.quantile(diff, 0.95) <= 1e-4 and diff.max() <= 0.02 * np.abs(ref).max()
