@@ -24,7 +24,15 @@ from overdrive.quant.api import (
     set_quantizers_enabled,
     summary,
 )
-from overdrive.quant.config import FP8_DEFAULT, INT8_ATTENTION, INT8_DEFAULT, PRESETS, QuantConfig, QuantizerConfig, get_preset
+from overdrive.quant.config import (
+    FP8_DEFAULT,
+    INT8_ATTENTION,
+    INT8_DEFAULT,
+    PRESETS,
+    QuantConfig,
+    QuantizerConfig,
+    get_preset,
+)
 from overdrive.quant.export import export_onnx
 from overdrive.quant.modules import (
     QuantAdd,

@@ -145,7 +145,8 @@ class QuantSDPA(nn.Module):
         self.k_quantizer = TensorQuantizer(config.input, num_bins=config.num_bins, histogram=True)
         self.v_quantizer = TensorQuantizer(config.input, num_bins=config.num_bins, histogram=True)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # noqa: ANN002, ANN003
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: object,
+                **kwargs: object) -> torch.Tensor:
         return F.scaled_dot_product_attention(self.q_quantizer(q), self.k_quantizer(k), self.v_quantizer(v),
                                               *args, **kwargs)
 
