@@ -13,7 +13,8 @@ from overdrive.cli.common import console, write_json
                    "returning an nn.Module) or a checkpoint file saved with torch.save(model).")
 @click.option("--calib-data", default="digits", show_default=True,
               help="'digits' or a .pt file holding a tensor (N, ...) or a list of batches.")
-@click.option("--config", "config_name", type=click.Choice(["int8", "fp8"]), default="int8", show_default=True)
+@click.option("--config", "config_name", type=click.Choice(["int8", "fp8", "int8_attention"]), default="int8",
+              show_default=True, help="int8_attention: int8 plus the attention matmuls (QK^T, PV).")
 @click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), default="max", show_default=True)
 @click.option("--percentile", default=99.99, show_default=True, type=float)
 @click.option("--calib-batches", default=8, show_default=True, type=int, help="Batches used for calibration.")

@@ -24,20 +24,38 @@ from overdrive.quant.api import (
     set_quantizers_enabled,
     summary,
 )
-from overdrive.quant.config import FP8_DEFAULT, INT8_DEFAULT, PRESETS, QuantConfig, QuantizerConfig, get_preset
+from overdrive.quant.config import (
+    FP8_DEFAULT,
+    INT8_ATTENTION,
+    INT8_DEFAULT,
+    PRESETS,
+    QuantConfig,
+    QuantizerConfig,
+    get_preset,
+)
 from overdrive.quant.export import export_onnx
-from overdrive.quant.modules import QuantAdd, QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose2d, QuantLinear
+from overdrive.quant.modules import (
+    QuantAdd,
+    QuantConv1d,
+    QuantConv2d,
+    QuantConv3d,
+    QuantConvTranspose2d,
+    QuantLinear,
+    QuantMatmul,
+    QuantSDPA,
+)
 from overdrive.quant.quantizer import TensorQuantizer
 from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, to_real, weight_only
 
 __all__ = [
     # configs
-    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "PRESETS", "get_preset",
+    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "INT8_ATTENTION", "PRESETS", "get_preset",
     # PTQ / QAT
     "quantize", "calibrate", "load_calib_amax", "print_summary", "summary", "quantizers", "quantized_layers",
     "set_quantizers_enabled", "compare_calibrators", "CALIBRATORS", "sensitivity", "partial_quantize", "qat",
     # modules
     "TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d", "QuantAdd",
+    "QuantMatmul", "QuantSDPA",
     # export and real low precision
     "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "weight_only", "WeightOnlyLinear",
 ]

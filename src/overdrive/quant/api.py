@@ -23,7 +23,15 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.quant.config import QuantConfig
-from overdrive.quant.modules import QUANT_MODULES, QuantAdd, _QuantMixin, insert_residual_quantizers
+from overdrive.quant.modules import (
+    GRAPH_QUANT_MODULES,
+    QUANT_MODULES,
+    QuantAdd,
+    QuantMatmul,
+    QuantSDPA,
+    _QuantMixin,
+    insert_graph_quantizers,
+)
 from overdrive.quant.quantizer import TensorQuantizer
 
 ForwardLoop = Callable[[nn.Module], Any]
@@ -65,7 +73,8 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     """Insert quantizers (ModelOpt-style) and calibrate them by running ``forward_loop(model)``.
 
     Swaps selected Linear/Conv/ConvTranspose2d layers for quantized ones (same parameters), adds
-    residual-add quantizers with torch.fx when ``config.residual_add``, computes weight amax
+    residual-add quantizers with torch.fx when ``config.residual_add`` and attention-matmul
+    quantizers (QK^T, PV, SDPA's q/k/v) when ``config.quantize_matmuls``, computes weight amax
     (per channel), then runs ``forward_loop`` once in calibration mode and sets every activation
     amax with ``config.method``. Without ``forward_loop`` the activation quantizers stay
     uncalibrated (running, exporting or converting then raises). Returns the model (modified in
@@ -92,8 +101,8 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     else:
         _swap(model, config, "", skipped)
     untraced: list[str] = []
-    if config.residual_add and cls is None:
-        model, _, untraced = insert_residual_quantizers(model, config)
+    if (config.residual_add or config.quantize_matmuls) and cls is None:
+        model, _, untraced = insert_graph_quantizers(model, config)
     for name, q in quantizers(model):
         q.name = name
     model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
@@ -159,7 +168,7 @@ def load_calib_amax(model: nn.Module, method: str = "max", percentile: float | N
 
 def set_quantizers_enabled(model: nn.Module, enabled: bool, names: Sequence[str] | None = None) -> None:
     """Turn the quantizers of the layers named in ``names`` (all layers if None) on or off."""
-    owners = {n: m for n, m in model.named_modules() if isinstance(m, (_QuantMixin, QuantAdd))}
+    owners = {n: m for n, m in model.named_modules() if isinstance(m, (_QuantMixin, *GRAPH_QUANT_MODULES))}
     if names is not None:
         unknown = [n for n in names if n not in owners]
         if unknown:
@@ -172,8 +181,8 @@ def set_quantizers_enabled(model: nn.Module, enabled: bool, names: Sequence[str]
 
 
 def quantized_layers(model: nn.Module) -> list[str]:
-    """Names of the quantized layers and residual adds, in module order."""
-    return [n for n, m in model.named_modules() if isinstance(m, (_QuantMixin, QuantAdd))]
+    """Names of the quantized layers, residual adds and attention matmuls, in module order."""
+    return [n for n, m in model.named_modules() if isinstance(m, (_QuantMixin, *GRAPH_QUANT_MODULES))]
 
 
 @dataclass
@@ -199,6 +208,16 @@ def summary(model: nn.Module) -> dict[str, Any]:
             q = m.residual_quantizer
             rows.append(SummaryRow(name, "QuantAdd (residual input)", None if q.amax is None else float(q.amax), "-",
                                    q.enabled))
+        elif isinstance(m, (QuantMatmul, QuantSDPA)):
+            # input amax column: the first operand (A of A @ B, or q); the other operands are named
+            qs = ([m.input_quantizer, m.other_quantizer] if isinstance(m, QuantMatmul)
+                  else [m.q_quantizer, m.k_quantizer, m.v_quantizer])
+            labels = ["B"] if isinstance(m, QuantMatmul) else ["k", "v"]
+            others = ", ".join(f"{lab} {'-' if q.amax is None else f'{float(q.amax):.4g}'}"
+                               for lab, q in zip(labels, qs[1:]))
+            kind = f"QuantMatmul ({m.op}: A @ B)" if isinstance(m, QuantMatmul) else "QuantSDPA (q, k, v)"
+            rows.append(SummaryRow(name, kind, None if qs[0].amax is None else float(qs[0].amax), others,
+                                   any(q.enabled for q in qs)))
     meta = getattr(model, "_overdrive_quant", {})
     zero = [r.name for r in rows if r.input_amax == 0.0]
     return {"layers": rows, "skipped": meta.get("skipped", {}), "untraced": meta.get("untraced", []),
@@ -216,7 +235,7 @@ def print_summary(model: nn.Module, console: Any = None) -> None:
 
     s = summary(model)
     t = Table(title="overdrive.quant summary")
-    for c in ("layer", "kind", "input amax", "weight amax", "quantized"):
+    for c in ("layer", "kind", "input amax", "weight / other amax", "quantized"):
         t.add_column(c)
     for r in s["layers"]:
         t.add_row(r.name, r.kind, "-" if r.input_amax is None else f"{r.input_amax:.4g}", r.weight_amax,
@@ -226,7 +245,7 @@ def print_summary(model: nn.Module, console: Any = None) -> None:
     out = console or Console(highlight=False)
     out.print(t)
     if s["untraced"]:
-        out.print(f"residual adds not quantized (torch.fx could not trace): {s['untraced']}")
+        out.print(f"adds / matmuls not quantized (torch.fx could not trace): {s['untraced']}")
     if s["all_zero_inputs"]:
         out.print(f"all-zero activations seen at: {s['all_zero_inputs']} (amax 0: these inputs quantize to 0)")
 

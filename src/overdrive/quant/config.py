@@ -52,7 +52,10 @@ class QuantConfig:
     name matches any ``exclude`` fnmatch pattern stays in float (e.g. ``("stem.*", "fc2")`` keeps
     the first conv and the classifier in float); ``include`` restricts to matching names.
     ``residual_add`` inserts a quantizer on the residual input of ``x + y`` adds (torch.fx, see
-    README) so TensorRT can fuse the add into the conv.
+    README) so TensorRT can fuse the add into the conv. ``quantize_matmuls`` (opt-in) puts a
+    per-tensor input quantizer on both operands of every activation-by-activation matmul in forward
+    code (``q @ k.transpose(-2, -1)``, ``attn @ v``, ``torch.bmm``) and on q, k, v of
+    ``F.scaled_dot_product_attention`` (TensorRT's rule: quantize the inputs of attention's BMMs).
 
     Example:
         >>> cfg = QuantConfig(method="percentile", percentile=99.99, exclude=("fc2",))
@@ -69,6 +72,7 @@ class QuantConfig:
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
     residual_add: bool = True
+    quantize_matmuls: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -77,6 +81,9 @@ class QuantConfig:
             raise UsageError(f"percentile {self.percentile} must be in (50, 100], e.g. 99.99")
         if self.num_bins < 128:
             raise UsageError(f"num_bins {self.num_bins} must be >= 128 (the entropy method merges into 128 bins)")
+        for flag in ("residual_add", "quantize_matmuls"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UsageError(f"{flag}={getattr(self, flag)!r} must be True or False")
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
         if bad:
             raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
@@ -118,11 +125,14 @@ FP8_DEFAULT = QuantConfig(
 )
 """fp8 e4m3: activations per tensor, weights per output channel, scale = amax / 448, max calibration."""
 
-PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT}
+INT8_ATTENTION = INT8_DEFAULT.replace(quantize_matmuls=True)
+"""INT8_DEFAULT plus int8 per-tensor quantizers on both inputs of attention's matmuls (QK^T, PV, SDPA's q/k/v)."""
+
+PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT, "int8_attention": INT8_ATTENTION}
 
 
 def get_preset(name: str) -> QuantConfig:
-    """A preset by name ('int8' or 'fp8')."""
+    """A preset by name ('int8', 'fp8' or 'int8_attention')."""
     if name not in PRESETS:
         raise UsageError(f"quantization config {name!r} is not one of {list(PRESETS)}; pick one of those")
     return PRESETS[name]

@@ -2,7 +2,8 @@
 
 Placement follows TensorRT's rules: Q/DQ on the inputs (activation and weight) of Conv,
 ConvTranspose and Gemm/MatMul, never on their outputs, plus Q/DQ on the residual input of an add
-(``QuantAdd``) so the add fuses into the preceding conv. Scales are symmetric (zero point 0),
+(``QuantAdd``) so the add fuses into the preceding conv, and on both inputs of attention's
+activation-by-activation MatMuls (``QuantMatmul``, ``QuantSDPA``; opt-in). Scales are symmetric (zero point 0),
 weights per output channel (``axis``, hence opset >= 13). int8 uses the TorchScript exporter's
 fake-quantize translation; fp8 e4m3 emits Q/DQ with a float8 zero point (opset >= 19).
 
