@@ -108,7 +108,10 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
             for batch in calib:
                 m(*batch)
 
-    model = quant.quantize(copy.deepcopy(src.module).eval(), quant.INT8_DEFAULT, forward_loop)
+    if any(True for _ in quant.quantizers(src.module)):  # quantized already (QAT, sparse-quantized): as calibrated
+        model = src.module
+    else:
+        model = quant.quantize(copy.deepcopy(src.module).eval(), quant.INT8_DEFAULT, forward_loop)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "qdq.onnx")
         quant.export_onnx(model, example, path)
