@@ -180,6 +180,23 @@ def test_engine_pruned_fp32_and_sparse_int8(dense, digits) -> None:
     assert sum(sparsity.is_2to4(w) for w in int8_weights) == len(PRUNED)
 
 
+def test_inductor_int8_prepare_keeps_the_models_calibration(dense, digits) -> None:
+    """The inductor backend's int8 path (GPU default) converts an already-quantized model as calibrated:
+    no second quantize (which refuses a quantized model), same amax; checked here without compiling."""
+    from overdrive.engine.backends.inductor import prepare
+    from overdrive.engine.config import BuildConfig
+    from overdrive.engine.sources import from_module
+
+    sq, _ = _sparse_quantized(dense, digits)
+    real = prepare(from_module(sq), BuildConfig(precision="int8", device="cpu", backend="inductor"),
+                   torch.device("cpu"), calib=[(torch.zeros(2, 1, 8, 8),)])
+    x = digits.x_test[:16]
+    with torch.no_grad():
+        ref, out = sq.eval()(x), real(x)
+    torch.testing.assert_close(out, ref, atol=5e-2, rtol=5e-2)  # int8 GEMM for fc1/fc2, float elsewhere
+    assert any(True for _ in quant.quantizers(sq))  # the user's model is left as it was
+
+
 def test_errors(dense, digits, tmp_path) -> None:
     with pytest.raises(UsageError, match="expects the SparseHandle"):
         sparsity.sparse_quantize(copy.deepcopy(dense), quant.INT8_DEFAULT, _calib(digits))

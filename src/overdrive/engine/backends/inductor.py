@@ -105,8 +105,9 @@ def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, 
             for batch in calib:
                 m(*(x.to(dev) for x in batch))
 
-    cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
-    model = quant.quantize(model, cfg, forward_loop)
+    if not any(True for _ in quant.quantizers(model)):  # a model quantized already (QAT, sparse-quantized) keeps its amax
+        cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
+        model = quant.quantize(model, cfg, forward_loop)
     return quant.to_real(model)
 
 
