@@ -210,3 +210,8 @@ def test_errors(dense, digits, tmp_path) -> None:
         handle.rebind(DigitsCNN())
     with pytest.raises(UsageError, match="does not exist"):
         sparsity.onnx_weight_sparsity(tmp_path / "missing.onnx")
+    from overdrive.engine import Builder
+
+    fp8, _ = _sparse_quantized(dense, digits, quant.FP8_DEFAULT)
+    with pytest.raises(UsageError, match=r"quantized already to \['fp8_e4m3'\], not int8"):
+        Builder(precision="int8", device="cpu").build(fp8, (digits.x_test[:2],))
