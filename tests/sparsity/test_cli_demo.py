@@ -67,7 +67,9 @@ def test_demo_stage_runs_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx.fp32_model = DigitsCNN().eval()
     ctx.fp32_accuracy = 0.1
     table = sparsity_stage.run(ctx)
-    assert [r[0] for r in table.rows] == ["dense (O0)", "2:4 pruned, no fine-tune", "2:4 + fine-tune (1 epochs)"]
+    assert [r[0] for r in table.rows] == ["dense (O0)", "2:4 pruned, no fine-tune", "2:4 + fine-tune (1 epochs)",
+                                          "2:4 + fine-tune + int8 PTQ (fake-quant)"]
+    assert 0.0 <= table.rows[3][1] <= 1.0
     assert table.rows[1][4] < 0.55 * table.rows[0][4]
     assert 0.0 <= table.rows[2][1] <= 1.0
 

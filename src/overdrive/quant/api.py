@@ -307,12 +307,13 @@ def partial_quantize(model: nn.Module, ranking: Sequence[dict[str, Any]], k: int
 
 def qat(model: nn.Module, train_data: Iterable[Any], epochs: int, lr: float, eval_data: Iterable[Any] | None = None,
         policy: Any = "O0", device: torch.device | str | None = None, weight_decay: float = 0.0,
-        progress: bool = False) -> Any:
+        progress: bool = False, attach: Callable[[torch.optim.Optimizer], Any] | None = None) -> Any:
     """Quantization-aware fine-tuning of a calibrated model (amax fixed, STE gradients).
 
     The recipe (Wu et al. 2020): ~10% of the original epochs, ``lr`` about 1% of the original
     initial LR, cosine decay. Uses overdrive.train.Trainer (and so overdrive.amp's ``policy``).
-    Returns the Trainer's FitResult.
+    ``attach(optimizer)`` is called on the optimizer before training, e.g. ``attach=handle.attach``
+    of an overdrive.sparsity handle keeps 2:4 masks through QAT. Returns the Trainer's FitResult.
     """
     from overdrive.train import Trainer
 
@@ -324,6 +325,8 @@ def qat(model: nn.Module, train_data: Iterable[Any], epochs: int, lr: float, eva
         raise UsageError(f"QAT needs epochs >= 1 and lr > 0, got epochs={epochs}, lr={lr}")
     steps = epochs * len(train_data)  # type: ignore[arg-type]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    if attach is not None:
+        attach(opt)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
     trainer = Trainer(model, opt, policy=policy, device=device, scheduler=sched, progress=progress)
     return trainer.fit(train_data, epochs=epochs, eval_data=eval_data, description="QAT")

@@ -18,6 +18,7 @@ from overdrive.sparsity.config import ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, P
 from overdrive.sparsity.export import compress, decompress, load_compressed, save_compressed, to_semi_structured
 from overdrive.sparsity.layers import shape_rule
 from overdrive.sparsity.masks import compute_mask, is_2to4, m4n2_1d, m4n2_2d_best, m4n2_2d_greedy, retained_magnitude
+from overdrive.sparsity.quantized import onnx_weight_sparsity, sparse_quantize
 from overdrive.sparsity.report import SparsityReport
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "sparsify", "from_pruned", "SparseHandle", "PrunedLayer", "SparsityReport",
     # masks
     "compute_mask", "m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best", "is_2to4", "retained_magnitude", "shape_rule",
+    # with quantization
+    "sparse_quantize", "onnx_weight_sparsity",
     # export
     "save_compressed", "load_compressed", "compress", "decompress", "to_semi_structured",
     # apex-compatible

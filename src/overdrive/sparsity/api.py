@@ -69,8 +69,8 @@ class SparseHandle:
         self._hooks: list[Any] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._permutation_pending = config.permutation
-        for module in {id(layer.module): layer.module for layer in layers}.values():
-            self._hooks.append(module.register_load_state_dict_post_hook(self._check_loaded))
+        self._load_hooks = [m.register_load_state_dict_post_hook(self._check_loaded)
+                            for m in {id(layer.module): layer.module for layer in layers}.values()]
 
     @property
     def model(self) -> nn.Module:
@@ -136,9 +136,68 @@ class SparseHandle:
         return {layer.name: layer.mask for layer in self.layers}
 
     def verify(self) -> None:
-        """Raise when a mask is not 2:4, or a weight is nonzero where its mask prunes it."""
+        """Raise when a mask is not 2:4, or a weight is nonzero where its mask prunes it; for layers
+        quantized by overdrive.quant, also when the calibrated weight quantizer's (fake-)quantized
+        weight is nonzero where the mask prunes it."""
+        if self._stale():
+            self.rebind(self.model)
         for layer in self.layers:
             _check_layer(layer)
+            _check_quantized(layer)
+
+    def _stale(self) -> bool:
+        """True when a module swap in the model (quant.quantize) replaced a pruned layer object."""
+        model = self.model
+        for layer in self.layers:
+            owner = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
+            try:
+                if model.get_submodule(owner) is not layer.module:
+                    return True
+            except AttributeError:
+                return False  # rebind would fail too; the checks below report on the layers held
+        return False
+
+    def rebind(self, model: nn.Module) -> SparseHandle:
+        """Point the handle at ``model`` after a module swap replaced pruned layers (``quant.quantize``
+        swaps Linear/Conv for QuantLinear/QuantConv and may return a new root); layers are found by name.
+
+        The swapped layers must carry the same weights and mask buffers; the optimizer hooks already
+        attached keep working (they mask the same Parameter objects), the load-time check moves to
+        the new modules.
+
+        Example:
+            >>> model = nn.Sequential(nn.Linear(32, 16)); handle = sparsify(model)
+            >>> new = nn.Sequential(model[0]); handle.rebind(new).model is new
+            True
+        """
+        found = []
+        for layer in self.layers:
+            owner = layer.name.rsplit(".", 1)[0] if "." in layer.name else ""
+            try:
+                module = model.get_submodule(owner)
+            except AttributeError as exc:
+                raise UsageError(f"{type(model).__name__} has no layer {owner!r} that this sparsity handle pruned; "
+                                 "rebind only a model derived from the pruned one (same layer names)") from exc
+            if not hasattr(module, layer.param_name + MASK_SUFFIX):
+                raise UsageError(f"layer {owner!r} of {type(model).__name__} has no 2:4 mask buffer "
+                                 f"{layer.param_name + MASK_SUFFIX!r}; the swap must keep the pruned layer's buffers")
+            found.append(module)
+        old_weights = [layer.weight for layer in self.layers]
+        # the load-time check: drop the hooks on the old modules (a swap may share their hook dicts
+        # with the new ones) and register them on the new modules
+        for h in self._load_hooks:
+            h.remove()
+        for layer, module, old in zip(self.layers, found, old_weights):
+            layer.module = module
+            if layer.original is old:  # no amp master: the original is the module's weight itself
+                layer.original = layer.weight
+        self._load_hooks = [m.register_load_state_dict_post_hook(self._check_loaded)
+                            for m in {id(m): m for m in found}.values()]
+        self._model = weakref.ref(model)
+        if self._strong is not None:
+            self._strong = model
+        _check_shapes(self.layers)
+        return self
 
     # --- training ---------------------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer) -> SparseHandle:
@@ -159,9 +218,10 @@ class SparseHandle:
 
     def remove(self) -> None:
         """Drop hooks and mask buffers; the weights stay pruned."""
-        for h in self._hooks:
+        for h in self._hooks + self._load_hooks:
             h.remove()
         self._hooks.clear()
+        self._load_hooks.clear()
         for layer in self.layers:
             delattr(layer.module, layer.param_name + MASK_SUFFIX)
 
@@ -231,6 +291,25 @@ def from_pruned(model: nn.Module, config: Config | None = None) -> SparseHandle:
     if not layers:
         raise UsageError(f"{type(model).__name__} has no 2:4 mask buffers; prune it with sparsify() first")
     return SparseHandle(model, config, layers, [], {})
+
+
+def _check_shapes(layers: list[PrunedLayer]) -> None:
+    for layer in layers:
+        if layer.mask.shape != layer.weight.shape:
+            raise UsageError(f"mask of {layer.name} has shape {tuple(layer.mask.shape)} but the weight is "
+                             f"{tuple(layer.weight.shape)}; the rebound model does not match the pruned one")
+
+
+def _check_quantized(layer: PrunedLayer) -> None:
+    """The weight a calibrated overdrive.quant weight quantizer produces must keep the pruned zeros."""
+    q = getattr(layer.module, "weight_quantizer", None) if layer.param_name == "weight" else None
+    if q is None or not q.enabled or q.calibrating or not q.is_calibrated:
+        return
+    with torch.no_grad():
+        wq = q(layer.weight.detach())
+    if bool((wq[~layer.mask.to(wq.device)] != 0).any()):
+        raise UsageError(f"the quantized weight of {layer.name} is not 2:4 where its mask prunes it; quantize with a "
+                         "symmetric quantizer (zero point 0) so that pruned zeros stay zero")
 
 
 def _check_layer(layer: PrunedLayer) -> None:

@@ -105,8 +105,13 @@ def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, 
             for batch in calib:
                 m(*(x.to(dev) for x in batch))
 
-    cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
-    model = quant.quantize(model, cfg, forward_loop)
+    fmts = {q.config.format for _, q in quant.quantizers(model) if q.enabled}
+    if fmts and fmts != {"int8" if precision == "int8" else "fp8_e4m3"}:
+        raise UsageError(f"the model is quantized already to {sorted(fmts)}, not {precision}; build it with the precision "
+                         "it was quantized to, or pass the float model")
+    if not any(True for _ in quant.quantizers(model)):  # a model quantized already (QAT, sparse-quantized) keeps its amax
+        cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
+        model = quant.quantize(model, cfg, forward_loop)
     return quant.to_real(model)
 
 

@@ -108,7 +108,14 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
             for batch in calib:
                 m(*batch)
 
-    model = quant.quantize(copy.deepcopy(src.module).eval(), quant.INT8_DEFAULT, forward_loop)
+    fmts = {q.config.format for _, q in quant.quantizers(src.module) if q.enabled}
+    if fmts and fmts != {"int8"}:
+        raise UsageError(f"the model is quantized already to {sorted(fmts)}, not int8; the onnxruntime backend runs int8 "
+                         "Q/DQ models: quantize the float model with quant.INT8_DEFAULT")
+    if any(True for _ in quant.quantizers(src.module)):  # quantized already (QAT, sparse-quantized): as calibrated
+        model = src.module
+    else:
+        model = quant.quantize(copy.deepcopy(src.module).eval(), quant.INT8_DEFAULT, forward_loop)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "qdq.onnx")
         quant.export_onnx(model, example, path)

@@ -1,0 +1,90 @@
+"""Sparse-quantized models: 2:4 pruning followed by overdrive.quant (int8 / fp8 fake-quant, QAT, ONNX).
+
+Quantizers are symmetric (zero point 0), so a pruned zero quantizes to exactly zero at any amax,
+per tensor or per channel: the (fake-)quantized weights keep the 2:4 pattern. ``quant.quantize``
+swaps Linear/Conv for QuantLinear/QuantConv objects that share the pruned layer's Parameters and
+buffers (masks included); :func:`sparse_quantize` re-points the sparsity handle at the swapped
+layers and checks the quantized weights. Fine-tune with masks held through QAT by passing
+``attach=handle.attach`` to :func:`overdrive.quant.qat`.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from overdrive import quant, sparsity
+    >>> model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 8))
+    >>> handle = sparsity.sparsify(model)
+    >>> model = sparse_quantize(handle, quant.INT8_DEFAULT, lambda m: m(torch.randn(64, 32)))
+    >>> type(model[0]).__name__, sparsity.is_2to4(model[0].weight_quantizer(model[0].weight))
+    ('QuantLinear', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.sparsity.api import SparseHandle
+
+
+def sparse_quantize(handle: SparseHandle, config: Any, forward_loop: Callable[[nn.Module], Any] | None) -> nn.Module:
+    """Quantize the pruned model of ``handle`` with ``overdrive.quant.quantize(model, config, forward_loop)``,
+    re-point the handle at the quantized layers and verify that every (fake-)quantized weight keeps
+    the 2:4 pattern. Returns the quantized model (use it instead of the float one: a model that adds
+    tensors in its own forward comes back as a new GraphModule).
+
+    Example:
+        >>> # model = sparsity.sparse_quantize(handle, quant.INT8_DEFAULT, lambda m: [m(x) for x in calib])
+    """
+    from overdrive import quant
+
+    if not isinstance(handle, SparseHandle):
+        raise UsageError(f"sparse_quantize expects the SparseHandle returned by sparsity.sparsify, got "
+                         f"{type(handle).__name__}")
+    model = quant.quantize(handle.model, config, forward_loop)
+    handle.rebind(model)
+    unquantized = [layer.name for layer in handle.layers if not hasattr(layer.module, "weight_quantizer")]
+    handle.verify()
+    if len(unquantized) == len(handle.layers):
+        raise UsageError(f"quant config selected none of the pruned layers ({unquantized[:3]}...); "
+                         "check its include/exclude patterns and layer_types")
+    return model
+
+
+def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -> list[dict[str, Any]]:
+    """Weight initializers of an ONNX file (2-D and higher) with whether each is 2:4 along its input
+    dimension (Gemm weights (out, in) and Conv weights (O, I, *k), grouped as sparsity.masks does).
+    With ``handle``, only the pruned layers' weights, in handle order; a pruned weight the file does
+    not hold by name (folded into another constant) is an error.
+
+    Example:
+        >>> # rows = sparsity.onnx_weight_sparsity("digits_int8.onnx", handle); all(r["is_2to4"] for r in rows)
+    """
+    import torch
+
+    from overdrive._utils.optional import require
+    from overdrive.sparsity.masks import is_2to4
+
+    onnx = require("onnx", extra="onnx", feature="checking ONNX weights")
+    from onnx import numpy_helper
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"ONNX file {str(path)!r} does not exist")
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    names = [n for n, a in inits.items() if a.ndim >= 2]
+    if handle is not None:
+        names = [layer.name for layer in handle.layers]
+        missing = [n for n in names if n not in inits]
+        if missing:
+            raise UsageError(f"{path.name} has no initializer named {missing[:3]}: export without folding the weights "
+                             "(overdrive.quant.export_onnx keeps them by name)")
+    rows = []
+    for n in names:
+        w = torch.from_numpy(inits[n].astype("float32"))
+        rows.append({"name": n, "shape": list(w.shape), "nonzero_fraction": float((w != 0).float().mean()),
+                     "is_2to4": is_2to4(w)})
+    return rows
