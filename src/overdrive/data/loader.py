@@ -187,6 +187,13 @@ class ImageLoader:
         finally:
             if hasattr(dl_iter, "_shutdown_workers"):
                 dl_iter._shutdown_workers()  # early break: stop the worker processes now, not at GC
+                # The index queues' feeder threads exit on their own after close(); wait for them here,
+                # so no thread of ours outlives the loop (a test caught them still alive right after).
+                queues = [*getattr(dl_iter, "_index_queues", []), getattr(dl_iter, "_worker_result_queue", None)]
+                for q in queues:
+                    feeder = getattr(q, "_thread", None)
+                    if feeder is not None:
+                        feeder.join(timeout=10)
             del dl_iter
 
     def _note_bad(self, bad: list[str]) -> None:
