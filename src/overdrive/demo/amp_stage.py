@@ -52,6 +52,6 @@ def run(ctx: DemoContext) -> Table:
 
         table.notes.append(
             f"CPU ISA {cpu_isa()}: without native bf16 (AVX512-BF16/AMX) torch emulates bf16 math, so half levels run "
-            "slower here; mixed precision pays on tensor-core GPUs (see benchmarks/results/amp_train.md)."
+            "slower here; mixed precision pays on tensor-core GPUs (see benchmarks/results/amp_train_resnet50.md and amp_train_gpt2.md)."
         )
     return table
