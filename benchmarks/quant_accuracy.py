@@ -13,7 +13,6 @@ Both models are trained with overdrive.train.Trainer at O0. Runs on CPU:
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as dt
 import json
 import math
@@ -30,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from overdrive import quant  # noqa: E402
+from overdrive.quant import recipe  # noqa: E402
 from overdrive.demo.report import Table  # noqa: E402
 from overdrive.train import Trainer, evaluate  # noqa: E402
 
@@ -113,31 +112,8 @@ def train(model: nn.Module, train_dl, test_dl, epochs: int, lr: float) -> float:
 
 def accuracy_table(name: str, model: nn.Module, base: float, calib: list[torch.Tensor], train_dl, test_dl,
                    qat_epochs: int, qat_lr: float) -> Table:
-    def acc(m: nn.Module) -> float:
-        return evaluate(m, test_dl)[1]
-
-    def loop(m: nn.Module) -> None:
-        for x in calib:
-            m(x)
-
-    t = Table(f"{name}: fp32 vs PTQ vs partial vs QAT", ["model", "calibration", "test accuracy", "vs fp32 (points)"])
-    t.rows.append(["fp32", "-", base, 0.0])
-    q = quant.quantize(copy.deepcopy(model), quant.INT8_DEFAULT, forward_loop=loop)
-    rows = quant.compare_calibrators(q, acc)
-    for r in rows:
-        t.rows.append(["int8 PTQ", r["label"] + (" (best)" if r.get("best") else ""), r["metric"], 100 * (r["metric"] - base)])
-    best = max(rows, key=lambda r: r["metric"])
-    f8 = quant.quantize(copy.deepcopy(model), quant.FP8_DEFAULT, forward_loop=loop)
-    a = acc(f8)
-    t.rows.append(["fp8 e4m3 PTQ", "max", a, 100 * (a - base)])
-    ranking = quant.sensitivity(q, acc)
-    kept = quant.partial_quantize(q, ranking, k=2)
-    a = acc(q)
-    t.rows.append([f"int8 partial ({', '.join(kept)} in float)", best["label"], a, 100 * (a - base)])
-    quant.set_quantizers_enabled(q, True)
-    res = quant.qat(q, train_dl, epochs=qat_epochs, lr=qat_lr, eval_data=test_dl)
-    a = res.history[-1].eval_accuracy
-    t.rows.append([f"int8 QAT ({qat_epochs} epoch(s), lr {qat_lr:g}, cosine)", best["label"], a, 100 * (a - base)])
+    t, _, ranking = recipe.accuracy_table(f"{name}: fp32 vs PTQ vs partial vs QAT", model, base, calib, train_dl,
+                                          test_dl, qat_epochs=qat_epochs, qat_lr=qat_lr, partial_k=2)
     t.notes.append(f"calibration: {len(calib)} training batches, one pass; every method computed from its histograms. "
                    f"Sensitivity (points lost when quantized alone): "
                    + ", ".join(f"{r['layer']} {100 * r['drop']:+.1f}" for r in ranking[:3]))
