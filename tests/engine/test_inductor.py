@@ -53,6 +53,37 @@ def test_benchmark_summary(built: tuple[Engine, Path]) -> None:
     assert 0.6 < s["latency_ms"]["mean"] / 1e3 * s["throughput_qps"] <= 1.0
 
 
+def test_freezing_folds_bn_and_survives_reload(tmp_path: Path) -> None:
+    """--freezing (on by default for CUDA): conv+BN with non-trivial BN statistics, frozen, equals eager
+    PyTorch to fp32 rounding, and the reloaded engine compiles with freezing too (the header says so)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].running_var.uniform_(0.5, 2.0)
+        m[1].weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 8, 8)
+    eng = Builder(backend="inductor", device="cpu", freezing=True,
+                  profiles=[ShapeProfile.fixed("x", (2, 3, 8, 8))]).build(m, (x,), input_names=["x"])
+    assert eng.header["backend_meta"]["freezing"] is True
+    with torch.no_grad():
+        ref = m(x)
+    torch.testing.assert_close(eng(x), ref, atol=1e-5, rtol=1e-5)
+    eng.save(tmp_path / "f.engine")
+    loaded = Engine.load(tmp_path / "f.engine")
+    assert loaded.header["backend_meta"]["freezing"] is True
+    torch.testing.assert_close(loaded(x), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_freezing_default_is_cuda_only() -> None:
+    from overdrive.engine.backends.inductor import use_freezing
+    from overdrive.engine.config import BuildConfig
+
+    assert use_freezing(BuildConfig(), torch.device("cuda")) is True
+    assert use_freezing(BuildConfig(), torch.device("cpu")) is False
+    assert use_freezing(BuildConfig(freezing=False), torch.device("cuda")) is False
+
+
 def test_torchscript_goes_through_onnx(tmp_path: Path, digits: torch.nn.Module) -> None:
     ts = tmp_path / "d.pt"
     torch.jit.trace(digits, torch.randn(2, 1, 8, 8)).save(str(ts))

@@ -28,7 +28,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  exported: str | None = None, save_engine: str = "model.engine", precision: str = "fp32",
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
-                 aot: bool = False, calib: str | None = None, timing_cache: str | None = None) -> Engine:
+                 aot: bool = False, calib: str | None = None, timing_cache: str | None = None,
+                 freezing: bool | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     Example:
@@ -52,7 +53,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src = from_factory(model)
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot,
-                      timing_cache=timing_cache)
+                      timing_cache=timing_cache, freezing=freezing)
     engine = Builder(cfg).build(src, calib=_calibration(calib), onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
     return engine

@@ -129,6 +129,7 @@ class BuildConfig:
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18
     timing_cache: str | None = None  # a file kept across builds (Inductor's compile cache); None: no file
+    freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

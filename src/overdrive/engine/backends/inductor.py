@@ -154,8 +154,28 @@ class Runner:
             return flatten_outputs(self.fn(*xs))
 
 
-def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool) -> Callable:
-    return torch.compile(module, mode=mode, dynamic=True if dynamic else False, fullgraph=True)
+def use_freezing(cfg: BuildConfig, device: torch.device) -> bool:
+    """Inductor freezing for this build: ``cfg.freezing``, or on for CUDA when unset."""
+    return cfg.freezing if cfg.freezing is not None else device.type == "cuda"
+
+
+class _Frozen:
+    """Calls a compiled function with Inductor's ``freezing`` set as at build time.
+
+    Inductor compiles lazily at the first call, and reads ``freezing`` then; every call goes through
+    here so that a recompile (new shape in a dynamic profile) sees the same setting."""
+
+    def __init__(self, fn: Callable, freezing: bool) -> None:
+        self.fn, self.freezing = fn, freezing
+
+    def __call__(self, *xs: torch.Tensor) -> Any:
+        with torch._inductor.config.patch(freezing=self.freezing):
+            return self.fn(*xs)
+
+
+def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, freezing: bool = False) -> Callable:
+    fn = torch.compile(module, mode=mode, dynamic=True if dynamic else False, fullgraph=True)
+    return _Frozen(fn, freezing) if freezing else fn
 
 
 def load_timing_cache(path: str) -> dict[str, Any]:
@@ -224,7 +244,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     torch.export.save(ep, buf)
     sections = {"exported_program": buf.getvalue()}
     mode = _mode(cfg, device)
-    compiled = _compile(ep.module(), cfg, mode, dyn is not None)
+    freezing = use_freezing(cfg, device)
+    compiled = _compile(ep.module(), cfg, mode, dyn is not None, freezing)
     runner = Runner(compiled, cfg.precision, mode, "torch.compile")
     t0 = time.perf_counter()
     for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call
@@ -234,7 +255,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     artifacts = torch.compiler.save_cache_artifacts()
     if artifacts is not None:
         sections["compile_cache"] = artifacts[0]
-    meta = {"compile_mode": mode, "export_s": t_export, "compile_s": t_compile, "dynamic": dyn is not None}
+    meta = {"compile_mode": mode, "export_s": t_export, "compile_s": t_compile, "dynamic": dyn is not None,
+            "freezing": freezing}
     if cache_info is not None:
         save_timing_cache(cfg.timing_cache, artifacts[0] if artifacts is not None else None, cache_info)
         meta["timing_cache"] = cache_info
@@ -265,5 +287,5 @@ def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.devic
         torch.compiler.load_cache_artifacts(sections["compile_cache"])
     ep = torch.export.load(io.BytesIO(sections["exported_program"]))
     mode = meta.get("compile_mode", "default")
-    fn = _compile(ep.module(), BuildConfig(precision=precision), mode, meta.get("dynamic", False))
+    fn = _compile(ep.module(), BuildConfig(precision=precision), mode, meta.get("dynamic", False), meta.get("freezing", False))
     return Runner(fn, precision, mode, "torch.compile (from cache)")

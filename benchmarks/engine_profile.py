@@ -1,0 +1,200 @@
+"""Why the batch-256 engines are where they are: compile variants side by side, and a kernel profile.
+
+For ResNet-50 (fp16, channels_last) and BERT-base (seq 128) at batch 256 on one GPU, times in the
+same run: eager (the baseline; cudnn.benchmark off, as plain PyTorch runs), eager with
+cudnn.benchmark, and the engine's compile path (torch.export -> torch.compile) with and without
+Inductor's freezing (constant-folds weights: conv+BN folding, weight layouts fixed at build time).
+Then torch.profiler over a few calls of eager and of the best variant: GPU time per kernel class
+(convolution, GEMM, attention, Triton-generated, other elementwise, copies) and the top kernels,
+with the achieved TFLOP/s of the whole step against the measured matmul ceiling.
+
+    python benchmarks/engine_profile.py                 # H200: about 4 minutes
+    python benchmarks/engine_profile.py --models bert   # one model
+Writes benchmarks/results/engine_profile.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent / "src"))
+
+from _common import device_facts, write_results  # noqa: E402
+
+# forward FLOPs per sample (multiply-add = 2): ResNet-50 at 224 is 4.09 GMAC; BERT-base seq 128:
+# 2 * 85.0M encoder weights * 128 tokens + attention (2 * 2 * 128^2 * 768 per layer, 12 layers)
+FLOPS = {"resnet50": 2 * 4.09e9, "bert": 2 * 85.0e6 * 128 + 12 * 4 * 128 * 128 * 768}
+
+KERNEL_CLASSES = [  # first match wins
+    ("attention", re.compile(r"flash|fmha|attention|attn", re.I)),
+    ("convolution", re.compile(r"conv|fprop|dgrad|implicit_gemm|cudnn|winograd|nchwToNhwc|nhwcToNchw", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|cublas|sm90_xmma|_mm_|matmul|splitK", re.I)),
+    ("triton (inductor fused)", re.compile(r"^triton_", re.I)),
+    ("copy / layout", re.compile(r"copy|memcpy|memset|transpose|permute", re.I)),
+    ("elementwise / reduce (aten)", re.compile(r"elementwise|reduce|softmax|layer_norm|norm|gelu|relu|add|mul", re.I)),
+]
+
+
+def classify(name: str) -> str:
+    for cls, rx in KERNEL_CLASSES:
+        if rx.search(name):
+            return cls
+    return "other"
+
+
+def time_fn(fn: Callable[[], Any], iters: int = 30, warmup: int = 5) -> float:
+    """Median seconds per call by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+
+def kernel_profile(fn: Callable[[], Any], calls: int = 5) -> dict[str, Any]:
+    """GPU time per kernel class and the top 12 kernels, per call, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        dur = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        kernels.setdefault(e.name, []).append(dur)
+    total = sum(sum(v) for v in kernels.values()) / calls / 1e3  # ms per call
+    by_class: dict[str, float] = {}
+    for name, ds in kernels.items():
+        c = classify(name)
+        by_class[c] = by_class.get(c, 0.0) + sum(ds) / calls / 1e3
+    top = sorted(((sum(ds) / calls / 1e3, len(ds) // calls, name[:90]) for name, ds in kernels.items()), reverse=True)[:12]
+    return {"gpu_ms_per_call": total, "kernels_per_call": sum(len(v) for v in kernels.values()) // calls,
+            "by_class_ms": dict(sorted(by_class.items(), key=lambda kv: -kv[1])),
+            "top": [{"ms": ms, "count": n, "kernel": k} for ms, n, k in top]}
+
+
+def resnet50(batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.dtype]:
+    import torchvision
+
+    m = torchvision.models.resnet50(weights=None).eval().cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    return m, (x,), torch.float16
+
+
+def bert(batch: int, dtype: torch.dtype = torch.float16) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.dtype]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    m = BertModel(BertConfig()).eval().cuda().to(dtype)
+    ids = torch.randint(0, 30522, (batch, 128), device="cuda")
+    return m, (ids, torch.ones(batch, 128, dtype=torch.int64, device="cuda")), dtype
+
+
+def compiled(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], freezing: bool, mode: str = "default") -> Callable:
+    """The engine's path: torch.export, then torch.compile of the exported module (fresh compile)."""
+    torch.compiler.reset()
+    with torch.no_grad():
+        ep = torch.export.export(model, inputs, strict=False)
+    with torch._inductor.config.patch(freezing=freezing):
+        fn = torch.compile(ep.module(), mode=mode, fullgraph=True)
+        with torch.inference_mode():
+            fn(*inputs)  # compile now, under the patched config
+    return fn
+
+
+def variants(name: str, batch: int) -> list[dict[str, Any]]:
+    rows = []
+    builders = {"resnet50": [("fp16", resnet50)], "bert": [("fp16", bert), ("bf16", lambda b: bert(b, torch.bfloat16))]}
+    base = None
+    for dtype_name, make in builders[name]:
+        model, inputs, _ = make(batch)
+        plans: list[tuple[str, Callable[[], Callable], bool]] = [
+            (f"eager {dtype_name}", lambda: model, False),
+            (f"eager {dtype_name} + cudnn.benchmark", lambda: model, True),
+            (f"export+compile {dtype_name}", lambda: compiled(model, inputs, False), False),
+            (f"export+compile {dtype_name} + freezing", lambda: compiled(model, inputs, True), False),
+            (f"export+compile {dtype_name} + freezing + cudnn.benchmark", lambda: compiled(model, inputs, True), True),
+        ]
+        if name == "bert" or dtype_name != "fp16":
+            plans = [p for p in plans if "cudnn" not in p[0]]  # no convolutions: cudnn.benchmark changes nothing
+        for label, get, bench in plans:
+            torch.backends.cudnn.benchmark = bench
+            t0 = time.perf_counter()
+            try:
+                fn = get()
+            except Exception as exc:  # one failing variant must not hide the others
+                rows.append({"model": name, "batch": batch, "config": label, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                print(rows[-1], flush=True)
+                continue
+            build_s = time.perf_counter() - t0
+            with torch.inference_mode():
+                sec = time_fn(lambda: fn(*inputs))
+            tput = batch / sec
+            base = base or tput
+            row = {"model": name, "batch": batch, "config": label, "throughput": tput, "median_ms": sec * 1e3,
+                   "vs_eager_fp16": tput / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
+                   "_fn": fn, "_inputs": inputs}
+            rows.append(row)
+            print({k: v for k, v in row.items() if not k.startswith("_")}, flush=True)
+        torch.backends.cudnn.benchmark = False
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,bert")
+    ap.add_argument("--batch", type=int, default=256)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_profile.py profiles GPU kernels: run it on a CUDA machine")
+    facts = device_facts(torch.device("cuda"))
+    rows, profiles, notes = [], {}, []
+    for name in args.models.split(","):
+        rs = variants(name, args.batch)
+        ok = [r for r in rs if "throughput" in r]
+        eager, best = ok[0], max(ok, key=lambda r: r["throughput"])
+        for r in (eager, best):
+            torch.backends.cudnn.benchmark = "cudnn.benchmark" in r["config"]
+            with torch.inference_mode():
+                profiles[f"{name}: {r['config']}"] = kernel_profile(lambda: r["_fn"](*r["_inputs"]))
+        torch.backends.cudnn.benchmark = False
+        rows += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs]
+        del rs, ok, eager, best
+        torch.compiler.reset()
+        torch.cuda.empty_cache()
+    for key, p in profiles.items():
+        cls = ", ".join(f"{c} {ms:.2f} ms ({ms / p['gpu_ms_per_call']:.0%})" for c, ms in p["by_class_ms"].items())
+        notes.append(f"profile {key}: {p['gpu_ms_per_call']:.2f} GPU ms per call in {p['kernels_per_call']} kernels; {cls}")
+        notes.append("  top kernels: " + "; ".join(f"{t['kernel']} x{t['count']} {t['ms']:.2f} ms" for t in p["top"][:6]))
+    notes.append("tflops: model forward FLOPs / median time; the H200's measured fp16/bf16 matmul ceiling is ~736/765 "
+                 "TFLOP/s and its copy bandwidth 4.19 TB/s (ANCHORS.md).")
+    write_results("engine_profile", facts, rows, ["model", "batch", "config", "throughput", "median_ms", "vs_eager_fp16",
+                                                   "tflops", "build_s", "error"], notes, {"profiles": profiles})
+    print("\n".join(notes))
+
+
+if __name__ == "__main__":
+    main()
