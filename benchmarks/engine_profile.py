@@ -37,10 +37,10 @@ from _common import device_facts, write_results  # noqa: E402
 FLOPS = {"resnet50": 2 * 4.09e9, "bert": 2 * 85.0e6 * 128 + 12 * 4 * 128 * 128 * 768}
 
 KERNEL_CLASSES = [  # first match wins
-    ("attention", re.compile(r"flash|fmha|attention|attn", re.I)),
+    ("triton (inductor fused)", re.compile(r"^triton_", re.I)),  # before conv: "triton_poi_fused_add_convolution_relu"
+    ("attention", re.compile(r"flash|fmha|attention|attn|sdpa", re.I)),
     ("convolution", re.compile(r"conv|fprop|dgrad|implicit_gemm|cudnn|winograd|nchwToNhwc|nhwcToNchw", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|cublas|sm90_xmma|_mm_|matmul|splitK", re.I)),
-    ("triton (inductor fused)", re.compile(r"^triton_", re.I)),
     ("copy / layout", re.compile(r"copy|memcpy|memset|transpose|permute", re.I)),
     ("elementwise / reduce (aten)", re.compile(r"elementwise|reduce|softmax|layer_norm|norm|gelu|relu|add|mul", re.I)),
 ]
@@ -113,53 +113,82 @@ def bert(batch: int, dtype: torch.dtype = torch.float16) -> tuple[torch.nn.Modul
     return m, (ids, torch.ones(batch, 128, dtype=torch.int64, device="cuda")), dtype
 
 
-def compiled(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], freezing: bool, mode: str = "default") -> Callable:
+def compiled(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], freezing: bool, mode: str = "default",
+             **inductor: Any) -> Callable:
     """The engine's path: torch.export, then torch.compile of the exported module (fresh compile)."""
     torch.compiler.reset()
     with torch.no_grad():
         ep = torch.export.export(model, inputs, strict=False)
-    with torch._inductor.config.patch(freezing=freezing):
+    with torch._inductor.config.patch(freezing=freezing, **inductor):
         fn = torch.compile(ep.module(), mode=mode, fullgraph=True)
         with torch.inference_mode():
             fn(*inputs)  # compile now, under the patched config
     return fn
 
 
-def variants(name: str, batch: int) -> list[dict[str, Any]]:
+class _IdsOnly(torch.nn.Module):
+    """BERT called with input_ids alone (no attention mask): every token attends to every token."""
+
+    def __init__(self, m: torch.nn.Module) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids: torch.Tensor) -> Any:
+        return self.m(input_ids=ids)
+
+
+def plans(name: str, batch: int, quick_only: bool) -> list[tuple[str, Callable[[], tuple[Callable, tuple]], bool]]:
+    """(label, () -> (callable, inputs), cudnn.benchmark) for each variant of ``name``."""
+    out: list[tuple[str, Callable[[], tuple[Callable, tuple]], bool]] = []
+    if name == "resnet50":
+        m, x, _ = resnet50(batch)
+        out += [("eager fp16", lambda: (m, x), False)]
+        if not quick_only:
+            out += [("eager fp16 + cudnn.benchmark", lambda: (m, x), True),
+                    ("export+compile fp16", lambda: (compiled(m, x, False), x), False)]
+        out += [("export+compile fp16 + freezing (the engine)", lambda: (compiled(m, x, True), x), False),
+                ("... + conv_1x1_as_mm", lambda: (compiled(m, x, True, conv_1x1_as_mm=True), x), False),
+                ("... + cudnn.benchmark", lambda: (compiled(m, x, True), x), True)]
+    else:
+        m16, (ids, mask), _ = bert(batch)
+        mb, _, _ = bert(batch, torch.bfloat16)
+        n16, nb = _IdsOnly(m16).eval(), _IdsOnly(mb).eval()
+        out += [("eager fp16", lambda: (m16, (ids, mask)), False)]
+        if not quick_only:
+            out += [("export+compile fp16", lambda: (compiled(m16, (ids, mask), False), (ids, mask)), False),
+                    ("export+compile fp16 + freezing", lambda: (compiled(m16, (ids, mask), True), (ids, mask)), False),
+                    ("eager bf16", lambda: (mb, (ids, mask)), False)]
+        out += [("export+compile bf16 + freezing (the engine)", lambda: (compiled(mb, (ids, mask), True), (ids, mask)), False),
+                ("eager fp16, input_ids only (no mask)", lambda: (n16, (ids,)), False),
+                ("export+compile bf16 + freezing, input_ids only", lambda: (compiled(nb, (ids,), True), (ids,)), False),
+                ("... + max-autotune (GEMM templates, epilogue fusion)",
+                 lambda: (compiled(nb, (ids,), True, "max-autotune-no-cudagraphs"), (ids,)), False)]
+    return out
+
+
+def variants(name: str, batch: int, quick_only: bool = False) -> list[dict[str, Any]]:
     rows = []
-    builders = {"resnet50": [("fp16", resnet50)], "bert": [("fp16", bert), ("bf16", lambda b: bert(b, torch.bfloat16))]}
     base = None
-    for dtype_name, make in builders[name]:
-        model, inputs, _ = make(batch)
-        plans: list[tuple[str, Callable[[], Callable], bool]] = [
-            (f"eager {dtype_name}", lambda: model, False),
-            (f"eager {dtype_name} + cudnn.benchmark", lambda: model, True),
-            (f"export+compile {dtype_name}", lambda: compiled(model, inputs, False), False),
-            (f"export+compile {dtype_name} + freezing", lambda: compiled(model, inputs, True), False),
-            (f"export+compile {dtype_name} + freezing + cudnn.benchmark", lambda: compiled(model, inputs, True), True),
-        ]
-        if name == "bert" or dtype_name != "fp16":
-            plans = [p for p in plans if "cudnn" not in p[0]]  # no convolutions: cudnn.benchmark changes nothing
-        for label, get, bench in plans:
-            torch.backends.cudnn.benchmark = bench
-            t0 = time.perf_counter()
-            try:
-                fn = get()
-            except Exception as exc:  # one failing variant must not hide the others
-                rows.append({"model": name, "batch": batch, "config": label, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-                print(rows[-1], flush=True)
-                continue
-            build_s = time.perf_counter() - t0
-            with torch.inference_mode():
-                sec = time_fn(lambda: fn(*inputs))
-            tput = batch / sec
-            base = base or tput
-            row = {"model": name, "batch": batch, "config": label, "throughput": tput, "median_ms": sec * 1e3,
-                   "vs_eager_fp16": tput / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
-                   "_fn": fn, "_inputs": inputs}
-            rows.append(row)
-            print({k: v for k, v in row.items() if not k.startswith("_")}, flush=True)
-        torch.backends.cudnn.benchmark = False
+    for label, get, bench in plans(name, batch, quick_only):
+        torch.backends.cudnn.benchmark = bench
+        t0 = time.perf_counter()
+        try:
+            fn, inputs = get()
+        except Exception as exc:  # one failing variant must not hide the others
+            rows.append({"model": name, "batch": batch, "config": label, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            print(rows[-1], flush=True)
+            continue
+        build_s = time.perf_counter() - t0
+        with torch.inference_mode():
+            sec = time_fn(lambda: fn(*inputs))
+        tput = batch / sec
+        base = base or tput
+        row = {"model": name, "batch": batch, "config": label, "throughput": tput, "median_ms": sec * 1e3,
+               "vs_eager_fp16": tput / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
+               "_fn": fn, "_inputs": inputs, "_bench": bench}
+        rows.append(row)
+        print({k: v for k, v in row.items() if not k.startswith("_")}, flush=True)
+    torch.backends.cudnn.benchmark = False
     return rows
 
 
@@ -167,17 +196,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet50,bert")
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--name", default="engine_profile", help="results file name under benchmarks/results/")
+    ap.add_argument("--new-only", action="store_true", help="skip the variants measured in the first profile run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("engine_profile.py profiles GPU kernels: run it on a CUDA machine")
     facts = device_facts(torch.device("cuda"))
     rows, profiles, notes = [], {}, []
     for name in args.models.split(","):
-        rs = variants(name, args.batch)
+        rs = variants(name, args.batch, args.new_only)
         ok = [r for r in rs if "throughput" in r]
         eager, best = ok[0], max(ok, key=lambda r: r["throughput"])
         for r in (eager, best):
-            torch.backends.cudnn.benchmark = "cudnn.benchmark" in r["config"]
+            torch.backends.cudnn.benchmark = r["_bench"]
             with torch.inference_mode():
                 profiles[f"{name}: {r['config']}"] = kernel_profile(lambda: r["_fn"](*r["_inputs"]))
         torch.backends.cudnn.benchmark = False
@@ -191,7 +222,7 @@ def main() -> None:
         notes.append("  top kernels: " + "; ".join(f"{t['kernel']} x{t['count']} {t['ms']:.2f} ms" for t in p["top"][:6]))
     notes.append("tflops: model forward FLOPs / median time; the H200's measured fp16/bf16 matmul ceiling is ~736/765 "
                  "TFLOP/s and its copy bandwidth 4.19 TB/s (ANCHORS.md).")
-    write_results("engine_profile", facts, rows, ["model", "batch", "config", "throughput", "median_ms", "vs_eager_fp16",
+    write_results(args.name, facts, rows, ["model", "batch", "config", "throughput", "median_ms", "vs_eager_fp16",
                                                    "tflops", "build_s", "error"], notes, {"profiles": profiles})
     print("\n".join(notes))
 
