@@ -127,21 +127,12 @@ def main() -> None:
         decoded = [decode_jpeg(c, mode=ImageReadMode.RGB, device=device) for c in chunks]
         gen = torch.Generator().manual_seed(0)
         params = [draw_params(bs, gen, 0.5) for _ in decoded]
-        add("transform_batch (pad copy + grid_sample + normalize)",
+        add("transform_batch (cat + gather + bilinear blend + normalize)",
             rate(m, lambda: [transform_batch(ims, u, f, cfg) for ims, (u, f) in zip(decoded, params)], True))
-
-        def pad_only() -> None:
-            for ims in decoded:
-                Hp, Wp = max(i.shape[1] for i in ims), max(i.shape[2] for i in ims)
-                buf = torch.zeros(len(ims), 3, Hp, Wp, device=device)
-                for i, im in enumerate(ims):
-                    buf[i, :, :im.shape[1], :im.shape[2]].copy_(im)
-        add("  of which: zeros + per-image pad copy", rate(m, pad_only, True))
-        for threads in (1, 2, 4):
-            c = LoaderConfig(**{**cfg.to_dict(), "gpu_threads": threads, "dtype": torch.bfloat16})
-            add(f"ImageLoader gpu, {threads} GPU threads, {c.read_threads} read threads", loader_rate(root, c, device))
-        c = LoaderConfig(**{**cfg.to_dict(), "gpu_threads": 2, "read_threads": 16, "dtype": torch.bfloat16})
-        add("ImageLoader gpu, 2 GPU threads, 16 read threads", loader_rate(root, c, device))
+        add("  of which: the cat into one buffer", rate(m, lambda: [torch.cat([i.reshape(-1) for i in ims]) for ims in decoded], True))
+        for threads, readers in ((1, 0), (1, 2), (1, 4), (1, 8), (2, 8)):
+            c = LoaderConfig(**{**cfg.to_dict(), "gpu_threads": threads, "read_workers": readers, "dtype": torch.bfloat16})
+            add(f"ImageLoader gpu, {threads} GPU thread(s), {readers} reader processes", loader_rate(root, c, device))
 
         from torch.profiler import ProfilerActivity, profile
 

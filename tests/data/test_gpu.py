@@ -63,14 +63,18 @@ def test_bf16_channels_last_on_device(folder: Path) -> None:
     assert x.is_contiguous(memory_format=torch.channels_last)
 
 
-def test_early_break_stops_producers(folder: Path) -> None:
+@pytest.mark.parametrize("read_workers", [0, 2])
+def test_early_break_stops_producers(folder: Path, read_workers: int) -> None:
+    import multiprocessing as mp
+
     before = {t.ident for t in threading.enumerate()}
-    loader = ImageLoader(folder, batch_size=2, size=8, device="cuda", pipeline="gpu", prefetch=1)
+    loader = ImageLoader(folder, batch_size=2, size=8, device="cuda", pipeline="gpu", prefetch=1, read_workers=read_workers)
     for _ in range(3):
         for _x, _y in loader:
             break
     torch.cuda.synchronize()
     assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+    assert not [p for p in mp.active_children() if p.is_alive()]  # the reader processes are gone too
     assert len(list(loader)) == len(loader)  # and a full epoch still works afterwards
 
 

@@ -144,6 +144,25 @@ def test_jpeg_info_routes_to_gpu_only_safe_files(mixed: Path) -> None:
     assert not info["image.png"].is_jpeg and not info["truncated.jpg"].gpu_ok and not info["corrupt.jpg"].gpu_ok
 
 
+def test_gpu_reader_packs_bytes_exactly(mixed: Path, tmp_path: Path) -> None:
+    """The GPU pipeline's reader (runs in worker processes): one packed buffer per batch that splits back
+    into each file's exact bytes, nvJPEG-safe flags from the headers, labels, and unreadable files named."""
+    from overdrive.data.loader import _BytesDataset
+    from overdrive.data.sources import Sample, resolve
+
+    samples, _ = resolve(mixed)
+    samples = [*samples, Sample(str(tmp_path / "gone.jpg"), 1)]  # a file deleted after listing
+    batches = [list(range(len(samples)))]
+    k, packed, sizes, ok, labels, keep, bad = _BytesDataset(samples, batches, [0])[0]
+    assert k == 0 and len(bad) == 1 and "gone.jpg" in bad[0]
+    assert keep.tolist() == list(range(len(samples) - 1))
+    for part, j in zip(packed.split(sizes.tolist()), keep.tolist()):
+        raw = samples[j].read()
+        assert part.numpy().tobytes() == raw
+        assert bool(ok[j]) == jpeg_info(raw).gpu_ok
+        assert int(labels[j]) == samples[j].label
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_early_break_leaves_no_threads_or_processes(folder: Path, workers: int) -> None:
     import multiprocessing as mp

@@ -60,8 +60,8 @@ class LoaderConfig:
     shard_id: int = 0
     num_shards: int = 1
     num_workers: int = 4  # CPU pipeline: decode/augment processes (0: in the calling process)
-    read_threads: int = 8  # GPU pipeline: threads that read file bytes
-    gpu_threads: int = 2  # GPU pipeline: batches decoded concurrently (each its own thread and CUDA stream)
+    read_workers: int = 4  # GPU pipeline: processes that read and pack each batch's file bytes (0: the decoding thread reads)
+    gpu_threads: int = 1  # GPU pipeline: batches decoded concurrently (each its own thread and CUDA stream)
     prefetch: int = 2  # batches prepared ahead (bounded queue depth)
     pipeline: str = "auto"
 
@@ -87,8 +87,8 @@ class LoaderConfig:
             raise UsageError(f"mean={self.mean} / std={self.std} must be 3 values each, std > 0")
         if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
             raise UsageError(f"shard_id={self.shard_id} must be in [0, num_shards={self.num_shards})")
-        if self.num_workers < 0 or self.read_threads < 1 or self.gpu_threads < 1 or self.prefetch < 1:
-            raise UsageError(f"num_workers={self.num_workers} must be >= 0, read_threads={self.read_threads} and "
+        if self.num_workers < 0 or self.read_workers < 0 or self.gpu_threads < 1 or self.prefetch < 1:
+            raise UsageError(f"num_workers={self.num_workers} and read_workers={self.read_workers} must be >= 0, "
                              f"gpu_threads={self.gpu_threads}, prefetch={self.prefetch} >= 1")
         if self.pipeline not in PIPELINES:
             raise UsageError(f"pipeline={self.pipeline!r} is not one of {PIPELINES}")

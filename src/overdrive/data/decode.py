@@ -76,20 +76,28 @@ def decode_cpu(data: bytes) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)  # (3, H, W), a view over HWC memory
 
 
-def decode_gpu(datas: Sequence[bytes], device: torch.device) -> tuple[list[torch.Tensor | None], int]:
+def decode_gpu(datas: Sequence[bytes | torch.Tensor], device: torch.device,
+               gpu_ok: Sequence[bool] | None = None) -> tuple[list[torch.Tensor | None], int]:
     """Batched nvJPEG decode of the GPU-safe JPEGs; the rest (PNG, CMYK, progressive, truncated,
     or anything nvJPEG rejects) decode on the CPU and are copied over.
 
+    ``datas`` are encoded images as bytes or 1-D uint8 CPU tensors; ``gpu_ok`` (from
+    :func:`jpeg_info`, when the caller parsed the headers already) saves parsing them again.
     Returns ((3, H, W) uint8 tensors on ``device``, None where the image is corrupt) and the number
     that fell back to the CPU.
     """
     tv_io = require("torchvision.io", extra="vision", feature="GPU JPEG decoding")
+
+    def raw(d: bytes | torch.Tensor) -> bytes:
+        return d if isinstance(d, (bytes, bytearray)) else d.numpy().tobytes()
+
     out: list[torch.Tensor | None] = [None] * len(datas)
-    ok = [jpeg_info(d).gpu_ok for d in datas]
+    ok = list(gpu_ok) if gpu_ok is not None else [jpeg_info(raw(d)).gpu_ok for d in datas]
     gpu_idx = [i for i in range(len(datas)) if ok[i]]
     cpu_idx = [i for i in range(len(datas)) if not ok[i]]
     if gpu_idx:
-        tensors = [torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8) for i in gpu_idx]
+        tensors = [datas[i] if isinstance(datas[i], torch.Tensor) else torch.frombuffer(bytearray(datas[i]), dtype=torch.uint8)
+                   for i in gpu_idx]
         try:
             decoded = tv_io.decode_jpeg(tensors, mode=tv_io.ImageReadMode.RGB, device=device)
             for i, img in zip(gpu_idx, decoded):
@@ -102,7 +110,7 @@ def decode_gpu(datas: Sequence[bytes], device: torch.device) -> tuple[list[torch
                     cpu_idx.append(i)
     for i in cpu_idx:
         try:
-            out[i] = decode_cpu(datas[i]).to(device, non_blocking=False)
+            out[i] = decode_cpu(raw(datas[i])).to(device, non_blocking=False)
         except DecodeError:
             out[i] = None
     return out, len(cpu_idx)
