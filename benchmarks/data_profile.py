@@ -127,10 +127,13 @@ def main() -> None:
         decoded = [decode_jpeg(c, mode=ImageReadMode.RGB, device=device) for c in chunks]
         gen = torch.Generator().manual_seed(0)
         params = [draw_params(bs, gen, 0.5) for _ in decoded]
-        add("transform_batch (cat + gather + bilinear blend + normalize)",
+        add("transform_batch eager (cat + gather + bilinear blend + normalize)",
             rate(m, lambda: [transform_batch(ims, u, f, cfg) for ims, (u, f) in zip(decoded, params)], True))
+        transform_batch(decoded[0], *params[0], cfg, fused=True)  # compile outside the timing
+        add("transform_batch fused (one torch.compile'd kernel)",
+            rate(m, lambda: [transform_batch(ims, u, f, cfg, fused=True) for ims, (u, f) in zip(decoded, params)], True))
         add("  of which: the cat into one buffer", rate(m, lambda: [torch.cat([i.reshape(-1) for i in ims]) for ims in decoded], True))
-        for threads, readers in ((1, 0), (1, 2), (1, 4), (1, 8), (2, 8)):
+        for threads, readers in ((1, 8), (2, 4), (2, 8), (3, 8), (4, 12)):
             c = LoaderConfig(**{**cfg.to_dict(), "gpu_threads": threads, "read_workers": readers, "dtype": torch.bfloat16})
             add(f"ImageLoader gpu, {threads} GPU thread(s), {readers} reader processes", loader_rate(root, c, device))
 

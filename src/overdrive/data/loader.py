@@ -251,7 +251,8 @@ class ImageLoader:
         T = min(cfg.gpu_threads, max(len(batches), 1))
         queues: list[queue.Queue] = [queue.Queue(maxsize=cfg.prefetch) for _ in range(T)]
         stop = threading.Event()
-        workers = max(1, cfg.read_workers // T) if cfg.read_workers > 0 else 0
+        readers_total = min(cfg.read_workers, os.cpu_count() or 1)
+        workers = max(1, readers_total // T) if readers_total > 0 else 0
         readers = []
         for t in range(T):  # workers fork here, in the calling thread, before any producer thread starts
             ds = _BytesDataset(self.samples, batches, list(range(t, len(batches), T)))
@@ -286,7 +287,7 @@ class ImageLoader:
                         x = y = None
                         if good:
                             sel = keep[good]  # positions in the batch: each sample keeps its own draws
-                            x = transform_batch([imgs[j] for j in good], u[sel], flips[sel], cfg)
+                            x = transform_batch([imgs[j] for j in good], u[sel], flips[sel], cfg, fused=cfg.fused)
                             y = labels[good].pin_memory().to(device, non_blocking=True)
                         event = torch.cuda.Event()
                         event.record(side)
