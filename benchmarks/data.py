@@ -92,10 +92,14 @@ def throughput(batches_of: Any, device: torch.device, warmup: int, epochs: int) 
 def image_pipelines(root: Path, cfg: LoaderConfig, device: torch.device, workers: int, epochs: int) -> list[dict]:
     rows = []
     if device.type == "cuda":
-        gpu = data.ImageLoader(root, device=device, config=cfg, pipeline="gpu", batch_size=cfg.batch_size)
-        rows.append({"pipeline": "overdrive GPU (nvJPEG + grid_sample)",
-                     "img_per_s": throughput(lambda e: (gpu.set_epoch(e), gpu)[1], device, 2, epochs)})
-        rows[-1]["cpu_fallback"] = gpu.stats.cpu_fallback
+        variants = [("default: fused transform", {}), ("eager transform", {"fused": False}),
+                    ("4 GPU threads, 12 readers", {"gpu_threads": 4, "read_workers": 12})]
+        for label, kw in variants:
+            gpu = data.ImageLoader(root, device=device, config=cfg, pipeline="gpu", batch_size=cfg.batch_size, **kw)
+            c = gpu.config
+            rows.append({"pipeline": f"overdrive GPU, {label} ({c.gpu_threads} GPU threads, {c.read_workers} reader processes)",
+                         "img_per_s": throughput(lambda e: (gpu.set_epoch(e), gpu)[1], device, 2, epochs)})
+            rows[-1]["cpu_fallback"] = gpu.stats.cpu_fallback
     cpu = data.ImageLoader(root, device=device, config=cfg, pipeline="cpu", batch_size=cfg.batch_size, num_workers=workers)
     rows.append({"pipeline": f"overdrive CPU ({workers} workers, Pillow)",
                  "img_per_s": throughput(lambda e: (cpu.set_epoch(e), cpu)[1], device, 2, epochs)})
