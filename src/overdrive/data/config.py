@@ -60,9 +60,10 @@ class LoaderConfig:
     shard_id: int = 0
     num_shards: int = 1
     num_workers: int = 4  # CPU pipeline: decode/augment processes (0: in the calling process)
-    read_workers: int = 8  # GPU pipeline: processes that read and pack each batch's file bytes (0: the decoding thread reads)
-    gpu_threads: int = 2  # GPU pipeline: batches decoded concurrently (each its own thread and CUDA stream)
-    fused: bool = True  # GPU pipeline: crop/resize/normalize as one torch.compile'd kernel (compiles once, ~10-20 s)
+    read_workers: int = 12  # GPU pipeline: processes that read and pack each batch's file bytes (0: the decoding thread reads)
+    gpu_threads: int = 4  # GPU pipeline: batches decoded concurrently (each its own thread and CUDA stream)
+    fused: bool = False  # GPU pipeline: crop/resize/normalize as one torch.compile'd kernel (compiles once, ~10-20 s;
+    #                      no faster end to end on the H200: benchmarks/results/data.md)
     prefetch: int = 2  # batches prepared ahead (bounded queue depth)
     pipeline: str = "auto"
 
