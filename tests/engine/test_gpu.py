@@ -74,6 +74,8 @@ def test_int8_fp8_need_quant(digits: torch.nn.Module) -> None:
         pytest.skip("overdrive.quant without to_real")
     for prec in ("int8", "fp8"):
         eng = Builder(precision=prec, device="cuda", profiles=STATIC).build(digits, calib=[(torch.randn(8, 1, 8, 8),)])
+        assert eng.header["backend_meta"]["float_remainder"] == "float16"  # trtexec --int8 --fp16, not fp32
+        assert eng.header["backend_meta"]["freezing"] is True
         x = torch.randn(8, 1, 8, 8)
         with torch.no_grad():
             r = digits(x)

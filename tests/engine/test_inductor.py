@@ -103,3 +103,30 @@ def test_lean_import() -> None:
             "import torch; assert not torch.cuda.is_initialized(); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_cast_float_remainder_keeps_int8_gemms() -> None:
+    """int8/fp8 CUDA builds run the layers without a low-precision kernel in fp16 (trtexec --int8 --fp16);
+    the real int8 GEMMs keep their int8 weights and fp32 scales, and the model still computes the same."""
+    quant = pytest.importorskip("overdrive.quant")
+    from overdrive.engine.backends.inductor import cast_float_remainder, remainder_dtype
+    from overdrive.quant.real import Int8Linear
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(), torch.nn.Linear(64, 16)).eval()
+    x = torch.randn(32, 32)
+    ref = m(x).detach()
+    q = quant.quantize(m, quant.INT8_DEFAULT, lambda mm: mm(x))
+    real = quant.to_real(q)
+    with torch.no_grad():
+        before = real(x).clone()
+    cast_float_remainder(real, torch.bfloat16)
+    lins = [mod for mod in real.modules() if isinstance(mod, Int8Linear)]
+    assert lins and all(lin.w_q.dtype == torch.int8 and lin.x_scale.dtype == torch.float32 for lin in lins)
+    assert real[1].weight.dtype == torch.bfloat16  # the LayerNorm: no int8 kernel, so half precision
+    with torch.no_grad():
+        after = real(x.bfloat16()).float()
+    assert after.dtype == torch.float32 and (after - before).abs().max() < 0.05 * before.abs().max()
+    assert (before - ref).abs().max() < 0.1 * ref.abs().max()
+    assert remainder_dtype("int8", torch.device("cuda")) == torch.float16
+    assert remainder_dtype("int8", torch.device("cpu")) is None and remainder_dtype("fp16", torch.device("cuda")) is None

@@ -115,6 +115,36 @@ def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, 
     return quant.to_real(model)
 
 
+def remainder_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """What the layers without an int8/fp8 kernel run in: fp16 on CUDA (trtexec's ``--int8 --fp16``, which
+    every TensorRT int8 deployment uses: 3x3 convs, attention, norms and activations in fp32 would cost
+    more than the low-precision GEMMs save), the model's own fp32 on CPU (no fast fp16 there)."""
+    return torch.float16 if precision in ("int8", "fp8") and device.type == "cuda" else None
+
+
+def cast_float_remainder(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast every float parameter and buffer to ``dtype`` except those of the real int8/fp8 GEMM modules
+    (their int8/fp8 weights and fp32 scales stay as calibrated). In place; returns ``model``.
+
+    Example:
+        >>> # cast_float_remainder(quant.to_real(calibrated), torch.float16)
+    """
+    from overdrive.quant.real import _LowPrecisionGemm
+
+    keep = {id(t) for m in model.modules() if isinstance(m, _LowPrecisionGemm)
+            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    for m in model.modules():
+        if isinstance(m, _LowPrecisionGemm):
+            continue
+        for name, p in list(m.named_parameters(recurse=False)):
+            if id(p) not in keep and p.is_floating_point() and p.dtype != dtype and p.element_size() > 1:
+                p.data = p.data.to(dtype)
+        for name, b in list(m.named_buffers(recurse=False)):
+            if b is not None and id(b) not in keep and b.is_floating_point() and b.element_size() > 1:
+                m._buffers[name] = b.to(dtype)
+    return model
+
+
 def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
     """The module to export: a copy of the model in the build precision on ``device``."""
@@ -124,8 +154,11 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
         p.requires_grad_(False)
     dtype = _HALF.get(cfg.precision)
     if cfg.precision in ("int8", "fp8"):
-        if src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already
+        if src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already (its Q/DQ graph runs as imported)
             model = _quantize(model, cfg.precision, calib)
+            dtype = remainder_dtype(cfg.precision, device)
+            if dtype is not None:
+                model = cast_float_remainder(model, dtype)
     elif dtype is not None:
         model = model.to(dtype)
     cl = cfg.channels_last and device.type == "cuda"
@@ -257,6 +290,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         sections["compile_cache"] = artifacts[0]
     meta = {"compile_mode": mode, "export_s": t_export, "compile_s": t_compile, "dynamic": dyn is not None,
             "freezing": freezing}
+    if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
+        rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
+        meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
     if cache_info is not None:
         save_timing_cache(cfg.timing_cache, artifacts[0] if artifacts is not None else None, cache_info)
         meta["timing_cache"] = cache_info
