@@ -54,19 +54,11 @@ def classify(name: str) -> str:
 
 
 def time_fn(fn: Callable[[], Any], iters: int = 30, warmup: int = 5) -> float:
-    """Median seconds per call by CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return sorted(ts)[len(ts) // 2]
+    """Median seconds per call by CUDA events (overdrive's own timer)."""
+    from overdrive._utils.timing import time_fn as timer
+
+    ts = sorted(timer(fn, torch.device("cuda"), warmup=warmup, repeat=iters))
+    return ts[len(ts) // 2]
 
 
 def kernel_profile(fn: Callable[[], Any], calls: int = 5) -> dict[str, Any]:
