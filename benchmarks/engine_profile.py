@@ -184,11 +184,54 @@ def variants(name: str, batch: int, quick_only: bool = False) -> list[dict[str, 
     return rows
 
 
+def engine_rows(name: str, batch: int, precisions: list[str], base: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """overdrive Engines (fp32 I/O, as `overdrive exec` runs them) for ``precisions``: time and kernel profile each."""
+    from overdrive.engine import Builder, ShapeProfile
+
+    if name == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None).eval()
+        inputs: tuple[torch.Tensor, ...] = (torch.randn(batch, 3, 224, 224),)
+        names = ["x"]
+    else:
+        from transformers import BertConfig, BertModel
+
+        torch.manual_seed(0)
+        model = BertModel(BertConfig()).eval()
+        inputs = (torch.randint(0, 30522, (batch, 128)), torch.ones(batch, 128, dtype=torch.int64))
+        names = ["input_ids", "attention_mask"]
+    rows, profiles = [], {}
+    for prec in precisions:
+        label = f"overdrive Engine {prec} (fp32 I/O)"
+        try:
+            t0 = time.perf_counter()
+            eng = Builder(precision=prec, device="cuda", profiles=[ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, inputs)]
+                          ).build(model, inputs, input_names=names, calib=[inputs])
+            build_s = time.perf_counter() - t0
+            dev = tuple(x.cuda() for x in inputs)
+            sec = time_fn(lambda: eng(*dev))
+            profiles[f"{name}: {label}"] = kernel_profile(lambda: eng(*dev))
+        except Exception as exc:  # one failing build must not hide the others
+            rows.append({"model": name, "batch": batch, "config": label, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            continue
+        rows.append({"model": name, "batch": batch, "config": label, "throughput": batch / sec, "median_ms": sec * 1e3,
+                     "vs_eager_fp16": batch / sec / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
+                     "float_remainder": eng.header["backend_meta"].get("float_remainder")})
+        print(rows[-1], flush=True)
+        del eng
+        torch.compiler.reset()
+        torch.cuda.empty_cache()
+    return rows, profiles
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet50,bert")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--name", default="engine_profile", help="results file name under benchmarks/results/")
+    ap.add_argument("--engines", default="", help="also build, time and profile overdrive Engines at these precisions, "
+                    "e.g. fp16,fp8,int8")
     ap.add_argument("--new-only", action="store_true", help="skip the variants measured in the first profile run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -205,6 +248,10 @@ def main() -> None:
                 profiles[f"{name}: {r['config']}"] = kernel_profile(lambda: r["_fn"](*r["_inputs"]))
         torch.backends.cudnn.benchmark = False
         rows += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs]
+        if args.engines:
+            more, profs = engine_rows(name, args.batch, args.engines.split(","), eager["throughput"])
+            rows += more
+            profiles.update(profs)
         del rs, ok, eager, best
         torch.compiler.reset()
         torch.cuda.empty_cache()
