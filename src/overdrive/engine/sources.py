@@ -21,6 +21,36 @@ _ONNX_FLOAT = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torc
                6: torch.int32, 9: torch.bool}
 
 
+class _ByName(nn.Module):
+    """Calls ``module`` with its inputs as keyword arguments (``module(input_ids=x0, attention_mask=x1)``).
+
+    The TorchScript ONNX exporter traces a positional call, which Hugging Face models (transformers 5)
+    reject: their forward wrappers inject keyword arguments (``use_cache``) that then collide."""
+
+    def __init__(self, module: nn.Module, names: list[str]) -> None:
+        super().__init__()
+        self.module, self.names = module, list(names)
+
+    def forward(self, *xs: torch.Tensor) -> Any:
+        return self.module(**dict(zip(self.names, xs)))
+
+
+def by_name(module: nn.Module, names: list[str]) -> nn.Module:
+    """``module`` wrapped to take its inputs by name when every name is a parameter of its forward (and
+    there is more than one input), else ``module`` itself.
+
+    Example:
+        >>> # torch.onnx.export(by_name(bert, ["input_ids", "attention_mask"]), (ids, mask), ...)
+    """
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return module
+    if len(names) < 2 or not all(n in params for n in names):
+        return module
+    return _ByName(module, names)
+
+
 @dataclass
 class ModelSource:
     """A model plus what we know of its inputs. Exactly one of ``module`` / ``onnx_bytes`` is set."""
@@ -55,8 +85,8 @@ class ModelSource:
             buf = io.BytesIO()
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")
-                torch.onnx.export(self.module, example, buf, dynamo=False, input_names=self.input_names,
-                                  dynamic_axes=axes, opset_version=min(opset, 17))
+                torch.onnx.export(by_name(self.module, self.input_names), example, buf, dynamo=False,
+                                  input_names=self.input_names, dynamic_axes=axes, opset_version=min(opset, 17))
             return buf.getvalue()
         except Exception:  # noqa: BLE001 - fall through to the dynamo exporter, which raises its own error
             pass
