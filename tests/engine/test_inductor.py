@@ -3,6 +3,7 @@ PyTorch, over a dynamic batch profile; TorchScript input; and the lean-import ru
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,60 @@ def test_cast_float_remainder_keeps_int8_gemms() -> None:
     assert (before - ref).abs().max() < 0.1 * ref.abs().max()
     assert remainder_dtype("int8", torch.device("cuda")) == torch.float16
     assert remainder_dtype("int8", torch.device("cpu")) is None and remainder_dtype("fp16", torch.device("cuda")) is None
+
+
+def test_io_formats_fp16_channels_last(tmp_path: Path) -> None:
+    """trtexec's --inputIOFormats/--outputIOFormats: the engine's bindings take fp16 channels_last input and
+    give fp16 output (no fp32 conversion passes), recorded in the header and kept after a reload."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 36, 4)).eval()
+    x = torch.randn(2, 3, 6, 6)
+    eng = Builder(backend="auto", device="cpu", profiles=[ShapeProfile.fixed("x", (2, 3, 6, 6))],
+                  input_io_formats=["fp16:hwc"], output_io_formats=["fp16:chw"]).build(m, (x,), input_names=["x"])
+    assert eng.info["backend"] == "inductor"  # auto picks the backend that honours I/O formats
+    assert eng.header["inputs"][0]["dtype"] == "float16" and eng.header["inputs"][0]["layout"] == "hwc"
+    assert eng.header["outputs"][0]["dtype"] == "float16"
+    with torch.no_grad():
+        ref = m(x.half().float())  # the input binding rounds to fp16; compute stays fp32
+    out = eng(x.half().contiguous(memory_format=torch.channels_last))
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
+    eng.save(tmp_path / "io.engine")
+    loaded = Engine.load(tmp_path / "io.engine")
+    r = loaded.random_inputs()[0]
+    assert r.dtype == torch.float16 and r.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(loaded(x).float(), ref, atol=2e-3, rtol=2e-3)  # fp32 given: cast at the binding
+
+
+def test_io_formats_bad_values() -> None:
+    from overdrive.engine.config import parse_io_formats
+
+    with pytest.raises(UsageError, match="'fp17:chw' is not type:layout"):
+        parse_io_formats("fp17:chw")
+    with pytest.raises(UsageError, match="layout one of chw, hwc, hwc8"):
+        parse_io_formats("fp16:nhwc")
+    m = torch.nn.Linear(4, 2).eval()
+    with pytest.raises(UsageError, match="need the inductor backend"):
+        Builder(backend="onnxruntime", device="cpu", input_io_formats=["fp16:chw"]).build(m, (torch.randn(2, 4),))
+    with pytest.raises(UsageError, match="gives 2 formats for 1 inputs"):
+        Builder(backend="inductor", device="cpu", input_io_formats=["fp16:chw", "fp32:chw"]).build(m, (torch.randn(2, 4),))
+
+
+def test_cli_io_formats(tmp_path: Path, digits_onnx: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    """`overdrive build --inputIOFormats fp16:hwc --outputIOFormats fp16:chw` then `exec` (inputs made in the
+    binding's type) and a one-line error for a bad format."""
+    from overdrive.cli.main import main
+
+    onnx_path = tmp_path / "d.onnx"
+    onnx_path.write_bytes(digits_onnx)
+    eng = tmp_path / "d.engine"
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(eng), "--shapes", "x:2x1x8x8", "--device", "cpu",
+                 "--inputIOFormats", "fp16:hwc", "--outputIOFormats", "fp16:chw", "--json", "-"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["backend"] == "inductor" and info["inputs"][0]["dtype"] == "float16"
+    assert main(["exec", "--load-engine", str(eng), "--iterations", "5", "--duration", "0.05"]) == 0
+    capsys.readouterr()
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(eng), "--shapes", "x:2x1x8x8", "--device", "cpu",
+                 "--inputIOFormats", "half"]) == 2
+    err = capsys.readouterr().err
+    assert "'half' is not type:layout" in err and len(err.strip().splitlines()) == 1

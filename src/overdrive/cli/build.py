@@ -31,6 +31,10 @@ from overdrive.cli.common import write_json
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
               help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after "
                    "(no effect on onnxruntime).")
+@click.option("--input-io-formats", "--inputIOFormats", "input_io_formats", default=None, metavar="TYPE:LAYOUT,...",
+              help="Input binding types and layouts, e.g. fp16:hwc (default fp32:chw); inductor backend.")
+@click.option("--output-io-formats", "--outputIOFormats", "output_io_formats", default=None, metavar="TYPE:LAYOUT",
+              help="Output binding type, e.g. fp16:chw (default fp32:chw); inductor backend.")
 @click.option("--freezing/--no-freezing", default=None,
               help="Inductor freezing: weights as constants, BatchNorm folded into convolutions (default: on for CUDA).")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the engine info as JSON ('-' for stdout).")
@@ -38,7 +42,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
             device: str, max_autotune: bool, aot: bool, calib: str | None, timing_cache: str | None,
-            freezing: bool | None, json_path: str | None) -> None:
+            input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
+            json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b
@@ -53,7 +58,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
                           opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                          max_autotune=max_autotune, aot=aot, calib=calib, timing_cache=timing_cache, freezing=freezing)
+                          max_autotune=max_autotune, aot=aot, calib=calib, timing_cache=timing_cache, freezing=freezing,
+                          input_io_formats=input_io_formats, output_io_formats=output_io_formats)
     info = engine.info
     if json_path is not None:
         write_json(info, json_path)

@@ -15,7 +15,7 @@ from overdrive import __version__
 from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
 from overdrive.engine import backends, format as fmt
-from overdrive.engine.config import BuildConfig, ShapeProfile
+from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive.engine.sources import ModelSource, to_source
 
 _DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
@@ -87,7 +87,10 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg.precision = precision
+        if (cfg.input_io_formats or cfg.output_io_formats) and cfg.backend == "auto":
+            cfg.backend = "inductor"  # the onnxruntime backend takes the ONNX model's own I/O types
         name, reason = choose_backend(cfg.backend, device, precision, src)
+        example = _apply_io_formats(example, cfg, src, name)
         backend = backends.get(name)
         if cfg.timing_cache and name != "inductor":
             warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
@@ -105,11 +108,43 @@ class Builder:
             "device": device_facts(device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
             "timing_cache": meta.get("timing_cache"),
-            "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch.")} for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
+            "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch."),
+                        "layout": "hwc" if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else "chw"}
+                       for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
             "outputs": [{"name": f"output{i}" if len(outs) > 1 else "output", "dtype": str(o.dtype).removeprefix("torch."),
                          "opt_shape": list(o.shape)} for i, o in enumerate(outs)],
         }
         return Engine(header, sections, runner, device, build_s=build_s)
+
+
+def _apply_io_formats(example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: Any, backend: str) -> tuple[torch.Tensor, ...]:
+    """The example inputs in the ``--inputIOFormats`` types and layouts: the engine's bindings take those."""
+    fmts = cfg.input_io_formats
+    if not fmts and not cfg.output_io_formats:
+        return example
+    if backend != "inductor":
+        raise UsageError("--inputIOFormats/--outputIOFormats need the inductor backend (--backend inductor): the "
+                         "onnxruntime backend takes the ONNX model's own input and output types")
+    if not fmts:
+        return example
+    if len(fmts) not in (1, len(example)):
+        raise UsageError(f"--inputIOFormats gives {len(fmts)} formats for {len(example)} inputs {src.input_names}; "
+                         "give one per input, in order, or one for all")
+    out = []
+    for i, x in enumerate(example):
+        dtype_name, layout = (fmts[i] if len(fmts) > 1 else fmts[0]).split(":")
+        dt = getattr(torch, IO_DTYPES[dtype_name])
+        if x.is_floating_point() != dt.is_floating_point:
+            if len(fmts) == 1:  # one format for all: it applies to the float inputs (ids and masks keep their type)
+                out.append(x)
+                continue
+            raise UsageError(f"--inputIOFormats {fmts[i]} for input {src.input_names[i]!r}, which is {x.dtype}: give a "
+                             f"{'floating' if x.is_floating_point() else 'integer'} type for it")
+        x = x.to(dt)
+        if layout != "chw" and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out.append(x)
+    return tuple(out)
 
 
 def _ordered(profiles: list[ShapeProfile], names: list[str]) -> list[ShapeProfile]:
@@ -161,6 +196,7 @@ class Engine:
         self.profiles = [ShapeProfile.from_dict(i) for i in header["inputs"]]
         self.input_names = [p.name for p in self.profiles]
         self.input_dtypes = [_DT.get(i["dtype"], torch.float32) for i in header["inputs"]]
+        self.input_layouts = [i.get("layout", "chw") for i in header["inputs"]]
 
     @property
     def info(self) -> dict[str, Any]:
@@ -220,8 +256,10 @@ class Engine:
         if len(inputs) != len(self.input_names):
             raise UsageError(f"engine takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}")
         out = []
-        for x, p, dt in zip(inputs, self.profiles, self.input_dtypes):
+        for x, p, dt, layout in zip(inputs, self.profiles, self.input_dtypes, self.input_layouts):
             x = torch.as_tensor(x)
+            if layout == "hwc" and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)  # the binding's layout (no copy when it is already)
             if not p.contains(tuple(x.shape)):
                 raise UsageError(f"input {p.name!r} has shape {tuple(x.shape)}, outside the engine's profile min {p.min} "
                                  f"max {p.max}; rebuild with --min-shapes/--max-shapes covering it")
@@ -243,10 +281,11 @@ class Engine:
         """Inputs at the profiles' opt shapes (or ``shapes``), on the CPU, for exec and compare."""
         g = torch.Generator().manual_seed(seed)
         out = []
-        for p, dt in zip(self.profiles, self.input_dtypes):
+        for p, dt, layout in zip(self.profiles, self.input_dtypes, self.input_layouts):
             shape = tuple((shapes or {}).get(p.name, p.opt))
             x = torch.randn(shape, generator=g) if dt.is_floating_point else torch.randint(0, 2, shape, generator=g)
-            out.append(x.to(dt))
+            x = x.to(dt)
+            out.append(x.contiguous(memory_format=torch.channels_last) if layout == "hwc" and x.dim() == 4 else x)
         return tuple(out)
 
     def benchmark(self, **kwargs: Any) -> dict[str, Any]:

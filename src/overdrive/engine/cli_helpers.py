@@ -9,7 +9,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.engine.api import Builder, Engine
-from overdrive.engine.config import BuildConfig, profiles_from_shapes
+from overdrive.engine.config import BuildConfig, parse_io_formats, profiles_from_shapes
 from overdrive.engine.sources import from_exported, from_factory, from_onnx, from_torchscript
 
 
@@ -29,7 +29,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool = False, calib: str | None = None, timing_cache: str | None = None,
-                 freezing: bool | None = None) -> Engine:
+                 freezing: bool | None = None, input_io_formats: str | None = None,
+                 output_io_formats: str | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     Example:
@@ -53,7 +54,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src = from_factory(model)
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot,
-                      timing_cache=timing_cache, freezing=freezing)
+                      timing_cache=timing_cache, freezing=freezing,
+                      input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     engine = Builder(cfg).build(src, calib=_calibration(calib), onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
     return engine

@@ -12,6 +12,8 @@ from typing import Any
 
 from overdrive._utils.errors import UsageError
 
+IO_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64", "bool": "bool"}
+IO_LAYOUTS = ("chw", "hwc", "hwc8")  # hwc / hwc8: channels_last for 4-D tensors (trtexec's names)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "best")
 BACKENDS = ("auto", "inductor", "onnxruntime", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -86,6 +88,31 @@ def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def parse_io_formats(spec: str | list[str] | None) -> list[str]:
+    """trtexec's ``--inputIOFormats`` / ``--outputIOFormats``: ``fp16:chw,fp32:chw`` -> ``["fp16:chw", "fp32:chw"]``.
+
+    One entry per tensor in order, or one entry for all. Types: fp32, fp16, bf16, int32, int64, bool;
+    layouts: chw (contiguous), hwc / hwc8 (channels_last for 4-D tensors).
+
+    Example:
+        >>> parse_io_formats("fp16:hwc,int64:chw")
+        ['fp16:hwc', 'int64:chw']
+    """
+    if not spec:
+        return []
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        item = item.strip().lower()
+        dtype, sep, layout = item.partition(":")
+        layout = layout or "chw"
+        if dtype not in IO_DTYPES or layout not in IO_LAYOUTS:
+            raise UsageError(f"I/O format {item!r} is not type:layout with type one of {', '.join(IO_DTYPES)} and layout "
+                             f"one of {', '.join(IO_LAYOUTS)} (for example fp16:chw)")
+        out.append(f"{dtype}:{layout}")
+    return out
+
+
 def profiles_from_shapes(shapes: str | dict | None = None, min_shapes: str | dict | None = None,
                          opt_shapes: str | dict | None = None, max_shapes: str | dict | None = None) -> list[ShapeProfile]:
     """Build per-input profiles from trtexec-style ``--shapes`` or ``--min/opt/max-shapes``."""
@@ -129,6 +156,8 @@ class BuildConfig:
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18
     timing_cache: str | None = None  # a file kept across builds (Inductor's compile cache); None: no file
+    input_io_formats: list[str] = field(default_factory=list)  # trtexec --inputIOFormats; []: fp32:chw (as given)
+    output_io_formats: list[str] = field(default_factory=list)  # trtexec --outputIOFormats; []: fp32 outputs
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
 
     def __post_init__(self) -> None:
@@ -139,6 +168,8 @@ class BuildConfig:
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise UsageError(f"compile mode {self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
         self.profiles = [p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in self.profiles]
+        self.input_io_formats = parse_io_formats(self.input_io_formats)
+        self.output_io_formats = parse_io_formats(self.output_io_formats)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive.engine.config import BuildConfig
+from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.sources import ModelSource, dynamic_shapes
 
 NAME = "inductor"
@@ -40,22 +40,25 @@ def aoti_works() -> bool:
 
 
 class _Cast(nn.Module):
-    """fp32 in/out around a half-precision model (trtexec's default I/O); channels_last for 4-D inputs."""
+    """The engine's I/O around the compute precision: float inputs are cast to the model's dtype (they come
+    in as fp32 by default, trtexec's default I/O, or as ``--inputIOFormats`` says) and go channels_last when
+    4-D on CUDA; float outputs leave as ``out_dtype`` (fp32 unless ``--outputIOFormats`` says otherwise)."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None, channels_last: bool) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None, channels_last: bool,
+                 out_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.model, self.dtype, self.channels_last = model, dtype, channels_last
+        self.model, self.dtype, self.channels_last, self.out_dtype = model, dtype, channels_last, out_dtype
 
     def forward(self, *xs: torch.Tensor) -> Any:
         ins = []
         for x in xs:
-            if self.dtype is not None and x.is_floating_point():
-                x = x.to(self.dtype)
+            if x.is_floating_point():
+                x = x.to(self.dtype or torch.float32)
             if self.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             ins.append(x)
         out = self.model(*ins)
-        return _map(out, lambda t: t.float() if t.is_floating_point() else t)
+        return _map(out, lambda t: t.to(self.out_dtype) if t.is_floating_point() else t)
 
 
 def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -164,7 +167,11 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
     cl = cfg.channels_last and device.type == "cuda"
     if cl:
         model = model.to(memory_format=torch.channels_last)
-    return _Cast(model, dtype, cl).eval()
+    out_dtype = getattr(torch, IO_DTYPES[cfg.output_io_formats[0].split(":")[0]]) if cfg.output_io_formats else torch.float32
+    if not out_dtype.is_floating_point:
+        raise UsageError(f"--outputIOFormats {cfg.output_io_formats[0]}: the engine's outputs are floating point here; "
+                         "give fp32, fp16 or bf16")
+    return _Cast(model, dtype, cl, out_dtype).eval()
 
 
 def _mode(cfg: BuildConfig, device: torch.device) -> str:
