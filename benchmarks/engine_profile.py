@@ -159,10 +159,10 @@ def plans(name: str, batch: int, quick_only: bool, autotune: bool = False) -> li
     return out
 
 
-def variants(name: str, batch: int, quick_only: bool = False, autotune: bool = False) -> list[dict[str, Any]]:
+def variants(name: str, batch: int, quick_only: bool | str = False, autotune: bool = False) -> list[dict[str, Any]]:
     rows = []
     base = None
-    for label, get, bench in plans(name, batch, quick_only, autotune):
+    for label, get, bench in plans(name, batch, quick_only, autotune)[:1 if quick_only == "eager" else None]:
         torch.backends.cudnn.benchmark = bench
         t0 = time.perf_counter()
         try:
@@ -185,8 +185,9 @@ def variants(name: str, batch: int, quick_only: bool = False, autotune: bool = F
     return rows
 
 
-def engine_rows(name: str, batch: int, precisions: list[str], base: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """overdrive Engines (fp32 I/O, as `overdrive exec` runs them) for ``precisions``: time and kernel profile each."""
+def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """overdrive Engines for ``precisions`` (fp32 I/O, as `overdrive exec` runs them; and with the ``io`` input
+    formats too, e.g. fp16:hwc, when given): time and kernel profile each."""
     from overdrive.engine import Builder, ShapeProfile
 
     if name == "resnet50":
@@ -203,14 +204,14 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float) -> tu
         inputs = (torch.randint(0, 30522, (batch, 128)), torch.ones(batch, 128, dtype=torch.int64))
         names = ["input_ids", "attention_mask"]
     rows, profiles = [], {}
-    for prec in precisions:
-        label = f"overdrive Engine {prec} (fp32 I/O)"
+    for prec, fmt in [(p, f) for p in precisions for f in ([""] + ([io] if io else []))]:
+        label = f"overdrive Engine {prec} ({fmt or 'fp32:chw'} I/O)"
         try:
             t0 = time.perf_counter()
-            eng = Builder(precision=prec, device="cuda", profiles=[ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, inputs)]
-                          ).build(model, inputs, input_names=names, calib=[inputs])
+            eng = Builder(precision=prec, device="cuda", profiles=[ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, inputs)],
+                          input_io_formats=[fmt] if fmt else []).build(model, inputs, input_names=names, calib=[inputs])
             build_s = time.perf_counter() - t0
-            dev = tuple(x.cuda() for x in inputs)
+            dev = tuple(eng.check_inputs(inputs, {}))  # on the GPU, in the bindings' types and layouts
             sec = time_fn(lambda: eng(*dev))
             profiles[f"{name}: {label}"] = kernel_profile(lambda: eng(*dev))
         except Exception as exc:  # one failing build must not hide the others
@@ -231,6 +232,8 @@ def main() -> None:
     ap.add_argument("--models", default="resnet50,bert")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--name", default="engine_profile", help="results file name under benchmarks/results/")
+    ap.add_argument("--engines-only", action="store_true", help="eager baseline plus the --engines builds, no compile variants")
+    ap.add_argument("--engine-io", default="", help="also build each --engines precision with these input formats, e.g. fp16:hwc")
     ap.add_argument("--autotune", action="store_true", help="add BERT with max-autotune (minutes of tuning)")
     ap.add_argument("--engines", default="", help="also build, time and profile overdrive Engines at these precisions, "
                     "e.g. fp16,fp8,int8")
@@ -241,7 +244,7 @@ def main() -> None:
     facts = device_facts(torch.device("cuda"))
     rows, profiles, notes = [], {}, []
     for name in args.models.split(","):
-        rs = variants(name, args.batch, args.new_only, args.autotune)
+        rs = variants(name, args.batch, "eager" if args.engines_only else args.new_only, args.autotune)
         ok = [r for r in rs if "throughput" in r]
         eager, best = ok[0], max(ok, key=lambda r: r["throughput"])
         for r in (eager, best):
@@ -251,7 +254,7 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False
         rows += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs]
         if args.engines:
-            more, profs = engine_rows(name, args.batch, args.engines.split(","), eager["throughput"])
+            more, profs = engine_rows(name, args.batch, args.engines.split(","), eager["throughput"], args.engine_io)
             rows += more
             profiles.update(profs)
         del rs, ok, eager, best
