@@ -26,7 +26,8 @@ from overdrive.cli.common import write_json
 @click.option("--backend", default="auto", show_default=True, help="auto, inductor, onnxruntime or tensorrt.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--max-autotune", "--maxAutotune", "max_autotune", is_flag=True, help="Inductor max-autotune (minutes of tuning).")
-@click.option("--aot", is_flag=True, help="Also store an AOTInductor package (torch >= 2.12 only).")
+@click.option("--aot/--no-aot", default=None,
+              help="Store an AOTInductor package (torch >= 2.12): the default for CPU builds there, opt-in on CUDA.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (a tensor or list saved with torch.save).")
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
               help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after "
@@ -41,7 +42,7 @@ from overdrive.cli.common import write_json
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
-            device: str, max_autotune: bool, aot: bool, calib: str | None, timing_cache: str | None,
+            device: str, max_autotune: bool, aot: bool | None, calib: str | None, timing_cache: str | None,
             input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.

@@ -28,7 +28,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  exported: str | None = None, save_engine: str = "model.engine", precision: str = "fp32",
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
-                 aot: bool = False, calib: str | None = None, timing_cache: str | None = None,
+                 aot: bool | None = None, calib: str | None = None, timing_cache: str | None = None,
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.

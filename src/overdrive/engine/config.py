@@ -152,7 +152,7 @@ class BuildConfig:
     device: str = "cpu"
     profiles: list[ShapeProfile] = field(default_factory=list)
     compile_mode: str | None = None  # None: reduce-overhead for static CUDA profiles, else default
-    aot: bool | None = None  # AOTInductor package; None: where it works (torch >= 2.12)
+    aot: bool | None = None  # AOTInductor package; None: alone for CPU builds where it loads (torch >= 2.12), off on CUDA
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18
     timing_cache: str | None = None  # a file kept across builds (Inductor's compile cache); None: no file
