@@ -80,3 +80,30 @@ def test_int8_fp8_need_quant(digits: torch.nn.Module) -> None:
         with torch.no_grad():
             r = digits(x)
         assert (eng(x).cpu() - r).abs().max().item() <= 0.15 * max(r.abs().max().item(), 1.0)
+
+
+def test_cli_torchscript_build_exec_compare_on_gpu(tmp_path: Path, digits: torch.nn.Module,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's three sources through the CLI on the GPU: TorchScript (through ONNX and the importer) and a
+    PyTorch factory, fp16 with fp16 channels_last I/O; exec prints the summary; compare against the ONNX passes."""
+    from overdrive.cli.main import main
+
+    ts = tmp_path / "d.pt"
+    torch.jit.trace(digits, torch.randn(8, 1, 8, 8)).save(str(ts))
+    eng = tmp_path / "ts.engine"
+    assert main(["build", "--torchscript", str(ts), "--saveEngine", str(eng), "--shapes", "input:8x1x8x8",
+                 "--fp16", "--device", "cuda", "--inputIOFormats", "fp16:hwc"]) == 0
+    assert "backend inductor" in capsys.readouterr().out
+    assert main(["exec", "--load-engine", str(eng), "--iterations", "50", "--duration", "0.2", "--use-cuda-graph"]) == 0
+    assert "GPU Compute Time" in capsys.readouterr().out
+    onnx_path = tmp_path / "d.onnx"  # the same network as ONNX, run by ONNX Runtime (CPU) as the reference
+    torch.onnx.export(digits, (torch.randn(8, 1, 8, 8),), str(onnx_path), dynamo=False, input_names=["input"],
+                      opset_version=17)
+    assert main(["compare", str(eng), str(onnx_path), "--atol", "5e-2", "--rtol", "5e-2"]) == 0
+    assert "PASSED" in capsys.readouterr().out
+    loaded = Engine.load(eng)
+    x = torch.randn(8, 1, 8, 8)
+    with torch.no_grad():
+        r = digits(x)
+    assert loaded.header["inputs"][0]["dtype"] == "float16"
+    assert (loaded(x).float().cpu() - r).abs().max().item() <= 2e-2 * max(r.abs().max().item(), 1.0)
