@@ -189,6 +189,9 @@ def test_cli_io_formats(tmp_path: Path, digits_onnx: bytes, capsys: pytest.Captu
     assert info["backend"] == "inductor" and info["inputs"][0]["dtype"] == "float16"
     assert main(["exec", "--load-engine", str(eng), "--iterations", "5", "--duration", "0.05"]) == 0
     capsys.readouterr()
+    # compare hands the engine's fp16 inputs to ONNX Runtime, which wants the model's fp32 (it failed before)
+    assert main(["compare", str(eng), str(onnx_path), "--atol", "1e-2", "--rtol", "1e-2"]) == 0
+    assert "PASSED" in capsys.readouterr().out
     assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(eng), "--shapes", "x:2x1x8x8", "--device", "cpu",
                  "--inputIOFormats", "half"]) == 2
     err = capsys.readouterr().err

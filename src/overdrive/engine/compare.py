@@ -22,9 +22,15 @@ class _OrtReference:
             raise UsageError(f"ONNX file {path!r} does not exist")
         self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
 
+    _TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
+              "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(bool)": torch.bool}
+
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
-        names = [i.name for i in self.session.get_inputs()]
-        return [torch.from_numpy(o) for o in self.session.run(None, {n: x.cpu().numpy() for n, x in zip(names, xs)})]
+        feeds = {}
+        for i, x in zip(self.session.get_inputs(), xs):  # each input in the type the ONNX model declares (an
+            dt = self._TYPES.get(i.type)  # engine with fp16 I/O bindings hands out fp16 inputs)
+            feeds[i.name] = (x.to(dt) if dt is not None else x).contiguous().cpu().numpy()
+        return [torch.from_numpy(o) for o in self.session.run(None, feeds)]
 
 
 def _runnable(x: Any) -> tuple[Any, str]:
@@ -56,8 +62,10 @@ def _outputs(fn: Any, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     if isinstance(fn, _OrtReference):
         return [o.float() for o in fn(*xs)]
     with torch.no_grad():
-        dev = next((p.device for p in fn.parameters()), torch.device("cpu"))
-        return [o.float().cpu() for o in flatten_outputs(fn(*(x.to(dev) for x in xs)))]
+        p = next(fn.parameters(), None)
+        dev, dt = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
+        xs = tuple(x.to(dev, dt) if x.is_floating_point() else x.to(dev) for x in xs)  # the module's own float type
+        return [o.float().cpu() for o in flatten_outputs(fn(*xs))]
 
 
 def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol: float = 1e-3, rtol: float = 1e-3,
