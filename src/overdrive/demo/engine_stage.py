@@ -58,6 +58,9 @@ def run(ctx: DemoContext) -> Table:
             table.rows.append([prec, f"{loaded.info['backend']}", _accuracy(loaded, ctx), r["outputs"][0]["max_abs"],
                                "PASSED" if r["passed"] else "FAILED", s["throughput_samples_s"], build_s, loaded.load_s])
             ctx.artifacts[f"engine_{prec}"] = loaded
+            kernels = loaded.header["backend_meta"].get("int8_kernels")
+            if kernels:  # why an int8 engine may be slower than fp32 on this CPU
+                table.notes.append(f"{prec}: {kernels}")
     table.notes.append(f"PyTorch fp32 test accuracy {ctx.fp32_accuracy}; max err: max |engine - PyTorch| logit on 64 test "
                        "images; backend 'auto' "
                        f"({'ONNX Runtime on CPU' if ctx.device.type == 'cpu' else 'Inductor + CUDA graphs on GPU'}); "
