@@ -13,6 +13,7 @@ also loaded in a fresh process with an empty Inductor cache (what a deployment s
 from __future__ import annotations
 
 import argparse
+import itertools
 import datetime
 import json
 import os
@@ -38,26 +39,11 @@ MLPERF_RN50 = 94_600
 
 def eager_time(fn: Callable, sets: list[tuple[torch.Tensor, ...]], device: torch.device, iters: int) -> list[float]:
     """Seconds per call (CUDA events on GPU, wall clock on CPU), rotating over input sets."""
+    from overdrive._utils.timing import time_fn
+
+    inputs = itertools.cycle(sets)
     with torch.inference_mode():
-        for i in range(5):
-            fn(*sets[i % len(sets)])
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            out = []
-            for i in range(iters):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn(*sets[i % len(sets)])
-                b.record()
-                b.synchronize()
-                out.append(a.elapsed_time(b) / 1e3)
-            return out
-        out = []
-        for i in range(iters):
-            t0 = time.perf_counter()
-            fn(*sets[i % len(sets)])
-            out.append(time.perf_counter() - t0)
-        return out
+        return time_fn(lambda: fn(*next(inputs)), device, warmup=5, repeat=iters)
 
 
 def resnet50() -> tuple[torch.nn.Module, Callable[[int, int], tuple[torch.Tensor, ...]], list[str]]:

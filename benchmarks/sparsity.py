@@ -14,6 +14,7 @@ Medians of CUDA-event timings after warm-up, inputs rotated, random data (never 
 from __future__ import annotations
 
 import argparse
+import itertools
 import datetime
 import json
 import platform
@@ -39,26 +40,11 @@ DENSE_PEAK_TFLOPS = {"float16": 989.0, "bfloat16": 989.0, "float8_e4m3fn": 1979.
 
 
 def timed(fn, device: torch.device, iters: int, warmup: int) -> float:
-    """Median milliseconds of ``fn(i)`` (i rotates inputs)."""
-    for i in range(warmup):
-        fn(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        ts = []
-        for i in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn(i)
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        return statistics.median(ts)
-    ts = []
-    for i in range(iters):
-        t0 = time.perf_counter()
-        fn(i)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    """Median milliseconds of ``fn(i)`` (i counts calls; callers rotate inputs with it)."""
+    from overdrive._utils.timing import time_fn
+
+    calls = itertools.count()
+    return statistics.median(time_fn(lambda: fn(next(calls)), device, warmup=warmup, repeat=iters)) * 1e3
 
 
 def pruned_weight(out_f: int, in_f: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

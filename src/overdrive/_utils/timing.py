@@ -15,9 +15,11 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 3, repeat: int = 10) -> list[float]:
+def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 3, repeat: int = 10,
+            before_each: Callable[[], object] | None = None) -> list[float]:
     """Seconds per call of ``fn`` over ``repeat`` runs after ``warmup`` runs: CUDA events around each
-    call on a GPU (device work is asynchronous), the wall clock on CPU.
+    call on a GPU (device work is asynchronous), the wall clock on CPU. ``before_each`` runs before each
+    timed call, outside the timing (for example a barrier, so that ranks start together).
 
     Example:
         >>> times = time_fn(lambda: sum(range(100)), "cpu", warmup=1, repeat=3)
@@ -30,6 +32,8 @@ def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 
     times = []
     if torch.device(device).type == "cuda":
         for _ in range(repeat):
+            if before_each is not None:
+                before_each()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fn()
@@ -38,6 +42,8 @@ def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 
             times.append(a.elapsed_time(b) / 1e3)
         return times
     for _ in range(repeat):
+        if before_each is not None:
+            before_each()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.timing import time_fn
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n}
@@ -68,23 +68,8 @@ def measure(ops: tuple[str, ...] = OPS, sizes: list[int] | None = None, iters: i
 
 
 def _time(fn: Any, dev: torch.device, iters: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    if dev.type == "cuda":
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) / 1e3)
-    else:
-        for _ in range(iters):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
+    # CPU (gloo): a barrier before each call, so the wall clock times the collective, not the ranks' skew
+    out = time_fn(fn, dev, warmup=warmup, repeat=iters, before_each=None if dev.type == "cuda" else dist.barrier)
     # Every rank uses the slowest rank's time (the collective is as slow as its slowest member).
     t = torch.tensor(out, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
