@@ -174,7 +174,8 @@ def main() -> None:
             "cusparselt": bool(getattr(torch.backends, "cusparselt", None) and torch.backends.cusparselt.is_available())}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sparsity.json").write_text(json.dumps({"meta": meta, "linear": linear, "mlp": mlps}, indent=2))
+    name = "sparsity_quick" if args.quick else "sparsity"  # a smoke run never overwrites the committed results
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "linear": linear, "mlp": mlps}, indent=2))
     md = [f"# 2:4 sparsity speed ({meta['device']})", "",
           f"torch {meta['torch']}, {meta['date']}, cuSPARSELt {meta['cusparselt']}, `{meta['command']}`", "",
           "| tokens | in | out | dtype | dense ms | dense TFLOP/s | % dense peak | 2:4 default ms | 2:4 searched ms | speedup (default / searched) | rel err | note |",
@@ -195,7 +196,7 @@ def main() -> None:
     md += ["", "- speedup = dense time / 2:4 time in the same run; > 1 means 2:4 is faster.",
            "- 'auto' keeps a layer dense unless its measured 2:4 time beats dense (export's min_speedup=1.0).",
            "- % dense peak: against the vendor dense peak (989 TFLOP/s fp16/bf16, 1979 fp8)."]
-    (out / "sparsity.md").write_text("\n".join(md) + "\n")
+    (out / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     print(f"total {meta['seconds']:.1f} s")
 
