@@ -153,7 +153,7 @@ def main() -> None:
     notes = [f"dataset: {N} JPEGs ~500x375 q90 (benchmarks/data.py's), batch {bs}, output {cfg.size}x{cfg.size} bf16 "
              "channels_last; rates are best of 3 passes over the epoch (loader: one epoch after 2 warm-up batches)",
              f"host: {os.cpu_count()} CPU cores"]
-    write_results("data_profile", facts, rows, ["stage", "img_per_s", "us_per_img", "note"], notes,
+    write_results("data_profile_quick" if q else "data_profile", facts, rows, ["stage", "img_per_s", "us_per_img", "note"], notes,
                   {"profiler_cpu_ops": table, "profiler_cuda_kernels": cuda_table})
     print(table)
     print(cuda_table)

@@ -16,7 +16,6 @@ Writes benchmarks/results/engine_profile.json and .md.
 from __future__ import annotations
 
 import argparse
-import copy
 import re
 import sys
 import time
@@ -159,10 +158,11 @@ def plans(name: str, batch: int, quick_only: bool, autotune: bool = False) -> li
     return out
 
 
-def variants(name: str, batch: int, quick_only: bool | str = False, autotune: bool = False) -> list[dict[str, Any]]:
+def variants(name: str, batch: int, quick_only: bool = False, autotune: bool = False,
+             eager_only: bool = False) -> list[dict[str, Any]]:
     rows = []
     base = None
-    for label, get, bench in plans(name, batch, quick_only, autotune)[:1 if quick_only == "eager" else None]:
+    for label, get, bench in plans(name, batch, quick_only, autotune)[:1 if eager_only else None]:
         torch.backends.cudnn.benchmark = bench
         t0 = time.perf_counter()
         try:
@@ -221,7 +221,7 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: s
                      "vs_eager_fp16": batch / sec / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
                      "float_remainder": eng.header["backend_meta"].get("float_remainder")})
         print(rows[-1], flush=True)
-        del eng
+        eng = dev = None  # free this engine before the next build
         torch.compiler.reset()
         torch.cuda.empty_cache()
     return rows, profiles
@@ -244,7 +244,7 @@ def main() -> None:
     facts = device_facts(torch.device("cuda"))
     rows, profiles, notes = [], {}, []
     for name in args.models.split(","):
-        rs = variants(name, args.batch, "eager" if args.engines_only else args.new_only, args.autotune)
+        rs = variants(name, args.batch, args.new_only, args.autotune, eager_only=args.engines_only)
         ok = [r for r in rs if "throughput" in r]
         eager, best = ok[0], max(ok, key=lambda r: r["throughput"])
         for r in (eager, best):
