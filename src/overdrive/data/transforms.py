@@ -169,16 +169,22 @@ def _blend(flat: torch.Tensor, base: torch.Tensor, rows: torch.Tensor, cols: tor
     return out.permute(0, 3, 1, 2) if channels_last else out
 
 
-_COMPILED: dict[str, Any] = {}
-_COMPILE_LOCK = threading.Lock()
+_FUSED_FN: list[Any] = []  # _blend compiled, made on first use (torch.compile stays out of import time)
+_FUSED_WARM: set[tuple[str, torch.dtype, bool]] = set()  # (device, dtype, layout) variants compiled already
+_FUSED_LOCK = threading.Lock()
 
 
-def _fused_blend() -> Any:
-    """``_blend`` compiled once per process (dynamic shapes: the buffer length changes every batch)."""
-    with _COMPILE_LOCK:
-        if "blend" not in _COMPILED:
-            _COMPILED["blend"] = torch.compile(_blend, dynamic=True, fullgraph=True)
-        return _COMPILED["blend"]
+def _fused_blend(key: tuple[str, torch.dtype, bool], *args: Any) -> torch.Tensor:
+    """``_blend`` compiled once per process (dynamic shapes: the buffer length changes every batch). The first
+    call of each variant compiles under a lock, one thread at a time (loaders run several threads)."""
+    if key in _FUSED_WARM:
+        return _FUSED_FN[0](*args)
+    with _FUSED_LOCK:
+        if not _FUSED_FN:
+            _FUSED_FN.append(torch.compile(_blend, dynamic=True, fullgraph=True))
+        out = _FUSED_FN[0](*args)
+        _FUSED_WARM.add(key)
+        return out
 
 
 def transform_batch(images: list[torch.Tensor], u: torch.Tensor, flips: torch.Tensor, cfg: LoaderConfig,
@@ -214,16 +220,7 @@ def transform_batch(images: list[torch.Tensor], u: torch.Tensor, flips: torch.Te
     flat = torch.cat([im.reshape(-1) for im in images])  # one buffer, uint8
     args = (flat, base.to(device, non_blocking=True), small[0:2], small[2:4], wts[0], wts[1], mean.to(device),
             inv.to(device), cfg.dtype, cfg.channels_last)
-    if not fused:
-        out = _blend(*args)
-    else:
-        fn, key = _fused_blend(), (str(device), cfg.dtype, cfg.channels_last)
-        if key in _COMPILED:
-            out = fn(*args)
-        else:
-            with _COMPILE_LOCK:  # the first call compiles: one thread at a time (loaders run several)
-                out = fn(*args)
-                _COMPILED[key] = True
+    out = _fused_blend((str(device), cfg.dtype, cfg.channels_last), *args) if fused else _blend(*args)
     return out if cfg.channels_last else out.contiguous()
 
 
