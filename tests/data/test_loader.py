@@ -195,6 +195,9 @@ def test_bad_inputs_raise_usage_errors(tmp_path: Path, folder: Path) -> None:
         ImageLoader(bad)
     with pytest.raises(UsageError, match="does not exist"):
         ImageLoader([("missing.jpg", 0)])
+    for field, value, lowest in (("num_workers", -1, 0), ("read_workers", -2, 0), ("gpu_threads", 0, 1), ("prefetch", 0, 1)):
+        with pytest.raises(UsageError, match=f"^{field}={value} must be >= {lowest}"):
+            ImageLoader(folder, **{field: value})
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA is not available"):
             ImageLoader(folder, device="cuda")

@@ -89,9 +89,10 @@ class LoaderConfig:
             raise UsageError(f"mean={self.mean} / std={self.std} must be 3 values each, std > 0")
         if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
             raise UsageError(f"shard_id={self.shard_id} must be in [0, num_shards={self.num_shards})")
-        if self.num_workers < 0 or self.read_workers < 0 or self.gpu_threads < 1 or self.prefetch < 1:
-            raise UsageError(f"num_workers={self.num_workers} and read_workers={self.read_workers} must be >= 0, "
-                             f"gpu_threads={self.gpu_threads}, prefetch={self.prefetch} >= 1")
+        for name, lowest in (("num_workers", 0), ("read_workers", 0), ("gpu_threads", 1), ("prefetch", 1)):
+            value = getattr(self, name)
+            if value < lowest:
+                raise UsageError(f"{name}={value} must be >= {lowest}" + (" (0: work in the calling process)" if lowest == 0 else ""))
         if self.pipeline not in PIPELINES:
             raise UsageError(f"pipeline={self.pipeline!r} is not one of {PIPELINES}")
 
