@@ -1,22 +1,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from click.testing import CliRunner
 
 from overdrive.cli.quantize import command
-
-
-def test_import_overdrive_quant_is_lean() -> None:
-    code = ("import sys, overdrive; from overdrive import quant; "
-            "bad = [m for m in ('onnx', 'onnxruntime', 'torchvision', 'transformers', 'matplotlib', 'tensorrt') if m in sys.modules]; "
-            "import torch; assert not torch.cuda.is_initialized(); print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "[]"
 
 
 def test_cli_quantize_factory_and_export(tmp_path) -> None:
