@@ -217,3 +217,29 @@ def test_int8_transformer_linear_matches_fake_quant() -> None:
     assert (eng(x) - fq).abs().max().item() <= 1e-3 * fq.abs().max().item()
     exact, why = int8_kernels_exact()
     assert eng.header["backend_meta"]["int8_kernels"].startswith("fused" if exact else "not fused") and why
+    assert eng.header["backend_meta"]["unfused_qdq"] is (not exact)
+
+
+def test_int8_load_reads_the_qdq_decision_from_the_header(tmp_path, monkeypatch) -> None:
+    """The unfused-Q/DQ decision is made once at build and stored; a load neither re-parses the ONNX for Q/DQ
+    nodes nor re-probes the CPU, and the loaded engine still equals the fake-quant model."""
+    quant = pytest.importorskip("overdrive.quant")
+    from overdrive.engine.backends import onnxruntime as ort_backend
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8)).eval()
+    x = torch.randn(2, 6, 16) * 3
+    q = quant.quantize(copy.deepcopy(m), quant.INT8_DEFAULT, lambda mm: mm(x))
+    with torch.no_grad():
+        fq = q(x)
+    path = tmp_path / "q.engine"
+    Builder(precision="int8", device="cpu", backend="onnxruntime", profiles=[ShapeProfile.fixed("x", (2, 6, 16))]
+            ).build(q, (x,), input_names=["x"]).save(path)
+
+    def fail(*a, **k):
+        raise AssertionError("load re-parsed the model or re-probed the CPU")
+
+    monkeypatch.setattr(ort_backend, "has_qdq", fail)
+    monkeypatch.setattr(ort_backend, "int8_kernels_exact", fail)
+    loaded = Engine.load(path)
+    assert (loaded(x) - fq).abs().max().item() <= 1e-3 * fq.abs().max().item()

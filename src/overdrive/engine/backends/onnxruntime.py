@@ -80,10 +80,10 @@ def int8_kernels_exact() -> tuple[bool, str]:
                    "dequantize + fp32 (exact, no int8 speedup)")
 
 
-def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None) -> Any:
+def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None, unfused_qdq: bool = False) -> Any:
     ort = require("onnxruntime", "onnx", "the onnxruntime backend")
     so = ort.SessionOptions()
-    if device.type == "cpu" and has_qdq(model_bytes) and not int8_kernels_exact()[0]:
+    if unfused_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")  # keep Q/DQ out of the saturating kernels
     if optimize_to:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -104,24 +104,27 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         model_bytes = _quantized_onnx(src, example, calib or [example])
     else:
         model_bytes = src.as_onnx(example, cfg.profiles, cfg.opset)
-    if cfg.precision == "int8" and not has_qdq(model_bytes):
+    qdq = has_qdq(model_bytes)  # parsed once, here: loads read the decision from the header
+    exact, why = int8_kernels_exact() if qdq and device.type == "cpu" else (True, "")
+    unfused = not exact
+    if cfg.precision == "int8" and not qdq:
         raise UsageError("--precision int8 with an ONNX model needs QuantizeLinear/DequantizeLinear nodes in it; "
                          "quantize it with overdrive.quant (export_onnx) or build from the PyTorch model")
     t_export = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "optimized.onnx")
         try:
-            _session(model_bytes, device, optimize_to=path)
+            _session(model_bytes, device, optimize_to=path, unfused_qdq=unfused)
         except UsageError:
             raise
         except Exception as exc:
             raise UsageError(f"onnxruntime could not load the model: {exc}") from exc
         optimized = open(path, "rb").read()
-    runner = Runner(_session(optimized, device), device)
+    runner = Runner(_session(optimized, device, unfused_qdq=unfused), device)
     meta: dict[str, Any] = {"export_s": t_export, "providers": _providers(device)}
-    if device.type == "cpu" and has_qdq(model_bytes):
-        exact, why = int8_kernels_exact()
+    if qdq and device.type == "cpu":
         meta["int8_kernels"] = ("fused int8 kernels: " if exact else "not fused: ") + why
+        meta["unfused_qdq"] = unfused
     return {"onnx": optimized}, runner, meta
 
 
@@ -159,4 +162,5 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
 
 
 def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
-    return Runner(_session(sections["onnx"], device), device)
+    return Runner(_session(sections["onnx"], device, unfused_qdq=header.get("backend_meta", {}).get("unfused_qdq", False)),
+                  device)
