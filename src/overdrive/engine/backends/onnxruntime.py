@@ -162,5 +162,7 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
 
 
 def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
-    return Runner(_session(sections["onnx"], device, unfused_qdq=header.get("backend_meta", {}).get("unfused_qdq", False)),
-                  device)
+    meta = header.get("backend_meta", {})
+    # engines saved before "unfused_qdq" was stored carry the same decision in their "int8_kernels" text
+    unfused = meta.get("unfused_qdq", str(meta.get("int8_kernels", "")).startswith("not fused"))
+    return Runner(_session(sections["onnx"], device, unfused_qdq=unfused), device)
