@@ -10,6 +10,7 @@ with the achieved TFLOP/s of the whole step against the measured matmul ceiling.
 
     python benchmarks/engine_profile.py                 # H200: about 4 minutes
     python benchmarks/engine_profile.py --models bert   # one model
+    python benchmarks/engine_profile.py --models bert_ids --engines-only --engines bf16   # BERT without a mask input
 Writes benchmarks/results/engine_profile.json and .md.
 """
 
@@ -34,6 +35,7 @@ from _common import device_facts, write_results  # noqa: E402
 # forward FLOPs per sample (multiply-add = 2): ResNet-50 at 224 is 4.09 GMAC; BERT-base seq 128:
 # 2 * 85.0M encoder weights * 128 tokens + attention (2 * 2 * 128^2 * 768 per layer, 12 layers)
 FLOPS = {"resnet50": 2 * 4.09e9, "bert": 2 * 85.0e6 * 128 + 12 * 4 * 128 * 128 * 768}
+FLOPS["bert_ids"] = FLOPS["bert"]  # BERT called with input_ids alone (eager and engine alike): no mask input
 
 KERNEL_CLASSES = [  # first match wins
     ("triton (inductor fused)", re.compile(r"^triton_", re.I)),  # before conv: "triton_poi_fused_add_convolution_relu"
@@ -140,6 +142,9 @@ def plans(name: str, batch: int, quick_only: bool, autotune: bool = False) -> li
         out += [("export+compile fp16 + freezing (the engine)", lambda: (compiled(m, x, True), x), False),
                 ("... + conv_1x1_as_mm", lambda: (compiled(m, x, True, conv_1x1_as_mm=True), x), False),
                 ("... + cudnn.benchmark", lambda: (compiled(m, x, True), x), True)]
+    elif name == "bert_ids":  # eager drops the all-ones mask at run time; the engine's mask pass drops it at build
+        m16, (ids, _), _ = bert(batch)
+        out += [("eager fp16, input_ids only", lambda: (_IdsOnly(m16).eval(), (ids,)), False)]
     else:
         m16, (ids, mask), _ = bert(batch)
         mb, _, _ = bert(batch, torch.bfloat16)
@@ -203,6 +208,8 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: s
         model = BertModel(BertConfig()).eval()
         inputs = (torch.randint(0, 30522, (batch, 128)), torch.ones(batch, 128, dtype=torch.int64))
         names = ["input_ids", "attention_mask"]
+        if name == "bert_ids":
+            inputs, names = inputs[:1], names[:1]
     rows, profiles = [], {}
     for prec, fmt in [(p, f) for p in precisions for f in ([""] + ([io] if io else []))]:
         label = f"overdrive Engine {prec} ({fmt or 'fp32:chw'} I/O)"
@@ -219,7 +226,8 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: s
             continue
         rows.append({"model": name, "batch": batch, "config": label, "throughput": batch / sec, "median_ms": sec * 1e3,
                      "vs_eager_fp16": batch / sec / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
-                     "float_remainder": eng.header["backend_meta"].get("float_remainder")})
+                     "float_remainder": eng.header["backend_meta"].get("float_remainder"),
+                     "attention_masks_dropped": eng.header["backend_meta"].get("attention_masks_dropped")})
         print(rows[-1], flush=True)
         eng = dev = None  # free this engine before the next build
         torch.compiler.reset()

@@ -23,6 +23,7 @@ from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive.engine.config import IO_DTYPES, BuildConfig
+from overdrive.engine.passes import drop_constant_attention_masks
 from overdrive.engine.sources import ModelSource, dynamic_shapes
 
 NAME = "inductor"
@@ -280,12 +281,14 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
             raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
                                  "try --backend onnxruntime, or fix the graph break it names") from exc
     t_export = time.perf_counter() - t0
+    dropped = drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     sections = {"exported_program": buf.getvalue()}
     mode = _mode(cfg, device)
     freezing = use_freezing(cfg, device)
-    meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing}
+    meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
+                            "attention_masks_dropped": len(dropped)}
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
@@ -316,6 +319,18 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         sections["aoti_package"] = _aoti_package(ep, cfg, freezing)
         meta["aot"] = True
     return sections, runner, meta
+
+
+def _corner_inputs(example: tuple[torch.Tensor, ...], profiles: list[Any], names: list[str]
+                   ) -> list[tuple[torch.Tensor, ...]]:
+    """The example, plus inputs at the profile's min and max shapes when a profile is dynamic."""
+    by_name = {p.name: p for p in profiles}
+    corners = [example]
+    if any(not p.static for p in profiles):
+        for end in ("min", "max"):
+            corners.append(tuple(torch.zeros(getattr(by_name[n], end), dtype=x.dtype, device=x.device)
+                                 if n in by_name else x for n, x in zip(names, example)))
+    return corners
 
 
 def aot_by_default(cfg: BuildConfig, device: torch.device) -> bool:

@@ -1,0 +1,170 @@
+"""Graph passes on the exported program before Inductor compiles it.
+
+``drop_constant_attention_masks``: an attention mask that the model builds from constants (Hugging Face
+models build an all-ones padding mask when no ``attention_mask`` is given, and keep it while tracing) is
+folded away when it masks nothing: an additive float mask of zeros, or a boolean mask of all True. Eager
+Hugging Face drops such a mask at run time (``torch.all(mask == 1)``, a data-dependent check that export
+cannot keep), so without this pass the engine ran a masked attention kernel that eager does not.
+The result is exact: ``softmax(s + 0) == softmax(s)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx.node import Node, map_arg
+
+aten = torch.ops.aten
+
+_SDPA = aten.scaled_dot_product_attention.default
+_MASK_POS = 3  # (query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False)
+
+# ops whose value is a function of their arguments' values and shapes only (no randomness, no state):
+# tensor creation (ones, full, arange: Hugging Face 5.x builds its all-True mask as arange(s) >= 0), views and
+# layout, indexing, dtype conversion, plus every ATen op tagged pointwise (checked below)
+_CONSTANT_OPS = {
+    aten.ones.default, aten.zeros.default, aten.full.default, aten.scalar_tensor.default,
+    aten.ones_like.default, aten.zeros_like.default, aten.full_like.default,
+    aten.arange.default, aten.arange.start, aten.arange.start_step, aten.tril.default, aten.triu.default,
+    aten.lift_fresh_copy.default, aten.index.Tensor, aten.cat.default, aten.stack.default,
+    aten.new_ones.default, aten.new_zeros.default, aten.new_full.default,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.expand.default, aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+    aten.permute.default, aten.transpose.int, aten.t.default, aten.slice.Tensor, aten.select.int,
+    aten.contiguous.default, aten.clone.default, aten.alias.default, aten.detach.default,
+    aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.to.other, aten._to_copy.default, aten.type_as.default,
+    aten.sym_size.int, aten.sym_numel.default,
+}
+# arithmetic on sizes (symbolic when the profile is dynamic)
+_SIZE_FUNCS = {getattr(torch, f) for f in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_ite", "sym_sum")
+               if hasattr(torch, f)}
+
+
+def _value_free(op: Any) -> bool:
+    """Whether ``op`` computes from values and shapes alone, deterministically."""
+    if op in _CONSTANT_OPS or op in _SIZE_FUNCS or getattr(op, "__module__", None) in ("operator", "_operator"):
+        return True
+    tags = getattr(op, "tags", ())
+    return torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+
+
+def _constant_subgraph(mask: Node, user_inputs: set[str], leaves: dict[str, torch.Tensor]) -> list[Node] | None:
+    """The nodes ``mask`` is computed from, in graph order, if none of them reads a user input's values
+    (reading its size is fine); None otherwise."""
+    seen: dict[Node, None] = {}
+    stack = [mask]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen[n] = None
+        if n.op == "placeholder":
+            if n.name not in user_inputs and n.name not in leaves:
+                return None
+            continue
+        if n.op != "call_function" or not _value_free(n.target):
+            return None
+        if n.target is aten.sym_size.int:
+            stack.append(n.args[0])  # the size of a user input: allowed
+            continue
+        stack.extend(n.all_input_nodes)
+    for n in seen:  # a user input may be read for its size only
+        if n.op == "placeholder" and n.name in user_inputs:
+            if any(u in seen and u.target is not aten.sym_size.int for u in n.users):
+                return None
+    order = {n: i for i, n in enumerate(mask.graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
+
+
+def _evaluate(nodes: list[Node], env: dict[str, Any]) -> Any:
+    vals: dict[Node, Any] = {}
+    for n in nodes:
+        if n.op == "placeholder":
+            vals[n] = env[n.name]
+        else:
+            args = map_arg(n.args, vals.__getitem__)
+            kwargs = map_arg(n.kwargs, vals.__getitem__)
+            vals[n] = n.target(*args, **kwargs)
+    return vals[nodes[-1]]
+
+
+def _masks_nothing(value: Any) -> bool:
+    if not isinstance(value, torch.Tensor):
+        return False
+    if value.dtype == torch.bool:
+        return bool(value.all())
+    return value.is_floating_point() and not bool(value.any())
+
+
+def drop_constant_attention_masks(ep: Any, corner_inputs: list[tuple[torch.Tensor, ...]]) -> list[str]:
+    """Remove attention masks that are built from constants and mask nothing, in place.
+
+    A mask qualifies when it reads no user input's values (sizes are fine) and evaluates, for each input
+    tuple in ``corner_inputs`` (the shape profile's min, opt and max shapes), to zeros (additive float) or
+    all True (boolean). Returns the names of the attention nodes changed.
+
+    Example:
+        >>> ep = torch.export.export(model, (ids,))                        # doctest: +SKIP
+        >>> drop_constant_attention_masks(ep, [(ids,)])                     # doctest: +SKIP
+        ['scaled_dot_product_attention', 'scaled_dot_product_attention_1', ...]
+    """
+    gm = ep.graph_module
+    sig = ep.graph_signature
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    user_inputs = [n.name for n in placeholders if n.name in set(sig.user_inputs)]
+    leaves: dict[str, torch.Tensor] = {}
+    state = ep.state_dict
+    for name, target in {**sig.inputs_to_parameters, **sig.inputs_to_buffers}.items():
+        if target in state:
+            leaves[name] = state[target]
+    for name, target in sig.inputs_to_lifted_tensor_constants.items():
+        if target in ep.constants and isinstance(ep.constants[target], torch.Tensor):
+            leaves[name] = ep.constants[target]
+    changed: list[str] = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        mask = node.args[_MASK_POS] if len(node.args) > _MASK_POS else node.kwargs.get("attn_mask")
+        if not isinstance(mask, Node):
+            continue
+        nodes = _constant_subgraph(mask, set(user_inputs), leaves)
+        if nodes is None:
+            continue
+        try:
+            with torch.no_grad():
+                empty = all(_masks_nothing(_evaluate(nodes, {**leaves, **dict(zip(user_inputs, xs))}))
+                            for xs in corner_inputs)
+        except Exception:  # an op that does not evaluate outside the graph: leave the mask as it is
+            continue
+        if not empty:
+            continue
+        if len(node.args) > _MASK_POS:
+            node.args = node.args[:_MASK_POS] + (None,) + node.args[_MASK_POS + 1:]
+        else:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
+        changed.append(node.name)
+    if changed:
+        _drop_dead(gm.graph)
+        gm.recompile()
+    return changed
+
+
+def _drop_dead(graph: torch.fx.Graph) -> None:
+    """Dead-code elimination that also drops the metadata asserts left on dead values (export adds
+    ``_assert_tensor_metadata`` after dtype conversions; they are side-effecting, so plain DCE keeps them)."""
+    asserts = {aten._assert_tensor_metadata.default}
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(list(graph.nodes)):
+            if n.op != "call_function" or n.users:
+                continue
+            if n.target in asserts:
+                src = n.args[0]
+                if isinstance(src, Node) and set(src.users) == {n}:
+                    graph.erase_node(n)
+                    changed = True
+            elif not n.is_impure():
+                graph.erase_node(n)
+                changed = True

@@ -1,0 +1,156 @@
+"""The constant-attention-mask pass: a mask built from constants that masks nothing is dropped (exactly),
+every other mask is kept. Reference: the eager module, bit-equal on CPU fp32 where the mask is dropped
+(adding zeros to the scores changes nothing) and within 1e-6 through a compiled engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from overdrive.engine import Builder, Engine, ShapeProfile
+from overdrive.engine.passes import drop_constant_attention_masks
+
+
+class HFStyleAttention(nn.Module):
+    """Builds its padding mask as Hugging Face BERT does when no attention_mask is given: ones -> 4-D
+    expand -> (1 - m) filled with finfo.min where masked."""
+
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv, self.heads = nn.Linear(d, 3 * d), heads
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, s, d = x.shape
+        if mask is None:
+            mask = torch.ones(b, s, dtype=torch.int64, device=x.device)
+        m = mask[:, None, None, :].expand(b, 1, s, s).to(x.dtype)
+        inv = 1.0 - m
+        bias = inv.masked_fill(inv.to(torch.bool), torch.finfo(x.dtype).min)
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, d)
+
+
+class ArangeMask(nn.Module):
+    """Builds its all-True mask as Hugging Face 5.x BERT does without an attention_mask: arange(s) >= 0."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        keep = (torch.arange(s, device=x.device) + 0)[None, None, None, :] >= 0
+        return F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None], attn_mask=keep.expand(b, -1, s, s))[:, 0]
+
+
+class FixedMask(nn.Module):
+    """Attention with a mask taken from a buffer, or filled with a value that depends on the batch size."""
+
+    def __init__(self, buffer: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("bias", buffer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        bias = self.bias if self.bias is not None else torch.full((b, 1, s, s), b - 2.0, device=x.device)
+        return F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None], attn_mask=bias)[:, 0]
+
+
+def _sdpa_masks(ep) -> list:
+    return [n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask") for n in ep.graph.nodes
+            if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+
+
+def _export(m: nn.Module, args: tuple, dynamic=None):
+    with torch.no_grad():
+        return torch.export.export(m, args, dynamic_shapes=dynamic, strict=False)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_all_ones_padding_mask_is_dropped_exactly(dynamic: bool) -> None:
+    torch.manual_seed(0)
+    m, x = HFStyleAttention().eval(), torch.randn(2, 8, 32)
+    ep = _export(m, (x,), ({0: torch.export.Dim("b", min=1, max=16)},) if dynamic else None)
+    assert _sdpa_masks(ep)[0] is not None
+    small = torch.zeros(1, 8, 32)
+    assert drop_constant_attention_masks(ep, [(x,), (small,)]) == ["scaled_dot_product_attention"]
+    assert _sdpa_masks(ep) == [None]
+    assert not [n for n in ep.graph.nodes if n.target is torch.ops.aten.ones.default]  # the mask chain is gone
+    with torch.no_grad():
+        assert torch.equal(ep.module()(x), m(x))
+
+
+def test_arange_built_all_true_mask_is_dropped() -> None:
+    m, x = ArangeMask().eval(), torch.randn(2, 8, 8)
+    ep = _export(m, (x,), ({0: torch.export.Dim("b", min=1, max=16)},))
+    assert drop_constant_attention_masks(ep, [(x,)]) == ["scaled_dot_product_attention"]
+    with torch.no_grad():
+        assert torch.equal(ep.module()(x), m(x))
+
+
+def test_hugging_face_bert_masks_dropped_only_without_an_attention_mask_input() -> None:
+    transformers = pytest.importorskip("transformers")
+    from overdrive.engine.sources import by_name
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                  vocab_size=1000)
+    bert = transformers.BertModel(cfg).eval()
+    ids, mask = torch.randint(0, 1000, (2, 16)), torch.tensor([[1] * 16, [1] * 10 + [0] * 6])
+    ids_only = by_name(bert, ["input_ids"])
+    ep = _export(ids_only, (ids,))
+    assert len(drop_constant_attention_masks(ep, [(ids,)])) == 2  # one per layer
+    both = by_name(bert, ["input_ids", "attention_mask"])
+    ep2 = _export(both, (ids, mask))
+    assert drop_constant_attention_masks(ep2, [(ids, mask)]) == []
+    with torch.no_grad():
+        assert (ep.module()(ids)[0] - bert(input_ids=ids)[0]).abs().max().item() <= 1e-6
+        assert (ep2.module()(ids, mask)[0] - bert(input_ids=ids, attention_mask=mask)[0]).abs().max().item() <= 1e-6
+
+
+def test_mask_from_a_user_input_is_kept() -> None:
+    m, x = HFStyleAttention().eval(), torch.randn(2, 8, 32)
+    mask = torch.ones(2, 8, dtype=torch.int64)  # all ones in the example, but a runtime input
+    ep = _export(m, (x, mask))
+    assert drop_constant_attention_masks(ep, [(x, mask)]) == []
+    padded = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    with torch.no_grad():
+        assert torch.equal(ep.module()(x, padded), m(x, padded))
+
+
+@pytest.mark.parametrize("buffer, dropped", [(torch.zeros(2, 1, 8, 8), True), (torch.full((2, 1, 8, 8), -1e4), False),
+                                             (torch.ones(2, 1, 8, 8, dtype=torch.bool), True),
+                                             (torch.ones(8, 8, dtype=torch.bool).tril(), False)])
+def test_constant_buffer_mask_dropped_only_when_it_masks_nothing(buffer: torch.Tensor, dropped: bool) -> None:
+    x = torch.randn(2, 8, 8)
+    m = FixedMask(buffer).eval()
+    ep = _export(m, (x,))
+    assert bool(drop_constant_attention_masks(ep, [(x,)])) is dropped
+    with torch.no_grad():
+        assert torch.allclose(ep.module()(x), m(x), atol=1e-6)
+
+
+def test_mask_is_checked_at_every_profile_corner() -> None:
+    """The fill value b - 2 is zero at the example's batch 2 but not at the profile's batch 1: kept."""
+    x = torch.randn(2, 8, 8)
+    m = FixedMask().eval()
+    ep = _export(m, (x,), ({0: torch.export.Dim("b", min=1, max=4)},))
+    assert drop_constant_attention_masks(ep, [(x,)]) == ["scaled_dot_product_attention"]  # the example alone: zeros
+    ep = _export(m, (x,), ({0: torch.export.Dim("b", min=1, max=4)},))
+    assert drop_constant_attention_masks(ep, [(x,), (torch.zeros(1, 8, 8),), (torch.zeros(4, 8, 8),)]) == []
+    with torch.no_grad():
+        assert torch.allclose(ep.module()(x[:1]), m(x[:1]), atol=1e-6)
+
+
+def test_engine_build_drops_the_mask_and_round_trips(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    m, x = HFStyleAttention().eval(), torch.randn(2, 8, 32)
+    eng = Builder(precision="fp32", device="cpu", backend="inductor",
+                  profiles=[ShapeProfile("x", (1, 8, 32), (2, 8, 32), (4, 8, 32))]).build(m, (x,), input_names=["x"])
+    assert eng.header["backend_meta"]["attention_masks_dropped"] == 1
+    eng.save(tmp_path / "a.engine")
+    loaded = Engine.load(tmp_path / "a.engine")
+    with torch.no_grad():
+        for b in (1, 2, 4):
+            xb = torch.randn(b, 8, 32)
+            assert (loaded(xb) - m(xb)).abs().max().item() <= 1e-5
