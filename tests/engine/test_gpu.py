@@ -107,3 +107,27 @@ def test_cli_torchscript_build_exec_compare_on_gpu(tmp_path: Path, digits: torch
         r = digits(x)
     assert loaded.header["inputs"][0]["dtype"] == "float16"
     assert (loaded(x).float().cpu() - r).abs().max().item() <= 2e-2 * max(r.abs().max().item(), 1.0)
+
+
+def test_bert_without_mask_input_drops_masks_on_gpu() -> None:
+    """Hugging Face BERT built with input_ids only: the engine drops the all-ones masks (one per layer) and
+    matches eager within bf16 tolerance; with an attention_mask input the masks stay and padding still masks."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                  vocab_size=1000)
+    bert = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 1000, (4, 32))
+    mask = torch.ones(4, 32, dtype=torch.int64)
+    mask[1, 20:] = 0
+    with torch.no_grad():
+        ref_ids, ref_mask = bert(input_ids=ids)[0], bert(input_ids=ids, attention_mask=mask)[0]
+    one = Builder(precision="bf16", device="cuda", profiles=[ShapeProfile.fixed("input_ids", (4, 32))]).build(
+        bert, (ids,), input_names=["input_ids"])
+    assert one.header["backend_meta"]["attention_masks_dropped"] == 2
+    assert (one(ids)[0].float().cpu() - ref_ids).abs().max().item() <= 5e-2 * ref_ids.abs().max().item()
+    two = Builder(precision="bf16", device="cuda", profiles=[ShapeProfile.fixed("input_ids", (4, 32)),
+                                                             ShapeProfile.fixed("attention_mask", (4, 32))]).build(
+        bert, (ids, mask), input_names=["input_ids", "attention_mask"])
+    assert two.header["backend_meta"]["attention_masks_dropped"] == 0
+    assert (two(ids, mask)[0].float().cpu() - ref_mask).abs().max().item() <= 5e-2 * ref_mask.abs().max().item()
