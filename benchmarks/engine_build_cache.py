@@ -42,7 +42,9 @@ t0 = time.perf_counter()
 eng = Builder(precision=precision, device=device, backend="inductor", timing_cache=cache or None, aot=False,
               profiles=[ShapeProfile.fixed("x", dims)]).build(model, (torch.randn(dims),), input_names=["x"])
 build_s = time.perf_counter() - t0
-print(json.dumps({"build_s": build_s, "timing_cache": eng.info["timing_cache"]}))
+meta = eng.header["backend_meta"]
+from torch._dynamo.utils import counters
+print(json.dumps({"fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"], "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"], "build_s": build_s, "timing_cache": eng.info["timing_cache"], "export_s": meta.get("export_s"), "compile_s": meta.get("compile_s")}))
 """
 
 
@@ -71,17 +73,20 @@ def main() -> None:
                             ("--timing-cache, file present", cache)):
             r = build_in_fresh_process(args, path)
             tc = r.get("timing_cache") or {}
-            rows.append({"build": label, "build_s": r["build_s"], "vs_baseline": None,
+            rows.append({"build": label, "build_s": r["build_s"], "vs_baseline": None, "compile_s": r["compile_s"],
+                         "inductor_cache_hits": r["fxgraph_cache_hit"],
                          "cache_loaded_bytes": tc.get("loaded_bytes"), "cache_saved_bytes": tc.get("saved_bytes")})
             print(rows[-1], flush=True)
     for r in rows:
         r["vs_baseline"] = r["build_s"] / rows[0]["build_s"]
     notes = [f"model {args.model}, input {args.shape}, {args.precision} on {args.device}; each build in a fresh Python "
              "process with an empty TORCHINDUCTOR_CACHE_DIR, all on the torch.compile path (aot=False: --timing-cache needs it); build_s: Builder.build only (imports excluded); "
-             "vs_baseline: build time / the no-flag build's (lower is better)"]
+             "vs_baseline: build time / the no-flag build's (lower is better); compile_s: the compile and first calls "
+             "inside the build; inductor_cache_hits: Inductor FX-graph cache hits in that process"]
     name = args.name or ("engine_build_cache" if args.device.startswith("cuda") else "engine_build_cache_cpu")
     write_results(name, device_facts(torch.device(args.device)), rows,
-                  ["build", "build_s", "vs_baseline", "cache_loaded_bytes", "cache_saved_bytes"], notes)
+                  ["build", "build_s", "vs_baseline", "compile_s", "inductor_cache_hits", "cache_loaded_bytes",
+                   "cache_saved_bytes"], notes)
 
 
 if __name__ == "__main__":
