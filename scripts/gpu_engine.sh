@@ -1,21 +1,39 @@
 #!/usr/bin/env bash
-# GPU run for overdrive.engine on the lent H200 (about 8 minutes): gpu tests; the batch-256 engines
-# (fp16, fp8, int8) timed and kernel-profiled next to eager (benchmarks/results/engine_profile_quant.*);
-# then batch 1 with freezing (benchmarks/results/engine.*). Each step has its own time limit.
+# GPU runs for overdrive.engine on the lent H200, in two calls of under 10 minutes each; every step has its
+# own time limit, and results land in benchmarks/results/ (and $OUT when set).
+#   bash scripts/gpu_engine.sh 1   # gpu tests; the mask pass on BERT (engine_mask); ResNet-50 fp16/fp8 engines
+#   bash scripts/gpu_engine.sh 2   # BERT engines with and without a mask input; int8 ResNet-50; --timing-cache
+#                                  # rebuild time; batch 1 with freezing
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+part="${1:-1}"
 start=$(date +%s)
-timeout 150 python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider 2>&1 | tail -15 || echo "gpu tests FAILED or timed out"
-echo "tests took $(( $(date +%s) - start )) s"
-timeout 200 python3 benchmarks/engine_profile.py --models resnet50 --engines-only --engines fp16,fp8,int8 --engine-io fp16:hwc \
-    --name engine_profile_quant 2>&1 | grep "^{\|^profile\|^  top\|Error" || echo "engine_profile (resnet50) timed out or failed"
-timeout 150 python3 benchmarks/engine_profile.py --models bert --engines-only --engines bf16,fp8 --name engine_profile_quant_bert \
-    2>&1 | grep "^{\|^profile\|^  top\|Error" || echo "engine_profile (bert) timed out or failed"
-timeout 120 python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 90 2>&1 | grep "|\|^- \|wrote" \
-    || echo "engine.py timed out or failed"
+step() {  # step SECONDS LABEL COMMAND...: run with a limit, keep the result lines, say when it fails
+  local limit=$1 label=$2
+  shift 2
+  echo "== $label (limit ${limit}s, at $(( $(date +%s) - start ))s)"
+  timeout "$limit" "$@" 2>&1 | grep "^{\|^profile\|^  top\|Error\|passed\|failed\|^| " || echo "$label: timed out or failed"
+}
+if [ "$part" = 1 ]; then
+  step 170 "gpu tests" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider
+  step 120 "engine_mask (BERT-base, input_ids only, bf16, batch 256)" python3 benchmarks/engine_mask.py --device cuda
+  step 250 "engine_profile resnet50 fp16,fp8 (+ fp16:hwc I/O)" python3 benchmarks/engine_profile.py --models resnet50 \
+      --engines-only --engines fp16,fp8 --engine-io fp16:hwc --name engine_profile_quant
+else
+  step 130 "engine_profile bert bf16,fp8" python3 benchmarks/engine_profile.py --models bert --engines-only \
+      --engines bf16,fp8 --name engine_profile_quant_bert
+  step 130 "engine_profile bert_ids bf16,fp8" python3 benchmarks/engine_profile.py --models bert_ids --engines-only \
+      --engines bf16,fp8 --name engine_profile_quant_bert_ids
+  step 100 "engine_profile resnet50 int8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
+      --engines int8 --name engine_profile_quant_int8
+  step 110 "engine_build_cache resnet50 fp16" python3 benchmarks/engine_build_cache.py --device cuda \
+      --model torchvision.models:resnet50 --shape 256x3x224x224 --precision fp16
+  step 100 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 80 \
+      --out benchmarks/results/engine_bs1
+fi
 echo "total $(( $(date +%s) - start )) s"
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
-  cp benchmarks/results/engine.json benchmarks/results/engine.md benchmarks/results/engine_profile_quant*.* "$OUT"/ 2>/dev/null || true
+  cp benchmarks/results/engine*.json benchmarks/results/engine*.md "$OUT"/ 2>/dev/null || true
 fi
