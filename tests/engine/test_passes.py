@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from overdrive.engine import Builder, Engine, ShapeProfile
-from overdrive.engine.passes import drop_constant_attention_masks
+from overdrive._utils.errors import UsageError
+from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 
 
 class HFStyleAttention(nn.Module):
@@ -154,3 +155,51 @@ def test_engine_build_drops_the_mask_and_round_trips(tmp_path: Path) -> None:
         for b in (1, 2, 4):
             xb = torch.randn(b, 8, 32)
             assert (loaded(xb) - m(xb)).abs().max().item() <= 1e-5
+
+
+class MLP(nn.Module):
+    """A transformer feed-forward block, plus a GELU that must stay: its linear output has a second user."""
+
+    def __init__(self, d: int = 16, approximate: str = "none") -> None:
+        super().__init__()
+        self.up, self.down, self.side = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.Linear(d, d)
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.down(F.gelu(self.up(x), approximate=self.approximate))
+        s = self.side(x)
+        return h + F.gelu(s) + s
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_gemm_gelu_folds_the_erf_gelu_after_a_linear(tmp_path: Path, dynamic: bool) -> None:
+    torch.manual_seed(0)
+    m, x = MLP().eval(), torch.randn(2, 5, 16)
+    ep = _export(m, (x,), ({0: torch.export.Dim("b", min=1, max=8)},) if dynamic else None)
+    assert fuse_gemm_gelu(ep) == ["gelu"]  # the side linear's GELU stays: its output is used twice
+    targets = [n.target for n in ep.graph.nodes]
+    assert targets.count(torch.ops.aten._addmm_activation.default) == 1 and targets.count(torch.ops.aten.gelu.default) == 1
+    path = tmp_path / "ep.pt2"
+    torch.export.save(ep, path)  # the new nodes carry shapes, so the program serializes
+    reloaded = torch.export.load(path).module()
+    with torch.no_grad():
+        for xb in ([x, torch.randn(7, 5, 16)] if dynamic else [x]):
+            assert torch.allclose(reloaded(xb), m(xb), atol=1e-6)  # CPU ATen: the erf form, as unfused
+
+
+def test_gemm_gelu_leaves_the_tanh_form() -> None:
+    m, x = MLP(approximate="tanh").eval(), torch.randn(2, 5, 16)
+    assert fuse_gemm_gelu(_export(m, (x,))) == []
+
+
+def test_engine_gemm_gelu_option() -> None:
+    torch.manual_seed(0)
+    m, x = MLP().eval(), torch.randn(2, 5, 16)
+    eng = Builder(precision="fp32", device="cpu", gemm_gelu=True, profiles=[ShapeProfile.fixed("x", (2, 5, 16))]
+                  ).build(m, (x,), input_names=["x"])
+    assert eng.info["backend"] == "inductor"  # auto picks the backend that can take the rewrite
+    assert eng.header["backend_meta"]["gemm_gelu_fused"] == 1
+    with torch.no_grad():
+        assert (eng(x) - m(x)).abs().max().item() <= 1e-5
+    with pytest.raises(UsageError, match="--gemm-gelu rewrites the PyTorch graph"):
+        Builder(precision="fp32", device="cpu", backend="onnxruntime", gemm_gelu=True).build(m, (x,), input_names=["x"])

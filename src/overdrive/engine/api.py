@@ -87,11 +87,14 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg.precision = precision
-        if (cfg.input_io_formats or cfg.output_io_formats) and cfg.backend == "auto":
-            cfg.backend = "inductor"  # the onnxruntime backend takes the ONNX model's own I/O types
+        if (cfg.input_io_formats or cfg.output_io_formats or cfg.gemm_gelu) and cfg.backend == "auto":
+            cfg.backend = "inductor"  # the onnxruntime backend takes the ONNX model's own I/O types and graph
         name, reason = choose_backend(cfg.backend, device, precision, src)
         example = _apply_io_formats(example, cfg, src, name)
         backend = backends.get(name)
+        if cfg.gemm_gelu and name != "inductor":
+            raise UsageError(f"--gemm-gelu rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
+                             "use --backend inductor, or drop --gemm-gelu")
         if cfg.timing_cache and name != "inductor":
             warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
                           "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)

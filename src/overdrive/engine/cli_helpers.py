@@ -30,7 +30,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool | None = None, calib: str | None = None, timing_cache: str | None = None,
                  freezing: bool | None = None, input_io_formats: str | None = None,
-                 output_io_formats: str | None = None) -> Engine:
+                 output_io_formats: str | None = None, gemm_gelu: bool = False) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     Example:
@@ -54,7 +54,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src = from_factory(model)
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot,
-                      timing_cache=timing_cache, freezing=freezing,
+                      timing_cache=timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     engine = Builder(cfg).build(src, calib=_calibration(calib), onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)

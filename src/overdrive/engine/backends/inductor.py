@@ -23,7 +23,7 @@ from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive.engine.config import IO_DTYPES, BuildConfig
-from overdrive.engine.passes import drop_constant_attention_masks
+from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sources import ModelSource, dynamic_shapes
 
 NAME = "inductor"
@@ -282,13 +282,14 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
                                  "try --backend onnxruntime, or fix the graph break it names") from exc
     t_export = time.perf_counter() - t0
     dropped = drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
+    gelus = fuse_gemm_gelu(ep) if cfg.gemm_gelu else []
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     sections = {"exported_program": buf.getvalue()}
     mode = _mode(cfg, device)
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
-                            "attention_masks_dropped": len(dropped)}
+                            "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus)}
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
