@@ -190,9 +190,11 @@ def variants(name: str, batch: int, quick_only: bool = False, autotune: bool = F
     return rows
 
 
-def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: str = "",
+                gemm_gelu: bool = False, device: str = "cuda") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """overdrive Engines for ``precisions`` (fp32 I/O, as `overdrive exec` runs them; and with the ``io`` input
-    formats too, e.g. fp16:hwc, when given): time and kernel profile each."""
+    formats too, e.g. fp16:hwc, when given; and with --gemm-gelu too when ``gemm_gelu``): time and kernel
+    profile each."""
     from overdrive.engine import Builder, ShapeProfile
 
     if name == "resnet50":
@@ -211,12 +213,14 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: s
         if name == "bert_ids":
             inputs, names = inputs[:1], names[:1]
     rows, profiles = [], {}
-    for prec, fmt in [(p, f) for p in precisions for f in ([""] + ([io] if io else []))]:
-        label = f"overdrive Engine {prec} ({fmt or 'fp32:chw'} I/O)"
+    builds = [(p, f, g) for p in precisions for f in ([""] + ([io] if io else [])) for g in ([False, True] if gemm_gelu else [False])]
+    for prec, fmt, gelu in builds:
+        label = f"overdrive Engine {prec} ({fmt or 'fp32:chw'} I/O{', --gemm-gelu' if gelu else ''})"
         try:
             t0 = time.perf_counter()
-            eng = Builder(precision=prec, device="cuda", profiles=[ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, inputs)],
-                          input_io_formats=[fmt] if fmt else []).build(model, inputs, input_names=names, calib=[inputs])
+            eng = Builder(precision=prec, device=device, profiles=[ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, inputs)],
+                          input_io_formats=[fmt] if fmt else [], gemm_gelu=gelu).build(model, inputs, input_names=names,
+                                                                                        calib=[inputs])
             build_s = time.perf_counter() - t0
             dev = tuple(eng.check_inputs(inputs, {}))  # on the GPU, in the bindings' types and layouts
             sec = time_fn(lambda: eng(*dev))
@@ -227,7 +231,8 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: s
         rows.append({"model": name, "batch": batch, "config": label, "throughput": batch / sec, "median_ms": sec * 1e3,
                      "vs_eager_fp16": batch / sec / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
                      "float_remainder": eng.header["backend_meta"].get("float_remainder"),
-                     "attention_masks_dropped": eng.header["backend_meta"].get("attention_masks_dropped")})
+                     "attention_masks_dropped": eng.header["backend_meta"].get("attention_masks_dropped"),
+                     "gemm_gelu_fused": eng.header["backend_meta"].get("gemm_gelu_fused")})
         print(rows[-1], flush=True)
         eng = dev = None  # free this engine before the next build
         torch.compiler.reset()
@@ -246,6 +251,7 @@ def main() -> None:
     ap.add_argument("--engines", default="", help="also build, time and profile overdrive Engines at these precisions, "
                     "e.g. fp16,fp8,int8")
     ap.add_argument("--new-only", action="store_true", help="skip the variants measured in the first profile run")
+    ap.add_argument("--gemm-gelu", action="store_true", help="also build each --engines precision with --gemm-gelu")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("engine_profile.py profiles GPU kernels: run it on a CUDA machine")
@@ -262,7 +268,8 @@ def main() -> None:
         torch.backends.cudnn.benchmark = False
         rows += [{k: v for k, v in r.items() if not k.startswith("_")} for r in rs]
         if args.engines:
-            more, profs = engine_rows(name, args.batch, args.engines.split(","), eager["throughput"], args.engine_io)
+            more, profs = engine_rows(name, args.batch, args.engines.split(","), eager["throughput"], args.engine_io,
+                                      args.gemm_gelu)
             rows += more
             profiles.update(profs)
         del rs, ok, eager, best

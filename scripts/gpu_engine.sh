@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU runs for overdrive.engine on the lent H200, in two calls of under 10 minutes each; every step has its
-# own time limit, and results land in benchmarks/results/ (and $OUT when set).
+# GPU runs for overdrive.engine on the lent H200, in three calls of under 10 minutes each (about 22 minutes
+# in all); every step has its own time limit, and results land in benchmarks/results/ (and $OUT when set).
 #   bash scripts/gpu_engine.sh 1   # gpu tests; the mask pass on BERT (engine_mask); ResNet-50 fp16/fp8 engines
-#   bash scripts/gpu_engine.sh 2   # BERT engines with and without a mask input; int8 ResNet-50; --timing-cache
-#                                  # rebuild time; batch 1 with freezing
+#   bash scripts/gpu_engine.sh 2   # BERT engines with and without a mask input, each also with --gemm-gelu;
+#                                  # --timing-cache rebuild time
+#   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -20,15 +21,16 @@ if [ "$part" = 1 ]; then
   step 120 "engine_mask (BERT-base, input_ids only, bf16, batch 256)" python3 benchmarks/engine_mask.py --device cuda
   step 250 "engine_profile resnet50 fp16,fp8 (+ fp16:hwc I/O)" python3 benchmarks/engine_profile.py --models resnet50 \
       --engines-only --engines fp16,fp8 --engine-io fp16:hwc --name engine_profile_quant
-else
-  step 130 "engine_profile bert bf16,fp8" python3 benchmarks/engine_profile.py --models bert --engines-only \
-      --engines bf16,fp8 --name engine_profile_quant_bert
-  step 130 "engine_profile bert_ids bf16,fp8" python3 benchmarks/engine_profile.py --models bert_ids --engines-only \
-      --engines bf16,fp8 --name engine_profile_quant_bert_ids
-  step 100 "engine_profile resnet50 int8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
-      --engines int8 --name engine_profile_quant_int8
+elif [ "$part" = 2 ]; then
+  step 170 "engine_profile bert bf16,fp8 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert \
+      --engines-only --engines bf16,fp8 --gemm-gelu --name engine_profile_quant_bert
+  step 110 "engine_profile bert_ids bf16 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert_ids \
+      --engines-only --engines bf16 --gemm-gelu --name engine_profile_bert_ids
   step 110 "engine_build_cache resnet50 fp16" python3 benchmarks/engine_build_cache.py --device cuda \
       --model torchvision.models:resnet50 --shape 256x3x224x224 --precision fp16
+else
+  step 100 "engine_profile resnet50 int8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
+      --engines int8 --name engine_profile_quant_int8
   step 100 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 80 \
       --out benchmarks/results/engine_bs1
 fi
