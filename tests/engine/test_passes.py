@@ -197,7 +197,8 @@ def test_engine_gemm_gelu_option() -> None:
     m, x = MLP().eval(), torch.randn(2, 5, 16)
     eng = Builder(precision="fp32", device="cpu", gemm_gelu=True, profiles=[ShapeProfile.fixed("x", (2, 5, 16))]
                   ).build(m, (x,), input_names=["x"])
-    assert eng.info["backend"] == "inductor"  # auto picks the backend that can take the rewrite
+    assert eng.info["backend"] == "inductor"  # auto picks the backend that can take the rewrite, and says why
+    assert "--gemm-gelu" in eng.info["backend_reason"]
     assert eng.header["backend_meta"]["gemm_gelu_fused"] == 1
     with torch.no_grad():
         assert (eng(x) - m(x)).abs().max().item() <= 1e-5

@@ -87,9 +87,14 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg.precision = precision
-        if (cfg.input_io_formats or cfg.output_io_formats or cfg.gemm_gelu) and cfg.backend == "auto":
+        needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
+                                 ("--gemm-gelu", cfg.gemm_gelu)) if on]
+        forced = needs and cfg.backend == "auto"
+        if forced:
             cfg.backend = "inductor"  # the onnxruntime backend takes the ONNX model's own I/O types and graph
         name, reason = choose_backend(cfg.backend, device, precision, src)
+        if forced:
+            reason = f"auto: {', '.join(needs)} need(s) the inductor backend"
         example = _apply_io_formats(example, cfg, src, name)
         backend = backends.get(name)
         if cfg.gemm_gelu and name != "inductor":
