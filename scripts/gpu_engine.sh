@@ -4,7 +4,7 @@
 #   bash scripts/gpu_engine.sh 1   # gpu tests; the mask pass on BERT (engine_mask); ResNet-50 fp16/fp8 engines
 #   bash scripts/gpu_engine.sh 2   # BERT engines with and without a mask input, each also with --gemm-gelu;
 #                                  # --timing-cache rebuild time
-#   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing
+#   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing; cuDNN fused conv epilogues vs Inductor
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -33,9 +33,10 @@ else
       --engines int8 --name engine_profile_quant_int8
   step 100 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 80 \
       --out benchmarks/results/engine_bs1
+  step 80 "conv_epilogue (cuDNN fused conv+bias+add+ReLU vs Inductor)" python3 benchmarks/conv_epilogue.py
 fi
 echo "total $(( $(date +%s) - start )) s"
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
-  cp benchmarks/results/engine*.json benchmarks/results/engine*.md "$OUT"/ 2>/dev/null || true
+  cp benchmarks/results/engine*.json benchmarks/results/engine*.md benchmarks/results/conv_epilogue.* "$OUT"/ 2>/dev/null || true
 fi
