@@ -143,10 +143,11 @@ def test_mask_is_checked_at_every_profile_corner() -> None:
         assert torch.allclose(ep.module()(x[:1]), m(x[:1]), atol=1e-6)
 
 
-def test_engine_build_drops_the_mask_and_round_trips(tmp_path: Path) -> None:
+@pytest.mark.parametrize("aot", [None, False])  # the AOTInductor package (CPU default), and torch.compile at load
+def test_engine_build_drops_the_mask_and_round_trips(tmp_path: Path, aot: bool | None) -> None:
     torch.manual_seed(0)
     m, x = HFStyleAttention().eval(), torch.randn(2, 8, 32)
-    eng = Builder(precision="fp32", device="cpu", backend="inductor",
+    eng = Builder(precision="fp32", device="cpu", backend="inductor", aot=aot,
                   profiles=[ShapeProfile("x", (1, 8, 32), (2, 8, 32), (4, 8, 32))]).build(m, (x,), input_names=["x"])
     assert eng.header["backend_meta"]["attention_masks_dropped"] == 1
     eng.save(tmp_path / "a.engine")
