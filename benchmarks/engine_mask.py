@@ -45,7 +45,6 @@ def main() -> None:
     from transformers import BertConfig, BertModel
 
     from overdrive.engine import Builder, ShapeProfile
-    from overdrive.engine.backends import inductor
 
     dev = torch.device(args.device)
     torch.manual_seed(0)
@@ -60,22 +59,18 @@ def main() -> None:
         with torch.inference_mode():
             ts = time_steps(fn, dev, warmup=3, iters=args.iters)
         sec = statistics.median(ts)
-        rows.append({"config": config, "seq_per_s": args.batch / sec, "median_ms": sec * 1e3,
+        flops = args.batch * args.seq * args.layers * (2 * 7.08e6 + 4 * args.seq * 768)
+        rows.append({"config": config, "seq_per_s": args.batch / sec, "median_ms": sec * 1e3, "tflops": flops / sec / 1e12,
                      "vs_eager": None, "build_s": build_s, "masks_dropped": dropped})
         print(rows[-1], flush=True)
 
     record(f"eager {precision}, input_ids only [baseline]", lambda: eager(input_ids=ids_dev))
-    real = inductor.drop_constant_attention_masks
     for label, on in (("Engine, mask pass on (default)", True), ("Engine, mask pass off", False)):
-        inductor.drop_constant_attention_masks = real if on else (lambda ep, corners: [])
-        try:
-            t0 = time.perf_counter()
-            eng = Builder(precision=precision, device=args.device, backend="inductor",
-                          profiles=[ShapeProfile.fixed("input_ids", tuple(ids.shape))]).build(
-                model, (ids,), input_names=["input_ids"])
-            build_s = time.perf_counter() - t0
-        finally:
-            inductor.drop_constant_attention_masks = real
+        t0 = time.perf_counter()
+        eng = Builder(precision=precision, device=args.device, backend="inductor", drop_constant_masks=on,
+                      profiles=[ShapeProfile.fixed("input_ids", tuple(ids.shape))]).build(
+            model, (ids,), input_names=["input_ids"])
+        build_s = time.perf_counter() - t0
         x = tuple(eng.check_inputs((ids,), {}))
         record(f"{label}, {precision}", lambda: eng(*x), build_s, eng.header["backend_meta"]["attention_masks_dropped"])
         eng = None
@@ -86,8 +81,10 @@ def main() -> None:
     name = args.name or ("engine_mask" if dev.type == "cuda" else "engine_mask_cpu")
     notes = [f"BERT ({args.layers} layers, hidden 768) seq {args.seq}, batch {args.batch}, called with input_ids only; "
              f"median of {args.iters} timed calls after 3 warm-up calls ({'CUDA events' if dev.type == 'cuda' else 'wall clock'})",
-             "the pass-off Engine is the same build with drop_constant_attention_masks replaced by a no-op"]
-    write_results(name, device_facts(dev), rows, ["config", "seq_per_s", "median_ms", "vs_eager", "build_s", "masks_dropped"],
+             "the pass-off Engine is the same build with BuildConfig(drop_constant_masks=False)",
+             "tflops: BERT forward FLOPs (2 x 7.08M linear weights per layer per token + 4 x seq x 768 per layer per "
+             "token for QK^T and PV) / median time; the H200's measured bf16 matmul ceiling is ~765 TFLOP/s (ANCHORS.md)"]
+    write_results(name, device_facts(dev), rows, ["config", "seq_per_s", "median_ms", "vs_eager", "tflops", "build_s", "masks_dropped"],
                   notes)
 
 

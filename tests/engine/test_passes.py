@@ -205,3 +205,12 @@ def test_engine_gemm_gelu_option() -> None:
         assert (eng(x) - m(x)).abs().max().item() <= 1e-5
     with pytest.raises(UsageError, match="--gemm-gelu rewrites the PyTorch graph"):
         Builder(precision="fp32", device="cpu", backend="onnxruntime", gemm_gelu=True).build(m, (x,), input_names=["x"])
+
+
+def test_mask_pass_can_be_switched_off() -> None:
+    m, x = HFStyleAttention().eval(), torch.randn(2, 8, 32)
+    eng = Builder(precision="fp32", device="cpu", backend="inductor", drop_constant_masks=False,
+                  profiles=[ShapeProfile.fixed("x", (2, 8, 32))]).build(m, (x,), input_names=["x"])
+    assert eng.header["backend_meta"]["attention_masks_dropped"] == 0
+    with torch.no_grad():
+        assert (eng(x) - m(x)).abs().max().item() <= 1e-5

@@ -160,6 +160,7 @@ class BuildConfig:
     output_io_formats: list[str] = field(default_factory=list)  # trtexec --outputIOFormats; []: fp32 outputs
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
     gemm_gelu: bool = False  # fold GELU after a Linear into the GEMM's epilogue (cuBLASLt on CUDA); inductor backend
+    drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -281,7 +281,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
             raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
                                  "try --backend onnxruntime, or fix the graph break it names") from exc
     t_export = time.perf_counter() - t0
-    dropped = drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
+    dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
+               if cfg.drop_constant_masks else [])
     gelus = fuse_gemm_gelu(ep) if cfg.gemm_gelu else []
     buf = io.BytesIO()
     torch.export.save(ep, buf)
