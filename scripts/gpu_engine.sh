@@ -33,7 +33,7 @@ else
       --engines int8 --name engine_profile_quant_int8
   step 100 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 80 \
       --out benchmarks/results/engine_bs1
-  step 80 "conv_epilogue (cuDNN fused conv+bias+add+ReLU vs Inductor)" python3 benchmarks/conv_epilogue.py
+  step 120 "conv_epilogue (cuDNN fused conv+bias+add+ReLU vs Inductor)" python3 benchmarks/conv_epilogue.py
 fi
 echo "total $(( $(date +%s) - start )) s"
 if [ -n "${OUT:-}" ]; then
