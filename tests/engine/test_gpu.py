@@ -148,3 +148,14 @@ def test_bert_gemm_gelu_on_gpu() -> None:
                   profiles=[ShapeProfile.fixed("input_ids", (4, 32))]).build(bert, (ids,), input_names=["input_ids"])
     assert eng.header["backend_meta"]["gemm_gelu_fused"] == 2
     assert (eng(ids)[0].float().cpu() - ref).abs().max().item() <= 5e-2 * ref.abs().max().item()
+
+
+def test_best_on_gpu(digits: torch.nn.Module) -> None:
+    """--best on the GPU times fp16 and bf16, plus int8 and fp8 when calibration data is given, and keeps the
+    fastest."""
+    x = torch.randn(8, 1, 8, 8)
+    eng = Builder(precision="best", device="cuda", profiles=STATIC).build(digits, (x,), calib=[(x,)])
+    times = eng.header["best"]["candidates_ms"]
+    assert {"fp16", "bf16", "int8"} <= set(times)
+    built = {p: v for p, v in times.items() if isinstance(v, float)}
+    assert eng.header["precision"] == min(built, key=built.get)

@@ -18,7 +18,9 @@ from overdrive.cli.common import write_json
 @click.option("--bf16", "flag_bf16", is_flag=True, help="Same as --precision bf16.")
 @click.option("--int8", "flag_int8", is_flag=True, help="Same as --precision int8.")
 @click.option("--fp8", "flag_fp8", is_flag=True, help="Same as --precision fp8.")
-@click.option("--best", "flag_best", is_flag=True, help="Same as --precision best.")
+@click.option("--best", "flag_best", is_flag=True,
+              help="Same as --precision best: build fp16 and bf16 (CUDA) or fp32 (CPU), plus int8/fp8 with --calib, "
+                   "time each and keep the fastest.")
 @click.option("--shapes", default=None, help="Static shapes, e.g. input:8x3x224x224.")
 @click.option("--min-shapes", "--minShapes", "min_shapes", default=None, help="Dynamic profile minimum shapes.")
 @click.option("--opt-shapes", "--optShapes", "opt_shapes", default=None, help="Dynamic profile optimal shapes.")
@@ -70,6 +72,11 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
                         f"{info['precision']}, device {info['device']}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+        best = info.get("best")
+        if best:
+            tried = ", ".join(f"{p} {v:.3f} ms" if isinstance(v, float) else f"{p} {v}" for p, v in best["candidates_ms"].items())
+            untried = "".join(f"; {p} not tried: {why}" for p, why in best["not_tried"].items())
+            click.echo(f"[I] --best timed {tried} (median per call): kept {best['chosen']}{untried}")
         tc = info.get("timing_cache")
         if tc:
             loaded = f"loaded {tc['loaded_bytes']:,} bytes" if tc["loaded"] else "not found, started a new one"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -49,9 +50,24 @@ def choose_backend(requested: str, device: torch.device, precision: str, src: Mo
     return "inductor", f"CPU {precision}: ONNX Runtime here runs fp32/int8 only"
 
 
+def best_candidates(device: torch.device, calibrated: bool) -> list[str]:
+    """The precisions ``--best`` builds and times on ``device`` (like trtexec's --best, which enables every
+    precision and keeps the fastest). int8/fp8 need calibration data (``calib``): without it they are not
+    tried, because their scales would be meaningless.
+
+    Example:
+        >>> best_candidates(torch.device("cpu"), calibrated=True)
+        ['fp32', 'int8']
+    """
+    if device.type == "cpu":
+        return ["fp32"] + (["int8"] if calibrated else [])
+    out = ["fp16", "bf16"]
+    if calibrated:
+        out += ["int8"] + (["fp8"] if torch.cuda.get_device_capability(device) >= (8, 9) else [])
+    return out
+
+
 def _resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "best":
-        return "fp16" if device.type == "cuda" else "fp32"
     if precision == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         raise UsageError("--precision fp8 needs compute capability 8.9+ (Ada/Hopper); use fp16 or int8")
     if precision == "fp8" and device.type == "cpu":
@@ -74,7 +90,13 @@ class Builder:
     def build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None = None,
               input_names: list[str] | None = None, calib: list[tuple[torch.Tensor, ...]] | None = None,
               onnx_path: str | None = None) -> Engine:
-        """Build from an nn.Module, ONNX (path/bytes/ModelProto), a .pt2 path or ``pkg.module:factory``."""
+        """Build from an nn.Module, ONNX (path/bytes/ModelProto), a .pt2 path or ``pkg.module:factory``.
+
+        ``precision="best"`` builds every candidate precision (:func:`best_candidates`), times each on the
+        example inputs and returns the fastest; ``engine.header["best"]`` lists the candidates' median times.
+        """
+        if self.config.precision == "best":
+            return self._build_best(model, example_inputs, input_names, calib, onnx_path)
         cfg = BuildConfig(**self.config.to_dict())
         device = resolve_device(cfg.device)
         cfg.device = str(device)
@@ -123,6 +145,42 @@ class Builder:
                          "opt_shape": list(o.shape)} for i, o in enumerate(outs)],
         }
         return Engine(header, sections, runner, device, build_s=build_s)
+
+    def _build_best(self, model: Any, example_inputs: Any, input_names: list[str] | None,
+                    calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None) -> Engine:
+        device = resolve_device(self.config.device)
+        candidates = best_candidates(device, calibrated=bool(calib))
+        t0 = time.perf_counter()
+        times: dict[str, float | str] = {}
+        best: tuple[float, Engine] | None = None
+        for prec in candidates:
+            try:
+                eng = Builder(self.config, precision=prec).build(model, example_inputs, input_names, calib, onnx_path)
+            except UsageError as exc:  # e.g. an ONNX model without Q/DQ nodes cannot be int8: skip, say why
+                times[prec] = f"not built: {exc}"
+                continue
+            given = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
+            sec = _time_engine(eng, tuple(eng.check_inputs(tuple(given) if given else eng.random_inputs(), {})))
+            times[prec] = sec * 1e3
+            if best is None or sec < best[0]:
+                best = (sec, eng)
+            else:
+                del eng
+        if best is None:
+            raise UsageError(f"--best: no candidate precision could be built ({times}); give one --precision")
+        engine = best[1]
+        skipped = [p for p in best_candidates(device, calibrated=True) if p not in candidates]
+        engine.header["best"] = {"candidates_ms": times, "chosen": engine.header["precision"],
+                                 "not_tried": {p: "no calibration data (--calib)" for p in skipped}}
+        engine.header["build_s"] = time.perf_counter() - t0
+        return engine
+
+
+def _time_engine(engine: Engine, inputs: tuple[torch.Tensor, ...]) -> float:
+    """Median seconds per call on ``inputs`` (already on the engine's device): CUDA events on a GPU."""
+    from overdrive._utils.timing import time_fn
+
+    return statistics.median(time_fn(lambda: engine(*inputs), engine.device, warmup=3, repeat=10))
 
 
 def _apply_io_formats(example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: Any, backend: str) -> tuple[torch.Tensor, ...]:
@@ -214,7 +272,7 @@ class Engine:
                 "device": h["device"], "torch": h["torch"], "cuda": h["cuda"], "source": h.get("source"),
                 "inputs": h["inputs"], "outputs": h["outputs"], "build_s": h.get("build_s"), "load_s": self.load_s,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
-                "timing_cache": h.get("timing_cache")}
+                "timing_cache": h.get("timing_cache"), "best": h.get("best")}
 
     def save(self, path: str | Path) -> None:
         fmt.EngineFile(self.header, self.sections).save(path)
@@ -225,7 +283,10 @@ class Engine:
         ef = fmt.read(path)
         h = ef.header
         built = h["device"]
-        if precision is not None and precision != h["precision"]:
+        if precision == "best" and not h.get("best"):
+            raise UsageError(f"{path} was built for precision {h['precision']}, not with --best; load it without a "
+                             "precision, or rebuild with --best")
+        if precision is not None and precision != "best" and precision != h["precision"]:
             raise UsageError(f"{path} was built for precision {h['precision']}, not {precision}: an engine runs only at "
                              f"the precision it was built with; rebuild with --precision {precision}")
         if built["type"] == "cuda" and not torch.cuda.is_available() and device in (None, "auto"):

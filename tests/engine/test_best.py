@@ -1,0 +1,56 @@
+"""``--best``: build every candidate precision, time each, keep the fastest (trtexec's --best enables every
+precision and keeps the fastest tactic). Outputs are checked against the fp32 model at the tolerance of the
+precision that was kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.cli.main import main
+from overdrive.engine import Builder, Engine, ShapeProfile
+
+PROFILE = [ShapeProfile.fixed("x", (16, 1, 8, 8))]
+TOL = {"fp32": 1e-4, "int8": 0.15}  # of the logit scale
+
+
+def test_best_times_every_candidate_and_keeps_the_fastest(digits: torch.nn.Module) -> None:
+    x = torch.randn(16, 1, 8, 8)
+    eng = Builder(precision="best", device="cpu", profiles=PROFILE).build(digits, (x,), input_names=["x"], calib=[(x,)])
+    best = eng.header["best"]
+    times = best["candidates_ms"]
+    assert set(times) == {"fp32", "int8"} and all(isinstance(v, float) and v > 0 for v in times.values())
+    assert best["chosen"] == min(times, key=times.get) == eng.header["precision"] and best["not_tried"] == {}
+    with torch.no_grad():
+        ref = digits(x)
+    assert (eng(x) - ref).abs().max().item() <= TOL[eng.header["precision"]] * max(ref.abs().max().item(), 1.0)
+
+
+def test_best_without_calibration_tries_no_int8(tmp_path: Path, digits: torch.nn.Module) -> None:
+    eng = Builder(precision="best", device="cpu", profiles=PROFILE).build(digits, input_names=["x"])
+    assert list(eng.header["best"]["candidates_ms"]) == ["fp32"]
+    assert "calib" in eng.header["best"]["not_tried"]["int8"]
+    eng.save(tmp_path / "b.engine")
+    assert Engine.load(tmp_path / "b.engine", precision="best").header["precision"] == "fp32"
+    Builder(precision="fp32", device="cpu", profiles=PROFILE).build(digits).save(tmp_path / "p.engine")
+    with pytest.raises(UsageError, match="not with --best"):
+        Engine.load(tmp_path / "p.engine", precision="best")
+
+
+def test_best_records_a_candidate_that_cannot_be_built(digits_onnx: bytes) -> None:
+    """A float ONNX model has no Q/DQ nodes, so its int8 candidate fails; --best says why and keeps fp32."""
+    x = torch.randn(4, 1, 8, 8)
+    eng = Builder(precision="best", device="cpu").build(digits_onnx, (x,), calib=[(x,)])
+    assert eng.header["precision"] == "fp32"
+    assert eng.header["best"]["candidates_ms"]["int8"].startswith("not built: ")
+
+
+def test_cli_best_prints_the_candidates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "d.engine"
+    assert main(["build", "--model", "overdrive.demo.models:DigitsCNN", "--shapes", "x:8x1x8x8", "--best",
+                 "--saveEngine", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "--best timed fp32" in text and "kept fp32" in text and "int8 not tried: no calibration data" in text
