@@ -156,6 +156,22 @@ def test_cli_build_exec_compare(tmp_path: Path, digits_onnx: bytes, capsys: pyte
     assert "trtexec --onnx=" in err and "--shapes=x:2x1x8x8" in err
 
 
+def test_export_profile_per_node(saved: Path, tmp_path: Path) -> None:
+    """--export-profile on an onnxruntime engine: ONNX Runtime's own profiler, one row per graph node of the
+    optimized model, the warm-up run left out, each node counted once per timed run."""
+    out = tmp_path / "p.json"
+    assert main(["exec", "--load-engine", str(saved), "--duration", "0.05", "--iterations", "5",
+                 "--export-profile", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    import onnx
+
+    graph_nodes = {n.name for n in onnx.load_from_string(Engine.load(saved).sections["onnx"]).graph.node}
+    assert rows and {r["name"].rsplit(" (", 1)[0] for r in rows} <= graph_nodes
+    assert all(r["count"] == 10 for r in rows)  # benchmark.profile's 10 iterations; the warm-up run is not counted
+    assert rows == sorted(rows, key=lambda r: -r["timeMs"]) and abs(sum(r["percentage"] for r in rows) - 100) < 1e-6
+    assert any("(Conv)" in r["name"] or "(FusedConv)" in r["name"] for r in rows)
+
+
 def _injects_use_cache(fn):  # what Hugging Face's forward wrappers do (transformers 5)
     import functools
 

@@ -40,9 +40,9 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     """
     if iterations < 1 or duration_s < 0 or warmup_ms < 0:
         raise UsageError(f"need iterations >= 1, duration >= 0, warm-up >= 0; got {iterations}, {duration_s}, {warmup_ms}")
-    if export_profile and engine.header["backend"] != "inductor":
-        raise UsageError(f"--export-profile covers the inductor backend (torch profiler); this engine runs on "
-                         f"{engine.header['backend']}, whose kernels the torch profiler does not see")
+    if export_profile and engine.header["backend"] not in ("inductor", "onnxruntime"):
+        raise UsageError(f"--export-profile covers the inductor (torch profiler) and onnxruntime (its own profiler) "
+                         f"backends; this engine runs on {engine.header['backend']}")
     dev = engine.device
     cuda = dev.type == "cuda"
     sets = [inputs] if inputs is not None else [engine.random_inputs(shapes, seed=i) for i in range(max(1, rotate))]
@@ -123,7 +123,14 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
 
 
 def profile(engine: Any, xs: list[torch.Tensor], iterations: int = 10) -> list[dict[str, Any]]:
-    """Per-kernel (GPU) or per-operator (CPU) time over ``iterations`` calls, like trtexec's --exportProfile."""
+    """Per-kernel (GPU) or per-operator (CPU) time over ``iterations`` calls, like trtexec's --exportProfile:
+    rows of name, timeMs (total), averageMs (per call), count and percentage, slowest first. onnxruntime
+    engines are profiled per graph node by ONNX Runtime's own profiler (the name is ``node (OpType)``)."""
+    if engine.header["backend"] == "onnxruntime":
+        from overdrive.engine.backends.onnxruntime import profile_nodes
+
+        rows = profile_nodes(engine.sections["onnx"], engine.header, engine.device, xs, iterations)
+        return _with_percentages(rows)
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -139,6 +146,10 @@ def profile(engine: Any, xs: list[torch.Tensor], iterations: int = 10) -> list[d
         us = (getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)) if cuda else e.self_cpu_time_total
         if us > 0:
             rows.append({"name": e.key, "timeMs": us / 1e3, "averageMs": us / 1e3 / iterations, "count": e.count})
+    return _with_percentages(rows)
+
+
+def _with_percentages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     total = sum(r["timeMs"] for r in rows) or 1.0
     for r in rows:
         r["percentage"] = 100 * r["timeMs"] / total

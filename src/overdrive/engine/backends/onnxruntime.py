@@ -80,9 +80,12 @@ def int8_kernels_exact() -> tuple[bool, str]:
                    "dequantize + fp32 (exact, no int8 speedup)")
 
 
-def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None, unfused_qdq: bool = False) -> Any:
+def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None, unfused_qdq: bool = False,
+             profile_prefix: str | None = None) -> Any:
     ort = require("onnxruntime", "onnx", "the onnxruntime backend")
     so = ort.SessionOptions()
+    if profile_prefix:
+        so.enable_profiling, so.profile_file_prefix = True, profile_prefix
     if unfused_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")  # keep Q/DQ out of the saturating kernels
     if optimize_to:
@@ -161,8 +164,42 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
         return open(path, "rb").read()
 
 
-def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+def profile_nodes(model_bytes: bytes, header: dict[str, Any], device: torch.device, xs: list[torch.Tensor],
+                  iterations: int) -> list[dict[str, Any]]:
+    """Time per graph node over ``iterations`` runs, from ONNX Runtime's profiler, on a separate session of
+    the engine's model (profiling slows every run, so the engine's own session is left alone).
+
+    Example:
+        >>> # rows = profile_nodes(engine.sections["onnx"], engine.header, engine.device, xs, 10)
+    """
+    import json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        session = _session(model_bytes, device, unfused_qdq=_unfused_qdq(header), profile_prefix=os.path.join(tmp, "ort"))
+        feeds = {i.name: x.detach().cpu().numpy() for i, x in zip(session.get_inputs(), xs)}
+        session.run(None, feeds)  # warm-up: its first-run allocations are left out below
+        for _ in range(iterations):
+            session.run(None, feeds)
+        events = json.loads(open(session.end_profiling()).read())
+    runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"])
+    warm_end = runs[0]["ts"] + runs[0]["dur"] if runs else float("-inf")
+    nodes: dict[str, dict[str, Any]] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("cat") != "Node" or not name.endswith("_kernel_time") or e.get("ts", 0) < warm_end:
+            continue
+        node = name[: -len("_kernel_time")]
+        row = nodes.setdefault(node, {"name": f"{node} ({e.get('args', {}).get('op_name', '?')})", "timeMs": 0.0, "count": 0})
+        row["timeMs"] += float(e.get("dur", 0)) / 1e3  # dur in microseconds
+        row["count"] += 1
+    return [{**r, "averageMs": r["timeMs"] / iterations} for r in nodes.values()]
+
+
+def _unfused_qdq(header: dict[str, Any]) -> bool:
     meta = header.get("backend_meta", {})
     # engines saved before "unfused_qdq" was stored carry the same decision in their "int8_kernels" text
-    unfused = meta.get("unfused_qdq", str(meta.get("int8_kernels", "")).startswith("not fused"))
-    return Runner(_session(sections["onnx"], device, unfused_qdq=unfused), device)
+    return meta.get("unfused_qdq", str(meta.get("int8_kernels", "")).startswith("not fused"))
+
+
+def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+    return Runner(_session(sections["onnx"], device, unfused_qdq=_unfused_qdq(header)), device)
