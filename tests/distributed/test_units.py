@@ -188,3 +188,40 @@ def test_group_of_one_refuses_unsupported_combinations() -> None:
                     strategy=Strategy(kind="fsdp", fsdp_blocks=("Nope",)), progress=False)
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp_keeps_the_lr_scheduler_on_the_sharded_optimizer() -> None:
+    """FSDP2 re-creates the parameters as shards: the optimizer is re-pointed at them in place, so the scheduler
+    built on it still drives it (a re-created optimizer left the scheduler on the old one: the lr never changed)."""
+    import torch.distributed as dist
+
+    from overdrive import distributed as odist
+    from overdrive.train import Trainer
+
+    odist.init(backend="gloo", device="cpu")
+    try:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=10)
+        t = Trainer(m, opt, strategy="fsdp", scheduler=sched, progress=False)
+        assert t.optimizer is opt and all(hasattr(q, "full_tensor") for q in opt.param_groups[0]["params"])
+        lrs = []
+        for _ in range(5):
+            t.train_step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+            lrs.append(t.optimizer.param_groups[0]["lr"])
+        assert lrs == pytest.approx([g for g in _one_cycle(1e-2, 10)[1:6]])
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_cycle(max_lr: float, steps: int) -> list[float]:
+    """The lr OneCycleLR gives at each step, from a plain optimizer (the reference)."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=max_lr)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=max_lr, total_steps=steps)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out

@@ -150,23 +150,20 @@ def fsdp_blocks(model: nn.Module, class_names: tuple[str, ...] = ()) -> list[nn.
     return blocks
 
 
-def _rebuild_optimizer(optimizer: torch.optim.Optimizer, old_to_name: dict[int, str], model: nn.Module) -> torch.optim.Optimizer:
+def _rebind_optimizer(optimizer: torch.optim.Optimizer, old_to_name: dict[int, str], model: nn.Module) -> torch.optim.Optimizer:
+    """Point ``optimizer``'s groups at the model's new (sharded) parameters, in place.
+
+    The optimizer object stays the same, so an lr scheduler built on it and the caller's own reference keep
+    working (a re-created optimizer left the scheduler driving the old one: the lr never changed)."""
     if len(optimizer.state) > 0:
         raise UsageError("strategy='fsdp' needs an optimizer that has not stepped yet (its params are re-created as shards)")
     new = dict(model.named_parameters())
-    groups = []
     for g in optimizer.param_groups:
         try:
-            params = [new[old_to_name[id(q)]] for q in g["params"]]
+            g["params"] = [new[old_to_name[id(q)]] for q in g["params"]]
         except KeyError as exc:
             raise UsageError(f"the optimizer holds a parameter that is not in the model ({exc}); build it from model.parameters()") from exc
-        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": params})
-    # Each group carries its own hyperparameters; pass only the defaults the constructor accepts
-    # (AdamW's defaults hold 'decoupled_weight_decay', which AdamW.__init__ does not take).
-    import inspect
-
-    accepted = inspect.signature(type(optimizer).__init__).parameters
-    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+    return optimizer
 
 
 class Parallel:
@@ -216,7 +213,7 @@ class Parallel:
         for block in fsdp_blocks(model, s.fsdp_blocks):
             fully_shard(block, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
         fully_shard(model, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
-        return model, _rebuild_optimizer(optimizer, names, model), rest
+        return model, _rebind_optimizer(optimizer, names, model), rest
 
     def after_amp(self, model: nn.Module, policy: Policy) -> nn.Module:
         """The module the forward runs through (DDP wraps here, after amp cast the weights)."""
