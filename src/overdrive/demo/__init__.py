@@ -26,6 +26,7 @@ STAGES: dict[str, str] = {
     "sparsity": "overdrive.demo.sparsity_stage",
     "engine": "overdrive.demo.engine_stage",
     "data": "overdrive.demo.data_stage",
+    "distributed": "overdrive.demo.distributed_stage",
 }
 
 
