@@ -131,6 +131,25 @@ def test_constant_buffer_mask_dropped_only_when_it_masks_nothing(buffer: torch.T
         assert torch.allclose(ep.module()(x), m(x), atol=1e-6)
 
 
+class MutatedMask(nn.Module):
+    """The mask is a buffer the forward itself updates (zeros at build, -1e4 after the first call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.zeros(2, 1, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None], attn_mask=self.bias)[:, 0]
+        self.bias.fill_(-1e4)
+        return out
+
+
+def test_a_buffer_the_forward_mutates_is_not_taken_as_constant() -> None:
+    x = torch.randn(2, 8, 8)
+    ep = _export(MutatedMask().eval(), (x,))
+    assert drop_constant_attention_masks(ep, [(x,)]) == []
+
+
 def test_mask_is_checked_at_every_profile_corner() -> None:
     """The fill value b - 2 is zero at the example's batch 2 but not at the profile's batch 1: kept."""
     x = torch.randn(2, 8, 8)

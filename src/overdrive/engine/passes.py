@@ -77,6 +77,32 @@ def _constant_subgraph(mask: Node, user_inputs: set[str], leaves: dict[str, torc
     return sorted(seen, key=order.__getitem__)
 
 
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.unsqueeze.default, aten.squeeze.dim,
+          aten.squeeze.dims, aten.squeeze.default, aten.expand.default, aten.slice.Tensor, aten.select.int,
+          aten.t.default, aten.transpose.int, aten.permute.default, aten.alias.default, aten.detach.default}
+
+
+def _written_placeholders(graph: torch.fx.Graph) -> set[str]:
+    """Placeholders that an in-place op in the graph writes, directly or through views of them."""
+    out = set()
+    for p in graph.nodes:
+        if p.op != "placeholder":
+            continue
+        stack, seen = [p], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            for u in n.users:
+                schema = getattr(u.target, "_schema", None)
+                if schema is not None and schema.is_mutable:
+                    out.add(p.name)
+                elif u.target in _VIEWS:
+                    stack.append(u)
+    return out
+
+
 def _evaluate(nodes: list[Node], env: dict[str, Any]) -> Any:
     vals: dict[Node, Any] = {}
     for n in nodes:
@@ -115,9 +141,12 @@ def drop_constant_attention_masks(ep: Any, corner_inputs: list[tuple[torch.Tenso
     user_inputs = [n.name for n in placeholders if n.name in set(sig.user_inputs)]
     leaves: dict[str, torch.Tensor] = {}
     state = ep.state_dict
+    mutated = set(sig.buffers_to_mutate.values())  # a buffer the forward writes holds another value at run time
+    written = _written_placeholders(gm.graph)  # ... also when export kept the in-place op (no mutation output)
     for name, target in {**sig.inputs_to_parameters, **sig.inputs_to_buffers}.items():
-        if target in state:
-            leaves[name] = state[target]
+        value = state.get(target, ep.constants.get(target))  # non-persistent buffers live in constants
+        if isinstance(value, torch.Tensor) and target not in mutated and name not in written:
+            leaves[name] = value
     for name, target in sig.inputs_to_lifted_tensor_constants.items():
         if target in ep.constants and isinstance(ep.constants[target], torch.Tensor):
             leaves[name] = ep.constants[target]
