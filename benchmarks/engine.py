@@ -88,7 +88,8 @@ def cold_load(path: Path) -> dict[str, Any]:
     if r.returncode != 0:
         return {"error": r.stderr.strip()[-500:]}
     s = json.loads(r.stdout)
-    return {"load_s": s["load_s"], "process_s": wall, "compute_median_ms": s["compute_ms"]["median"]}
+    return {"load_s": s["load_s"], "process_s": wall, "compute_median_ms": s["compute_ms"]["median"],
+            "load_compile": s.get("load_compile")}  # Inductor graph-cache hits / misses / bypasses in that load
 
 
 def run(args: argparse.Namespace) -> list[Table]:

@@ -79,6 +79,24 @@ def test_freezing_folds_bn_and_survives_reload(tmp_path: Path) -> None:
     torch.testing.assert_close(loaded(x), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_load_reports_the_inductor_graph_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A torch.compile-path engine compiles at load; the load says whether Inductor's graph cache served it
+    (on CPU, frozen graphs hold mkldnn weights and bypass the cache: a frozen CPU load recompiles)."""
+    from overdrive.cli.main import main
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    Builder(backend="inductor", device="cpu", aot=False, profiles=[ShapeProfile.fixed("x", (2, 8))]).build(
+        m, input_names=["x"]).save(tmp_path / "c.engine")
+    torch.compiler.reset()
+    loaded = Engine.load(tmp_path / "c.engine")
+    lc = loaded.info["load_compile"]
+    assert set(lc) == {"hit", "miss", "bypass"} and lc["hit"] + lc["miss"] >= 1 and lc["bypass"] == 0
+    torch.compiler.reset()
+    assert main(["exec", "--load-engine", str(tmp_path / "c.engine"), "--duration", "0.05", "--iterations", "5"]) == 0
+    assert "Inductor graph cache:" in capsys.readouterr().out
+
+
 def test_freezing_default_is_cuda_only() -> None:
     from overdrive.engine.backends.inductor import use_freezing
     from overdrive.engine.config import BuildConfig

@@ -45,8 +45,12 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
                                duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
                                export_times=export_times, export_profile=export_profile)
     summary["load_s"] = engine.load_s
+    summary["load_compile"] = engine.load_compile
     if json_path is not None:
         write_json(summary, json_path)
     if json_path != "-":
-        click.echo(f"[I] loaded {load_engine} ({engine.info['runtime']}) in {engine.load_s:.2f} s")
+        lc = engine.load_compile
+        cache = (f"; Inductor graph cache: {lc['hit']} hit(s), {lc['miss']} miss(es), {lc['bypass']} bypass(es)"
+                 if lc and any(lc.values()) else "")
+        click.echo(f"[I] loaded {load_engine} ({engine.info['runtime']}) in {engine.load_s:.2f} s{cache}")
         click.echo(format_summary(summary))

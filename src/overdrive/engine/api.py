@@ -183,6 +183,18 @@ def _time_engine(engine: Engine, inputs: tuple[torch.Tensor, ...]) -> float:
     return statistics.median(time_fn(lambda: engine(*inputs), engine.device, warmup=3, repeat=10))
 
 
+def _compile_counters() -> dict[str, int]:
+    """Inductor's FX-graph cache counters (hits, misses, bypasses) so far in this process; {} without Inductor."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:  # an onnxruntime load: nothing compiles, and dynamo is not imported
+        return {}
+    from torch._dynamo.utils import counters
+
+    c = counters["inductor"]
+    return {k: int(c[f"fxgraph_cache_{k}"]) for k in ("hit", "miss", "bypass")}
+
+
 def _apply_io_formats(example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: Any, backend: str) -> tuple[torch.Tensor, ...]:
     """The example inputs in the ``--inputIOFormats`` types and layouts: the engine's bindings take those."""
     fmts = cfg.input_io_formats
@@ -256,9 +268,11 @@ class Engine:
     """
 
     def __init__(self, header: dict[str, Any], sections: dict[str, bytes], runner: Any, device: torch.device,
-                 build_s: float | None = None, load_s: float | None = None) -> None:
+                 build_s: float | None = None, load_s: float | None = None,
+                 load_compile: dict[str, int] | None = None) -> None:
         self.header, self.sections, self.runner, self.device = header, sections, runner, device
         self.build_s, self.load_s = build_s, load_s
+        self.load_compile = load_compile  # Inductor graph-cache hits / misses / bypasses during the load
         self.profiles = [ShapeProfile.from_dict(i) for i in header["inputs"]]
         self.input_names = [p.name for p in self.profiles]
         self.input_dtypes = [_DT.get(i["dtype"], torch.float32) for i in header["inputs"]]
@@ -271,6 +285,7 @@ class Engine:
         return {"backend": h["backend"], "backend_reason": h.get("backend_reason"), "precision": h["precision"],
                 "device": h["device"], "torch": h["torch"], "cuda": h["cuda"], "source": h.get("source"),
                 "inputs": h["inputs"], "outputs": h["outputs"], "build_s": h.get("build_s"), "load_s": self.load_s,
+                "load_compile": self.load_compile,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
                 "timing_cache": h.get("timing_cache"), "best": h.get("best")}
 
@@ -301,6 +316,7 @@ class Engine:
             raise UsageError(f"{path} was built with torch {h['torch']} but this is torch {torch.__version__}; Inductor "
                              "engines hold torch-version-specific programs: rebuild the engine with this torch")
         t0 = time.perf_counter()
+        before = _compile_counters()
         runner = backends.get(h["backend"]).load(ef.sections, h, dev)
         eng = cls(h, ef.sections, runner, dev)
         # Load time includes the first call: for Inductor that is when the program compiles (from the cache).
@@ -309,6 +325,8 @@ class Engine:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         eng.load_s = time.perf_counter() - t0
+        after = _compile_counters()
+        eng.load_compile = {k: after[k] - before.get(k, 0) for k in after} if after else None
         return eng
 
     def check_inputs(self, inputs: tuple[torch.Tensor, ...] = (), named: dict[str, torch.Tensor] | None = None,
