@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU runs for overdrive.engine on the lent H200, in three calls of under 10 minutes each (about 22 minutes
 # in all); every step has its own time limit, and results land in benchmarks/results/ (and $OUT when set).
-#   bash scripts/gpu_engine.sh 1   # gpu tests; the mask pass on BERT (engine_mask); ResNet-50 fp16/fp8 engines
-#   bash scripts/gpu_engine.sh 2   # BERT engines with and without a mask input, each also with --gemm-gelu;
+#   bash scripts/gpu_engine.sh 1   # gpu tests; ResNet-50 fp16/fp8 engines (+ fp16:hwc I/O)
+#   bash scripts/gpu_engine.sh 2   # the mask pass on BERT (engine_mask); BERT engines with and without a mask
+#                                  # input, each also with --gemm-gelu;
 #                                  # --timing-cache rebuild time
 #   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing; cuDNN fused conv epilogues vs Inductor
 set -uo pipefail
@@ -17,11 +18,11 @@ step() {  # step SECONDS LABEL COMMAND...: run with a limit, keep the result lin
   timeout "$limit" "$@" 2>&1 | grep "^{\|^profile\|^  top\|Error\|passed\|failed\|^| " || echo "$label: timed out or failed"
 }
 if [ "$part" = 1 ]; then
-  step 170 "gpu tests" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider
-  step 120 "engine_mask (BERT-base, input_ids only, bf16, batch 256)" python3 benchmarks/engine_mask.py --device cuda
+  step 240 "gpu tests" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider
   step 250 "engine_profile resnet50 fp16,fp8 (+ fp16:hwc I/O)" python3 benchmarks/engine_profile.py --models resnet50 \
       --engines-only --engines fp16,fp8 --engine-io fp16:hwc --name engine_profile_quant
 elif [ "$part" = 2 ]; then
+  step 120 "engine_mask (BERT-base, input_ids only, bf16, batch 256)" python3 benchmarks/engine_mask.py --device cuda
   step 170 "engine_profile bert bf16,fp8 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert \
       --engines-only --engines bf16,fp8 --gemm-gelu --name engine_profile_quant_bert
   step 110 "engine_profile bert_ids bf16 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert_ids \
