@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import tarfile
 import threading
 import warnings
@@ -214,3 +215,55 @@ def test_config_object_and_overrides(folder: Path) -> None:
     x, _ = next(iter(loader))
     assert x.shape == (3, 3, 12, 12) and x.dtype == torch.bfloat16
     assert x.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_config_batch_size_is_used_when_none_is_given(folder: Path) -> None:
+    """ImageLoader(config=LoaderConfig(batch_size=8)) runs with 8 (the argument's default of 256 overrode it)."""
+    loader = ImageLoader(folder, config=LoaderConfig(batch_size=8, size=16, num_workers=0))
+    assert loader.config.batch_size == 8 and len(loader) == 3 and next(iter(loader))[0].shape[0] == 8
+    assert ImageLoader(folder, batch_size=4, config=LoaderConfig(batch_size=8)).config.batch_size == 4
+
+
+def test_all_corrupt_batch_comes_out_empty_so_ranks_agree(folder: Path) -> None:
+    """A batch whose files are all undecodable is yielded empty, not skipped: every shard yields len() batches
+    (a skipped batch left one rank a step short, and DDP's collectives would hang)."""
+    files = sorted(folder.rglob("*.jpg"))
+    for f in files[:4]:
+        f.write_bytes(b"not an image")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for shard in range(2):
+            loader = ImageLoader(folder, batch_size=1, size=16, num_workers=0, shuffle=False, num_shards=2,
+                                 shard_id=shard, drop_last=True, channels_last=True)
+            batches = list(loader)
+            assert len(batches) == len(loader) == 11
+            empty = [x for x, _ in batches if x.shape[0] == 0]
+            assert empty and all(x.shape == (0, 3, 16, 16) and x.is_contiguous(memory_format=torch.channels_last)
+                                 for x in empty)
+            assert loader.stats.skipped == len(empty)
+
+
+def test_any_int_seed_works(folder: Path) -> None:
+    loader = ImageLoader(folder, batch_size=8, size=16, num_workers=0, seed=time_ns_like())
+    assert len(list(loader)) == len(loader) == 3
+
+
+def time_ns_like() -> int:
+    return 1_764_560_000_123_456_789  # a time.time_ns() value: past 2**63 once multiplied into the generator key
+
+
+def test_tar_caption_txt_is_not_a_label(tmp_path: Path, folder: Path) -> None:
+    """WebDataset shards carry captions in .txt: .cls is the label; a non-numeric .txt is ignored, and a
+    numeric .txt is used only when there is no .cls."""
+    img = sorted(folder.rglob("*.jpg"))[0]
+    members = {"a.jpg": img.read_bytes(), "a.cls": b"3", "a.txt": b"a photo of a dog",
+               "b.jpg": img.read_bytes(), "b.cls": b"1", "b.txt": b"7",
+               "c.jpg": img.read_bytes(), "c.txt": b"5"}
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    loader = ImageLoader([str(shard)], batch_size=3, size=16, num_workers=0, shuffle=False)
+    assert [s.label for s in loader.samples] == [3, 1, 5]

@@ -75,3 +75,31 @@ def test_bad_inputs(tok) -> None:
         tokenize(["ok"], tok, max_length=0)
     with pytest.raises(UsageError, match="not a tokenizers.Tokenizer"):
         tokenize(["ok"], object())
+
+
+def test_batch_padding_of_the_tokenizer_does_not_leak(corpus: list[str], tok) -> None:
+    """A tokenizer with padding enabled: each text's ids still equal its own encode() (encode_batch padded each
+    chunk to its longest text), and the caller's tokenizer keeps its padding setting."""
+    import copy
+
+    padded_tok = copy.deepcopy(tok)
+    padded_tok.enable_padding(pad_id=0)
+    texts = corpus[:50]
+    out = tokenize(texts, padded_tok, num_workers=0, chunk_size=7)
+    assert [out[i] for i in range(len(texts))] == [padded_tok.encode(t).ids for t in texts]
+    assert padded_tok.padding is not None
+
+
+def test_negative_indices_and_range(corpus: list[str], tok) -> None:
+    out = tokenize(corpus[:5], tok, num_workers=0)
+    assert out[-1] == tok.encode(corpus[4]).ids and out[-5] == tok.encode(corpus[0]).ids
+    with pytest.raises(IndexError):
+        out[5]
+    with pytest.raises(IndexError):
+        out[-6]
+
+
+def test_cache_key_separates_texts_containing_nul(tok, tmp_path: Path) -> None:
+    a = tokenize(["hello\x00world", "fox"], tok, num_workers=0, cache_dir=tmp_path)
+    b = tokenize(["hello", "world\x00fox"], tok, num_workers=0, cache_dir=tmp_path)
+    assert not b.from_cache and b[0] == tok.encode("hello").ids and a[1] == tok.encode("fox").ids

@@ -42,8 +42,9 @@ def shard_indices(n: int, epoch: int, seed: int, shard_id: int, num_shards: int,
         >>> sorted(shard_indices(5, 0, 0, 0, 2, False) + shard_indices(5, 0, 0, 1, 2, False))[:5]
         [0, 1, 2, 3, 4]
     """
-    if shuffle:
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
+    if shuffle:  # the key folded into the generator's 64-bit range: any int seed works (time_ns() too)
+        key = (seed * 1_000_003 + epoch) % (2**63 - 1)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(key)).tolist()
     else:
         perm = list(range(n))
     if drop_last:
@@ -157,6 +158,12 @@ def _shutdown(dl_iter: Any) -> None:
                 feeder.join(timeout=10)
 
 
+def empty_batch(cfg: LoaderConfig) -> torch.Tensor:
+    """A batch of no images, in the loader's output dtype and layout: (0, 3, size, size)."""
+    x = torch.empty(0, 3, cfg.size, cfg.size, dtype=cfg.dtype)
+    return x.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x
+
+
 class ImageLoader:
     """Batches of augmented images from a folder, tar shards or a file list, on CPU or GPU.
 
@@ -169,11 +176,13 @@ class ImageLoader:
         >>> #     for images, labels in loader: ...
     """
 
-    def __init__(self, source: str | os.PathLike | Sequence, batch_size: int = 256, device: str | torch.device = "cpu",
+    def __init__(self, source: str | os.PathLike | Sequence, batch_size: int | None = None, device: str | torch.device = "cpu",
                  config: LoaderConfig | None = None, shuffle: bool | None = None, **overrides: Any) -> None:
         cfg = config or LoaderConfig()
+        if batch_size is not None:  # given here, it wins over the config's; else the config's (default 256)
+            overrides["batch_size"] = batch_size
         try:
-            self.config = replace(cfg, batch_size=batch_size, **overrides)
+            self.config = replace(cfg, **overrides)
         except TypeError as exc:
             raise UsageError(f"ImageLoader got an unknown option: {exc}; options are LoaderConfig's fields") from None
         self.device = torch.device(device)
@@ -226,8 +235,8 @@ class ImageLoader:
         try:
             for x, y, bad in dl_iter:
                 self._note_bad(bad)
-                if x.numel() == 0:
-                    continue
+                if x.numel() == 0:  # every file of this batch was undecodable: an empty batch keeps len() and
+                    x = empty_batch(cfg)  # the ranks' step counts (skipping it left one rank a step short)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 self.stats.batches += 1
                 self.stats.images += x.shape[0]
@@ -308,7 +317,10 @@ class ImageLoader:
                 x, y, event, bad, fallback = item
                 self._note_bad(bad)
                 self.stats.cpu_fallback += fallback
-                if x is None:
+                if x is None:  # every file undecodable: an empty batch, as on the CPU path
+                    x, y = empty_batch(cfg).to(device), torch.empty(0, dtype=torch.long, device=device)
+                    self.stats.batches += 1
+                    yield x, y
                     continue
                 cur = torch.cuda.current_stream(device)
                 cur.wait_event(event)

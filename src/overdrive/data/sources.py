@@ -54,11 +54,15 @@ def from_folder(root: str | os.PathLike) -> tuple[list[Sample], list[str]]:
 
 
 def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
-    """WebDataset-style shards: members ``<key>.jpg`` (or .png, ...) with ``<key>.cls`` holding the label."""
+    """WebDataset-style shards: members ``<key>.jpg`` (or .png, ...) with ``<key>.cls`` holding the label.
+
+    The label is taken from ``.cls``, else ``.label``, else a ``.txt`` that holds an integer: in WebDataset
+    shards ``.txt`` is usually a caption, which is ignored when a ``.cls`` is there or when it is not a number.
+    """
     samples = []
     for shard in shards:
         images: dict[str, tuple[int, int]] = {}
-        labels: dict[str, int] = {}
+        found: dict[str, dict[str, str]] = {}  # key -> {label extension: text}
         with tarfile.open(shard, "r:") as tf:  # uncompressed only: members must be seekable byte ranges
             for m in tf:
                 if not m.isfile():
@@ -70,16 +74,24 @@ def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
                 elif ext in _LABEL_EXTS:
                     f = tf.extractfile(m)
                     assert f is not None
-                    text = f.read().decode().strip()
-                    try:
-                        labels[key] = int(text)
-                    except ValueError:
-                        raise UsageError(f"{shard}: label member {m.name} holds {text!r}, expected an integer") from None
+                    found.setdefault(key, {})[ext] = f.read().decode(errors="replace").strip()
         for key in sorted(images):
-            if key not in labels:
-                raise UsageError(f"{shard}: image {key} has no label member {key}.cls")
+            texts = found.get(key, {})
+            label = None
+            for ext in _LABEL_EXTS:  # in priority order
+                if ext not in texts:
+                    continue
+                try:
+                    label = int(texts[ext])
+                    break
+                except ValueError:
+                    if ext != ".txt":
+                        raise UsageError(f"{shard}: label member {key}{ext} holds {texts[ext][:60]!r}, expected an "
+                                         "integer class index") from None
+            if label is None:
+                raise UsageError(f"{shard}: image {key} has no label member {key}.cls (or an integer {key}.txt)")
             off, size = images[key]
-            samples.append(Sample(str(shard), labels[key], off, size))
+            samples.append(Sample(str(shard), label, off, size))
     return samples
 
 
@@ -111,7 +123,7 @@ def resolve(source: str | os.PathLike | Sequence) -> tuple[list[Sample], list[st
         p = Path(source)
         if p.is_dir():
             tars = sorted(p.glob("*.tar"))
-            if tars and not any(d.is_dir() for d in p.iterdir()):
+            if tars and not any(d.is_dir() and not d.name.startswith(".") for d in p.iterdir()):  # hidden: .ipynb_checkpoints
                 samples, classes = from_tars(tars), None
             else:
                 samples, classes = from_folder(p)

@@ -38,6 +38,10 @@ class TokenizedTexts:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> list[int]:
+        n = len(self.offsets) - 1
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} texts")
+        i %= n  # negative indices count from the end, as in a list
         return self.ids[self.offsets[i]:self.offsets[i + 1]].tolist()
 
     def lengths(self) -> np.ndarray:
@@ -74,13 +78,21 @@ def _backend(tokenizer: Any) -> Any:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tok_json: str, max_length: int | None, add_special_tokens: bool) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the parallelism
-    tk = require("tokenizers")
-    tok = tk.Tokenizer.from_str(tok_json)
+def _tokenizer(tok_json: str, max_length: int | None) -> Any:
+    """A copy of the caller's tokenizer (its settings untouched) that encodes a batch as ``encode`` would each
+    text: truncated to ``max_length`` if given, and without batch-longest padding, which would make every
+    text's ids depend on the others in its chunk (fixed-length padding stays: ``encode`` applies it too)."""
+    tok = require("tokenizers").Tokenizer.from_str(tok_json)
     if max_length:
         tok.enable_truncation(max_length)
-    _WORKER["tok"], _WORKER["special"] = tok, add_special_tokens
+    if tok.padding is not None and tok.padding.get("length") is None:
+        tok.no_padding()
+    return tok
+
+
+def _init_worker(tok_json: str, max_length: int | None, add_special_tokens: bool) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the parallelism
+    _WORKER["tok"], _WORKER["special"] = _tokenizer(tok_json, max_length), add_special_tokens
 
 
 def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -97,9 +109,10 @@ def _cache_key(tok_json: str, texts: Sequence[str], max_length: int | None, add_
     h = hashlib.sha256()
     h.update(tok_json.encode())
     h.update(f"|{max_length}|{add_special_tokens}|{len(texts)}|".encode())
-    for t in texts:
-        h.update(t.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
+    for t in texts:  # each text's length first: no separator can make two lists of texts hash alike
+        b = t.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
     return h.hexdigest()[:32]
 
 
@@ -137,9 +150,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         num_workers = (os.cpu_count() or 1) if len(texts) >= 8 * chunk_size else 0
     chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
     if num_workers == 0 or len(chunks) <= 1:
-        local = require("tokenizers").Tokenizer.from_str(tok_json)  # a copy: the caller's truncation stays as it was
-        if max_length:
-            local.enable_truncation(max_length)
+        local = _tokenizer(tok_json, max_length)
         parts = [_flatten(local.encode_batch(c, add_special_tokens=add_special_tokens)) for c in chunks]
     else:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
