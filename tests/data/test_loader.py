@@ -267,3 +267,15 @@ def test_tar_caption_txt_is_not_a_label(tmp_path: Path, folder: Path) -> None:
             tf.addfile(info, io.BytesIO(data))
     loader = ImageLoader([str(shard)], batch_size=3, size=16, num_workers=0, shuffle=False)
     assert [s.label for s in loader.samples] == [3, 1, 5]
+
+
+def test_set_epoch_between_iter_and_next_keeps_the_epoch_consistent(folder: Path) -> None:
+    """iter() fixes the epoch's order; its augmentations must come from the same epoch even when set_epoch
+    runs before the first next() (the generator read the new epoch lazily)."""
+    loader = ImageLoader(folder, batch_size=8, size=16, num_workers=0, seed=3)
+    loader.set_epoch(0)
+    ref = [x for x, _ in loader]
+    it = iter(loader)
+    loader.set_epoch(1)
+    got = [x for x, _ in it]
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))

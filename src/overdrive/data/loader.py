@@ -217,7 +217,10 @@ class ImageLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.stats = LoaderStats()
         batches = self._batches()
-        it = self._iter_gpu(batches) if self.pipeline == "gpu" else self._iter_cpu(batches)
+        # the epoch is read now, with the batch order: a set_epoch() before the first next() must not give
+        # this epoch's order with the next epoch's augmentations (the generators start lazily)
+        epoch = self.epoch
+        it = self._iter_gpu(batches, epoch) if self.pipeline == "gpu" else self._iter_cpu(batches, epoch=epoch)
         return it
 
     def __repr__(self) -> str:
@@ -225,9 +228,10 @@ class ImageLoader:
                 f"pipeline={self.pipeline!r}, device={self.device})")
 
     # --- the CPU pipeline -----------------------------------------------------------------------
-    def _iter_cpu(self, batches: list[list[int]], config: LoaderConfig | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _iter_cpu(self, batches: list[list[int]], config: LoaderConfig | None = None,
+                  epoch: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = config or self.config
-        ds = _BatchDataset(self.samples, batches, cfg, self.epoch)
+        ds = _BatchDataset(self.samples, batches, cfg, self.epoch if epoch is None else epoch)
         kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch} if cfg.num_workers > 0 else {}
         dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=cfg.num_workers,
                                          pin_memory=self.device.type == "cuda", **kw)
@@ -252,11 +256,12 @@ class ImageLoader:
             warnings.warn(f"overdrive.data: skipped an undecodable image: {b}", RuntimeWarning, stacklevel=3)
 
     # --- the GPU pipeline -----------------------------------------------------------------------
-    def _iter_gpu(self, batches: list[list[int]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _iter_gpu(self, batches: list[list[int]], epoch: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``gpu_threads`` producers (batch k goes to producer k % T, each with its own CUDA stream, bounded
         queue and reader: a DataLoader whose ``read_workers`` processes read and pack the bytes); this
         consumer takes batches back in order."""
         cfg, device = self.config, self.device
+        epoch = self.epoch if epoch is None else epoch
         T = min(cfg.gpu_threads, max(len(batches), 1))
         queues: list[queue.Queue] = [queue.Queue(maxsize=cfg.prefetch) for _ in range(T)]
         stop = threading.Event()
@@ -287,7 +292,7 @@ class ImageLoader:
                     if stop.is_set():
                         return
                     datas = list(packed.split(sizes.tolist())) if len(sizes) else []
-                    u, flips = draw_params(len(batches[k]), batch_generator(cfg.seed, self.epoch, cfg.shard_id, k), cfg.flip)
+                    u, flips = draw_params(len(batches[k]), batch_generator(cfg.seed, epoch, cfg.shard_id, k), cfg.flip)
                     with torch.cuda.stream(side):
                         imgs, fallback = decode_gpu(datas, device, ok.tolist())
                         good = [j for j, im in enumerate(imgs) if im is not None]
