@@ -69,7 +69,7 @@ def test_o2_masters_are_fp32_and_model_is_refreshed_after_step(net: Net) -> None
     _train(model, opt, steps=2)
     assert any(not torch.equal(b, m) for b, m in zip(before, masters))  # masters moved
     by_id = {id(m): m for m in masters}
-    mp = amp.apex._by_optimizer[opt]
+    mp = amp.apex._lookup(opt)
     for half, master in mp._pairs:
         assert half.dtype == torch.bfloat16 and id(master) in by_id
         assert torch.equal(half.detach(), master.detach().to(torch.bfloat16))
@@ -105,7 +105,7 @@ def test_scaler_growth_backoff_cap_and_floor() -> None:
 def test_injected_inf_skips_the_step_and_backs_off(net: Net, level: str) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     model, opt = amp.initialize(net, opt, opt_level=level, dtype=torch.bfloat16, loss_scale="dynamic")
-    mp = amp.apex._by_optimizer[opt]
+    mp = amp.apex._lookup(opt)
     _train(model, opt, steps=1)
     state_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     masters_before = [m.detach().clone() for m in amp.master_params(opt)]
@@ -189,7 +189,7 @@ def test_two_models_in_one_process_do_not_interfere() -> None:
     _train(m1, o1, steps=1)
     h.remove()
     _train(m2, o2, steps=1)
-    s1, s2 = amp.apex._by_optimizer[o1], amp.apex._by_optimizer[o2]
+    s1, s2 = amp.apex._lookup(o1), amp.apex._lookup(o2)
     assert s1.scaler.overflows == 1 and s2.scaler.overflows == 0
     assert s1.policy.opt_level == "O2" and s2.policy.opt_level == "O1"
     assert m2.fc.weight.dtype == torch.float32
@@ -230,23 +230,23 @@ def test_state_round_trip_resumes_bit_identically(level: str) -> None:
     import overdrive.amp.apex as apex_mod
 
     ref_m, ref_o = fresh()
-    apex_mod._by_optimizer[ref_o].scaler.growth_interval = 2
+    apex_mod._lookup(ref_o).scaler.growth_interval = 2
     _train(ref_m, ref_o, steps=6)
     ref_state = {k: v.clone() for k, v in ref_m.state_dict().items()}
 
     m, o = fresh()
-    apex_mod._by_optimizer[o].scaler.growth_interval = 2
+    apex_mod._lookup(o).scaler.growth_interval = 2
     _train(m, o, steps=3)
-    ckpt = copy.deepcopy({"model": m.state_dict(), "opt": o.state_dict(), "amp": apex_mod._by_optimizer[o].state_dict()})
+    ckpt = copy.deepcopy({"model": m.state_dict(), "opt": o.state_dict(), "amp": apex_mod._lookup(o).state_dict()})
     m2, o2 = fresh()
-    apex_mod._by_optimizer[o2].scaler.growth_interval = 2
+    apex_mod._lookup(o2).scaler.growth_interval = 2
     m2.load_state_dict(ckpt["model"])
     o2.load_state_dict(ckpt["opt"])
-    apex_mod._by_optimizer[o2].load_state_dict(ckpt["amp"])
+    apex_mod._lookup(o2).load_state_dict(ckpt["amp"])
     _train(m2, o2, steps=3, seed0=3)
     for k, v in m2.state_dict().items():
         assert torch.equal(v, ref_state[k]), k
-    assert apex_mod._by_optimizer[o2].loss_scale == apex_mod._by_optimizer[ref_o].loss_scale
+    assert apex_mod._lookup(o2).loss_scale == apex_mod._lookup(ref_o).loss_scale
 
 
 def test_apex_state_dict_names_and_load(net: Net) -> None:
@@ -284,3 +284,146 @@ def test_o1_apex_hooks_work_under_torch_compile() -> None:
     with amp.scale_loss(out.float().sum(), opt) as scaled:
         scaled.backward()
     opt.step()
+
+
+# --- regressions -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("through_parent", [False, True])
+def test_o2_model_load_state_dict_after_prepare_updates_the_masters(net: Net, through_parent: bool) -> None:
+    # the masters kept the pre-load weights and the first step copied them back over the loaded ones
+    torch.manual_seed(1)
+    pretrained = Net().state_dict()  # fp32
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)  # lr=0: a step must leave the loaded weights as they are
+    mp = prepare(net, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
+    if through_parent:  # the prepared model is a submodule: its keys carry a prefix
+        nn.ModuleDict({"body": net}).load_state_dict({f"body.{k}": v for k, v in pretrained.items()})
+    else:
+        net.load_state_dict(pretrained)
+    masters = {id(m): m for m in mp.master_params()}
+    names = dict(net.named_parameters())
+    for name, value in pretrained.items():
+        if name in names:
+            q = names[name]
+            master = next((m for h, m in mp._pairs if h is q), q)  # norm layers are their own master
+            assert id(master) in masters
+            assert torch.equal(master, value), name  # exact: the checkpoint's fp32, not its bf16 rounding
+    with mp.autocast():
+        mp.backward(nn.functional.cross_entropy(net(batch()[0]), batch()[1]))
+    mp.step()
+    for name, q in names.items():
+        # plain-PyTorch reference: the fp32 checkpoint rounded to the model's dtype, exactly
+        assert torch.equal(q.detach(), pretrained[name].to(q.dtype)), name
+
+
+def test_o2_amp_state_then_model_state_keeps_the_fp32_masters(net: Net) -> None:
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    mp = prepare(net, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
+    for i in range(2):
+        x, y = batch(seed=i)
+        with mp.autocast():
+            mp.backward(nn.functional.cross_entropy(net(x), y))
+        mp.step()
+        mp.zero_grad()
+    model_state = copy.deepcopy(net.state_dict())  # bf16 weights
+    amp_state = copy.deepcopy(mp.state_dict())  # fp32 masters
+    ref_masters = [m.detach().clone() for m in mp.master_params()]
+
+    torch.manual_seed(3)
+    other = Net()
+    mp2 = prepare(other, torch.optim.AdamW(other.parameters(), lr=1e-2), Policy(opt_level="O2", dtype=torch.bfloat16))
+    mp2.load_state_dict(amp_state)  # amp first, then the model's own bf16 state: the fp32 masters survive
+    other.load_state_dict(model_state)
+    for m, ref in zip(mp2.master_params(), ref_masters):
+        assert torch.equal(m, ref)
+
+    with pytest.raises(UsageError, match="assign=True"):
+        other.load_state_dict(model_state, assign=True)
+
+
+@pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
+@pytest.mark.parametrize("outputs", [torch.float32, torch.bfloat16])
+def test_cast_model_outputs_applies_at_every_opt_level(level: str, outputs: torch.dtype) -> None:
+    # apex casts outputs whenever cast_model_outputs is given; O0/O1 ignored it
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level=level, dtype=torch.bfloat16, cast_model_outputs=outputs)
+    x = torch.randn(4, 6)
+    out = model(x)
+    assert out.dtype == outputs
+    if level in ("O0", "O1"):
+        # plain-PyTorch reference (fp32, or under autocast for O1) cast afterwards: bit-identical
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=level == "O1"):
+            expected = ref(x)
+        assert torch.equal(out, expected.to(outputs))
+
+
+def test_o0_state_moves_between_cuda_and_cpu() -> None:
+    # O0 uses no half dtype, but the state recorded the device's default (float16 on CUDA) and the
+    # CPU run (bfloat16) refused it
+    m = nn.Linear(4, 2)
+    cuda_state = prepare(m, torch.optim.SGD(m.parameters(), lr=0.1), "O0", device="cuda").state_dict()  # no GPU touched
+    old_state = {**cuda_state, "dtype": "float16"}  # as written before the fix
+    m2 = nn.Linear(4, 2)
+    cpu_mp = prepare(m2, torch.optim.SGD(m2.parameters(), lr=0.1), "O0")
+    cpu_mp.load_state_dict(cuda_state)
+    cpu_mp.load_state_dict(old_state)
+    # where a half dtype is used it must still match
+    m3 = nn.Linear(4, 2)
+    o1 = prepare(m3, torch.optim.SGD(m3.parameters(), lr=0.1), Policy(opt_level="O1", dtype=torch.bfloat16))
+    with pytest.raises(UsageError, match="dtype 'float16'"):
+        o1.load_state_dict({**o1.state_dict(), "dtype": "float16"})
+
+
+def test_initialize_keeps_no_model_or_optimizer_alive() -> None:
+    import gc
+    import weakref
+
+    m = nn.Linear(4, 2)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    m, o = amp.initialize(m, o, opt_level="O2", dtype=torch.bfloat16)
+    refs = [weakref.ref(m), weakref.ref(o)]
+    del m, o
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_apex_resume_recipe_in_the_same_process() -> None:
+    # apex's recipe: save amp.state_dict(), drop the run, rebuild, initialize, load. The dropped
+    # run's handle used to stay registered, so the counts never matched.
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        m = nn.Linear(4, 2)
+        return amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O1", dtype=torch.bfloat16,
+                              loss_scale="dynamic")
+
+    model, opt = build()
+    saved = copy.deepcopy(amp.state_dict())
+    mine = max(saved, key=lambda k: int(k.removeprefix("loss_scaler")))  # the latest initialize call
+    saved[mine]["loss_scaler"]["loss_scale"] = 1024.0
+    del model, opt  # no gc.collect(): amp.state_dict/load_state_dict must not see the old run
+    model, opt = build()
+    assert sorted(amp.state_dict()) == sorted(saved)
+    amp.load_state_dict(saved)
+    assert amp.state_dict()[mine]["loss_scaler"]["loss_scale"] == 1024.0
+
+
+def test_load_a_checkpoint_written_by_apex() -> None:
+    # apex/amp/frontend.py writes {'loss_scaler<i>': {'loss_scale', 'unskipped'}}: no opt level
+    m = nn.Linear(4, 2)
+    m, o = amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O1", dtype=torch.bfloat16,
+                          loss_scale="dynamic")
+    state = amp.state_dict()
+    mine = max(state, key=lambda k: int(k.removeprefix("loss_scaler")))  # the latest initialize call
+    state[mine] = {"loss_scale": 32768.0, "unskipped": 517}
+    amp.load_state_dict(state)
+    mp = amp.apex._lookup(o)
+    assert (mp.loss_scale, mp.scaler.unskipped) == (32768.0, 517)
+    # a static scale (bf16 needs none) is this run's policy: an apex entry leaves it alone
+    m2 = nn.Linear(4, 2)
+    static = prepare(m2, torch.optim.SGD(m2.parameters(), lr=0.1), Policy(opt_level="O2", dtype=torch.bfloat16))
+    static.load_state_dict({"loss_scale": 32768.0, "unskipped": 517})
+    assert static.loss_scale == 1.0
+    with pytest.raises(UsageError, match="'unskipped'"):
+        mp.load_state_dict({"loss_scale": 8.0})

@@ -60,7 +60,7 @@ def test_fp16_overflow_skips_and_backs_off_on_cuda() -> None:
     model = Net().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = amp.initialize(model, opt, opt_level="O2")  # fp16 default on CUDA
-    mp = amp.apex._by_optimizer[opt]
+    mp = amp.apex._lookup(opt)
     assert mp.policy.dtype is torch.float16 and mp.policy.dynamic
     before = [m.detach().clone() for m in amp.master_params(opt)]
     h = model.fc.weight.register_hook(lambda g: g * float("inf"))

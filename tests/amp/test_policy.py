@@ -18,6 +18,19 @@ def test_json_round_trip_every_preset(level: str, dtype: object) -> None:
     assert Policy.from_json(r.to_json()) == r
 
 
+@pytest.mark.parametrize("level", OPT_LEVELS)
+@pytest.mark.parametrize("outputs", [torch.bfloat16, torch.float32, "bf16", "float32"])
+def test_json_round_trip_parses_cast_model_outputs(level: str, outputs: object) -> None:
+    # cast_model_outputs came back as the string 'bfloat16', and the output hook crashed on it
+    p = Policy(opt_level=level, dtype=torch.bfloat16, cast_model_outputs=outputs)
+    assert isinstance(p.cast_model_outputs, torch.dtype)
+    q = Policy.from_json(p.to_json())
+    assert q == p and isinstance(q.cast_model_outputs, torch.dtype)
+    assert Policy.from_json(q.resolve(CPU).to_json()).cast_model_outputs is p.cast_model_outputs
+    with pytest.raises(UsageError, match="cast_model_outputs='int8'"):
+        Policy(opt_level=level, cast_model_outputs="int8")
+
+
 def test_presets_resolve_like_apex_for_bf16_on_cpu() -> None:
     o0, o1, o2, o3 = (Policy(opt_level=lvl).resolve(CPU) for lvl in OPT_LEVELS)
     assert o0.cast_model_type is None and not o0.master_weights and o0.loss_scale == 1.0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from overdrive import UsageError
 from overdrive.amp import Policy
@@ -98,3 +100,115 @@ def test_divergence_is_reported() -> None:
     bad = [(torch.full((4, 4), float("nan")), torch.zeros(4, dtype=torch.long))]
     with pytest.raises(OverdriveError, match="diverged"):
         t.fit(bad, epochs=1)
+
+
+# --- regressions -------------------------------------------------------------------------------
+
+
+def test_fit_evaluates_with_the_trainers_loss_fn() -> None:
+    # evaluate() was called without loss_fn: eval used cross-entropy (and crashed on float targets)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    mse = nn.functional.mse_loss
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn=lambda o, y: mse(o.squeeze(-1), y),
+                progress=False)
+    x, y = torch.randn(24, 4), torch.randn(24)
+    eval_data = [(x[:16], y[:16]), (x[16:], y[16:])]  # unequal batches: weighted by size
+    result = t.fit([(x[:8], y[:8])], epochs=1, eval_data=eval_data)
+    with torch.no_grad():
+        expected = mse(model(x).squeeze(-1), y).item()  # plain PyTorch over all 24 samples
+    assert result.history[-1].eval_loss == pytest.approx(expected, rel=1e-6)
+
+
+def _small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.LayerNorm(16), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize(("level", "poisoned"), [("O0", None), ("O2", None), ("O2", 3)])
+def test_checkpoint_mid_accumulation_resumes_bit_identically(tmp_path: Path, level: str, poisoned: int | None) -> None:
+    # the pending grads (and a pending overflow skip) of a half-done accumulation were not saved
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(6)]
+    if poisoned is not None:  # an inf in micro-batch 3: the step closing micro-batches 3..5 is skipped
+        data[poisoned][0][0, 0] = float("inf")
+    base = _small_model()
+
+    def make() -> Trainer:
+        m = copy.deepcopy(base)
+        pol = Policy(opt_level=level, dtype=torch.bfloat16, loss_scale="dynamic" if level != "O0" else None)
+        return Trainer(m, torch.optim.AdamW(m.parameters(), lr=1e-2), policy=pol, accumulate=3, progress=False)
+
+    ref = make()  # uninterrupted
+    for b in data:
+        ref.train_step(b)
+    a = make()
+    for b in data[:4]:  # 4 = one step + one pending micro-batch
+        a.train_step(b)
+    path = save_checkpoint(tmp_path / "mid.pt", a)
+    resumed = make()
+    load_checkpoint(path, resumed)
+    for b in data[4:]:
+        resumed.train_step(b)
+    for (k, v), w in zip(ref.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(v, w), k
+    for p, q in zip(ref.mp.master_params(), resumed.mp.master_params()):
+        assert torch.equal(p, q)
+    assert resumed.skipped_steps == (1 if poisoned is not None else 0) == ref.skipped_steps
+    assert resumed.mp.loss_scale == ref.mp.loss_scale
+
+
+@pytest.mark.parametrize("with_eval", [True, False])
+def test_reduce_lr_on_plateau_steps_once_per_epoch_on_a_metric(with_eval: bool) -> None:
+    # train_step called scheduler.step() without the metric ReduceLROnPlateau needs: TypeError
+    model = _small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)  # lr so small the loss plateaus at once
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
+    t = Trainer(model, opt, scheduler=sched, progress=False)
+    g = torch.Generator().manual_seed(0)
+    train = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(4)]
+    test = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))]
+    lrs: list[float] = []
+    result = t.fit(train, epochs=4, eval_data=test if with_eval else None,
+                   on_epoch_end=lambda _s: lrs.append(opt.param_groups[0]["lr"]))
+    # reference: a plain ReduceLROnPlateau stepped once per epoch on the metric fit reports
+    ref_opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1e-6)
+    ref = torch.optim.lr_scheduler.ReduceLROnPlateau(ref_opt, factor=0.5, patience=0)
+    ref_lrs = []
+    for e in result.history:
+        ref.step(e.eval_loss if with_eval else e.loss)
+        ref_lrs.append(ref_opt.param_groups[0]["lr"])
+    assert lrs == ref_lrs
+    assert lrs[-1] < 1e-6  # the plateau was detected (4 batches per epoch, yet at most one cut per epoch)
+
+
+def test_epoch_stats_count_skipped_optimizer_steps_not_overflowed_micro_batches() -> None:
+    # two overflowing micro-batches in one accumulation window were reported as two skipped steps
+    model = _small_model()
+    ref = copy.deepcopy(model)
+    calls = {"n": 0}
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if calls["n"] in (0, 1):  # finite loss, inf gradient: micro-batches 0 and 1 overflow
+            out.register_hook(lambda grad: grad * float("inf"))
+        calls["n"] += 1
+        return nn.functional.cross_entropy(out, y)
+
+    pol = Policy(opt_level="O1", dtype=torch.bfloat16, loss_scale="dynamic")
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=pol, loss_fn=loss_fn, accumulate=3,
+                progress=False)
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(6)]
+    result = t.fit(data, epochs=1)
+    assert t.step_count == 2 and t.mp.scaler.overflows == 2
+    assert result.history[0].skipped_steps == 1
+    assert t.skipped_steps == 1
+    # plain-PyTorch reference: only the second window's step happened (autocast bf16, mean over 3)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for x, y in data[3:]:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = ref(x)
+        (nn.functional.cross_entropy(out.float(), y) / 3).backward()
+    ref_opt.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)  # only the summation order may differ

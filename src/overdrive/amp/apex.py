@@ -9,6 +9,7 @@ do not interfere. New code can hold the object from :func:`overdrive.amp.prepare
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,12 @@ from overdrive._utils.errors import UsageError
 from overdrive.amp.config import Policy
 from overdrive.amp.core import MixedPrecision, prepare
 
-_by_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, MixedPrecision] = weakref.WeakKeyDictionary()
+# Values are weak too: a MixedPrecision holds its optimizers, so a strong value would keep its own
+# key (and the model) alive forever. The optimizer's step hooks hold the MixedPrecision, which
+# keeps it alive exactly as long as the optimizer the user passes to scale_loss.
+_by_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[MixedPrecision]] = (
+    weakref.WeakKeyDictionary()
+)
 _in_order: list[weakref.ref[MixedPrecision]] = []
 
 
@@ -72,18 +78,24 @@ def initialize(
     )
     opt_list = [] if optimizers is None else (list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers])
     for opt in opt_list:
-        if opt in _by_optimizer:
+        if _lookup(opt) is not None:
             raise UsageError("this optimizer was already passed to amp.initialize; call initialize once per optimizer")
     mp = prepare(models, opt_list, policy)
     for opt in opt_list:
-        _by_optimizer[opt] = mp
+        _by_optimizer[opt] = weakref.ref(mp)
     _in_order.append(weakref.ref(mp))
     return models if optimizers is None else (models, optimizers)
 
 
+def _lookup(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:
+    """The MixedPrecision ``initialize`` made for ``optimizer``, if it is still alive."""
+    ref = _by_optimizer.get(optimizer)
+    return None if ref is None else ref()
+
+
 def _handle(optimizers: Any) -> MixedPrecision:
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
-    handles = {id(_by_optimizer.get(o)): _by_optimizer.get(o) for o in opts}
+    handles = {id(h): h for h in map(_lookup, opts)}
     if None in handles.values():
         raise UsageError(
             "scale_loss got an optimizer that amp.initialize never saw; pass the optimizer returned by "
@@ -119,6 +131,13 @@ def master_params(optimizer: torch.optim.Optimizer) -> Iterator[nn.Parameter]:
 
 
 def _live() -> list[MixedPrecision]:
+    """The MixedPrecision of every initialize call whose models and optimizers are still in use."""
+    if sum(r() is not None for r in _in_order) > 1:
+        # A dropped model/optimizer pair and its MixedPrecision reference each other (the
+        # optimizer's step hooks hold it), so only the cycle collector frees them. Collect before
+        # counting, or a rebuilt run in the same process would also see the old one's scaler.
+        # Only reached when several calls look alive, and only at checkpoint time.
+        gc.collect()
     alive = [r() for r in _in_order]
     _in_order[:] = [r for r in _in_order if r() is not None]
     return [h for h in alive if h is not None]
@@ -133,7 +152,10 @@ def state_dict(destination: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def load_state_dict(state: dict[str, Any]) -> None:
-    """apex.amp.load_state_dict: restore what :func:`state_dict` saved (after ``initialize``)."""
+    """apex.amp.load_state_dict: restore what :func:`state_dict` saved (after ``initialize``).
+
+    Also reads checkpoints written by NVIDIA apex (``{'loss_scaler0': {'loss_scale', 'unskipped'}}``).
+    """
     handles = _live()
     keys = sorted(k for k in state if k.startswith("loss_scaler"))
     if len(keys) != len(handles):

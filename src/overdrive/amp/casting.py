@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from overdrive._utils.errors import UsageError
+
 # Normalization layers that O2 keeps in fp32 (apex: keep_batchnorm_fp32 covers every norm layer).
 NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.modules.batchnorm._BatchNorm,
@@ -83,8 +85,13 @@ def add_io_cast_hooks(model: nn.Module, input_dtype: torch.dtype, output_dtype: 
         with_kwargs=True,
     )]
     if output_dtype is not None:
-        handles.append(model.register_forward_hook(lambda _m, _args, out: cast_floating(out, output_dtype)))
+        handles += add_output_cast_hook(model, output_dtype)
     return handles
+
+
+def add_output_cast_hook(model: nn.Module, dtype: torch.dtype) -> list[Any]:
+    """Cast ``model``'s floating outputs to ``dtype`` (apex's ``cast_model_outputs``)."""
+    return [model.register_forward_hook(lambda _m, _args, out: cast_floating(out, dtype))]
 
 
 def add_norm_fp32_hooks(model: nn.Module, half: torch.dtype) -> list[Any]:
@@ -120,6 +127,47 @@ def add_autocast_hooks(model: nn.Module, device_type: str, dtype: torch.dtype) -
             stack.pop().__exit__(None, None, None)
 
     return [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+
+
+def add_master_sync_on_load(model: nn.Module, pairs: list[tuple[nn.Parameter, nn.Parameter]]) -> list[Any]:
+    """Make ``model.load_state_dict`` update the fp32 masters of O2 too, not only the half weights.
+
+    Without this the next optimizer step copies the old masters back over the loaded weights.
+    A pre-hook keeps the checkpoint's own values (fp32 where the checkpoint has them, so no
+    precision is lost to the half round trip); a post-hook copies them into the masters once the
+    half parameters are loaded. A value equal to the half weight it replaces (an O2 model's own
+    state dict loaded after the amp state) leaves its master alone: that master is the same value
+    with more bits. The hooks hold the parameters, not the :class:`MixedPrecision`.
+    """
+    master_of = {id(h): (h, m) for h, m in pairs}
+    pending: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}  # id(module) -> (master, value)
+
+    def before(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+               *_: Any) -> None:
+        if local_metadata.get("assign_to_params_buffers"):
+            raise UsageError(
+                "load_state_dict(..., assign=True) on a model prepared at O2 would replace the half parameters "
+                "that amp pairs with fp32 masters; call load_state_dict without assign=True"
+            )
+        todo: dict[int, tuple[nn.Parameter, torch.Tensor]] = {}
+        # remove_duplicate=False: a tied weight is loaded under each of its names, the last one wins
+        for name, param in module.named_parameters(remove_duplicate=False):
+            value = state_dict.get(prefix + name)
+            if id(param) not in master_of or not isinstance(value, torch.Tensor) or value.shape != param.shape:
+                continue  # not ours, missing, or a mismatch that load_state_dict itself reports
+            half, master = master_of[id(param)]
+            if value.dtype == half.dtype and torch.equal(value.to(half.device), half.detach()):
+                todo.pop(id(param), None)
+            else:
+                todo[id(param)] = (master, value)
+        pending[id(module)] = list(todo.values())
+
+    def after(module: nn.Module, _incompatible: Any) -> None:
+        with torch.no_grad():
+            for master, value in pending.pop(id(module), []):
+                master.copy_(value)  # to the master's fp32 and device
+
+    return [model.register_load_state_dict_pre_hook(before), model.register_load_state_dict_post_hook(after)]
 
 
 def param_dtypes(model: nn.Module) -> dict[str, torch.dtype]:

@@ -73,6 +73,8 @@ class Policy:
             )
         object.__setattr__(self, "dtype", parse_dtype(self.dtype, "dtype"))
         object.__setattr__(self, "cast_model_type", _parse_cast_type(self.cast_model_type))
+        # parsed like cast_model_type, so a JSON round trip ('bfloat16') gives back a dtype
+        object.__setattr__(self, "cast_model_outputs", _parse_cast_type(self.cast_model_outputs, "cast_model_outputs"))
         if self.loss_scale is not None and self.loss_scale != "dynamic":
             try:
                 scale = float(self.loss_scale)
@@ -166,10 +168,11 @@ class Policy:
         return cls.from_dict(json.loads(text))
 
 
-def _parse_cast_type(value: torch.dtype | str | None) -> torch.dtype | None:
+def _parse_cast_type(value: torch.dtype | str | None, what: str = "cast_model_type") -> torch.dtype | None:
+    """A half dtype or float32 (a model cast, or model outputs, may be either)."""
     if value in (torch.float32, "float32", "fp32", "torch.float32"):
         return torch.float32
-    return parse_dtype(value, "cast_model_type")
+    return parse_dtype(value, what)
 
 
 def _check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:

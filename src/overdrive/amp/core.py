@@ -66,6 +66,11 @@ class MixedPrecision:
                 self._hooks += casting.add_io_cast_hooks(model, p.cast_model_type, p.cast_model_outputs)
                 if p.keep_batchnorm_fp32:
                     self._hooks += casting.add_norm_fp32_hooks(model, p.cast_model_type)
+                if p.master_weights:
+                    self._hooks += casting.add_master_sync_on_load(model, self._pairs)
+            elif p.cast_model_outputs is not None:
+                # apex casts outputs at every opt level when asked to, not only for a cast model
+                self._hooks += casting.add_output_cast_hook(model, p.cast_model_outputs)
             if p.autocast and autocast_hooks:
                 self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
@@ -203,11 +208,17 @@ class MixedPrecision:
         return self.scaler.scale
 
     # --- state ------------------------------------------------------------------------------
+    def _half_dtype(self) -> torch.dtype | None:
+        """The half dtype this run computes in (autocast or a cast model); None at O0, where the
+        resolved policy still names the device's default but nothing uses it."""
+        p = self.policy
+        return p.dtype if p.autocast or p.cast_model_type is not None else None
+
     def state_dict(self) -> dict[str, Any]:
         """Scaler state, plus the fp32 masters under O2 (so a resume is bit-identical)."""
         state: dict[str, Any] = {
             "opt_level": self.policy.opt_level,
-            "dtype": dtype_name(self.policy.dtype),
+            "dtype": dtype_name(self._half_dtype()),
             "loss_scaler": self.scaler.state_dict(),
         }
         if self.policy.master_weights:
@@ -215,15 +226,28 @@ class MixedPrecision:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output, or a ``loss_scaler<i>`` entry written by NVIDIA apex.
+
+        apex's entries hold only ``loss_scale`` and ``unskipped`` (no opt level, dtype or masters:
+        apex resumes load the model's weights, which under O2 refresh the masters through the load
+        hook). They set a dynamic scaler's scale and clean-step count; a static scale belongs to
+        this run's policy (bf16 needs none) and is kept.
+        """
+        if "opt_level" not in state and "loss_scale" in state:  # apex/amp/frontend.py's format
+            if self.scaler.dynamic:
+                self.scaler.load_state_dict({k: state[k] for k in ("loss_scale", "unskipped") if k in state})
+            return
         if state.get("opt_level") != self.policy.opt_level:
             raise UsageError(
                 f"amp state was saved at opt level {state.get('opt_level')!r} but this run uses "
                 f"{self.policy.opt_level!r}; initialize with opt_level={state.get('opt_level')!r} to resume it"
             )
-        if state.get("dtype") != dtype_name(self.policy.dtype):
+        # A run that uses no half dtype (O0) has nothing to match: its state moves between CUDA
+        # (whose default half dtype is float16) and CPU (bfloat16) freely.
+        if self._half_dtype() is not None and state.get("dtype") != dtype_name(self._half_dtype()):
             raise UsageError(
                 f"amp state was saved with dtype {state.get('dtype')!r} but this run uses "
-                f"{dtype_name(self.policy.dtype)!r}; initialize with the same dtype"
+                f"{dtype_name(self._half_dtype())!r}; initialize with the same dtype"
             )
         self.scaler.load_state_dict(state["loss_scaler"])
         if self.policy.master_weights:
@@ -239,6 +263,39 @@ class MixedPrecision:
                         raise UsageError(f"master param shape {tuple(saved.shape)} != {tuple(master.shape)}")
                     master.copy_(saved)
                     half.copy_(master)
+
+    def pending_state(self) -> dict[str, Any]:
+        """Gradients accumulated since the last step, and whether that step will be skipped.
+
+        What a checkpoint taken in the middle of gradient accumulation needs besides
+        :meth:`state_dict` to resume bit-identically; restore it with :meth:`load_pending_state`.
+        ``grads`` follow :meth:`master_params`; ``half_grads`` are O2 model grads from a backward
+        outside :meth:`scale_loss` that were not yet moved to the masters.
+        """
+
+        def clone(g: torch.Tensor | None) -> torch.Tensor | None:
+            return None if g is None else g.detach().clone()
+
+        return {
+            "grads": [clone(q.grad) for q in self.master_params()],
+            "half_grads": [clone(h.grad) for h, _ in self._pairs],
+            "skip": [i for i, opt in enumerate(self.optimizers) if id(opt) in self._skip],
+        }
+
+    def load_pending_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`pending_state` saved (after the model, optimizer and amp state)."""
+        for key, params in (("grads", list(self.master_params())), ("half_grads", [h for h, _ in self._pairs])):
+            saved = state.get(key)
+            if saved is None or len(saved) != len(params):
+                raise UsageError(
+                    f"pending gradient state has {0 if saved is None else len(saved)} {key!r}, this run has "
+                    f"{len(params)} parameters; load a state saved from the same model and optimizer"
+                )
+            for q, g in zip(params, saved):
+                if g is not None and g.shape != q.shape:
+                    raise UsageError(f"pending gradient of shape {tuple(g.shape)} != parameter shape {tuple(q.shape)}")
+                q.grad = None if g is None else g.to(device=q.device, dtype=q.dtype, copy=True)
+        self._skip = {id(self.optimizers[i]) for i in state.get("skip", [])}
 
     def remove(self) -> None:
         """Remove every hook this object installed (the model stays cast)."""

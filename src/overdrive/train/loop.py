@@ -103,6 +103,9 @@ class Trainer:
         self.channels_last = channels_last
         self.forward = torch.compile(model) if compile else model
         self.step_count = 0  # optimizer steps taken (skipped ones included)
+        self.skipped_steps = 0  # optimizer steps skipped for an inf/NaN gradient
+        # ReduceLROnPlateau needs a metric: fit steps it once per epoch, train_step never
+        self._plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         self.epoch = 0
         self._micro = 0
 
@@ -114,7 +117,8 @@ class Trainer:
         return x
 
     def train_step(self, batch: Batch) -> torch.Tensor:
-        """Forward, scaled backward, (every ``accumulate`` micro-batches) clip and step.
+        """Forward, scaled backward, (every ``accumulate`` micro-batches) clip, step and step the
+        scheduler (not a ``ReduceLROnPlateau``: :meth:`fit` steps that once per epoch).
 
         Returns the micro-batch loss as a detached tensor (no host sync).
         """
@@ -132,9 +136,10 @@ class Trainer:
                 self.parallel.finish_accumulation(self.mp.master_params())
             if self.grad_clip is not None:
                 self.mp.clip_grad_norm_(self.grad_clip)
-            self.mp.step()
+            if not self.mp.step():
+                self.skipped_steps += 1
             self.mp.zero_grad()
-            if self.scheduler is not None:
+            if self.scheduler is not None and not self._plateau:
                 self.scheduler.step()
             self.step_count += 1
         return loss.detach()
@@ -151,7 +156,12 @@ class Trainer:
         on_epoch_end: Callable[[EpochStats], None] | None = None,
         description: str = "train",
     ) -> FitResult:
-        """Train for ``epochs`` epochs; returns per-epoch loss, throughput and eval metrics."""
+        """Train for ``epochs`` epochs; returns per-epoch loss, throughput and eval metrics.
+
+        Schedulers step once per optimizer step (in :meth:`train_step`), except
+        ``ReduceLROnPlateau``, which needs a metric: it steps once at the end of each epoch, on the
+        eval loss when ``eval_data`` is given and otherwise on the epoch's mean training loss.
+        """
         if epochs < 1:
             raise UsageError(f"epochs={epochs} must be >= 1")
         result = FitResult()
@@ -162,7 +172,7 @@ class Trainer:
             task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
             for _ in range(epochs):
                 self.model.train()
-                skipped0 = self.mp.scaler.overflows
+                skipped0 = self.skipped_steps
                 losses: list[torch.Tensor] = []
                 samples = 0
                 synchronize(self.device)
@@ -182,9 +192,13 @@ class Trainer:
                         f"training diverged: mean loss {mean_loss} in epoch {self.epoch}; lower the learning rate or "
                         "use a dynamic loss scale"
                     )
-                stats = EpochStats(self.epoch, mean_loss, samples, seconds, self.mp.scaler.overflows - skipped0)
+                stats = EpochStats(self.epoch, mean_loss, samples, seconds, self.skipped_steps - skipped0)
                 if eval_data is not None:
-                    stats.eval_loss, stats.eval_accuracy = evaluate(self.model, eval_data, self.mp, self.channels_last)
+                    stats.eval_loss, stats.eval_accuracy = evaluate(
+                        self.model, eval_data, self.mp, self.channels_last, loss_fn=self.loss_fn
+                    )
+                if self._plateau:
+                    self.scheduler.step(stats.eval_loss if stats.eval_loss is not None else mean_loss)
                 if bar is not None:
                     bar.update(task, completed=(self.epoch + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
                 result.history.append(stats)
@@ -196,6 +210,8 @@ class Trainer:
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs, including the gradients of a half-done accumulation."""
+        mid_accumulation = self._micro % self.accumulate != 0
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -204,15 +220,23 @@ class Trainer:
             "epoch": self.epoch,
             "step": self.step_count,
             "micro": self._micro,
+            # None at a step boundary, where zero_grad left nothing pending
+            "pending": self.mp.pending_state() if mid_accumulation else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output into this trainer (built the same way)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.mp.load_state_dict(state["amp"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.step_count, self._micro = state["epoch"], state["step"], state["micro"]
+        if state.get("pending") is not None:
+            self.mp.load_pending_state(state["pending"])
+        else:
+            # grads this trainer holds from before the load must not leak into the resumed step
+            self.mp.zero_grad()
 
 
 @torch.no_grad()
@@ -225,11 +249,14 @@ def evaluate(
 ) -> tuple[float, float]:
     """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given).
 
+    ``loss_fn(output, target)`` is called as in training and must return the batch *mean* (the
+    convention of torch's losses); each batch is weighted by its size, so the result is the mean
+    over samples. Without it, the loss is cross-entropy.
+
     Example:
         >>> evaluate(nn.Linear(4, 3), [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])[1] <= 1.0
         True
     """
-    loss_fn = loss_fn or nn.functional.cross_entropy
     was_training = model.training
     model.eval()
     first = next(model.parameters(), None)
@@ -248,7 +275,11 @@ def evaluate(
         else:
             out = model(x)
         out = out.float()
-        total_loss += loss_fn(out, y, reduction="sum").double()
+        if loss_fn is None:
+            total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
+        else:
+            # a user loss has no ``reduction`` argument: undo its batch mean
+            total_loss += loss_fn(out, y).double() * y.shape[0]
         correct += (out.argmax(dim=-1) == y).sum()
         n += int(y.shape[0])
     model.train(was_training)
