@@ -84,3 +84,24 @@ def test_entropy_keeps_range_of_coarse_data() -> None:
     cal = HistogramCalibrator()
     cal.collect(x)
     assert float(cal.compute_amax("entropy")) == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("tiny", [1e-4, 1e-9, 1e-30])
+def test_histogram_stays_bounded_after_a_near_zero_first_batch(tiny: float) -> None:
+    """The first batch sets the bin width; a later batch 1e4-1e30 times larger must coarsen the
+    histogram first, not allocate max / width bins (terabytes for 1e-9)."""
+    g = torch.Generator().manual_seed(0)
+    first, second = torch.randn(64, generator=g) * tiny, torch.randn(10_000, generator=g)
+    cal = HistogramCalibrator(num_bins=2048)
+    cal.collect(first)
+    cal.collect(second)
+    assert cal.hist.numel() <= 8 * 2048
+    assert cal.hist.numel() * cal.width >= float(second.abs().max())  # the range is covered
+    assert float(cal.compute_amax("max")) == float(second.abs().max())
+    assert float(cal.hist.sum()) == 64 + 10_000
+    # reference: numpy's quantile of all the data (the smallest value with cdf >= p, which lies in
+    # the bin whose right edge the calibrator returns), within two (coarse) bins
+    x = torch.cat([first, second]).abs().numpy()
+    for pct in (50.0, 99.0, 99.9):
+        ref = float(np.quantile(x, pct / 100, method="inverted_cdf"))
+        assert float(cal.compute_amax("percentile", pct)) == pytest.approx(ref, abs=2 * cal.width)

@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from overdrive import quant
@@ -117,3 +118,42 @@ def test_unsupported_op_names_op_and_module(tmp_path) -> None:
     q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(4, 8)))
     with pytest.raises(OverdriveError, match=r"fft.*module '1'"):
         quant.export_onnx(q, (torch.randn(2, 8),), tmp_path / "x.onnx")
+
+
+def _fq(x: torch.Tensor, amax: torch.Tensor, qmin: int) -> torch.Tensor:
+    """Reference int8 fake quantization: per tensor (amax ()) or per row (amax (C,)), scale amax / 127."""
+    s = amax / 127 if amax.dim() == 0 else (amax / 127).view(-1, 1)
+    return torch.clamp(torch.round(x / s), qmin, 127) * s
+
+
+@pytest.mark.parametrize("narrow_input", [False, True])
+def test_narrow_range_export_matches_pytorch_after_qat(narrow_input: bool, tmp_path) -> None:
+    """ONNX Q/DQ can only say [-128, 127]; narrow-range quantizers ([-127, 127]: INT8_DEFAULT's weights,
+    here also the inputs) must still agree with PyTorch once values lie beyond -amax: weights after
+    QAT steps (amax fixed) and activations larger than the calibration data."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 16), torch.randint(0, 8, (64,))
+    cfg = quant.INT8_DEFAULT.replace(input=quant.QuantizerConfig(narrow_range=narrow_input))
+    q = quant.quantize(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8)), cfg, forward_loop=lambda m: m(x))
+    # as calibrated (|w| <= amax) the weight initializers feed QuantizeLinear directly (no Min/Max)
+    g = onnx.load(str(quant.export_onnx(q, (x[:2],), tmp_path / "ptq.onnx"))).graph
+    inits = {i.name for i in g.initializer}
+    assert sum(n.op_type == "QuantizeLinear" and n.input[0] in inits for n in g.node) == 2
+    quant.qat(q, [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)], epochs=1, lr=0.1)  # large lr: weights move
+    wq = []
+    for lin in (q[0], q[2]):
+        w, amax = lin.weight.detach(), lin.weight_quantizer.amax
+        assert (w < -127.5 * (amax / 127).view(-1, 1)).any()  # [-128, 127] would give -128 here: the case tested
+        wq.append(_fq(w, amax, -127))
+    x_test = 3 * torch.randn(32, 16)  # beyond the calibrated input amax on both sides
+    qmin = -127 if narrow_input else -128
+    h = torch.relu(F.linear(_fq(x_test, q[0].input_quantizer.amax, qmin), wq[0], q[0].bias.detach()))
+    ref = F.linear(_fq(h, q[2].input_quantizer.amax, qmin), wq[1], q[2].bias.detach())
+    path = quant.export_onnx(q, (x_test[:2],), tmp_path / "qat.onnx")
+    opts = ort.SessionOptions()  # plain Q/DQ arithmetic: no fused integer GEMM (see the README's ORT note)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    got = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {"input": x_test.numpy()})[0]
+    with torch.no_grad():
+        out = q(x_test)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(got), out, rtol=0, atol=1e-5)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from overdrive import quant
@@ -202,3 +204,191 @@ def test_optional_none_arguments_are_not_traced(preset: str) -> None:
     if preset == "int8":  # the real int8 module runs the same graph on CPU
         real = quant.to_real(q)
         torch.testing.assert_close(real(ids).detach(), out, rtol=0, atol=2e-2 * float(ref.abs().max()))
+
+
+# --- regressions ---------------------------------------------------------------------------------
+def _fq(x: torch.Tensor, amax: torch.Tensor, qmin: int = -128) -> torch.Tensor:
+    """Reference int8 fake quantization: per tensor (amax ()) or per row (amax (C,)), scale amax / 127."""
+    s = amax / 127 if amax.dim() == 0 else (amax / 127).view(-1, *[1] * (x.dim() - 1))
+    return torch.clamp(torch.round(x / s), qmin, 127) * s
+
+
+def _wq(w: torch.Tensor) -> torch.Tensor:
+    """INT8_DEFAULT's weight: per output channel, narrow range, max-calibrated."""
+    return _fq(w.detach(), w.detach().abs().amax(1), qmin=-127)
+
+
+class _Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = self.a  # the same module under a second name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_shared_module_is_quantized_under_every_name() -> None:
+    torch.manual_seed(0)
+    model, x = _Shared(), torch.randn(32, 16)
+    w, b = model.a.weight.detach().clone(), model.a.bias.detach().clone()
+    q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    assert isinstance(q.a, quant.QuantLinear) and q.b is q.a
+    assert quant.summary(q)["skipped"] == {}
+    # reference: one input quantizer saw both calls while calibrating (weights fake-quantized, inputs
+    # passed through), so its amax is the max over x and the relu output
+    h = torch.relu(F.linear(x, _wq(w), b))
+    amax = torch.maximum(x.abs().max(), h.abs().max())
+    torch.testing.assert_close(q.a.input_quantizer.amax, amax, rtol=0, atol=0)
+    ref = F.linear(_fq(torch.relu(F.linear(_fq(x, amax), _wq(w), b)), amax), _wq(w), b)
+    torch.testing.assert_close(q(x).detach(), ref, rtol=0, atol=1e-5)
+    # shared by two parents: both hold the one quantized layer
+    lin = nn.Linear(4, 4)
+    nested = quant.quantize(nn.ModuleDict({"p": nn.Sequential(lin), "q": nn.Sequential(lin)}), quant.INT8_DEFAULT)
+    assert isinstance(nested.p[0], quant.QuantLinear) and nested.q[0] is nested.p[0]
+
+
+def _mlp_seeded() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8))
+
+
+def test_disabled_quantizers_are_left_alone_by_calibration() -> None:
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+    ref_model = _mlp_seeded()
+    w0, b0, w2, b2 = (t.detach() for t in (ref_model[0].weight, ref_model[0].bias, ref_model[2].weight, ref_model[2].bias))
+    # weight-only fake quantization: the input quantizers are disabled by the config
+    cfg = quant.INT8_DEFAULT.replace(input=QuantizerConfig(enabled=False))
+    wo = quant.quantize(_mlp_seeded(), cfg, forward_loop=lambda m: m(x))
+    assert wo[0].input_quantizer.amax is None and wo[0].input_quantizer.calibrator is None
+    ref = F.linear(torch.relu(F.linear(x, _wq(w0), b0)), _wq(w2), b2)
+    torch.testing.assert_close(wo(x).detach(), ref, rtol=0, atol=1e-6)
+    # a layer kept in float by partial_quantize, then recalibration on other data
+    q = quant.quantize(_mlp_seeded(), quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    quant.partial_quantize(q, [{"layer": "0"}], k=1)
+    before = q[0].input_quantizer.amax.clone()
+    quant.calibrate(q, lambda m: m(2 * x))
+    assert torch.equal(q[0].input_quantizer.amax, before)  # disabled: not recalibrated
+    h = torch.relu(F.linear(2 * x, w0, b0))  # layer 0 runs in float now
+    torch.testing.assert_close(q[2].input_quantizer.amax, h.abs().max(), rtol=0, atol=0)
+    quant.load_calib_amax(q, "percentile", 99.0)  # switching method skips the disabled layer too
+    assert torch.equal(q[0].input_quantizer.amax, before)
+
+
+class _Prefix(nn.Module):
+    """Shape arithmetic on ints next to a real tensor add (prefix tuning style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefix = nn.Parameter(torch.randn(1, 4, 16))
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.size(1) + self.prefix.size(1)  # int + int
+        width = x.shape[2] + 0 * x.shape[1]  # int arithmetic through getattr / getitem
+        h = torch.cat([self.prefix.expand(x.size(0), -1, -1), x], dim=1)
+        h = h + self.fc(h)  # the one tensor add
+        return h.reshape(x.size(0), total * width)
+
+
+def test_int_adds_stay_plain_adds() -> None:
+    torch.manual_seed(0)
+    model, x = _Prefix(), torch.randn(2, 5, 16)
+    q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    assert [n for n, m in q.named_modules() if isinstance(m, quant.QuantAdd)] == ["residual_add0"]
+    # reference: h + fc(h), h quantized as the residual and as fc's input (both calibrated on h)
+    h = torch.cat([model.prefix.detach().expand(2, -1, -1), x], dim=1)
+    hq = _fq(h, h.abs().max())
+    ref = (hq + F.linear(hq, _wq(model.fc.weight), model.fc.bias.detach())).reshape(2, 9 * 16)
+    torch.testing.assert_close(q(x).detach(), ref, rtol=0, atol=1e-5)
+    assert quant.QuantAdd(quant.INT8_DEFAULT)(3, 4) == 7  # numbers reaching a QuantAdd are added as numbers
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float16, 2**-10), (torch.bfloat16, 2**-7)])
+def test_half_model_fake_quantizes_with_fp32_scale(dtype: torch.dtype, rtol: float) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 16)
+    q = quant.quantize(nn.Sequential(nn.Linear(16, 8)), quant.INT8_DEFAULT, forward_loop=lambda m: m(x)).to(dtype)
+    lin, xh = q[0], x.to(dtype)
+    assert lin.input_quantizer.scale().dtype == torch.float32
+    # reference: the formula in fp32 on the half values with the (cast) amax, result cast back
+    xq = _fq(xh.float(), lin.input_quantizer.amax.float()).to(dtype)
+    wq = _fq(lin.weight.detach().float(), lin.weight_quantizer.amax.float(), qmin=-127).to(dtype)
+    with torch.no_grad():
+        out = q(xh)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, F.linear(xq, wq, lin.bias.detach()), rtol=rtol, atol=rtol)
+
+
+def test_qat_with_amp_o2_policy() -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 16), torch.randint(0, 8, (64,))
+    q = quant.quantize(nn.Sequential(nn.Linear(16, 8)), quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    before = {n: qq.amax.clone() for n, qq in quant.quantizers(q)}
+    result = quant.qat(q, [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)], epochs=1, lr=1e-3, policy="O2",
+                       device="cpu")
+    assert math.isfinite(result.history[-1].loss)
+    for n, qq in quant.quantizers(q):  # amax fixed; O2 casts the buffer, so equal up to half rounding
+        torch.testing.assert_close(qq.amax.float(), before[n], rtol=2**-8, atol=0)
+
+
+class _NetWithExtras(nn.Module):
+    """A residual block with state its forward does not use: an auxiliary head, a buffer, an int."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.aux_head = nn.Linear(16, 4)
+        self.register_buffer("class_weights", torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        self.num_classes = 4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+    def aux_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.aux_head(self.forward(x)), y, weight=self.class_weights)
+
+
+def test_traced_module_keeps_unused_state_and_methods() -> None:
+    torch.manual_seed(0)
+    model, x, y = _NetWithExtras(), torch.randn(8, 16), torch.arange(8) % 4
+    float_sd = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = quant.INT8_DEFAULT.replace(exclude=("aux_head",))  # forward never reaches it: nothing to calibrate
+    q = quant.quantize(model, cfg, forward_loop=lambda m: m(x))
+    assert isinstance(q, _NetWithExtras) and type(q).__name__ == "_NetWithExtras"
+    assert isinstance(q.residual_add0, quant.QuantAdd) and q.num_classes == 4
+    assert set(float_sd) <= set(q.state_dict())  # aux_head.* and class_weights kept
+    # reference: x + fc2(relu(fc1(x))) with x quantized once (fc1's input and the residual share amax)
+    w1, b1, w2, b2 = (float_sd[k] for k in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"))
+    h_calib = torch.relu(F.linear(x, _wq(w1), b1))  # while calibrating, inputs pass through
+    xq = _fq(x, x.abs().max())
+    ref = xq + F.linear(_fq(torch.relu(F.linear(xq, _wq(w1), b1)), h_calib.abs().max()), _wq(w2), b2)
+    out = q(x).detach()
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+    ref_aux = F.cross_entropy(F.linear(ref, float_sd["aux_head.weight"], float_sd["aux_head.bias"]), y,
+                              weight=float_sd["class_weights"])
+    torch.testing.assert_close(q.aux_loss(x, y).detach(), ref_aux, rtol=0, atol=1e-5)
+    # a float checkpoint plus the calibrated amax loads strictly into a freshly quantized model
+    fresh = quant.quantize(_NetWithExtras(), cfg)
+    fresh.load_state_dict(q.state_dict() | float_sd, strict=True)
+    torch.testing.assert_close(fresh(x).detach(), out, rtol=0, atol=0)
+    torch.testing.assert_close(copy.deepcopy(q)(x).detach(), out, rtol=0, atol=0)
+
+
+class _ScaledLinear(nn.Linear):
+    """A Linear subclass with its own forward: a class swap to QuantLinear would lose it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+def test_linear_subclass_is_reported_not_swapped() -> None:
+    torch.manual_seed(0)
+    model, x = nn.Sequential(_ScaledLinear(16, 16), nn.ReLU(), nn.Linear(16, 4)), torch.randn(8, 16)
+    q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    assert type(q[0]) is _ScaledLinear and isinstance(q[2], quant.QuantLinear)
+    reason = quant.summary(q)["skipped"]["0"]
+    assert "_ScaledLinear subclasses nn.Linear" in reason and "plain nn.Linear" in reason
+    torch.testing.assert_close(q[0](x), 2 * F.linear(x, q[0].weight, q[0].bias), rtol=0, atol=0)  # float, own forward
+    excluded = quant.quantize(nn.Sequential(_ScaledLinear(4, 4)), quant.INT8_DEFAULT.replace(exclude=("0",)))
+    assert "excluded by pattern '0'" in quant.summary(excluded)["skipped"]["0"]

@@ -9,7 +9,7 @@ from torch import nn
 
 from overdrive import amp
 from overdrive._utils.errors import UsageError
-from overdrive.sparsity import Config, PRESETS, is_2to4, sparsify
+from overdrive.sparsity import Config, PRESETS, from_pruned, is_2to4, sparsify
 
 
 class MyLinear(nn.Linear):  # a subclass: apex ASP missed these
@@ -183,6 +183,47 @@ def test_recompute_and_restore() -> None:
     assert torch.equal(model[0].weight, dense)
     handle.compute_masks()
     assert is_2to4(model[0].weight)
+
+
+def _top2_of_4(w: torch.Tensor) -> torch.Tensor:
+    """Reference m4n2_1d mask: the 2 largest |w| of every 4 consecutive inputs of a row."""
+    g = w.abs().reshape(-1, 4)
+    keep = torch.zeros_like(g, dtype=torch.bool).scatter_(1, g.topk(2, dim=1).indices, True)
+    return keep.reshape(w.shape)
+
+
+def test_recompute_masks_keeps_trained_weights() -> None:
+    """apex semantics: a recompute puts back only the values the old mask removed; weights trained
+    since (unpruned) keep their trained values, and restore_dense does the same."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 8))
+    dense0 = model[0].weight.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = sparsify(model, Config(allow_recompute_mask=True)).attach(opt)
+    old_mask = model[0].weight_sparse_mask.clone()
+    assert torch.equal(old_mask, _top2_of_4(dense0))
+    x, y = torch.randn(64, 16), torch.randn(64, 8)
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    trained = model[0].weight.detach().clone()
+    # reference: trained values where the old mask kept, sparsify-time values where it pruned
+    dense = torch.where(old_mask, trained, dense0)
+    new_mask = _top2_of_4(dense)
+    assert not torch.equal(new_mask, old_mask)  # training moved the mask: the recompute matters
+    handle.compute_masks()
+    assert torch.equal(model[0].weight_sparse_mask, new_mask)
+    torch.testing.assert_close(model[0].weight.detach(), dense * new_mask, rtol=0, atol=0)
+    handle.restore_dense()
+    torch.testing.assert_close(model[0].weight.detach(), dense, rtol=0, atol=0)
+    assert bool(model[0].weight_sparse_mask.all())
+    with pytest.raises(UsageError, match="allow_recompute_mask=False"):
+        sparsify(_mlp()).restore_dense()
+    pruned = _mlp()
+    sparsify(pruned)  # a copy of a pruned model: its handle never saw the removed values
+    with pytest.raises(UsageError, match="reload the dense checkpoint"):
+        from_pruned(pruned, Config(allow_recompute_mask=True)).restore_dense()
 
 
 def test_errors() -> None:

@@ -37,29 +37,72 @@ from overdrive.quant.quantizer import TensorQuantizer
 ForwardLoop = Callable[[nn.Module], Any]
 
 
-def _selected(name: str, mod: nn.Module, config: QuantConfig) -> str | None:
-    """None if ``mod`` is to be quantized, else the reason it is skipped."""
-    if type(mod).__name__ not in config.layer_types:
-        return f"type {type(mod).__name__} not in layer_types"
+def _selected(name: str, mod: nn.Module, config: QuantConfig, type_name: str | None = None) -> str | None:
+    """None if ``mod`` is to be quantized, else the reason it is skipped (``type_name``: the layer
+    type to check against ``config.layer_types``, default the module's own class name)."""
+    type_name = type_name or type(mod).__name__
+    if type_name not in config.layer_types:
+        return f"type {type_name} not in layer_types"
     if not any(fnmatch.fnmatch(name, p) for p in config.include):
         return "not matched by include"
     hit = next((p for p in config.exclude if fnmatch.fnmatch(name, p)), None)
     return f"excluded by pattern {hit!r}" if hit else None
 
 
-def _swap(module: nn.Module, config: QuantConfig, prefix: str, skipped: dict[str, str]) -> None:
-    for name, child in list(module.named_children()):
+def _subclass_reason(name: str, mod: nn.Module, config: QuantConfig) -> str | None:
+    """Why a subclass of a quantizable layer (``class MyLinear(nn.Linear)``) stays in float, or None
+    when ``mod`` is not such a subclass.
+
+    A class swap to QuantLinear would replace the subclass's own forward and methods, so it is
+    never swapped; it is reported instead of being passed over in silence."""
+    if isinstance(mod, _QuantMixin) or type(mod) in QUANT_MODULES:
+        return None
+    base = next((b for b in QUANT_MODULES if isinstance(mod, b)), None)
+    if base is None:
+        return None
+    reason = _selected(name, mod, config, type_name=base.__name__)
+    if reason is not None:
+        return f"{reason} ({type(mod).__name__} subclasses nn.{base.__name__})"
+    return (f"{type(mod).__name__} subclasses nn.{base.__name__}: not swapped, a swap to Quant{base.__name__} would "
+            f"drop its own forward and methods; to quantize it, replace it by a plain nn.{base.__name__} sharing its "
+            "weight and bias before quant.quantize, or call TensorQuantizers on its input and weight in its forward")
+
+
+def _swap(module: nn.Module, config: QuantConfig, prefix: str, skipped: dict[str, str],
+          done: dict[int, tuple[nn.Module, nn.Module]]) -> None:
+    """Swap the selected layers below ``module`` in place, recording the others in ``skipped``.
+
+    ``done`` maps id(original) to (original, replacement) for every module already visited, so a
+    module registered under several names (``self.b = self.a``) is swapped once and every name then
+    points to the same quantized module; the first name in module order decides its selection.
+    """
+    # _modules, not named_children(): named_children() lists a shared module under its first name only
+    for name, child in list(module._modules.items()):
+        if child is None:
+            continue
         full = prefix + name
+        if id(child) in done:
+            replacement = done[id(child)][1]
+            if replacement is not child:
+                setattr(module, name, replacement)
+            continue
+        done[id(child)] = (child, child)  # the original is kept alive so its id is not reused
         cls = QUANT_MODULES.get(type(child))
         if cls is not None:
             reason = _selected(full, child, config)
             if reason is None:
-                setattr(module, name, cls.from_float(child, config))
+                new = cls.from_float(child, config)
+                done[id(child)] = (child, new)
+                setattr(module, name, new)
                 continue
             skipped[full] = reason
         elif isinstance(child, _QuantMixin):
             continue
-        _swap(child, config, full + ".", skipped)
+        else:
+            reason = _subclass_reason(full, child, config)
+            if reason is not None:
+                skipped[full] = reason
+        _swap(child, config, full + ".", skipped, done)
 
 
 def quantizers(model: nn.Module) -> Iterable[tuple[str, TensorQuantizer]]:
@@ -78,7 +121,10 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     (per channel), then runs ``forward_loop`` once in calibration mode and sets every activation
     amax with ``config.method``. Without ``forward_loop`` the activation quantizers stay
     uncalibrated (running, exporting or converting then raises). Returns the model (modified in
-    place, except a root module that adds tensors itself is returned as a GraphModule).
+    place, except a root module that adds tensors itself is returned as a traced copy: an object of
+    a subclass of its class with the same parameters, buffers, attributes and methods). A module
+    registered under several names is quantized once and every name points to the quantized one.
+    Subclasses of Linear/Conv (own forward) stay float and are listed in ``summary()['skipped']``.
 
     Example:
         >>> m = quantize(torch.nn.Linear(4, 2), INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(8, 4)))
@@ -99,7 +145,10 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
         else:
             skipped["<root>"] = reason
     else:
-        _swap(model, config, "", skipped)
+        reason = _subclass_reason("", model, config)
+        if reason is not None:
+            skipped["<root>"] = reason
+        _swap(model, config, "", skipped, {})
     untraced: list[str] = []
     if (config.residual_add or config.quantize_matmuls) and cls is None:
         model, _, untraced = insert_graph_quantizers(model, config)
@@ -130,13 +179,19 @@ def _activation_quantizers(model: nn.Module) -> list[TensorQuantizer]:
 
 @torch.no_grad()
 def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", percentile: float | None = 99.99) -> nn.Module:
-    """Run ``forward_loop(model)`` once with every activation quantizer observing, then set amax.
+    """Run ``forward_loop(model)`` once with every enabled activation quantizer observing, then set amax.
 
+    Disabled quantizers (``QuantizerConfig(enabled=False)``, :func:`partial_quantize`) are left
+    alone: they observe nothing and keep their amax and statistics. With no enabled activation
+    quantizer (weight-only configs) there is nothing to calibrate and ``forward_loop`` is not run.
     Histograms are kept, so :func:`load_calib_amax` can switch method later without data.
     """
     acts = _activation_quantizers(model)
     if not acts:
         raise UsageError("the model has no activation quantizers; call quant.quantize(model, config) first")
+    acts = [q for q in acts if q.enabled]
+    if not acts:
+        return model
     was_training = model.training
     model.eval()
     for q in acts:
@@ -147,22 +202,28 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
         for q in acts:
             q.calibrating = False
         model.train(was_training)
-    missing = [q.name for q in acts if q.enabled and (q.calibrator is None or
+    missing = [q.name for q in acts if q.calibrator is None or
                (getattr(q.calibrator, "hist", None) is None and not getattr(q.calibrator, "_zeros", 0)
-                and getattr(q.calibrator, "amax", None) is None))]
+                and getattr(q.calibrator, "amax", None) is None)]
     if missing:
+        layers = sorted({n.rsplit(".", 1)[0] for n in missing[:5] if "." in n})
         raise UsageError(f"forward_loop never reached quantizer(s) {missing[:5]}; it must call the model on "
-                         "calibration batches, e.g. forward_loop=lambda m: [m(x) for x in batches]")
+                         "calibration batches, e.g. forward_loop=lambda m: [m(x) for x in batches]; layers that "
+                         f"forward does not use (an auxiliary head) can be left in float with "
+                         f"QuantConfig(exclude={tuple(layers)!r})")
     load_calib_amax(model, method, percentile)
     return model
 
 
 def load_calib_amax(model: nn.Module, method: str = "max", percentile: float | None = 99.99) -> None:
-    """Recompute every activation amax from the stored histograms with ``method`` (no data)."""
+    """Recompute every enabled activation amax from the stored histograms with ``method`` (no data).
+
+    Disabled quantizers are skipped: they need no statistics and keep their amax.
+    """
     if method not in ("max", "percentile", "entropy", "mse"):
         raise UsageError(f"calibration method {method!r} is not one of max, percentile, entropy, mse")
     for q in _activation_quantizers(model):
-        if q.enabled or q.calibrator is not None:
+        if q.enabled:
             q.load_calib_amax(method, percentile)
 
 

@@ -81,15 +81,26 @@ class HistogramCalibrator:
             self.hist = torch.zeros(self.num_bins, dtype=torch.float64)
             zeros = getattr(self, "_zeros", 0)
             self.hist[0] += zeros
-        needed = int(np.ceil(xmax / self.width)) if xmax > 0 else 0
+        needed = max(int(np.ceil(xmax / self.width)) if xmax > 0 else 0, self.hist.numel())
+        # Coarsen before growing: merging bin pairs k times (width * 2^k) until at most
+        # _MAX_BINS_FACTOR * num_bins bins cover xmax. Growing first would allocate xmax / width bins
+        # at once: terabytes when a near-zero first batch set a tiny width.
+        factor = 1
+        while needed > _MAX_BINS_FACTOR * self.num_bins:
+            needed = -(-needed // 2)  # ceil: an odd count gets a zero bin before merging pairs
+            factor *= 2
+        if factor > 1:  # merge blocks of `factor` bins (zero-padded): the same as merging pairs k times
+            h = self.hist
+            if factor >= h.numel():  # the whole old range falls into the first new bin
+                self.hist = h.sum().reshape(1)
+            else:
+                pad = -h.numel() % factor
+                if pad:
+                    h = torch.cat([h, h.new_zeros(pad)])
+                self.hist = h.view(-1, factor).sum(1)
+            self.width *= factor
         if needed > self.hist.numel():
             self.hist = torch.cat([self.hist, torch.zeros(needed - self.hist.numel(), dtype=torch.float64)])
-        while self.hist.numel() > _MAX_BINS_FACTOR * self.num_bins:  # coarsen: merge bin pairs
-            h = self.hist
-            if h.numel() % 2:
-                h = torch.cat([h, h.new_zeros(1)])
-            self.hist = h.view(-1, 2).sum(1)
-            self.width *= 2
         n = self.hist.numel()
         self.hist += torch.histc(x, bins=n, min=0.0, max=n * self.width).double().cpu()  # hist lives on the CPU
 

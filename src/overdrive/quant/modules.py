@@ -12,6 +12,7 @@ torch.fx (forward code cannot be seen by a module swap).
 from __future__ import annotations
 
 import inspect
+import linecache
 import operator
 
 import torch
@@ -100,6 +101,10 @@ class QuantAdd(nn.Module):
         self.residual_first = residual_first  # True: the residual is the first operand (b + a in source)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            # an add of numbers that tracing could not tell from a tensor add (e.g. sizes returned by
+            # a helper function): there is nothing to quantize, so it stays a plain add
+            return a + b
         if self.residual_first:
             return self.residual_quantizer(a) + b
         return a + self.residual_quantizer(b)
@@ -162,9 +167,39 @@ class _OwnCodeTracer(torch.fx.Tracer):
         return True
 
 
+# Tensor methods and attributes whose value is a Python number, bool or torch.Size (shape arithmetic).
+_NON_TENSOR_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "item", "tolist", "stride",
+                                 "element_size", "storage_offset", "get_device", "is_contiguous",
+                                 "is_floating_point", "is_complex"})
+_NON_TENSOR_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "layout", "requires_grad"})
+# Operators that give a number when all their operands are numbers (x.size(1) + 4, n * 2, ...).
+_ARITHMETIC = frozenset({operator.add, operator.iadd, operator.sub, operator.isub, operator.mul, operator.imul,
+                         operator.floordiv, operator.ifloordiv, operator.truediv, operator.itruediv, operator.mod,
+                         operator.pow, operator.neg, abs, max, min})
+
+
+def _is_non_tensor(node: torch.fx.Node) -> bool:
+    """True when ``node`` certainly computes a Python number / torch.Size, not a tensor
+    (``x.size(1)``, ``x.shape[1]``, ``x.size(1) + self.prefix.size(1)``). Unknown nodes count as tensors."""
+    if node.op == "call_method":
+        return node.target in _NON_TENSOR_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return len(node.args) == 2 and node.args[1] in _NON_TENSOR_ATTRS
+    if node.target is operator.getitem:  # indexing a torch.Size gives an int; indexing a tensor a tensor
+        return isinstance(node.args[0], torch.fx.Node) and _is_non_tensor(node.args[0])
+    if node.target in _ARITHMETIC:
+        operands = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        return bool(operands) and all(_is_non_tensor(a) for a in operands)
+    return False
+
+
 def _is_tensor_add(node: torch.fx.Node) -> bool:
+    """``a + b`` / ``a += b`` / ``torch.add(a, b)`` of two traced values that are not shape arithmetic."""
     return (node.op == "call_function" and node.target in (operator.add, operator.iadd, torch.add)
-            and len(node.args) == 2 and all(isinstance(a, torch.fx.Node) for a in node.args) and not node.kwargs)
+            and len(node.args) == 2 and all(isinstance(a, torch.fx.Node) for a in node.args) and not node.kwargs
+            and not any(_is_non_tensor(a) for a in node.args))
 
 
 _MATMUL_FUNCS = {torch.matmul: "matmul", operator.matmul: "matmul", torch.bmm: "bmm"}
@@ -217,22 +252,34 @@ def insert_graph_quantizers(module: nn.Module, config: QuantConfig, prefix: str 
     with torch.fx.
 
     Each module's own forward is traced with its submodules as leaves, so only modules that add
-    tensors themselves are replaced (by a GraphModule with the same class name, submodules and
-    parameter names); a module that cannot be traced (data-dependent control flow) keeps its adds
-    (and matmuls) unquantized and is reported. The residual operand is the one not produced by a submodule call
-    (``x + self.conv2(...)``: ``x``); when both are, the second operand.
+    tensors themselves are replaced: by an object of a subclass of their own class whose forward
+    is the rewritten graph (see :func:`_with_traced_forward`), so every submodule, parameter,
+    buffer, attribute and method stays; a module that cannot be traced (data-dependent control
+    flow) keeps its adds (and matmuls) unquantized and is reported. The residual operand is the one
+    not produced by a submodule call (``x + self.conv2(...)``: ``x``); when both are, the second
+    operand. A module registered under several names is rewritten once; every name gets the result.
     Returns (module, names of modules inserted, names of modules with adds/matmuls that could not be traced).
     """
+    return _insert(module, config, prefix, {})
+
+
+def _insert(module: nn.Module, config: QuantConfig, prefix: str,
+            done: dict[int, tuple[nn.Module, nn.Module]]) -> tuple[nn.Module, list[str], list[str]]:
+    """insert_graph_quantizers below ``module``; ``done``: id(original) -> (original, replacement)."""
     added: list[str] = []
     untraced: list[str] = []
-    for name, child in list(module.named_children()):
-        if isinstance(child, (*GRAPH_QUANT_MODULES, TensorQuantizer)) or type(child) in QUANT_MODULES.values():
+    for name, child in list(module._modules.items()):  # _modules: shared modules under every name
+        if child is None or isinstance(child, (*GRAPH_QUANT_MODULES, TensorQuantizer)) or type(child) in QUANT_MODULES.values():
             continue
-        new, a, u = insert_graph_quantizers(child, config, f"{prefix}{name}.")
+        if id(child) in done:
+            new = done[id(child)][1]
+        else:
+            new, a, u = _insert(child, config, f"{prefix}{name}.", done)
+            done[id(child)] = (child, new)  # the original is kept alive so its id is not reused
+            added += a
+            untraced += u
         if new is not child:
             setattr(module, name, new)
-        added += a
-        untraced += u
     if type(module).forward is nn.Module.forward or type(module).__module__.startswith("torch.nn"):
         return module, added, untraced  # containers and torch.nn layers do no residual adds themselves
     try:
@@ -256,31 +303,71 @@ def insert_graph_quantizers(module: nn.Module, config: QuantConfig, prefix: str 
     mms = [n for n in graph.nodes if _matmul_op(n) or _is_sdpa(n)] if config.quantize_matmuls else []
     if not adds and not mms:
         return module, added, untraced
-    gm = torch.fx.GraphModule(module, graph, class_name=type(module).__name__)
+    quant_modules: dict[str, nn.Module] = {}
+
+    def free_name(base: str) -> str:  # residual_add0, residual_add1, ... not clashing with the module's own names
+        i = 0
+        while f"{base}{i}" in quant_modules or hasattr(module, f"{base}{i}"):
+            i += 1
+        return f"{base}{i}"
+
     # adds first: their residual operand is chosen from the original graph, as with matmuls off
-    for i, node in enumerate(adds):
+    for node in adds:
         a, b = node.args
         residual_first = a.op != "call_module" and b.op == "call_module"
-        qname = f"residual_add{i}"
-        gm.add_submodule(qname, QuantAdd(config, residual_first=residual_first))
-        with gm.graph.inserting_after(node):
-            new = gm.graph.call_module(qname, (a, b))
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        added.append(prefix + qname)
-    for i, node in enumerate(mms):
+        qname = free_name("residual_add")
+        quant_modules[qname] = QuantAdd(config, residual_first=residual_first)
+        with graph.inserting_after(node):
+            new_node = graph.call_module(qname, (a, b))
+        node.replace_all_uses_with(new_node)
+        graph.erase_node(node)
+    for node in mms:
         op = _matmul_op(node)
-        qname = f"matmul{i}" if op else f"sdpa{i}"
-        gm.add_submodule(qname, QuantMatmul(config, op) if op else QuantSDPA(config))
-        with gm.graph.inserting_after(node):
-            new = gm.graph.call_module(qname, node.args, dict(node.kwargs))
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        added.append(prefix + qname)
-    gm.graph.lint()
-    gm.recompile()
-    gm.train(module.training)
-    return gm, added, untraced
+        qname = free_name("matmul" if op else "sdpa")
+        quant_modules[qname] = QuantMatmul(config, op) if op else QuantSDPA(config)
+        with graph.inserting_after(node):
+            new_node = graph.call_module(qname, node.args, dict(node.kwargs))
+        node.replace_all_uses_with(new_node)
+        graph.erase_node(node)
+    try:
+        new = _with_traced_forward(module, graph, quant_modules)
+    except Exception:  # noqa: BLE001 - e.g. a class that refuses subclassing: keep it float, reported
+        untraced.append(prefix.rstrip(".") or "<root>")
+        return module, added, untraced
+    added += [prefix + q for q in quant_modules]
+    return new, added, untraced
+
+
+def _with_traced_forward(module: nn.Module, graph: torch.fx.Graph, extra: dict[str, nn.Module]) -> nn.Module:
+    """A copy of ``module`` whose forward runs ``graph``, with the ``extra`` submodules added.
+
+    The copy is an instance of a subclass of ``type(module)`` (same class name), made per module
+    as torch.fx makes one GraphModule class per module, sharing the original's parameters,
+    buffers, submodules, attributes and hooks: only ``forward`` differs. A GraphModule would keep
+    only what forward touches, dropping unused parameters and buffers (their state_dict keys),
+    plain attributes and the class's other methods. The original module is not modified.
+    """
+    base = type(module)
+    new = base.__new__(base)
+    new.__dict__.update(module.__dict__)
+    # own dicts: the quantizers are added to the copy only
+    new._modules = dict(module._modules)
+    new._parameters = dict(module._parameters)
+    new._buffers = dict(module._buffers)
+    for qname, qmod in extra.items():
+        new.add_module(qname, qmod)
+    graph.owning_module = new  # lint checks every call_module / get_attr target exists on the copy
+    graph.lint()
+    code = graph.python_code(root_module="self")
+    filename = f"<overdrive.quant traced {base.__qualname__}.forward at {id(new):#x}>"
+    # registered like torch.fx does for GraphModule code, so tracebacks and inspect show the source
+    linecache.cache[filename] = (len(code.src), None, code.src.splitlines(True), filename)
+    namespace = dict(code.globals)
+    exec(compile(code.src, filename, "exec"), namespace)  # noqa: S102 - code generated by torch.fx
+    cls = type(base)(base.__name__, (base,), {"forward": namespace["forward"], "__module__": base.__module__,
+                                             "__qualname__": base.__qualname__, "_overdrive_fx_code": code.src})
+    new.__class__ = cls
+    return new
 
 
 insert_residual_quantizers = insert_graph_quantizers  # the name before matmuls were covered

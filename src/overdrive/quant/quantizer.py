@@ -109,13 +109,17 @@ class TensorQuantizer(nn.Module):
 
     # --- numerics ---------------------------------------------------------------------------
     def scale(self) -> torch.Tensor:
-        """amax / 127 (int8) or amax / 448 (fp8); shape () or (C,)."""
+        """amax / 127 (int8) or amax / 448 (fp8) in fp32; shape () or (C,).
+
+        fp32 whatever the amax buffer's dtype: casting a model to fp16/bf16 (``model.half()``, amp
+        O2) casts the buffer too, and fake_quantize takes only fp32 scales (a bf16 one trips an
+        internal assert)."""
         if self.amax is None:
             raise UsageError(
                 f"quantizer {self.name or '?'} is not calibrated: call quant.quantize(model, config, forward_loop=...) "
                 "(or give it a forward_loop) before running, exporting or converting the model"
             )
-        return self.amax.clamp_min(_TINY_AMAX) / self.config.bound
+        return self.amax.float().clamp_min(_TINY_AMAX) / self.config.bound
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
@@ -126,24 +130,47 @@ class TensorQuantizer(nn.Module):
         scale = self.scale().to(x.device)
         if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
             scale = torch.tensor(scale.tolist(), dtype=torch.float32, device=x.device)
+        # fake_quantize runs in fp32 (it rejects fp16 on the CPU); the result goes back to x's dtype
         out = self._fake_quant(x if x.dtype == torch.float32 else x.float(), scale)
         return out if out.dtype == x.dtype else out.to(x.dtype)  # (no Cast nodes in fp32 ONNX graphs)
 
     def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        x = xf
         if self.config.format == "fp8_e4m3":
             return _FakeFp8.apply(xf, scale, -1 if self.axis is None else self.axis)
         qmin = -127 if self.config.narrow_range else -128
-        if self.axis is None:
-            zp = torch.zeros((), dtype=torch.int32, device=x.device)
-            if torch.onnx.is_in_onnx_export():  # the exporter handles only [-128, 127] / [0, 255]
-                qmin = -128
-                return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, qmin, 127)
-            return torch.fake_quantize_per_tensor_affine(xf, scale, zp, qmin, 127)
-        zp = torch.zeros(scale.numel(), dtype=torch.int32, device=x.device)
         if torch.onnx.is_in_onnx_export():
-            qmin = -128  # identical results for max-calibrated weights: |w| <= amax means q >= -127
+            # The exporter translates only the ranges [-128, 127] / [0, 255], so a narrow range is
+            # exported as a clamp to [-127, 127] * scale followed by the [-128, 127] Q/DQ: then
+            # round(x / scale) >= -127 and ONNX Runtime agrees with the [-127, 127] fake quantization.
+            if self.config.narrow_range:
+                xf = self._clamp_for_export(xf, scale)
+            if self.axis is None:
+                return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, -128, 127)
+            zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
+            return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, -128, 127)
+        if self.axis is None:
+            zp = torch.zeros((), dtype=torch.int32, device=xf.device)
+            return torch.fake_quantize_per_tensor_affine(xf, scale, zp, qmin, 127)
+        zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
         return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, qmin, 127)
+
+    def _clamp_for_export(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``xf`` clamped to [-127 * scale, 127 * scale] (per channel along ``axis``) for the ONNX graph."""
+        shape = [1] * xf.dim()
+        if self.axis is not None:
+            shape[self.axis] = -1
+        s = scale.detach().view(shape) if self.axis is not None else scale.detach()
+        # A weight is a constant of the graph, so it is checked here once: when every value already
+        # quantizes to >= -127 (max-calibrated, untrained weights) the initializer keeps feeding
+        # QuantizeLinear directly (TensorRT's weight pattern; weights found by name); weights that
+        # QAT moved past -amax get Max/Min nodes.
+        if isinstance(xf, nn.Parameter) and bool((xf.detach() / s > -127.5).all()):
+            return xf
+        if self.axis is None:
+            limit = 127.0 * float(scale)
+            return xf.clamp(-limit, limit)
+        limit = torch.tensor((127.0 * scale).tolist(), dtype=torch.float32, device=xf.device).view(shape)
+        return torch.minimum(torch.maximum(xf, -limit), limit)
 
     def extra_repr(self) -> str:
         if not self.enabled:

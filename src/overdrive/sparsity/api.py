@@ -30,7 +30,9 @@ class PrunedLayer:
     param_name: str
     layer_type: str
     original: torch.Tensor  # the Parameter at sparsify time (the fp32 master once amp O2 casts the model)
-    dense: torch.Tensor | None = None  # dense copy (CPU) kept for allow_recompute_mask
+    # allow_recompute_mask: the values the current mask removed (zeros where it keeps, CPU), as in
+    # apex ASP; recomputing or restoring adds them back, so trained unpruned weights keep their values
+    pruned: torch.Tensor | None = None
     retained: float = 1.0
     retained_unpermuted: float | None = None
     magnitude: float = 0.0  # sum |w| of the dense weight the mask was computed from
@@ -81,27 +83,37 @@ class SparseHandle:
 
     # --- masks ------------------------------------------------------------------------------
     def compute_masks(self) -> None:
-        """(Re)compute masks from the current weights (from the dense copy if one was kept) and apply them.
+        """(Re)compute masks from the current weights and apply them.
 
-        The first call runs the channel permutation search when the config asks for it."""
+        With ``allow_recompute_mask`` (apex's semantics) the values a mask removes are kept aside;
+        a recompute first puts them back into the pruned positions, then chooses the new mask from
+        those weights, so weights trained since the last mask keep their trained values. The first
+        call runs the channel permutation search when the config asks for it."""
         if self._permutation_pending:
             self._permutation_pending = False
             self._permute()
-        if self.config.allow_recompute_mask:
-            for layer in self.layers:
-                if layer.dense is None:
-                    layer.dense = layer.weight.detach().to("cpu", copy=True)
         with torch.no_grad():
             for layer in self.layers:
+                self._put_back_pruned(layer)
                 w = layer.weight
-                dense = layer.dense.to(w.device, w.dtype) if layer.dense is not None else w
-                mask = M.compute_mask(dense, self.config.mask_calculator)
+                mask = M.compute_mask(w, self.config.mask_calculator)
                 layer.mask.copy_(mask)
-                layer.retained = M.retained_magnitude(dense, mask)
-                layer.magnitude = float(dense.detach().abs().float().sum())
-                if layer.dense is not None:
-                    w.copy_(dense)
+                layer.retained = M.retained_magnitude(w, mask)
+                layer.magnitude = float(w.detach().abs().float().sum())
+                if self.config.allow_recompute_mask:
+                    src = layer.original  # the fp32 master under amp O2: the most precise copy
+                    layer.pruned = (src.detach() * ~mask.to(src.device)).to("cpu", copy=True)
         self.apply_masks()
+
+    def _put_back_pruned(self, layer: PrunedLayer) -> None:
+        """Add the values the current mask removed back into the model weight and its master."""
+        if layer.pruned is None or bool(layer.mask.all()):
+            return
+        removed = ~layer.mask
+        for t in {id(x): x for x in (layer.weight, layer.original)}.values():
+            # the pruned positions hold zeros (masks are applied after every step): add, don't copy,
+            # so the kept positions keep their trained values
+            t.add_(layer.pruned.to(t.device, t.dtype) * removed.to(t.device))
 
     def _permute(self) -> None:
         from overdrive.sparsity.permutation import permute_for_sparsity
@@ -123,13 +135,20 @@ class SparseHandle:
                     t.mul_(mask.to(t.device))
 
     def restore_dense(self) -> None:
-        """Put back the dense weights kept at sparsify time (needs ``allow_recompute_mask=True``)."""
-        if any(layer.dense is None for layer in self.layers):
-            raise UsageError("no dense weights were kept; sparsify with Config(allow_recompute_mask=True) to restore them")
+        """Put back the weight values the masks removed and reset the masks to all ones (needs
+        ``allow_recompute_mask=True``); weights trained since pruning keep their trained values."""
+        if not self.config.allow_recompute_mask:
+            raise UsageError("no pruned weights were kept (allow_recompute_mask=False); sparsify with "
+                             "Config(allow_recompute_mask=True) to restore them")
+        lost = [layer.name for layer in self.layers if layer.pruned is None and not bool(layer.mask.all())]
+        if lost:
+            raise UsageError(f"the pruned values of {lost[:3]} are not held by this handle (their masks came from a "
+                             "checkpoint, not from this handle's compute_masks()); reload the dense checkpoint to get "
+                             "the dense weights back")
         with torch.no_grad():
             for layer in self.layers:
-                for t in {id(x): x for x in (layer.weight, layer.original)}.values():
-                    t.copy_(layer.dense.to(t.device, t.dtype))
+                self._put_back_pruned(layer)
+                layer.pruned = None
                 layer.mask.fill_(True)
 
     def masks(self) -> dict[str, torch.Tensor]:

@@ -92,7 +92,8 @@ class ASP:
 
     @staticmethod
     def restore_pruned_weights(model: nn.Module | None = None) -> None:
-        """Put the dense weights back (needs allow_recompute_mask=True) and reset masks to all ones."""
+        """Put the pruned weight values back (needs allow_recompute_mask=True) and reset masks to all ones;
+        weights trained since pruning keep their trained values."""
         ASP._handle(model).restore_dense()
 
     @staticmethod

@@ -29,7 +29,8 @@ class Config:
         disallowed_layer_names: never prune these module names (e.g. the classifier head).
         permutation: search an input-channel permutation (torch.fx) that raises kept magnitude.
         permutation_budget_s: seconds the permutation search may spend per channel group.
-        allow_recompute_mask: keep the dense weights aside so masks can be recomputed later.
+        allow_recompute_mask: keep the pruned weight values aside (apex ASP) so masks can be recomputed
+            later; a recompute puts them back and keeps the trained values of the other weights.
 
     Example:
         >>> cfg = Config(mask_calculator="m4n2_2d_best", disallowed_layer_names=("head",))

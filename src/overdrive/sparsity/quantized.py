@@ -34,7 +34,7 @@ def sparse_quantize(handle: SparseHandle, config: Any, forward_loop: Callable[[n
     """Quantize the pruned model of ``handle`` with ``overdrive.quant.quantize(model, config, forward_loop)``,
     re-point the handle at the quantized layers and verify that every (fake-)quantized weight keeps
     the 2:4 pattern. Returns the quantized model (use it instead of the float one: a model that adds
-    tensors in its own forward comes back as a new GraphModule).
+    tensors in its own forward comes back as a new object of a subclass of its class).
 
     Example:
         >>> # model = sparsity.sparse_quantize(handle, quant.INT8_DEFAULT, lambda m: [m(x) for x in calib])
