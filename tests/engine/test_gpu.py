@@ -109,15 +109,19 @@ def test_cli_torchscript_build_exec_compare_on_gpu(tmp_path: Path, digits: torch
     assert (loaded(x).float().cpu() - r).abs().max().item() <= 2e-2 * max(r.abs().max().item(), 1.0)
 
 
-def test_bert_without_mask_input_drops_masks_on_gpu() -> None:
-    """Hugging Face BERT built with input_ids only: the engine drops the all-ones masks (one per layer) and
-    matches eager within bf16 tolerance; with an attention_mask input the masks stay and padding still masks."""
+def _tiny_bert() -> tuple[torch.nn.Module, torch.Tensor]:
+    """A 2-layer Hugging Face BERT (fp32, eval) and a (4, 32) batch of token ids."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
                                   vocab_size=1000)
-    bert = transformers.BertModel(cfg).eval()
-    ids = torch.randint(0, 1000, (4, 32))
+    return transformers.BertModel(cfg).eval(), torch.randint(0, 1000, (4, 32))
+
+
+def test_bert_without_mask_input_drops_masks_on_gpu() -> None:
+    """Hugging Face BERT built with input_ids only: the engine drops the all-ones masks (one per layer) and
+    matches eager within bf16 tolerance; with an attention_mask input the masks stay and padding still masks."""
+    bert, ids = _tiny_bert()
     mask = torch.ones(4, 32, dtype=torch.int64)
     mask[1, 20:] = 0
     with torch.no_grad():
@@ -136,12 +140,7 @@ def test_bert_without_mask_input_drops_masks_on_gpu() -> None:
 def test_bert_gemm_gelu_on_gpu() -> None:
     """--gemm-gelu on a tiny Hugging Face BERT in bf16: one GELU folded per layer into cuBLASLt's epilogue
     (its tanh form), outputs within bf16 tolerance of the fp32 model."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=256,
-                                  vocab_size=1000)
-    bert = transformers.BertModel(cfg).eval()
-    ids = torch.randint(0, 1000, (4, 32))
+    bert, ids = _tiny_bert()
     with torch.no_grad():
         ref = bert(input_ids=ids)[0]
     eng = Builder(precision="bf16", device="cuda", gemm_gelu=True,
