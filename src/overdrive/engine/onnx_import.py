@@ -88,7 +88,18 @@ _CMP = (np.equal, np.less, np.greater, np.logical_and, np.logical_or)
 
 
 def _div_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.floor_divide(x, y) if x.dtype.kind in "iO" else np.divide(x, y)
+    """ONNX Div: integer division truncates toward zero (-7 / 2 = -3), unlike numpy's floor division."""
+    if x.dtype.kind in "iu":
+        q = np.abs(x) // np.abs(y)
+        return (q * np.sign(x) * np.sign(y)).astype(np.result_type(x, y))
+    return np.floor_divide(x, y) if x.dtype.kind == "O" else np.divide(x, y)  # object: sizes (>= 0), maybe symbolic
+
+
+def _div_t(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """ONNX Div on tensors: integers truncate and stay integers (torch.div would give floats)."""
+    if not x.is_floating_point() and not y.is_floating_point():
+        return torch.div(x, y, rounding_mode="trunc")
+    return torch.div(x, y)
 
 
 def _axes(ins: list[Value], a: dict, idx: int = 1) -> list[int] | None:
@@ -152,7 +163,13 @@ def _pool(kind: str) -> Callable:
             fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[n - 1]
             return [fn(x, k, strides, pad, list(a.get("dilations", [1] * n)), ceil)]
         fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[n - 1]
-        return [fn(x, k, strides, pad, ceil, bool(a.get("count_include_pad", 0)))]
+        include = bool(a.get("count_include_pad", 0))
+        if fpad and not include:
+            # the uneven pads were added as zeros above, where the average must not count them: divide the
+            # window sums by the number of real elements in each window (pooled from a mask padded alike)
+            ones = F.pad(torch.ones_like(_tensor(ins[0])[:1, :1]), fpad)
+            return [fn(x, k, strides, pad, ceil, True) / fn(ones, k, strides, pad, ceil, True)]
+        return [fn(x, k, strides, pad, ceil, include)]
     return run
 
 
@@ -187,6 +204,7 @@ def _gather(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
     if _host(x, idx):
         return [np.take(x, idx, axis=axis)]
     x = _tensor(x)
+    axis %= x.dim()  # a negative axis: the shape arithmetic below needs its positive form
     i = _tensor(idx, None).to(x.device).long()
     i = torch.where(i < 0, i + x.shape[axis], i)
     if i.dim() == 0:
@@ -243,8 +261,9 @@ def _cast(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
 def _split(m: ONNXModule, ins: list[Value], a: dict, n_out: int) -> list[Value]:
     x, axis = _tensor(ins[0]), int(a.get("axis", 0))
     sizes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else list(a.get("split", []))
-    if not sizes:
-        sizes = [math.ceil(x.shape[axis] / n_out)] * n_out
+    if not sizes:  # opset 18 num_outputs: equal parts of ceil(n / k), the last one smaller when n % k != 0
+        part = math.ceil(x.shape[axis] / n_out)
+        sizes = [part] * (n_out - 1) + [x.shape[axis] - part * (n_out - 1)]
     return list(torch.split(x, sizes, dim=axis))
 
 
@@ -328,7 +347,13 @@ def _const_of_shape(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
 
 
 def _softmax(fn: Callable) -> Callable:
-    return lambda m, ins, a: [fn(_tensor(ins[0]), dim=int(a.get("axis", -1)))]
+    def run(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+        x = _tensor(ins[0])
+        if m.opset >= 13:
+            return [fn(x, dim=int(a.get("axis", -1)))]
+        # opset < 13: the input is coerced to 2-D at ``axis`` (default 1) and normalized over the second part
+        return [fn(_flatten(x, int(a.get("axis", 1))), dim=1).reshape(x.shape)]
+    return run
 
 
 def _gelu(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
@@ -350,8 +375,14 @@ def _pad(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
 
 
 def _flatten(x: torch.Tensor, axis: int) -> torch.Tensor:
-    axis %= max(x.dim(), 1)
-    return x.reshape(1, -1) if axis == 0 else x.flatten(axis).flatten(0, axis - 1)
+    """ONNX Flatten: (d0 x ... x d[axis-1], d[axis] x ... x dn); axis may be -rank..rank (rank: all in the first)."""
+    if axis < 0:
+        axis += x.dim()
+    if axis == 0:
+        return x.reshape(1, -1)
+    if axis >= x.dim():
+        return x.reshape(-1, 1)
+    return x.flatten(axis).flatten(0, axis - 1)
 
 
 def _range(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
@@ -372,7 +403,7 @@ _OPS: dict[str, Callable] = {
     "LeakyRelu": lambda m, ins, a: [F.leaky_relu(_tensor(ins[0]), float(a.get("alpha", 0.01)))],
     "HardSigmoid": lambda m, ins, a: [torch.clamp(float(a.get("alpha", 0.2)) * _tensor(ins[0]) + float(a.get("beta", 0.5)), 0, 1)],
     "Add": _binary(np.add, torch.add), "Sub": _binary(np.subtract, torch.sub), "Mul": _binary(np.multiply, torch.mul),
-    "Div": _binary(_div_np, torch.div), "Pow": _binary(np.power, torch.pow),
+    "Div": _binary(_div_np, _div_t), "Pow": _binary(np.power, torch.pow),
     "Equal": _binary(np.equal, torch.eq), "Less": _binary(np.less, torch.lt), "Greater": _binary(np.greater, torch.gt),
     "And": _binary(np.logical_and, torch.logical_and), "Or": _binary(np.logical_or, torch.logical_or),
     "Max": _binary(np.maximum, torch.maximum), "Min": _binary(np.minimum, torch.minimum),
@@ -412,6 +443,8 @@ class ONNXModule(nn.Module):
                     "is not supported by overdrive's ONNX importer; use --backend onnxruntime on CPU, re-export the model "
                     "without it, or build from the PyTorch model (--model pkg.module:factory)")
         self.input_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
+        # the default-domain opset: a few ops (Softmax before 13) changed meaning between opsets
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
         self.output_names = [o.name for o in g.output]
         self._host: dict[str, np.ndarray] = {}  # small integer constants (shapes, axes): folded at trace time
         self._buffers_by_value: dict[str, str] = {}
