@@ -19,8 +19,9 @@ from overdrive.engine import backends, format as fmt
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive.engine.sources import ModelSource, to_source
 
-_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
-       "int32": torch.int32, "bool": torch.bool, "float64": torch.float64}
+_DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+       "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+       "bool": torch.bool}
 
 
 def device_facts(device: torch.device) -> dict[str, Any]:
@@ -104,6 +105,7 @@ class Builder:
         if isinstance(example_inputs, torch.Tensor):
             example_inputs = (example_inputs,)
         cfg.profiles = _profiles(cfg.profiles, src, example_inputs)
+        _check_onnx_dims(cfg.profiles, src)
         example = tuple(x.to(device) for x in example_inputs) if example_inputs else _random_inputs(cfg.profiles, src, device)
         if len(example) != len(src.input_names):
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
@@ -246,6 +248,22 @@ def _profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[tor
     if shapes and all(n in shapes and all(d for d in shapes[n]) for n in names):
         return [ShapeProfile.fixed(n, tuple(shapes[n])) for n in names]
     raise UsageError(f"give the input shapes: --shapes {names[0]}:1x3x224x224 (or --min/--opt/--max-shapes), or example inputs")
+
+
+def _check_onnx_dims(profiles: list[ShapeProfile], src: ModelSource) -> None:
+    """Refuse a profile that an ONNX model's fixed input dims cannot run (it built, then failed at run time)."""
+    shapes = src.onnx_shapes or {}
+    for p in profiles:
+        fixed = shapes.get(p.name)
+        if fixed is None:
+            continue
+        if len(fixed) != len(p.opt):
+            raise UsageError(f"input {p.name!r} has rank {len(fixed)} in the ONNX model but the shape profile gives "
+                             f"rank {len(p.opt)} ({'x'.join(map(str, p.opt))}); give {len(fixed)} dims")
+        for d, (v, lo, hi) in enumerate(zip(fixed, p.min, p.max)):
+            if v and (lo != v or hi != v):
+                raise UsageError(f"input {p.name!r} dim {d} is fixed to {v} in the ONNX model, but the profile asks for "
+                                 f"{lo}..{hi}; use {v} there, or re-export the model with that dim dynamic")
 
 
 def _random_inputs(profiles: list[ShapeProfile], src: ModelSource, device: torch.device, which: str = "opt",

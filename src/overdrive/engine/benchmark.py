@@ -9,6 +9,7 @@ Inputs rotate over several distinct random sets so caches do not hold one batch.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -24,8 +25,8 @@ _STAGES = ("latency", "enqueue", "h2d", "compute", "d2h")
 def _stats(xs: list[float], percentiles: tuple[float, ...]) -> dict[str, float]:
     s = sorted(xs)
     out = {"min": s[0], "max": s[-1], "mean": statistics.fmean(s), "median": statistics.median(s)}
-    for p in percentiles:
-        out[f"p{p:g}"] = s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))]
+    for p in percentiles:  # nearest rank: the smallest value with at least p% of the samples at or below it
+        out[f"p{p:g}"] = s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s) - 1e-9) - 1))]
     return out
 
 

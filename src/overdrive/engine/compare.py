@@ -14,16 +14,17 @@ from overdrive._utils.errors import UsageError
 class _OrtReference:
     """An ONNX file run as-is by ONNX Runtime's CPU provider (the reference polygraphy uses)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, model: str | bytes) -> None:
         from overdrive._utils.optional import require
 
         ort = require("onnxruntime", "onnx", "comparing against ONNX")
-        if not Path(path).is_file():
-            raise UsageError(f"ONNX file {path!r} does not exist")
-        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        if isinstance(model, str) and not Path(model).is_file():
+            raise UsageError(f"ONNX file {model!r} does not exist")
+        self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
     _TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
-              "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(bool)": torch.bool}
+              "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(int16)": torch.int16,
+              "tensor(int8)": torch.int8, "tensor(uint8)": torch.uint8, "tensor(bool)": torch.bool}
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
         feeds = {}
@@ -34,13 +35,17 @@ class _OrtReference:
 
 
 def _runnable(x: Any) -> tuple[Any, str]:
-    """An Engine, an engine path, an ONNX path (run with ONNX Runtime) or an nn.Module -> (callable, label)."""
+    """An Engine, an engine path, an ONNX model (path, bytes or ModelProto; run with ONNX Runtime) or an
+    nn.Module -> (callable, label)."""
     from overdrive.engine.api import Engine
 
     if isinstance(x, Engine):
         return x, f"engine({x.header['backend']}, {x.header['precision']})"
     if isinstance(x, torch.nn.Module):
         return x, f"pytorch({type(x).__name__})"
+    if isinstance(x, (bytes, bytearray)) or hasattr(x, "SerializeToString"):  # ONNX bytes or an onnx.ModelProto
+        data = bytes(x) if isinstance(x, (bytes, bytearray)) else x.SerializeToString()
+        return _OrtReference(data), "onnxruntime(<in-memory model>)"
     p = str(x)
     if p.endswith(".onnx"):
         return _OrtReference(p), f"onnxruntime({Path(p).name})"
@@ -91,9 +96,12 @@ def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol
     for i, (x, y) in enumerate(zip(oa, ob)):
         if x.shape != y.shape:
             raise UsageError(f"output {i}: shape {tuple(x.shape)} from {la} vs {tuple(y.shape)} from {lb}")
-        diff = (x - y).abs()
-        rel = diff / y.abs().clamp_min(1e-12)
-        ok = bool((diff <= atol + rtol * y.abs()).all())
+        # equal values (infinities included: inf - inf is NaN) differ by 0; a NaN on either side fails, as in
+        # torch.allclose
+        diff = torch.where(x == y, torch.zeros_like(x), (x - y).abs())
+        finite_ref = torch.where(torch.isinf(y), torch.zeros_like(y), y.abs())
+        rel = diff / finite_ref.clamp_min(1e-12)
+        ok = bool((diff <= atol + rtol * finite_ref).all())
         rows.append({"output": i, "shape": list(x.shape), "max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
                      "max_rel": float(rel.max()), "median_rel": float(rel.median()), "passed": ok})
     return {"a": la, "b": lb, "atol": atol, "rtol": rtol, "outputs": rows, "passed": all(r["passed"] for r in rows)}

@@ -18,7 +18,7 @@ from overdrive._utils.optional import require
 from overdrive.engine.config import ShapeProfile
 
 _ONNX_FLOAT = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64, 7: torch.int64,
-               6: torch.int32, 9: torch.bool}
+               6: torch.int32, 5: torch.int16, 3: torch.int8, 2: torch.uint8, 9: torch.bool}  # ONNX elem_type -> torch
 
 
 class _ByName(nn.Module):

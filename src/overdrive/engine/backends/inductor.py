@@ -75,8 +75,12 @@ def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def flatten_outputs(out: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output, in order: tensors, tuples/lists, and dicts (Hugging Face ModelOutput
+    is one) in their key order; anything else (None, numbers) holds no tensor."""
     if isinstance(out, torch.Tensor):
         return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
     if isinstance(out, (tuple, list)):
         return [t for o in out for t in flatten_outputs(o)]
     return []
@@ -276,10 +280,13 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     with precision_flags(cfg.precision), torch.no_grad():
         try:
             # _Cast.forward takes *xs, so the per-input specs nest one level down
-            ep = torch.export.export(module, example, dynamic_shapes=(dyn,) if dyn else None, strict=False)
+            ep = torch.export.export(module, _export_example(example, cfg.profiles, src.input_names) if dyn else example,
+                                     dynamic_shapes=(dyn,) if dyn else None, strict=False)
         except Exception as exc:
+            hint = ("the model fixes a dim the shape profile lets vary: make that dim static in the profile, or change "
+                    "the model" if "Constraints violated" in str(exc) else "fix the graph break it names")
             raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
-                                 "try --backend onnxruntime, or fix the graph break it names") from exc
+                                 f"try --backend onnxruntime, or {hint}") from exc
     t_export = time.perf_counter() - t0
     dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
                if cfg.drop_constant_masks else [])
@@ -321,6 +328,26 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         sections["aoti_package"] = _aoti_package(ep, cfg, freezing)
         meta["aot"] = True
     return sections, runner, meta
+
+
+def _export_example(example: tuple[torch.Tensor, ...], profiles: list[Any], names: list[str]) -> tuple[torch.Tensor, ...]:
+    """The example to trace a dynamic profile with: a dynamic dim whose opt size is 1 is traced at 2 instead,
+    since torch.export specializes a size-1 dim to the constant 1 (min = opt = 1 profiles failed to export)."""
+    by_name = {p.name: p for p in profiles}
+    out = []
+    for n, x in zip(names, example):
+        p = by_name.get(n)
+        shape = list(x.shape)
+        if p is not None:
+            shape = [2 if (d == 1 and lo != hi and hi >= 2) else d for d, lo, hi in zip(shape, p.min, p.max)]
+        if shape == list(x.shape):
+            out.append(x)
+            continue
+        y = torch.zeros(shape, dtype=x.dtype, device=x.device) if not x.is_floating_point() else \
+            torch.randn(shape, device=x.device).to(x.dtype)
+        out.append(y.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and not x.is_contiguous()
+                   and x.is_contiguous(memory_format=torch.channels_last) else y)
+    return tuple(out)
 
 
 def _corner_inputs(example: tuple[torch.Tensor, ...], profiles: list[Any], names: list[str]
