@@ -54,6 +54,12 @@ def test_env_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["demo", "--stage", "warp"], 2, "warp"),
         (["demo", "--dtype", "int3"], 2, "int3"),
         (["no-such-verb"], 2, "no-such-verb"),
+        (["demo", "--batch-size", "0"], 2, "--batch-size"),
+        (["doctor", "--master-port", "70000"], 2, "--master-port"),
+        (["doctor", "--bandwidth", "2", "--ops", "foo"], 2, "--ops foo"),
+        (["doctor", "--bandwidth", "2", "--min-bytes", "100", "--max-bytes", "10"], 2, "--min-bytes 100"),
+        (["doctor", "--bandwidth", "-1"], 2, "--bandwidth"),
+        (["launch", "--rdzv-endpoint", "host:abc", "train.py"], 2, "host:abc"),
     ],
 )
 def test_bad_arguments_one_line_exit_2(args: list[str], code: int, needle: str) -> None:
@@ -87,4 +93,7 @@ def test_verbose_after_a_launched_script_belongs_to_the_script() -> None:
     args = ["launch", "--nproc-per-node", "2", "train.py", "--verbose", "--lr", "1"]
     assert _own_args(args) == 3  # train.py's --verbose is not overdrive's
     assert _own_args(["demo", "--verbose"]) == 2
-    assert _own_args(["--verbose", "launch", "-m", "pkg.train", "--verbose"]) == 2
+    assert _own_args(["--verbose", "launch", "-m", "pkg.train", "--verbose"]) == 3  # -m is launch's flag
+    # the script is found by position, not by a .py suffix (a script without one lost its --verbose)
+    assert _own_args(["launch", "--nproc-per-node", "2", "--no-check", "train", "--verbose"]) == 4
+    assert _own_args(["launch", "--master-port=29501", "train", "--verbose"]) == 2

@@ -11,7 +11,8 @@ from overdrive.cli.common import console, write_json
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--opt-level", "opt_levels", multiple=True, help="Opt level(s) to train at (repeatable); default O0-O3.")
 @click.option("--epochs", default=8, show_default=True, type=int, help="Training epochs per opt level.")
-@click.option("--batch-size", default=64, show_default=True, type=int)
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=2),
+              help="Training batch size (>= 2: BatchNorm needs two samples; the distributed stage splits it over 2 ranks).")
 @click.option("--dtype", default=None, help="Half dtype: bf16 or fp16 (default fp16 on CUDA, bf16 on CPU).")
 @click.option("--stage", "stages", multiple=True, help="Run only these stages (repeatable).")
 @click.option("--seed", default=0, show_default=True, type=int)

@@ -11,9 +11,11 @@ from overdrive.cli.common import console, write_json
 
 @click.command("doctor")
 @click.option("--master-addr", default=None, help="Check this master address (default: $MASTER_ADDR).")
-@click.option("--master-port", type=int, default=None, help="Check this master port (default: $MASTER_PORT).")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=None,
+              help="Check this master port (default: $MASTER_PORT).")
 @click.option("--node-rank", type=int, default=0, show_default=True, help="0: the port must be free here; >0: it must be reachable.")
-@click.option("--bandwidth", "nproc", type=int, default=0, help="Run the collective bandwidth test on this many local ranks (0: skip).")
+@click.option("--bandwidth", "nproc", type=click.IntRange(min=0), default=0,
+              help="Run the collective bandwidth test on this many local ranks (0: skip).")
 @click.option("--min-bytes", type=int, default=8 * 1024, show_default=True)
 @click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True)
 @click.option("--ops", default="all_reduce,all_gather,reduce_scatter", show_default=True)

@@ -105,8 +105,17 @@ def _own_args(args: list[str]) -> int:
     everything before the training script (whose own flags, ``--verbose`` too, pass through)."""
     end = args.index("--") if "--" in args else len(args)
     if "launch" in args[:end]:
-        for i in range(args.index("launch") + 1, end):
-            if args[i].endswith(".py") or args[i] == "-m":
+        from overdrive.cli.launch import command as launch
+
+        takes_value = {o for p in launch.params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
+        i = args.index("launch") + 1
+        while i < end:  # the script is the first argument that is neither an option nor an option's value
+            a = args[i]
+            if a in takes_value:
+                i += 2
+            elif a.startswith("-"):
+                i += 1  # a flag, or --opt=value
+            else:
                 return i
     return end
 

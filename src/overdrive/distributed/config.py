@@ -128,8 +128,11 @@ class LaunchConfig:
                 f"nnodes={self.nnodes} needs --master-addr (static) or --rdzv-endpoint host:port (elastic) "
                 "so the nodes can find each other"
             )
-        if self.rdzv_endpoint is not None and ":" not in self.rdzv_endpoint:
-            raise UsageError(f"rdzv_endpoint={self.rdzv_endpoint!r} must be host:port")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise UsageError(f"rdzv_endpoint={self.rdzv_endpoint!r} must be host:port with a TCP port 1-65535 "
+                                 "(for example node0:29400)")
 
     @property
     def standalone(self) -> bool:

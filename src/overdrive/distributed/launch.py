@@ -72,7 +72,18 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
 
 def bandwidth(nproc: int, min_bytes: int = 8 * 1024, max_bytes: int = 64 * 2**20, ops: str = "all_reduce,all_gather,reduce_scatter",
               iters: int = 20, backend: str | None = None) -> dict[str, Any]:
-    """Run the collective bandwidth test on ``nproc`` local ranks (torchrun, standalone)."""
+    """Run the collective bandwidth test on ``nproc`` local ranks (torchrun, standalone).
+
+    The options are checked here first: a bad one is one clear error, not a traceback from every rank."""
+    from overdrive.distributed.bandwidth import OPS
+
+    if nproc < 1:
+        raise UsageError(f"--bandwidth {nproc}: give the number of local ranks to test (>= 1), or leave it out")
+    bad = [o for o in ops.split(",") if o not in OPS]
+    if bad:
+        raise UsageError(f"--ops {ops}: unknown collective(s) {bad}; choose from {', '.join(OPS)}")
+    if not 1 <= min_bytes <= max_bytes:
+        raise UsageError(f"--min-bytes {min_bytes} --max-bytes {max_bytes}: need 1 <= --min-bytes <= --max-bytes")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bw.json")
         args = ["--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--ops", ops, "--iters", str(iters), "--out", out]
