@@ -1,10 +1,11 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP): each rank writes its own shards.
 
 What is saved: model and optimizer (FSDP2 DTensor shards as shards; DDP's replicated tensors once),
-amp state (loss scaler; fp32 masters under O2), every rank's RNG states, the loop counters and a
-``position`` dict for the data loader (e.g. :class:`overdrive.distributed.ResumableSampler`).
-DCP re-shards on load, so a checkpoint written by N ranks loads with M ranks; RNG states are
-restored only where the rank existed.
+amp state (loss scaler; fp32 masters under O2), every rank's RNG states, the loop counters, each
+rank's pending gradients when saved mid-accumulation (not under FSDP2, see :func:`save`), and a
+``position`` dict for the data loader (e.g. :class:`overdrive.distributed.ResumableSampler`),
+returned by :func:`load` as it was given. DCP re-shards on load, so a checkpoint written by N ranks
+loads with M ranks; RNG states are restored only where the rank existed.
 
 Layout: ``root/step_00000012/`` one DCP directory per save; DCP writes ``.metadata`` last, so a
 directory with it is complete, and :func:`latest` ignores half-written ones (a crash mid-save).
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
 
 from overdrive._utils.errors import UsageError
 
@@ -72,6 +74,48 @@ def _unblob(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def _mid_accumulation(trainer: Trainer) -> bool:
+    return trainer._micro % trainer.accumulate != 0
+
+
+def _position_blob(position: dict[str, Any] | None) -> bytes:
+    """``position`` as one serialized object, checked to load back.
+
+    DCP would flatten a nested dict into dotted keys and needs a preallocated tensor to load each
+    tensor into, so the dict travels whole; checking the round trip here makes an unloadable value
+    fail at save time, not at the resume.
+    """
+    if position is None:
+        position = {}
+    if not isinstance(position, dict):
+        raise UsageError(f"position={type(position).__name__}: expected a dict (e.g. sampler.state_dict()) or None")
+    data = _blob(dict(position))
+    try:
+        _unblob(data)
+    except Exception as exc:
+        raise UsageError(
+            f"position holds a value torch.load(weights_only=True) cannot restore ({type(exc).__name__}: "
+            f"{_first_line(exc)}); keep it to dicts, lists, tuples, numbers, strings and tensors"
+        ) from exc
+    return data
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _why(exc: BaseException) -> str:
+    """One short line per failing rank: CheckpointException's str holds every rank's whole traceback."""
+    if isinstance(exc, CheckpointException):
+        parts = []
+        for r, failure in sorted(exc.failures.items()):
+            err = failure[0] if isinstance(failure, tuple) else failure
+            parts.append(f"rank {r}: {type(err).__name__}: {_first_line(err)}")
+        return "; ".join(parts) or _first_line(exc)
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
 def _state(trainer: Trainer) -> dict[str, Any]:
     if _is_fsdp(trainer):
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -94,6 +138,12 @@ def _state(trainer: Trainer) -> dict[str, Any]:
 def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any] | None = None, keep: int = 2) -> Path:
     """Write ``trainer``'s state to ``root/step_<step>/`` on every rank (collective); keep the ``keep`` newest.
 
+    ``position`` (one copy is stored: make it the same on every rank, as a
+    :class:`~overdrive.distributed.ResumableSampler`'s global count is) comes back from :func:`load`
+    unchanged. Mid-accumulation, each rank's pending gradients are saved too (DDP accumulates them
+    locally until the last micro-batch), so the resume equals an uninterrupted run; under FSDP2 a
+    save mid-accumulation is refused (FSDP2 keeps those gradients unsharded in its private state).
+
     Example:
         >>> # path = overdrive.distributed.checkpoint.save("ckpt", trainer, position=sampler.state_dict())
     """
@@ -101,11 +151,23 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
 
     if keep < 1:
         raise UsageError(f"keep={keep} must be >= 1")
+    mid = _mid_accumulation(trainer)
+    if mid and _is_fsdp(trainer):
+        # _micro is the same on every rank, so every rank raises here, before any collective.
+        raise UsageError(
+            f"checkpoint.save after micro-batch {trainer._micro % trainer.accumulate} of accumulate={trainer.accumulate} "
+            "under strategy='fsdp': FSDP2 holds the partial gradients unsharded in its private state, which cannot be "
+            "saved; save after the train_step that steps the optimizer (when trainer.step_count has just increased)"
+        )
+    position_blob = _position_blob(position)
     root = Path(root)
     path = root / f"step_{trainer.step_count:08d}"
     state = _state(trainer)
     state["rng"] = {f"rank{_rank()}": _rng_state()}
-    state["position"] = dict(position or {})
+    state["position"] = position_blob
+    if mid:
+        # Per rank: under DDP each rank's micro-batch gradients stay local until the last micro-batch.
+        state["pending"] = {f"rank{_rank()}": _blob(trainer.mp.pending_state())}
     if _rank() == 0 and path.exists():  # an incomplete earlier attempt at this step
         shutil.rmtree(path)
     if dist.is_initialized():
@@ -121,6 +183,10 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
 def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = True) -> dict[str, Any]:
     """Restore what :func:`save` wrote into ``trainer`` (any rank count); returns the ``position`` dict.
 
+    Gradients ``trainer`` holds from before the load are dropped, and a checkpoint saved
+    mid-accumulation restores each rank's pending gradients (it needs the rank count it was saved
+    with), so the next steps equal an uninterrupted run.
+
     Example:
         >>> # ckpt = latest("ckpt"); position = load(ckpt, trainer) if ckpt else {}
     """
@@ -131,16 +197,46 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
         raise UsageError(f"{str(path)!r} is not a complete DCP checkpoint (no .metadata); use checkpoint.latest(root)")
     meta = dcp.FileSystemReader(str(path)).read_metadata()
     keys = set(meta.state_dict_metadata)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    pending_ranks = sorted(int(k[len("pending.rank"):]) for k in keys if k.startswith("pending.rank"))
+    if pending_ranks and pending_ranks != list(range(world)):
+        raise UsageError(
+            f"checkpoint {str(path)!r} was saved mid-accumulation on {len(pending_ranks)} rank(s), each with its own "
+            f"partial gradients, and this run has {world}; resume it with {len(pending_ranks)} rank(s), or use a "
+            "checkpoint saved after an optimizer step"
+        )
+    # FSDP2 keeps partial gradients unsharded in its private state: they can be neither set nor dropped.
+    if _is_fsdp(trainer) and pending_ranks:
+        raise UsageError(
+            f"checkpoint {str(path)!r} was saved mid-accumulation, with each rank's partial gradients, and this "
+            "trainer uses strategy='fsdp', which cannot take them; resume it with the strategy that saved it, or use "
+            "a checkpoint saved after an optimizer step"
+        )
+    if _is_fsdp(trainer) and _mid_accumulation(trainer):
+        raise UsageError(
+            f"this trainer is at micro-batch {trainer._micro % trainer.accumulate} of accumulate={trainer.accumulate} "
+            "under strategy='fsdp': FSDP2 would add those partial gradients to the resumed step and they cannot be "
+            "dropped; load into a freshly built Trainer, or after a train_step that steps the optimizer"
+        )
     state = _state(trainer)
-    rng_key = f"rank{_rank()}"
-    have_rng = restore_rng and any(k.startswith(f"rng.{rng_key}.") for k in keys)
+    me = f"rank{_rank()}"
+    have_rng = restore_rng and any(k.startswith(f"rng.{me}.") for k in keys)
     if have_rng:
-        state["rng"] = {rng_key: _rng_state()}
-    state["position"] = {k.split(".", 1)[1]: None for k in keys if k.startswith("position.")}
+        state["rng"] = {me: _rng_state()}
+    legacy_position = "position" not in keys  # written before position was stored whole: flat, dotted keys
+    if legacy_position:
+        state["position"] = {k.split(".", 1)[1]: None for k in keys if k.startswith("position.")}
+    else:
+        state["position"] = None  # a placeholder DCP replaces with the saved bytes
+    if pending_ranks:
+        state["pending"] = {me: None}  # a placeholder DCP replaces with this rank's saved bytes
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:
-        raise UsageError(f"checkpoint {str(path)!r} does not fit this trainer ({type(exc).__name__}: {exc})") from exc
+    except (CheckpointException, Exception) as exc:  # CheckpointException derives from BaseException
+        raise UsageError(
+            f"checkpoint {str(path)!r} does not fit this trainer ({_why(exc)}); load it into a Trainer built with "
+            "the same model, optimizer, amp policy and strategy as the one that saved it"
+        ) from exc
     if _is_fsdp(trainer):
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -156,8 +252,17 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
         trainer.scheduler.load_state_dict(state["scheduler"])
     loop = state["loop"]
     trainer.epoch, trainer.step_count, trainer._micro = int(loop["epoch"]), int(loop["step"]), int(loop["micro"])
+    # Gradients (and a pending overflow skip) this trainer holds from before the load would leak into
+    # the resumed step: drop them, then put back the checkpoint's own pending ones, if any.
+    trainer.mp.zero_grad()
+    if pending_ranks:
+        pending = _unblob(state["pending"][me])
+    else:
+        pending = trainer.mp.pending_state()  # every gradient is None after zero_grad: nothing is copied
+        pending["skip"] = []
+    trainer.mp.load_pending_state(pending)
     if have_rng:
-        torch.set_rng_state(state["rng"][rng_key]["cpu"])
-        if "cuda" in state["rng"][rng_key] and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["rng"][rng_key]["cuda"])
-    return state["position"]
+        torch.set_rng_state(state["rng"][me]["cpu"])
+        if "cuda" in state["rng"][me] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["rng"][me]["cuda"])
+    return state["position"] if legacy_position else _unblob(state["position"])
