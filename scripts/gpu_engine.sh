@@ -5,7 +5,8 @@
 #   bash scripts/gpu_engine.sh 2   # the mask pass on BERT (engine_mask); BERT engines with and without a mask
 #                                  # input, each also with --gemm-gelu;
 #                                  # --timing-cache rebuild time
-#   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing; cuDNN fused conv epilogues vs Inductor
+#   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing; cuDNN fused conv epilogues vs Inductor;
+#                                  # the data gpu tests
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -35,6 +36,8 @@ else
   step 100 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 80 \
       --out benchmarks/results/engine_bs1
   step 120 "conv_epilogue (cuDNN fused conv+bias+add+ReLU vs Inductor)" python3 benchmarks/conv_epilogue.py
+  step 150 "data gpu tests (the loader fixes made after the last data run)" python3 -m pytest -q -m gpu tests/data \
+      -p no:cacheprovider
 fi
 echo "total $(( $(date +%s) - start )) s"
 if [ -n "${OUT:-}" ]; then

@@ -82,3 +82,33 @@ def test_auto_measures_and_says_why(folder: Path) -> None:
     loader = ImageLoader(folder, batch_size=4, size=16, device="cuda", pipeline="auto", num_workers=2)
     assert loader.pipeline in ("cpu", "gpu")
     assert loader.decision and "img/s" in loader.decision and loader.pipeline in loader.decision
+
+
+def test_all_corrupt_batch_comes_out_empty_on_the_gpu_path(folder: Path) -> None:
+    """The GPU path yields an empty batch for all-undecodable files, like the CPU path, so len() holds."""
+    for f in sorted(folder.rglob("*.jpg"))[:4]:
+        f.write_bytes(b"not an image")
+    loader = ImageLoader(folder, batch_size=2, size=16, device="cuda", pipeline="gpu", shuffle=False,
+                         channels_last=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        batches = list(loader)
+        cpu = list(ImageLoader(folder, batch_size=2, size=16, device="cpu", pipeline="cpu", shuffle=False,
+                               num_workers=0))
+    assert len(batches) == len(loader) == len(cpu)
+    assert [x.shape[0] for x, _ in batches] == [x.shape[0] for x, _ in cpu]  # same batches emptied as on CPU
+    empty = [(x, y) for x, y in batches if x.shape[0] == 0]
+    assert empty and all(x.is_cuda and y.is_cuda and x.shape == (0, 3, 16, 16) for x, y in empty)
+    assert all(x.is_contiguous(memory_format=torch.channels_last) for x, _ in empty)
+    assert loader.stats.skipped == 4
+
+
+def test_set_epoch_between_iter_and_next_on_the_gpu_path(folder: Path) -> None:
+    """The GPU producers draw their crops from the epoch fixed at iter(), not the one set afterwards."""
+    loader = ImageLoader(folder, batch_size=8, size=16, device="cuda", pipeline="gpu", seed=3)
+    loader.set_epoch(0)
+    ref = [x.cpu() for x, _ in loader]
+    it = iter(loader)
+    loader.set_epoch(1)
+    got = [x.cpu() for x, _ in it]
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
