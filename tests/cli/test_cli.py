@@ -28,6 +28,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert overdrive.__version__ in capsys.readouterr().out
 
 
+def test_python_dash_m_overdrive_runs_the_cli() -> None:
+    """`python -m overdrive` is the same CLI as the `overdrive` script, exit codes included."""
+    import overdrive
+
+    ok = subprocess.run([sys.executable, "-m", "overdrive", "--version"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and overdrive.__version__ in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "overdrive", "no-such-verb"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_env_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["env", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
