@@ -89,3 +89,16 @@ def test_percentiles_are_nearest_rank(n: int, p: float, expected: int) -> None:
     """Nearest rank: the smallest sample with at least p% of the samples at or below it (rounding half to
     even put some one rank high)."""
     assert _stats([float(i) for i in range(1, n + 1)], (p,))[f"p{p:g}"] == expected
+
+
+def test_exec_shapes_with_an_unknown_input_name_is_refused(tmp_path) -> None:
+    """`exec --shapes y:...` on an engine whose input is 'x' names the bad input and the real ones (it ran silently
+    at the opt shapes)."""
+    from overdrive.cli.main import main
+
+    model = _onnx([helper.make_node("Relu", ["x"], ["y"])], TensorProto.FLOAT, [2, 3], [2, 3])
+    eng = Builder(backend="onnxruntime", device="cpu", profiles=[ShapeProfile.fixed("x", (2, 3))]).build(model)
+    with pytest.raises(UsageError, match=r"'y', which this engine does not have; its inputs are 'x'"):
+        eng.random_inputs({"y": (2, 3)})
+    eng.save(tmp_path / "m.engine")
+    assert main(["exec", "--load-engine", str(tmp_path / "m.engine"), "--shapes", "y:2x3", "--duration", "0"]) == 2

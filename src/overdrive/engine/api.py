@@ -384,6 +384,11 @@ class Engine:
 
     def random_inputs(self, shapes: dict[str, tuple[int, ...]] | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
         """Inputs at the profiles' opt shapes (or ``shapes``), on the CPU, for exec and compare."""
+        names = [p.name for p in self.profiles]
+        unknown = sorted(set(shapes or {}) - set(names))
+        if unknown:  # a misspelt --shapes name would otherwise run silently at the opt shapes
+            raise UsageError(f"--shapes names input {', '.join(map(repr, unknown))}, which this engine does not have; "
+                             f"its inputs are {', '.join(map(repr, names))}")
         g = torch.Generator().manual_seed(seed)
         out = []
         for p, dt, layout in zip(self.profiles, self.input_dtypes, self.input_layouts):
