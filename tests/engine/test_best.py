@@ -40,12 +40,27 @@ def test_best_without_calibration_tries_no_int8(tmp_path: Path, digits: torch.nn
         Engine.load(tmp_path / "p.engine", precision="best")
 
 
-def test_best_records_a_candidate_that_cannot_be_built(digits_onnx: bytes) -> None:
-    """A float ONNX model has no Q/DQ nodes, so its int8 candidate fails; --best says why and keeps fp32."""
-    x = torch.randn(4, 1, 8, 8)
-    eng = Builder(precision="best", device="cpu").build(digits_onnx, (x,), calib=[(x,)])
+def test_best_records_a_candidate_that_cannot_be_built() -> None:
+    """A float ONNX model with nothing to quantize (one Relu): its int8 candidate fails; --best says why and keeps
+    fp32."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    relu = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = torch.randn(4, 8)
+    eng = Builder(precision="best", device="cpu").build(relu, (x,), calib=[(x,)])
     assert eng.header["precision"] == "fp32"
     assert eng.header["best"]["candidates_ms"]["int8"].startswith("not built: ")
+    assert "no Conv, ConvTranspose, Gemm or weight MatMul" in eng.header["best"]["candidates_ms"]["int8"]
+
+
+def test_best_calibrates_a_float_onnx_model(digits_onnx: bytes) -> None:
+    """With --calib, a float ONNX model's int8 candidate is calibrated (ONNX Runtime quantize_static) and timed."""
+    x = torch.randn(4, 1, 8, 8)
+    eng = Builder(precision="best", device="cpu").build(digits_onnx, (x,), calib=[(x,)])
+    assert isinstance(eng.header["best"]["candidates_ms"]["int8"], float)
 
 
 def test_cli_best_prints_the_candidates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

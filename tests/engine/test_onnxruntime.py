@@ -113,11 +113,6 @@ def test_int8_qdq_engine(tmp_path: Path) -> None:
     np.testing.assert_allclose(out, ref, atol=1e-2 * np.abs(ref).max())
 
 
-def test_int8_refuses_a_float_onnx_model(digits_onnx: bytes) -> None:
-    with pytest.raises(UsageError, match="needs QuantizeLinear/DequantizeLinear nodes"):
-        Builder(precision="int8", device="cpu", profiles=DYN).build(digits_onnx)
-
-
 def test_compare_engine_vs_pytorch(saved: Path, digits: torch.nn.Module) -> None:
     r = compare(Engine.load(saved), digits, atol=1e-4, rtol=1e-4)
     assert r["passed"] and r["outputs"][0]["max_abs"] < 1e-4

@@ -7,6 +7,7 @@ import platform
 import statistics
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,32 @@ def choose_backend(requested: str, device: torch.device, precision: str, src: Mo
     if ort_ok:
         return "onnxruntime", "CPU fp32/int8: ONNX Runtime builds in seconds and runs small models faster than Inductor's C++"
     return "inductor", f"CPU {precision}: ONNX Runtime here runs fp32/int8 only"
+
+
+def _has_qdq(onnx_bytes: bytes) -> bool:
+    from overdrive.engine.backends.onnxruntime import has_qdq
+
+    return has_qdq(onnx_bytes)
+
+
+def _warn_uncalibrated(src: ModelSource, precision: str, calib: list[tuple[torch.Tensor, ...]] | None) -> None:
+    """int8/fp8 from a float model without calibration data calibrates on the example (random) inputs, as
+    ``trtexec --int8`` without ``--calib`` uses placeholder ranges: fine for timing, not for accuracy."""
+    if calib:
+        return
+    if src.onnx_bytes is not None:
+        if _has_qdq(src.onnx_bytes):
+            return
+    elif src.module is not None:
+        try:
+            from overdrive import quant
+        except ImportError:
+            return
+        if any(True for _ in quant.quantizers(src.module)):  # quantized already (QAT): its ranges are kept
+            return
+    warnings.warn(f"--precision {precision} without calibration data (--calib): the ranges come from the example "
+                  "inputs (random unless given), so the engine is fit for timing, not for accuracy; pass --calib "
+                  "with real batches", UserWarning, stacklevel=3)
 
 
 def best_candidates(device: torch.device, calibrated: bool) -> list[str]:
@@ -111,6 +138,16 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg.precision = precision
+        calibration = None
+        if precision in ("int8", "fp8"):
+            _warn_uncalibrated(src, precision, calib)
+            if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes):  # float ONNX: calibrate it into Q/DQ
+                from overdrive.engine.onnx_quant import quantize_onnx
+
+                batches, t_cal = calib or [tuple(x.cpu() for x in example)], time.perf_counter()
+                src = replace(src, onnx_bytes=quantize_onnx(src.onnx_bytes, batches, precision))
+                calibration = (f"ONNX Runtime quantize_static ({precision} Q/DQ) on {len(batches)} batch(es) in "
+                               f"{time.perf_counter() - t_cal:.1f} s")
         needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
                                  ("--gemm-gelu", cfg.gemm_gelu)) if on]
         forced = needs and cfg.backend == "auto"
@@ -139,7 +176,7 @@ class Builder:
             "overdrive": __version__, "backend": name, "backend_reason": reason, "precision": precision,
             "device": device_facts(device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
-            "timing_cache": meta.get("timing_cache"),
+            "timing_cache": meta.get("timing_cache"), **({"calibration": calibration} if calibration else {}),
             "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch."),
                         "layout": "hwc" if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else "chw"}
                        for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],

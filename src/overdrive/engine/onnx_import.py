@@ -267,35 +267,58 @@ def _split(m: ONNXModule, ins: list[Value], a: dict, n_out: int) -> list[Value]:
     return list(torch.split(x, sizes, dim=axis))
 
 
+def _host_scalar(v: Value) -> float | None:
+    """A one-element host constant (a Q/DQ scale or zero point stored as an initializer) as a Python float,
+    so the traced graph holds a scalar literal: Inductor fails to lower a reshape of a 0-d tensor constant."""
+    if isinstance(v, np.ndarray) and v.size == 1 and v.dtype != object:
+        return float(v.reshape(-1)[0])
+    return None
+
+
+def _qparams(scale_v: Value, zp_v: Value, like: torch.Tensor, axis: int) -> tuple[Any, Any, torch.dtype]:
+    """(scale, zero point, scale dtype) broadcastable against ``like``: Python floats for one-element host
+    constants (see :func:`_host_scalar`), else tensors shaped for ``axis``; the zero point None when absent."""
+    shape = [1] * like.dim()
+    scale: Any = _host_scalar(scale_v)
+    if scale is not None:
+        dtype = torch.as_tensor(np.zeros((), np.asarray(scale_v).dtype)).dtype
+    else:
+        t = _tensor(scale_v)
+        dtype = t.dtype
+        if t.numel() > 1:
+            shape[axis] = -1
+        scale = t.to(like.device).float().reshape(shape)
+    zp: Any = None
+    if zp_v is not None:
+        zp = _host_scalar(zp_v)
+        if zp is None:
+            zp = _tensor(zp_v).to(like.device).float().reshape(shape)
+    return scale, zp, dtype
+
+
 def _quantize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
     x = _tensor(ins[0])
-    scale = _tensor(ins[1], x)
-    zp = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    qdt = _DTYPES[int(a["output_dtype"])] if a.get("output_dtype") else (_tensor(zp).dtype if zp is not None else torch.uint8)
-    axis = int(a.get("axis", 1))
-    shape = [1] * x.dim()
-    if scale.numel() > 1:
-        shape[axis] = -1
-    scale = scale.reshape(shape)
+    zp_v = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    qdt = _DTYPES[int(a["output_dtype"])] if a.get("output_dtype") else (_tensor(zp_v).dtype if zp_v is not None else torch.uint8)
+    scale, zp, _ = _qparams(ins[1], zp_v, x, int(a.get("axis", 1)))
+    if not isinstance(scale, float):
+        scale = scale.to(x.dtype)
     if qdt in (torch.float8_e4m3fn, torch.float8_e5m2):
         lim = torch.finfo(qdt).max
         return [(x / scale).clamp(-lim, lim).to(qdt)]
-    zpt = _tensor(zp).to(x.device).float().reshape(shape) if zp is not None else 0.0
     info = torch.iinfo(qdt)
-    return [(torch.round(x / scale) + zpt).clamp(info.min, info.max).to(qdt)]
+    q = torch.round(x / scale)
+    return [(q + zp if zp is not None and not (isinstance(zp, float) and zp == 0) else q).clamp(info.min, info.max).to(qdt)]
 
 
 def _dequantize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
     q = _tensor(ins[0])
-    scale = _tensor(ins[1])
-    zp = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    shape = [1] * q.dim()
-    if scale.numel() > 1:
-        shape[int(a.get("axis", 1))] = -1
+    zp_v = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    scale, zp, dtype = _qparams(ins[1], zp_v, q, int(a.get("axis", 1)))
     x = q.float()
-    if zp is not None:
-        x = x - _tensor(zp).to(q.device).float().reshape(shape)
-    return [(x * scale.to(q.device).float().reshape(shape)).to(scale.dtype)]
+    if zp is not None and not (isinstance(zp, float) and zp == 0):
+        x = x - zp
+    return [(x * scale).to(dtype)]
 
 
 def _layernorm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
@@ -446,11 +469,13 @@ class ONNXModule(nn.Module):
         # the default-domain opset: a few ops (Softmax before 13) changed meaning between opsets
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
         self.output_names = [o.name for o in g.output]
-        self._host: dict[str, np.ndarray] = {}  # small integer constants (shapes, axes): folded at trace time
+        self._host: dict[str, np.ndarray] = {}  # small constants (shapes, axes, scalars): folded at trace time
         self._buffers_by_value: dict[str, str] = {}
         for i, t in enumerate(g.initializer):
             arr = numpy_helper.to_array(t)
-            if arr.dtype.kind in "iub" and arr.size <= 64:
+            # small integer constants, and one-element float ones (Q/DQ scales, epsilons) like Constant nodes':
+            # kept on the host, they trace to literals (a 0-d float buffer, once frozen, broke Inductor's reshape)
+            if (arr.dtype.kind in "iub" and arr.size <= 64) or (arr.dtype.kind == "f" and arr.size == 1):
                 self._host[t.name] = arr
             else:
                 key = f"w{i}"

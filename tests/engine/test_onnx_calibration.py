@@ -1,0 +1,79 @@
+"""int8 engines from a float ONNX model with calibration batches (trtexec --int8 --calib): ONNX Runtime's static
+quantization makes the Q/DQ model, and both backends run it. References: the float model (int8 error bound),
+and the Q/DQ model run by ONNX Runtime itself (the two backends must agree with it)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine import Builder, ShapeProfile
+from overdrive.engine.backends.onnxruntime import has_qdq
+from overdrive.engine.onnx_quant import quantize_onnx
+
+ort = pytest.importorskip("onnxruntime")
+
+STATIC = [ShapeProfile.fixed("x", (8, 1, 8, 8))]
+
+
+def _calib() -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 1, 8, 8, generator=g),) for _ in range(4)]
+
+
+def _ort(model: bytes, x: torch.Tensor) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # exact Q/DQ arithmetic
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+
+
+def test_quantize_onnx_makes_a_per_channel_qdq_model(digits_onnx: bytes) -> None:
+    import onnx
+
+    qdq = quantize_onnx(digits_onnx, _calib(), "int8")
+    graph = onnx.load_from_string(qdq).graph
+    inits = {t.name: t for t in graph.initializer}
+    int8_weight_scales = [int(np.prod(inits[n.input[1]].dims)) for n in graph.node if n.op_type == "DequantizeLinear"
+                          and n.input[0] in inits and inits[n.input[0]].data_type == onnx.TensorProto.INT8]
+    n_weights = sum(n.op_type in ("Conv", "Gemm", "MatMul") for n in graph.node)
+    assert has_qdq(qdq) and not has_qdq(digits_onnx)
+    assert len(int8_weight_scales) == n_weights and all(s > 1 for s in int8_weight_scales)  # per channel, each layer
+    assert "QuantizeLinear" in [n.op_type for n in graph.node]  # and quantized activations
+    x = _calib()[0][0]
+    ref, got = _ort(digits_onnx, x), _ort(qdq, x)
+    assert np.abs(got - ref).max() <= 0.1 * np.abs(ref).max()  # int8 error, a tenth of the output range
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "inductor"])
+def test_float_onnx_int8_engine_is_calibrated(digits_onnx: bytes, backend: str) -> None:
+    """Before, the onnxruntime backend refused a float ONNX model at int8, and the inductor backend built it
+    in fp32 while labelling it int8."""
+    calib = _calib()
+    eng = Builder(precision="int8", backend=backend, device="cpu", profiles=STATIC).build(digits_onnx, calib=calib)
+    assert eng.header["precision"] == "int8" and "quantize_static" in eng.header["calibration"]
+    x = calib[0][0]
+    ref_qdq = _ort(quantize_onnx(digits_onnx, calib, "int8"), x)
+    out = eng(x)
+    out = (out[0] if isinstance(out, (list, tuple)) else out).float().numpy()
+    assert np.abs(out - ref_qdq).max() <= 1e-4 * max(np.abs(ref_qdq).max(), 1.0)  # the same Q/DQ arithmetic
+    assert not np.allclose(out, _ort(digits_onnx, x), atol=1e-6)  # and not the float model
+
+
+def test_int8_without_calib_warns_timing_only(digits_onnx: bytes) -> None:
+    with pytest.warns(UserWarning, match="without calibration data"):
+        eng = Builder(precision="int8", backend="onnxruntime", device="cpu", profiles=STATIC).build(digits_onnx)
+    assert has_qdq(eng.sections["onnx"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a Q/DQ model needs no calibration: no warning
+        Builder(precision="int8", backend="onnxruntime", device="cpu", profiles=STATIC).build(
+            quantize_onnx(digits_onnx, _calib(), "int8"))
+
+
+def test_calibration_batches_must_match_the_inputs(digits_onnx: bytes) -> None:
+    bad = [(torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8))]
+    with pytest.raises(UsageError, match=r"calibration batch 0 has 2 tensor\(s\) but the ONNX model takes 1"):
+        Builder(precision="int8", backend="onnxruntime", device="cpu", profiles=STATIC).build(digits_onnx, calib=bad)
