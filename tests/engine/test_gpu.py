@@ -158,3 +158,21 @@ def test_best_on_gpu(digits: torch.nn.Module) -> None:
     assert {"fp16", "bf16", "int8"} <= set(times)
     built = {p: v for p, v in times.items() if isinstance(v, float)}
     assert eng.header["precision"] == min(built, key=built.get)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_float_onnx_calibrated_on_gpu(digits: torch.nn.Module, digits_onnx: bytes, precision: str) -> None:
+    """A float ONNX model with calibration batches: ONNX Runtime makes the Q/DQ model (fp8 at opset 19), the
+    importer runs it under Inductor on the GPU, within the format's error of the fp32 model."""
+    if precision == "fp8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs compute capability 8.9+")
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(8, 1, 8, 8, generator=g),) for _ in range(4)]
+    eng = Builder(precision=precision, device="cuda", profiles=STATIC).build(digits_onnx, calib=calib)
+    assert "quantize_static" in eng.header["calibration"]
+    x = calib[0][0]
+    with torch.no_grad():
+        ref = digits(x)
+    out = eng(x)
+    out = (out[0] if isinstance(out, (list, tuple)) else out).float().cpu()
+    assert (out - ref).abs().max().item() <= 0.15 * ref.abs().max().item()
