@@ -157,3 +157,58 @@ def test_narrow_range_export_matches_pytorch_after_qat(narrow_input: bool, tmp_p
         out = q(x_test)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.from_numpy(got), out, rtol=0, atol=1e-5)
+
+
+def _per_output_channel_reference(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """A ConvTranspose weight (C_in, C_out/groups, kH, kW) fake-quantized with one [-127, 127] scale per
+    output channel, in float64: output channel g * C_out/groups + j is w[g-th block of C_in, j]."""
+    c_in, c_og = w.shape[:2]
+    wg = w.double().view(groups, c_in // groups, c_og, *w.shape[2:])
+    s = wg.abs().amax(dim=(1, 3, 4), keepdim=True) / 127  # (groups, 1, C_out/groups, 1, 1)
+    return (torch.round(wg / s).clamp(-127, 127) * s).view_as(w)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_conv_transpose_weights_per_output_channel_and_ort(groups: int, tmp_path) -> None:
+    """ConvTranspose2d weights get one scale per output channel (axis 1, C_out scales, equal to a float64
+    reference) and export with that axis, ORT matching PyTorch. With groups > 1 per-output-channel is not
+    expressible on the (C_in, C_out/groups, kH, kW) layout: the layer stays float with the reason in the
+    summary (it used to get C_out/groups scales, each shared across the groups), and per-tensor weights
+    quantize it and export."""
+    torch.manual_seed(0)
+    ct = nn.ConvTranspose2d(4, 8, 3, stride=2, groups=groups)
+    with torch.no_grad():
+        ct.weight[: 4 // groups] *= 10.0  # the first group's weights are 10x larger than the rest
+    x = torch.randn(2, 4, 5, 5)
+    q = quant.quantize(nn.Sequential(copy.deepcopy(ct), nn.Conv2d(8, 2, 1)), quant.INT8_DEFAULT,
+                       forward_loop=lambda m: m(x))
+    if groups == 1:
+        wq = q[0].weight_quantizer
+        assert wq.axis == 1 and wq.amax.shape == (8,)
+        torch.testing.assert_close(wq(q[0].weight).double(), _per_output_channel_reference(ct.weight.detach(), 1),
+                                   rtol=0, atol=1e-6)
+        path = quant.export_onnx(q, (x,), tmp_path / "ct.onnx")
+        g = onnx.load(str(path)).graph
+        deq = _producers(g)[next(n for n in g.node if n.op_type == "ConvTranspose").input[1]]
+        assert deq.op_type == "DequantizeLinear" and onnx.helper.get_attribute_value(deq.attribute[0]) == 1
+        assert _init(g, deq.input[1]).shape == (8,)
+        with torch.no_grad():
+            ref = q(x).numpy()
+        out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+        np.testing.assert_allclose(out, ref, atol=1e-4)
+        return
+    assert type(q[0]) is nn.ConvTranspose2d  # left in float, and said why
+    reason = quant.summary(q)["skipped"]["0"]
+    assert f"groups={groups}" in reason and "per_channel=False" in reason
+    with pytest.raises(UsageError, match=f"groups={groups}"):
+        quant.QuantConvTranspose2d.from_float(copy.deepcopy(ct), quant.INT8_DEFAULT)
+    with pytest.raises(UsageError, match=f"found no layer to quantize .*groups={groups}"):  # not "call quantize first"
+        quant.quantize(nn.Sequential(copy.deepcopy(ct)), quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    per_tensor = quant.INT8_DEFAULT.replace(weight=quant.QuantizerConfig(per_channel=False, narrow_range=True))
+    q = quant.quantize(nn.Sequential(copy.deepcopy(ct)), per_tensor, forward_loop=lambda m: m(x))
+    assert type(q[0]) is quant.QuantConvTranspose2d and q[0].weight_quantizer.amax.dim() == 0
+    path = quant.export_onnx(q, (x,), tmp_path / "ct_per_tensor.onnx")
+    with torch.no_grad():
+        ref = q(x).numpy()
+    out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+    np.testing.assert_allclose(out, ref, atol=1e-4)

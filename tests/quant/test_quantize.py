@@ -86,6 +86,15 @@ def test_forward_loop_that_misses_layers() -> None:
         quant.quantize(nn.Sequential(nn.Linear(4, 2)), quant.INT8_DEFAULT, forward_loop=lambda m: None)
 
 
+def test_quantize_with_nothing_selected_says_why() -> None:
+    """A forward_loop on a model where no layer was selected: the skipped layers and why, not "call quantize first"."""
+    cfg = quant.INT8_DEFAULT.replace(layer_types=("Linear",))
+    with pytest.raises(UsageError, match=r"found no layer to quantize \(0: type Conv1d not in layer_types\)"):
+        quant.quantize(nn.Sequential(nn.Conv1d(2, 2, 1)), cfg, forward_loop=lambda m: m(torch.randn(1, 2, 4)))
+    with pytest.raises(UsageError, match="found no layer to quantize .no layer of types"):
+        quant.quantize(nn.Sequential(nn.ReLU()), quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(2)))
+
+
 def test_quantize_twice_and_bad_config() -> None:
     m = quant.quantize(nn.Sequential(nn.Linear(4, 2)), quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(4, 4)))
     with pytest.raises(UsageError, match="already has quantizers"):

@@ -251,3 +251,55 @@ def test_presets_round_trip_and_prune(name: str) -> None:
     model = _mlp()
     handle = sparsify(model, cfg)
     assert all(is_2to4(layer.weight) for layer in handle.layers)
+
+
+class _Named(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 32)
+        self.head = nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+@pytest.mark.parametrize("key", ["disallowed_layer_names", "allowed_layer_names", "layer_types"])
+def test_a_bare_string_of_names_is_refused(key: str) -> None:
+    # tuple("head") is ('h', 'e', 'a', 'd'): disallowed_layer_names="head" used to prune the head silently
+    with pytest.raises(UsageError, match=rf"{key}='head' is a string; pass a tuple.*\('head',\)"):
+        Config(**{key: "head"})
+    handle = sparsify(_Named(), Config(disallowed_layer_names=["head"]))  # a list is fine
+    assert [layer.name for layer in handle.layers] == ["body.weight"]
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda p: torch.optim.Adafactor(p, lr=1e-2),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+], ids=["adafactor", "sgd-momentum"])
+def test_pruned_gradients_are_zeroed_before_the_step(make_opt) -> None:
+    """apex ASP masks gradients before optimizer.step(): optimizers that mix gradients across elements
+    (Adafactor's row/column statistics) then update the kept weights as on the pruned model, and no
+    state (momentum) builds up in pruned positions. Reference: grads masked by hand, masks applied."""
+    torch.manual_seed(0)
+    model = _mlp()
+    ref = _mlp()
+    ref.load_state_dict(model.state_dict())
+    handle, ref_handle = sparsify(model), sparsify(ref)
+    opt, ref_opt = make_opt(model.parameters()), make_opt(ref.parameters())
+    handle.attach(opt)
+    x = torch.randn(16, 32)
+    for _ in range(3):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ref(x).square().mean().backward()
+        for layer in ref_handle.layers:
+            layer.weight.grad.mul_(layer.mask)
+        ref_opt.step()
+        ref_handle.apply_masks()
+        ref_opt.zero_grad()
+    for layer, ref_layer in zip(handle.layers, ref_handle.layers):
+        torch.testing.assert_close(layer.weight, ref_layer.weight, rtol=0, atol=0)
+        for state in opt.state[layer.weight].values():
+            if torch.is_tensor(state) and state.shape == layer.mask.shape:
+                assert bool((state[~layer.mask] == 0).all())

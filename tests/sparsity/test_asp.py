@@ -69,3 +69,23 @@ def test_asp_errors() -> None:
         ASP.init_model_for_pruning(_mlp(), whitelist=[nn.LayerNorm])
     with pytest.raises(UsageError, match="no prunable layer"):
         ASP.init_model_for_pruning(nn.Sequential(nn.Linear(4, 4)), verbosity=0)
+
+
+class _MyLinear(nn.Linear):
+    pass
+
+
+def test_whitelist_subclass_selects_only_its_instances() -> None:
+    # apex: whitelist=[MyLinear] prunes the MyLinear layers; plain Linear layers stay dense
+    model = nn.Sequential(_MyLinear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), _MyLinear(32, 16))
+    handle = ASP.init_model_for_pruning(model, whitelist=[_MyLinear], verbosity=0, allow_permutation=False,
+                                        disallowed_layer_names=["4"])
+    assert [layer.name for layer in handle.layers] == ["0.weight"]
+    both = nn.Sequential(_MyLinear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+    handle = ASP.init_model_for_pruning(both, whitelist=[nn.Linear, _MyLinear], verbosity=0, allow_permutation=False)
+    assert [layer.name for layer in handle.layers] == ["0.weight", "2.weight"]
+
+
+def test_string_layer_names_are_refused() -> None:
+    with pytest.raises(UsageError, match="disallowed_layer_names='2' is a string"):
+        ASP.init_model_for_pruning(_mlp(), verbosity=0, disallowed_layer_names="2")

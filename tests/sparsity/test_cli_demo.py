@@ -72,3 +72,38 @@ def test_demo_stage_runs_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 0.0 <= table.rows[3][1] <= 1.0
     assert table.rows[1][4] < 0.55 * table.rows[0][4]
     assert 0.0 <= table.rows[2][1] <= 1.0
+
+
+def test_sparsify_cli_takes_a_pruned_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A state_dict saved from a pruned, fine-tuned model carries its mask buffers; it compresses
+    to exactly its own weights."""
+    from overdrive.sparsity import sparsify
+
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    sparsify(model)
+    torch.save(model.state_dict(), tmp_path / "pruned.pt")
+    out = tmp_path / "o.pt"
+    assert main(["sparsify", "--model", "digits", "--checkpoint", str(tmp_path / "pruned.pt"), "--out", str(out),
+                 "--json"]) == 0, capsys.readouterr().err
+    fresh = DigitsCNN()
+    load_compressed(fresh, out)
+    for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input-shape", "0,1,8,8"], "--input-shape 0,1,8,8 must be positive integers"),
+    (["--input-shape", "-1,1,8,8"], "--input-shape -1,1,8,8 must be positive integers"),
+    (["--input-shape", "1,3,8,8"], "--input-shape 1,3,8,8 does not fit DigitsCNN"),
+    (["--exclude", "fc3"], "--exclude 'fc3' is not a module of DigitsCNN"),
+    (["--out-dir"], "is a directory"),
+], ids=["zero", "negative", "wrong-channels", "unknown-exclude", "out-dir"])
+def test_sparsify_cli_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                          message: str) -> None:
+    out = str(tmp_path / "o.pt")
+    if args == ["--out-dir"]:
+        args, out = [], str(tmp_path)
+    assert main(["sparsify", "--model", "digits", "--out", out, *args]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "Traceback" not in err

@@ -67,3 +67,11 @@ def test_semi_structured_export_without_sparse_gpu_raises() -> None:
     handle = sparsify(model)
     with pytest.raises(UsageError, match="sparse tensor cores"):
         handle.export()
+
+
+def test_compress_checks_the_mask() -> None:
+    w = torch.randn(8, 16)
+    with pytest.raises(UsageError, match=r"mask shape \(8, 32\) does not match weight shape \(8, 16\)"):
+        compress(w, compute_mask(torch.randn(8, 32)))
+    m = compute_mask(w)
+    assert torch.equal(decompress(compress(w * m, m.float())), w * m)  # a 0/1 float mask works too

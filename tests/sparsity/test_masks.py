@@ -84,3 +84,9 @@ def test_bad_shapes_raise() -> None:
         M.m4n2_2d_best(torch.randn(6, 8))
     with pytest.raises(UsageError, match="not one of"):
         M.compute_mask(torch.randn(8, 8), "m8n4")
+
+
+def test_one_dim_weight_raises_usage_error() -> None:
+    for fn in (M.compute_mask, M.is_2to4):
+        with pytest.raises(UsageError, match=r"2 or more dims .* got shape \(8,\)"):
+            fn(torch.randn(8))

@@ -8,7 +8,7 @@ from torch import nn
 
 from overdrive.sparsity import Config, sparsify
 from overdrive.sparsity.masks import m4n2_1d
-from overdrive.sparsity.permutation import apply_permutation, find_groups, group_score, search_permutation
+from overdrive.sparsity.permutation import apply_permutation, find_groups, group_score, permute_for_sparsity, search_permutation
 
 
 class Net(nn.Module):
@@ -113,3 +113,31 @@ def test_untraceable_model_is_noted_not_fatal() -> None:
 
     h = sparsify(Dyn(), Config(permutation=True))
     assert any("could not trace" in n for n in h.report().permutation["notes"])
+
+
+class _Tied(nn.Module):
+    """b and c share one weight: permuting b's input channels would permute c's too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.b = nn.Linear(32, 32)
+        self.c = nn.Linear(32, 32)
+        self.c.weight = self.b.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x))) + self.c(x)
+
+
+def test_tied_weights_are_not_permuted() -> None:
+    torch.manual_seed(0)
+    model = _Tied()
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        ref = model(x)
+    groups, notes = find_groups(model)
+    assert groups == [] and any("shared" in n for n in notes)
+    info = permute_for_sparsity(model, [model.a, model.b, model.c], Config(permutation=True))
+    assert info["groups"] == 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref, rtol=0, atol=0)  # the permutation alone changes nothing

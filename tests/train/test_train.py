@@ -212,3 +212,64 @@ def test_epoch_stats_count_skipped_optimizer_steps_not_overflowed_micro_batches(
     ref_opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)  # only the summation order may differ
+
+
+# --- fixes from a review (each test failed before its fix) ----------------------------------
+def _batches(n: int, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 4, generator=g), torch.randint(0, 3, (batch,), generator=g)) for _ in range(n)]
+
+
+def test_trainer_moves_the_model_to_the_device_it_is_given() -> None:
+    # 'meta' stands in for an accelerator on a CPU-only machine: a model left on the CPU fails the
+    # step with "Tensor on device cpu is not on the expected device meta!".
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t = Trainer(model, opt, device="meta", progress=False)
+    assert {q.device.type for q in model.parameters()} == {"meta"}
+    # moved in place: the optimizer steps the parameters the model holds
+    assert [id(q) for q in opt.param_groups[0]["params"]] == [id(q) for q in model.parameters()]
+    loss = t.train_step(_batches(1)[0])
+    assert loss.device.type == "meta" and t.step_count == 1
+
+
+@pytest.mark.gpu
+def test_trainer_moves_a_cpu_model_to_cuda_and_trains() -> None:
+    model = nn.Linear(4, 3)
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device="cuda", progress=False)
+    assert model.weight.is_cuda
+    result = t.fit(_batches(4), epochs=1, eval_data=_batches(2))
+    assert result.history[0].eval_loss is not None and model.weight.is_cuda
+
+
+def test_fit_steps_a_partial_accumulation_at_epoch_end_on_its_mean_gradient() -> None:
+    # 4 batches, accumulate=3: each epoch steps on mean(grads 0-2), then on grad 3 alone; nothing
+    # carries into the next epoch (before: batch 3 joined the next epoch's first step, and the
+    # last epoch's leftover gradients stayed on the parameters).
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    ref = copy.deepcopy(model).double()
+    data = _batches(4)
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.5), accumulate=3, progress=False)
+    t.fit(data, epochs=2)
+    assert t.step_count == 4 and t._micro == 12
+    assert all(q.grad is None for q in model.parameters())
+    # Reference: plain SGD in float64 on the mean loss of each window.
+    for _ in range(2):
+        for window in (data[:3], data[3:]):
+            loss = sum(nn.functional.cross_entropy(ref(x.double()), y) for x, y in window) / len(window)
+            ref.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for q in ref.parameters():
+                    q -= 0.5 * q.grad
+    for q, r in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(q.double(), r, atol=1e-5, rtol=0)
+
+
+def test_fit_partial_accumulation_works_without_len() -> None:
+    # fit looks one batch ahead, so an iterable without len (a generator, a streaming loader) works too
+    model = nn.Linear(4, 3)
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.5), accumulate=3, progress=False)
+    t.fit((b for b in _batches(5)), epochs=1)
+    assert t.step_count == 2 and all(q.grad is None for q in model.parameters())

@@ -10,7 +10,7 @@ from overdrive.cli.common import console, write_json
 @click.command("sparsify")
 @click.option("--model", "model_spec", required=True,
               help="'pkg.module:Factory', 'file.py:Factory', or an alias: digits, docstrings.")
-@click.option("--checkpoint", default=None, help="Trained weights: a state_dict or an overdrive Trainer checkpoint.")
+@click.option("--checkpoint", default=None, help="Trained weights: a state_dict (a pruned one with its masks too) or an overdrive Trainer checkpoint.")
 @click.option("--out", required=True, help="Where to write the compressed 2:4 checkpoint.")
 @click.option("--mask-calculator", default="m4n2_1d", show_default=True,
               type=click.Choice(["m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best"]))

@@ -7,6 +7,7 @@ shuffling, sharding and reading are the same for all of them.
 from __future__ import annotations
 
 import os
+import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,25 +96,58 @@ def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     return samples
 
 
+_LABEL = re.compile(r"-?[0-9]+")  # ASCII digits only: str.isdigit() also takes '²', which int() rejects
+
+
+def _read_list_file(path: str | os.PathLike) -> list[tuple[str, int]]:
+    """``(path, label)`` pairs of a file list (format in the data README); malformed lines name file:line."""
+    try:
+        # utf-8-sig drops a BOM (Windows editors write one); text mode reads CRLF and CR line ends as LF
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"file list {str(path)!r} is not UTF-8 text (byte {exc.start}); a file list holds one "
+                         "'<path> <integer label>' per line (pass an image folder or a .tar shard directly)") from None
+    base = Path(path).parent
+    pairs = []
+    for n, line in enumerate(text.split("\n"), 1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):  # blank lines and comments
+            continue
+        parts = entry.rsplit(maxsplit=1)  # the label is the last field; the path may hold spaces
+        if len(parts) != 2 or not _LABEL.fullmatch(parts[1]):
+            raise UsageError(f"{path}:{n}: {line!r} is not '<path> <integer label>' (e.g. 'cats/001.jpg 3'); fix "
+                             "or remove that line, or start it with '#' to make it a comment")
+        p = Path(parts[0])
+        full = str(p if p.is_absolute() else base / p)
+        if not os.path.isfile(full):
+            raise UsageError(f"{path}:{n}: image {full!r} does not exist (relative paths are relative to the "
+                             "list's folder); fix the path or remove the line")
+        pairs.append((full, int(parts[1])))
+    return pairs
+
+
 def from_list(items: Sequence[tuple[str, int]] | str | os.PathLike) -> list[Sample]:
-    """A list of ``(path, label)`` pairs, or a text file with one ``path label`` per line."""
+    """A list of ``(path, label)`` pairs, or a text file with one ``path label`` per line.
+
+    File format (see the data README): UTF-8, LF or CRLF line ends; each line is a path, whitespace,
+    and an integer label (the last field, so the path may contain spaces); surrounding spaces, blank
+    lines and lines starting with ``#`` are ignored; relative paths are relative to the list's folder.
+
+    Example:
+        >>> # samples = from_list("train.txt")   # lines like 'cats/001.jpg 3'
+    """
     if isinstance(items, (str, os.PathLike)):
-        base = Path(items).parent
-        pairs = []
-        for n, line in enumerate(Path(items).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            parts = line.rsplit(maxsplit=1)
-            if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-                raise UsageError(f"{items}:{n}: {line!r} is not '<path> <integer label>'")
-            p = Path(parts[0])
-            pairs.append((str(p if p.is_absolute() else base / p), int(parts[1])))
-        items = pairs
+        items = _read_list_file(items)
     out = []
-    for p, label in items:
+    for i, item in enumerate(items):
+        try:
+            p, label = item
+            label = int(label)
+        except (TypeError, ValueError):
+            raise UsageError(f"file list item {i} is {item!r}, expected a (path, integer label) pair") from None
         if not os.path.isfile(p):
             raise UsageError(f"file list entry {p!r} does not exist")
-        out.append(Sample(str(p), int(label)))
+        out.append(Sample(str(p), label))
     return out
 
 
@@ -127,7 +161,7 @@ def resolve(source: str | os.PathLike | Sequence) -> tuple[list[Sample], list[st
                 samples, classes = from_tars(tars), None
             else:
                 samples, classes = from_folder(p)
-        elif p.suffix == ".tar":
+        elif p.suffix == ".tar" and p.is_file():  # a missing one gets the "does not exist" message below
             samples, classes = from_tars([p]), None
         elif p.is_file():
             samples, classes = from_list(p), None

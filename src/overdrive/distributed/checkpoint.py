@@ -5,7 +5,8 @@ amp state (loss scaler; fp32 masters under O2), every rank's RNG states, the loo
 rank's pending gradients when saved mid-accumulation (not under FSDP2, see :func:`save`), and a
 ``position`` dict for the data loader (e.g. :class:`overdrive.distributed.ResumableSampler`),
 returned by :func:`load` as it was given. DCP re-shards on load, so a checkpoint written by N ranks
-loads with M ranks; RNG states are restored only where the rank existed.
+loads with M ranks, and one written under DDP loads under FSDP2 and back (O0/O1: the optimizer
+state is stored by parameter name for both); RNG states are restored only where the rank existed.
 
 Layout: ``root/step_00000012/`` one DCP directory per save; DCP writes ``.metadata`` last, so a
 directory with it is complete, and :func:`latest` ignores half-written ones (a crash mid-save).
@@ -61,10 +62,65 @@ def _is_fsdp(trainer: Trainer) -> bool:
     return trainer.parallel is not None and trainer.parallel.strategy.kind == "fsdp"
 
 
+def _named_optim(trainer: Trainer) -> bool:
+    """Whether the optimizer steps the model's own parameters (FSDP2; DDP or none at O0/O1/O3).
+
+    Then the optimizer state is saved by parameter name (DCP's ``get_state_dict``), the same for
+    both strategies, so a checkpoint moves between DDP and FSDP2. Under O2 (not FSDP2) it steps
+    amp's fp32 masters, which ``get_state_dict`` cannot name: it is saved whole (:func:`_blob`).
+    """
+    mine = {id(q) for q in trainer.model.parameters()}
+    return all(id(q) in mine for q in trainer.mp.master_params())
+
+
+def _get_optim(trainer: Trainer, with_state: bool = True) -> dict[str, Any]:
+    """``get_state_dict``'s optimizer state by parameter name, leaving ``trainer`` as it was.
+
+    ``get_state_dict`` creates the state of an optimizer that has not stepped by stepping it once
+    with zero gradients and lr 0 (Adam's step count becomes 1, which changed the run that saved).
+    Here the trainer's gradients and pending overflow skip are kept aside while it does, and a
+    fresh optimizer is left fresh. ``with_state=False`` returns no state entries (what a fresh
+    optimizer saves); True, placeholders for every entry (what a load into a fresh one needs).
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    opt, mp = trainer.optimizer, trainer.mp
+    fresh = len(opt.state) == 0
+    params = list(mp.master_params())
+    grads = [q.grad for q in params]
+    skip = set(mp._skip)
+    for q in params:
+        q.grad = None
+    try:
+        _, optim_sd = get_state_dict(trainer.model, opt)
+    finally:
+        for q, g in zip(params, grads):
+            q.grad = g
+        mp._skip = skip
+        if fresh:
+            opt.state.clear()
+    if not with_state:
+        optim_sd["state"] = {}
+    return optim_sd
+
+
+_OPTIM_KIND = {
+    True: "by parameter name (strategy='fsdp', or 'ddp'/none at O0/O1/O3)",
+    False: "as one object (strategy='ddp'/none at O2, where it steps amp's fp32 masters; or saved by an earlier overdrive)",
+}
+
+
+class _AmpMismatch(Exception):
+    pass
+
+
+def _strategy(trainer: Trainer) -> str:
+    return trainer.parallel.strategy.kind if trainer.parallel is not None else "none"
+
+
 def _blob(obj: Any) -> bytes:
-    # Replicated optimizer state (no FSDP) travels as one serialized object: a fresh optimizer
-    # has no state entries for DCP to load into in place, and under O2 its params are the amp
-    # masters, which DCP's get_state_dict cannot name. DCP stores it once (ranks deduplicated).
+    # Optimizer state over amp's O2 masters (no FSDP) travels as one serialized object: DCP's
+    # get_state_dict cannot name the masters. DCP stores it once (ranks deduplicated).
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -116,13 +172,18 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
-def _state(trainer: Trainer) -> dict[str, Any]:
+def _state(trainer: Trainer, optim_state: bool | None = None) -> dict[str, Any]:
+    """What DCP saves, or the placeholders it loads into. ``optim_state``: whether the optimizer
+    state entries are included (default: whether the optimizer has stepped)."""
+    if optim_state is None:
+        optim_state = len(trainer.optimizer.state) > 0
     if _is_fsdp(trainer):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+        model_sd, _ = get_state_dict(trainer.model, [])
     else:
-        model_sd, optim_sd = trainer.model.state_dict(), _blob(trainer.optimizer.state_dict())
+        model_sd = trainer.model.state_dict()
+    optim_sd: Any = _get_optim(trainer, optim_state) if _named_optim(trainer) else _blob(trainer.optimizer.state_dict())
     amp = trainer.mp.state_dict()
     if "master_params" in amp:
         amp["master_params"] = {str(i): t for i, t in enumerate(amp["master_params"])}
@@ -185,7 +246,10 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
 
     Gradients ``trainer`` holds from before the load are dropped, and a checkpoint saved
     mid-accumulation restores each rank's pending gradients (it needs the rank count it was saved
-    with), so the next steps equal an uninterrupted run.
+    with), so the next steps equal an uninterrupted run. A checkpoint saved under strategy='ddp'
+    loads under 'fsdp' and the other way round at O0/O1 (the optimizer state is stored by
+    parameter name); where it cannot (O2/O3, whose amp state differs between the strategies), a
+    UsageError names both, before anything is loaded.
 
     Example:
         >>> # ckpt = latest("ckpt"); position = load(ckpt, trainer) if ckpt else {}
@@ -218,7 +282,20 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
             "under strategy='fsdp': FSDP2 would add those partial gradients to the resumed step and they cannot be "
             "dropped; load into a freshly built Trainer, or after a train_step that steps the optimizer"
         )
-    state = _state(trainer)
+    saved_named = "optim" not in keys  # by parameter name ('optim.param_groups', ...), not one object
+    # A whole optimizer state_dict loads into any trainer whose optimizer holds plain tensors (not FSDP2's
+    # shards); one by parameter name needs the optimizer to step the model's own parameters.
+    if (saved_named and not _named_optim(trainer)) or (not saved_named and _is_fsdp(trainer)):
+        raise UsageError(
+            f"checkpoint {str(path)!r} holds the optimizer state {_OPTIM_KIND[saved_named]}, and this trainer "
+            f"(strategy={_strategy(trainer)!r}, amp {trainer.mp.policy.opt_level}) needs it "
+            f"{_OPTIM_KIND[not saved_named]}; resume it with the strategy and amp policy that saved it "
+            "(checkpoints saved at O0/O1 move between strategy='ddp' and 'fsdp' freely)"
+        )
+    saved_state = any(k.startswith("optim.state.") for k in keys)
+    state = _state(trainer, optim_state=saved_state)
+    if not saved_named:
+        state["optim"] = None  # a placeholder DCP replaces with the saved bytes
     me = f"rank{_rank()}"
     have_rng = restore_rng and any(k.startswith(f"rng.{me}.") for k in keys)
     if have_rng:
@@ -231,20 +308,41 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
     if pending_ranks:
         state["pending"] = {me: None}  # a placeholder DCP replaces with this rank's saved bytes
     try:
+        if "amp.opt_level" in keys:
+            # Read first: DCP loads the model in place, so a mismatch found afterwards would leave it
+            # half-restored. FSDP2 runs O2/O3 bf16 as FSDP mixed precision with amp at O0, so the amp
+            # level differs between strategies there.
+            head: dict[str, Any] = {"amp": {"opt_level": None}}
+            dcp.load(head, checkpoint_id=str(path))
+            if head["amp"]["opt_level"] != trainer.mp.policy.opt_level:
+                raise _AmpMismatch(head["amp"]["opt_level"])
         dcp.load(state, checkpoint_id=str(path))
+    except _AmpMismatch as exc:
+        raise UsageError(
+            f"checkpoint {str(path)!r} holds amp state at opt level {exc.args[0]!r} and this trainer "
+            f"(strategy={_strategy(trainer)!r}) runs amp at {trainer.mp.policy.opt_level!r} (strategy='fsdp' runs "
+            "O2/O3 bf16 with amp at 'O0', strategy='ddp' with amp at O2/O3); resume it with the strategy and amp policy that saved it"
+        ) from None
     except (CheckpointException, Exception) as exc:  # CheckpointException derives from BaseException
         raise UsageError(
             f"checkpoint {str(path)!r} does not fit this trainer ({_why(exc)}); load it into a Trainer built with "
             "the same model, optimizer, amp policy and strategy as the one that saved it"
         ) from exc
-    if _is_fsdp(trainer):
+    amp = state["amp"]
+    if saved_named:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        optim_sd = state["optim"]
+        if saved_state:
+            set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=optim_sd)
+        else:  # saved before its first step: hyperparameters only, and the optimizer stays fresh
+            set_state_dict(trainer.model, [], model_state_dict=state["model"], optim_state_dict={})
+            for group, saved in zip(trainer.optimizer.param_groups, optim_sd["param_groups"]):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+            trainer.optimizer.state.clear()
     else:
         trainer.model.load_state_dict(state["model"])
         trainer.optimizer.load_state_dict(_unblob(state["optim"]))
-    amp = state["amp"]
     if "master_params" in amp:
         amp["master_params"] = [amp["master_params"][str(i)] for i in range(len(amp["master_params"]))]
     trainer.mp.load_state_dict(amp)

@@ -30,6 +30,7 @@ from overdrive.quant.modules import (
     QuantMatmul,
     QuantSDPA,
     _QuantMixin,
+    grouped_transpose_reason,
     insert_graph_quantizers,
 )
 from overdrive.quant.quantizer import TensorQuantizer
@@ -46,7 +47,9 @@ def _selected(name: str, mod: nn.Module, config: QuantConfig, type_name: str | N
     if not any(fnmatch.fnmatch(name, p) for p in config.include):
         return "not matched by include"
     hit = next((p for p in config.exclude if fnmatch.fnmatch(name, p)), None)
-    return f"excluded by pattern {hit!r}" if hit else None
+    if hit:
+        return f"excluded by pattern {hit!r}"
+    return grouped_transpose_reason(mod, config)
 
 
 def _subclass_reason(name: str, mod: nn.Module, config: QuantConfig) -> str | None:
@@ -157,6 +160,10 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
     _calibrate_weights(model)
     if forward_loop is not None:
+        if not _activation_quantizers(model):  # calibrate() would say "call quant.quantize first"
+            found = "; ".join(f"{n}: {why}" for n, why in skipped.items()) or f"no layer of types {config.layer_types}"
+            raise UsageError(f"quantize() found no layer to quantize ({found[:500]}); check the model and "
+                             "QuantConfig's layer_types / include / exclude")
         calibrate(model, forward_loop, method=config.method, percentile=config.percentile)
     return model
 

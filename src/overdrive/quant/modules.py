@@ -19,8 +19,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from overdrive._utils.errors import UsageError
 from overdrive.quant.config import QuantConfig
 from overdrive.quant.quantizer import TensorQuantizer
+
+
+def grouped_transpose_reason(mod: nn.Module, config: QuantConfig) -> str | None:
+    """Why ``mod`` cannot get per-output-channel weight scales (a ConvTranspose with groups > 1), else None.
+
+    A ConvTranspose weight is (C_in, C_out / groups, kH, kW): output channel ``g * C_out/groups + j``
+    is the slice ``weight[g * C_in/groups:(g + 1) * C_in/groups, j]``. Per-channel scales along axis 1
+    would give C_out / groups scales, each shared by the j-th channel of every group (one scale for
+    the whole layer when depthwise), and ONNX DequantizeLinear's per-axis form (one scale per slice
+    of one axis) cannot express one scale per output channel. torch.ao refuses this case too.
+
+    Example:
+        >>> from overdrive.quant.config import INT8_DEFAULT
+        >>> grouped_transpose_reason(nn.ConvTranspose2d(4, 4, 2, groups=2), INT8_DEFAULT) is not None
+        True
+    """
+    if not (isinstance(mod, nn.ConvTranspose2d) and mod.groups > 1):
+        return None
+    if not (config.weight.per_channel and config.weight.enabled):
+        return None
+    return (f"ConvTranspose2d with groups={mod.groups}: per-output-channel weight scales cannot be expressed "
+            f"(its weight is (C_in, C_out/groups, kH, kW) = {tuple(mod.weight.shape)}, and ONNX "
+            "DequantizeLinear takes one scale per slice of one axis); to quantize it, "
+            "use per-tensor weights: QuantConfig(weight=QuantizerConfig(per_channel=False, narrow_range=True))")
 
 
 class _QuantMixin:
@@ -31,6 +56,9 @@ class _QuantMixin:
     @classmethod
     def from_float(cls, mod: nn.Module, config: QuantConfig) -> nn.Module:
         """Swap the class of ``mod`` (sharing its parameters and hooks) and add the two quantizers."""
+        reason = grouped_transpose_reason(mod, config)
+        if reason is not None:
+            raise UsageError(f"cannot quantize this layer: {reason}")
         new = cls.__new__(cls)
         new.__dict__.update(mod.__dict__)
         new._modules = dict(mod._modules)
@@ -68,7 +96,9 @@ class QuantConv3d(_QuantMixin, nn.Conv3d):
 
 
 class QuantConvTranspose2d(_QuantMixin, nn.ConvTranspose2d):
-    weight_axis = 1  # weight is (C_in, C_out / groups, kH, kW): output channels on axis 1
+    # weight is (C_in, C_out / groups, kH, kW): output channels on axis 1 when groups == 1 (per-channel
+    # weights with groups > 1 are refused in from_float, see grouped_transpose_reason)
+    weight_axis = 1
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, 2,

@@ -134,6 +134,16 @@ class SparseHandle:
                 for t in {id(x): x for x in (layer.weight, layer.original)}.values():
                     t.mul_(mask.to(t.device))
 
+    def mask_grads(self) -> None:
+        """Zero the gradients of pruned weights (the model's and the fp32 masters' under amp O2).
+        masked_fill, not a multiply: an inf gradient in a pruned position must not become NaN."""
+        with torch.no_grad():
+            for layer in self.layers:
+                mask = layer.mask
+                for t in {id(x): x for x in (layer.weight, layer.original)}.values():
+                    if t.grad is not None and t.grad.layout == torch.strided and t.grad.shape == mask.shape:
+                        t.grad.masked_fill_(~mask.to(t.grad.device), 0)
+
     def restore_dense(self) -> None:
         """Put back the weight values the masks removed and reset the masks to all ones (needs
         ``allow_recompute_mask=True``); weights trained since pruning keep their trained values."""
@@ -220,9 +230,11 @@ class SparseHandle:
 
     # --- training ---------------------------------------------------------------------------
     def attach(self, optimizer: torch.optim.Optimizer) -> SparseHandle:
-        """Keep masks through ``optimizer.step()`` with a step post-hook (any optimizer: foreach, fused,
-        amp masters). Sparsify before ``amp.prepare``: the hook then masks the fp32 masters and
-        the half model weights alike, whichever hook runs first."""
+        """Keep masks through ``optimizer.step()`` (any optimizer: foreach, fused, amp masters): a step
+        pre-hook zeroes the gradients of pruned weights, as apex ASP does (so optimizers that mix
+        gradients across elements, e.g. Adafactor, and momentum buffers see no pruned gradient), and a
+        post-hook re-applies the masks. Sparsify before ``amp.prepare``: the hooks then mask the fp32
+        masters and the half model weights alike, whichever hook runs first."""
         held = {id(q) for g in optimizer.param_groups for q in g["params"]}
         missing = [layer.name for layer in self.layers if id(layer.original) not in held and id(layer.weight) not in held]
         if len(missing) == len(self.layers):
@@ -230,6 +242,7 @@ class SparseHandle:
                 f"the optimizer holds none of the pruned weights ({missing[:3]}...): pass the optimizer built on this "
                 "model's parameters; with overdrive.amp O2/apex O2, call sparsify/ASP before amp.prepare/initialize"
             )
+        self._hooks.append(optimizer.register_step_pre_hook(lambda _opt, _a, _k: self.mask_grads()))
         self._hooks.append(optimizer.register_step_post_hook(lambda _opt, _a, _k: self.apply_masks()))
         self._optimizers.append(optimizer)
         self.apply_masks()

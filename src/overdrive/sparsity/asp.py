@@ -61,10 +61,16 @@ class ASP:
             raise UsageError("custom_layer_dict is not supported; subclasses of Linear/Conv/MHA are found automatically")
         if model in _HANDLES:
             raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
+        # Config refuses a bare string (tuple("head") would be its characters), so pass the names as given
         cfg = Config(mask_calculator=mask_calculator, layer_types=_type_names(whitelist),
-                     allowed_layer_names=None if allowed_layer_names is None else tuple(allowed_layer_names),
-                     disallowed_layer_names=tuple(disallowed_layer_names), allow_recompute_mask=allow_recompute_mask,
-                     permutation=allow_permutation)
+                     allowed_layer_names=allowed_layer_names, disallowed_layer_names=disallowed_layer_names,
+                     allow_recompute_mask=allow_recompute_mask, permutation=allow_permutation)
+        if any(cls not in _TYPES.values() for cls in whitelist):
+            # a subclass in the whitelist (MyLinear) selects only its instances, not every layer of its base type
+            wanted = tuple(whitelist)
+            names = tuple(n for n, mod in model.named_modules() if isinstance(mod, wanted)
+                          and (cfg.allowed_layer_names is None or n in cfg.allowed_layer_names))
+            cfg = cfg.replace(allowed_layer_names=names)
         handle = sparsify(model, cfg, compute_masks=False)
         handle._strong = None  # the registry value must not keep its key alive
         _HANDLES[model] = handle

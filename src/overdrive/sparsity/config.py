@@ -48,6 +48,10 @@ class Config:
     allow_recompute_mask: bool = False
 
     def __post_init__(self) -> None:
+        for key in ("layer_types", "allowed_layer_names", "disallowed_layer_names"):
+            value = getattr(self, key)
+            if isinstance(value, str):  # tuple("head") would be ('h', 'e', 'a', 'd'): no layer of that name
+                raise UsageError(f"{key}={value!r} is a string; pass a tuple or list of names, e.g. {key}=({value!r},)")
         if self.pattern not in PATTERNS:
             raise UsageError(f"pattern {self.pattern!r} is not supported; use one of {PATTERNS} (sparse tensor cores do 2:4)")
         calc = _ALIASES.get(self.mask_calculator, self.mask_calculator)

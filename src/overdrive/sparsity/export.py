@@ -38,7 +38,10 @@ def compress(weight: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
         >>> torch.equal(decompress(compress(w * m, m)), w * m)
         True
     """
-    mat, mmat = M.to_matrix(weight.detach()), M.to_matrix(mask)
+    if tuple(mask.shape) != tuple(weight.shape):
+        raise UsageError(f"mask shape {tuple(mask.shape)} does not match weight shape {tuple(weight.shape)}; "
+                         "pass the weight's own mask")
+    mat, mmat = M.to_matrix(weight.detach()), M.to_matrix(mask.bool())
     rows, cols = mat.shape
     if cols % 8:
         raise UsageError(f"compressed 2:4 storage needs in % 8 == 0, got weight shape {tuple(weight.shape)}")

@@ -64,6 +64,12 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
             payload = payload[key]
     if not isinstance(payload, dict):
         raise UsageError(f"--checkpoint {path} holds a {type(payload).__name__}, not a state_dict")
+    from overdrive.sparsity.api import MASK_SUFFIX
+
+    own = {n for n, _ in model.named_buffers()}
+    # a state_dict saved from a pruned (fine-tuned) model carries its 2:4 mask buffers; the model built
+    # here is dense, and its masks are recomputed from the loaded weights, which are already 2:4
+    payload = {k: v for k, v in payload.items() if not (isinstance(k, str) and k.endswith(MASK_SUFFIX) and k not in own)}
     try:
         model.load_state_dict(payload)
     except RuntimeError as exc:
@@ -73,7 +79,17 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
 def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, config: Config,
                         example_shape: tuple[int, ...] | None = None) -> tuple[SparsityReport, dict[str, Any]]:
     """Build, load, prune to 2:4 and save compressed; returns the report and byte counts."""
+    if example_shape is not None and (not example_shape or any(d < 1 for d in example_shape)):
+        raise UsageError(f"--input-shape {','.join(map(str, example_shape))} must be positive integers like 1,3,224,224")
+    if Path(out).is_dir():
+        raise UsageError(f"--out {out!r} is a directory; give a file path such as {str(Path(out) / 'model.sparse24.pt')!r}")
     model = build_model(model_spec)
+    names = {n for n, _ in model.named_modules()}
+    unknown = [n for n in config.disallowed_layer_names if n not in names]  # a typo would prune the layer silently
+    if unknown:
+        known = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
+        raise UsageError(f"--exclude {unknown[0]!r} is not a module of {type(model).__name__}; "
+                         f"use module names such as {known[:4]}")
     if checkpoint:
         load_weights(model, checkpoint)
     model.eval()
@@ -84,7 +100,13 @@ def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, confi
         # token models take integer ids; others a float tensor
         example = ((torch.randint(0, emb.num_embeddings, example_shape),) if emb is not None
                    else (torch.randn(example_shape),))
-    report = handle.report(example_inputs=example)
+    try:
+        report = handle.report(example_inputs=example)
+    except (RuntimeError, ValueError, IndexError) as exc:
+        if example is None or isinstance(exc, UsageError):
+            raise
+        raise UsageError(f"--input-shape {','.join(map(str, example_shape))} does not fit {type(model).__name__}: "
+                         f"{str(exc).splitlines()[0]}; pass the shape of one input batch the model takes") from exc
     stats = save_compressed(handle, out)
     stats["file_bytes"] = Path(out).stat().st_size
     return report, stats

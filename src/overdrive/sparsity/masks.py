@@ -17,6 +17,9 @@ from overdrive._utils.errors import UsageError
 
 def to_matrix(weight: torch.Tensor) -> torch.Tensor:
     """(O, I) -> (O, I); conv (O, I, *k) -> (O * prod(k), I) with input channels last."""
+    if weight.dim() < 2:
+        raise UsageError(f"2:4 sparsity applies to weights of 2 or more dims (out, in, *kernel), got shape "
+                         f"{tuple(weight.shape)}; pass a Linear or Conv weight")
     if weight.dim() == 2:
         return weight
     return weight.movedim(1, -1).reshape(-1, weight.shape[1])

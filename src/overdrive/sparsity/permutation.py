@@ -127,6 +127,24 @@ def find_groups(model: nn.Module) -> tuple[list[dict[str, Any]], list[str]]:
     for n in gm.graph.nodes:
         if n.op == "call_module":
             calls[n.target] = calls.get(n.target, 0) + 1
+    # a parameter shared with another module (tied weights) or read directly in forward (get_attr)
+    # would see the permutation too: groups touching one keep their order
+    holders: dict[int, set[str]] = {}
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        for q in mod._parameters.values():
+            if q is not None:
+                holders.setdefault(id(q), set()).add(mname)
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part, None)
+            if isinstance(obj, torch.Tensor):
+                holders.setdefault(id(obj), set()).add(f"<get_attr {n.target}>")
+
+    def _shared(name: str) -> bool:
+        return any(len(holders.get(id(q), ())) > 1 for q in model.get_submodule(name)._parameters.values() if q is not None)
+
     groups = []
     for n in gm.graph.nodes:
         if n.op != "call_module" or _kind(modules[n.target]) is None:
@@ -138,6 +156,9 @@ def find_groups(model: nn.Module) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         if any(calls[t] != 1 for t in [n.target, *consumers, *path]):
             notes.append(f"{n.target}: a module on its path is called more than once; not permuted")
+            continue
+        if any(_shared(t) for t in [n.target, *consumers, *path]):
+            notes.append(f"{n.target}: a weight on its path is shared with another module or read directly; not permuted")
             continue
         groups.append({"producer": n.target, "consumers": sorted(set(consumers)), "channelwise": path})
     _ = operator  # (kept for readers: residual adds are operator.add nodes, which stop a group)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ class FitResult:
 class Trainer:
     """Model + optimizer + amp policy, with a visible step, a fit loop, evaluation and checkpoints.
 
+    ``device`` moves the model there (batches follow); without it, the model's device is used.
     ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
     the loss scaler and optimizer hooks behave as usual). ``strategy="ddp"|"fsdp"`` (or an
     ``overdrive.distributed.Strategy``) spreads the model over the process group; see
@@ -83,6 +84,23 @@ class Trainer:
             raise UsageError(f"accumulate={accumulate} must be >= 1")
         first = next(model.parameters(), None)
         self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        if device is not None:
+            # As accelerate / the HF Trainer do: the model goes where the batches go. Module.to
+            # keeps the Parameter objects only between compatible tensor types (CPU <-> CUDA, not
+            # to 'meta' or some backends); where it made new ones, the optimizer is re-pointed at them.
+            from overdrive.distributed.parallel import _rebind_optimizer
+
+            names = {id(q): n for n, q in model.named_parameters()}
+            model.to(self.device)
+            mine = {id(q) for q in model.parameters()}
+            if any(id(q) not in mine for g in optimizer.param_groups for q in g["params"]):
+                if len(optimizer.state) > 0:
+                    raise UsageError(
+                        f"device={str(self.device)!r} re-created the model's parameters, and the optimizer has already "
+                        "stepped (its state belongs to the old ones); build the optimizer after moving the model, or "
+                        "before its first step"
+                    )
+                optimizer = _rebind_optimizer(optimizer, names, model)
         # strategy='ddp'|'fsdp' (or an overdrive.distributed.Strategy): see overdrive/distributed/parallel.py
         self.parallel = None
         if strategy is not None:
@@ -116,15 +134,20 @@ class Trainer:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def train_step(self, batch: Batch) -> torch.Tensor:
+    def train_step(self, batch: Batch, end_of_epoch: bool = False) -> torch.Tensor:
         """Forward, scaled backward, (every ``accumulate`` micro-batches) clip, step and step the
         scheduler (not a ``ReduceLROnPlateau``: :meth:`fit` steps that once per epoch).
+
+        ``end_of_epoch=True`` (what :meth:`fit` passes with an epoch's last batch) also steps a
+        partial accumulation of k < ``accumulate`` micro-batches, on the mean of their gradients,
+        so no gradient carries into the next epoch.
 
         Returns the micro-batch loss as a detached tensor (no host sync).
         """
         x, y = batch
         x, y = self._to_device(x), y.to(self.device, non_blocking=True)
-        last = (self._micro + 1) % self.accumulate == 0
+        k = self._micro % self.accumulate + 1  # micro-batches in this accumulation, this one included
+        last = k == self.accumulate or end_of_epoch
         with self._grad_sync(last):
             with self.mp.autocast():
                 out = self.forward(x)
@@ -134,6 +157,14 @@ class Trainer:
         if last:
             if self.parallel is not None:
                 self.parallel.finish_accumulation(self.mp.master_params())
+            if k < self.accumulate:
+                # A partial accumulation: each loss was divided by ``accumulate``; make the step's
+                # gradient the mean over the k micro-batches it holds, and start the next
+                # accumulation afresh (``_micro`` to the next multiple of ``accumulate``).
+                for q in self.mp.master_params():
+                    if q.grad is not None:
+                        q.grad.mul_(self.accumulate / k)
+                self._micro += self.accumulate - k
             if self.grad_clip is not None:
                 self.mp.clip_grad_norm_(self.grad_clip)
             if not self.mp.step():
@@ -158,6 +189,10 @@ class Trainer:
     ) -> FitResult:
         """Train for ``epochs`` epochs; returns per-epoch loss, throughput and eval metrics.
 
+        With ``accumulate`` > 1, an epoch whose batch count is not a multiple of it ends with a
+        step on the mean gradient of its last k < ``accumulate`` micro-batches (as Lightning and the
+        HF Trainer do), so each epoch's gradients stay in that epoch.
+
         Schedulers step once per optimizer step (in :meth:`train_step`), except
         ``ReduceLROnPlateau``, which needs a metric: it steps once at the end of each epoch, on the
         eval loss when ``eval_data`` is given and otherwise on the epoch's mean training loss.
@@ -177,8 +212,8 @@ class Trainer:
                 samples = 0
                 synchronize(self.device)
                 t0 = time.perf_counter()
-                for batch in train_data:
-                    losses.append(self.train_step(batch))
+                for batch, end in _mark_last(train_data):
+                    losses.append(self.train_step(batch, end_of_epoch=end))
                     samples += int(batch[0].shape[0])
                     if bar is not None and len(losses) % 10 == 0:
                         bar.update(task, advance=10, loss=float(losses[-1]), tput=samples / (time.perf_counter() - t0))
@@ -312,6 +347,19 @@ def memory_mib(trainer: Trainer) -> float:
         for v in st.values():
             add(v)
     return total / 2**20
+
+
+def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
+    """Each batch with whether it is the last one (one batch of look-ahead: works without ``len``)."""
+    it = iter(data)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for batch in it:
+        yield prev, False
+        prev = batch
+    yield prev, True
 
 
 def _len_or_none(data: Iterable[Any]) -> int | None:
