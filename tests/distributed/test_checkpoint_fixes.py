@@ -194,7 +194,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("ckpt_fixes")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_checkpoint_fixes_worker.py"), [str(out)], env=_env())
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_checkpoint_fixes_worker.py"), [str(out)], env=_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return [json.loads((out / f"results_rank{r}.json").read_text()) for r in range(2)], out
 
@@ -264,7 +264,7 @@ def test_amp_level_that_differs_between_strategies_is_named_before_loading(group
 @pytest.fixture(scope="module")
 def switch_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("strategy_switch")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_strategy_switch_worker.py"), [str(out)], env=_env())
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_strategy_switch_worker.py"), [str(out)], env=_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return [json.loads((out / f"results_rank{r}.json").read_text()) for r in range(2)]
 

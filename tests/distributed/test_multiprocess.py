@@ -35,7 +35,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def numerics(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("numerics")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_numerics_worker.py"), [str(out)], env=_env())
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_numerics_worker.py"), [str(out)], env=_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return json.loads((out / "results.json").read_text()), out
 
@@ -90,7 +90,7 @@ def test_killed_rank_resumes_under_max_restarts(tmp_path: Path) -> None:
     import _resume_script as s
 
     args = ["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "crash.json"), "--crash-at", "5", "--steps", "8"]
-    rc = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), str(HERE / "_resume_script.py"), args, env=_env())
+    rc = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), str(HERE / "_resume_script.py"), args, env=_env(), timeout_s=600)
     assert rc == 0
     crashed = json.loads((tmp_path / "crash.json").read_text())
     assert crashed["restart"] == 1 and crashed["steps"] == 8 and crashed["world_size"] == 2

@@ -132,6 +132,23 @@ def test_launch_preflight_stops_on_fault(tmp_path) -> None:
         launch(LaunchConfig(), str(tmp_path / "missing.py"))
 
 
+def test_launch_timeout_kills_every_rank(tmp_path) -> None:
+    """A job past timeout_s is killed with its ranks (a hung gloo shutdown once held the test suite)."""
+    import os
+
+    script = tmp_path / "hang.py"
+    pidfile = tmp_path / "pid"
+    script.write_text(f"import os, threading\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                      "threading.Event().wait()\n")
+    with pytest.raises(OverdriveError, match="ran past timeout_s=20 s and was killed with every rank"):
+        launch(LaunchConfig(nproc_per_node=1), str(script), check=False, timeout_s=20)
+    if pidfile.exists():  # the rank had started: it must be gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pidfile.read_text()), 0)
+    with pytest.raises(UsageError, match="timeout_s=0"):
+        launch(LaunchConfig(nproc_per_node=1), str(script), timeout_s=0)
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -37,7 +37,7 @@ def run(ctx: DemoContext) -> Table:
         env = dict(os.environ, OMP_NUM_THREADS="1")  # two ranks on a laptop's cores: no oversubscription
         rc = launch(odist.LaunchConfig(nproc_per_node=RANKS), "overdrive.demo.distributed_worker",
                     [str(out), "--epochs", str(EPOCHS), "--batch-size", str(ctx.batch_size), "--seed", str(ctx.seed),
-                     "--device", device], module=True, env=env)
+                     "--device", device], module=True, env=env, timeout_s=900)  # a hung rank cannot stall the demo
         if rc != 0 or not out.exists():
             raise RuntimeError(f"the {RANKS}-rank run failed (torchrun exit code {rc}); run `overdrive doctor` to check "
                                "the set-up")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,18 +57,48 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
 
 
 def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None, module: bool = False,
-           check: bool = True, env: dict[str, str] | None = None) -> int:
+           check: bool = True, env: dict[str, str] | None = None, timeout_s: float | None = None) -> int:
     """Run ``script`` under torchrun; returns its exit code (restarts are torchrun's ``--max-restarts``).
+
+    ``timeout_s`` bounds the whole run, restarts included: past it, torchrun is told to stop (SIGTERM, on which
+    it stops every rank it started) and :class:`OverdriveError` says so; a rank hung in a collective or at exit
+    then cannot hold the caller forever.
 
     Example:
         >>> # launch(LaunchConfig(nproc_per_node=2, max_restarts=1), "train.py", ["--steps", "100"])
     """
     if not module and not Path(script).is_file():
         raise UsageError(f"training script {script!r} does not exist")
+    if timeout_s is not None and not timeout_s > 0:
+        raise UsageError(f"launch timeout_s={timeout_s!r}: expected a positive number of seconds, or None for no limit")
     env = dict(os.environ if env is None else env)
     if check:
         preflight(cfg, env)
-    return subprocess.run(build_command(cfg, script, list(script_args or []), module), env=env, check=False).returncode
+    cmd = build_command(cfg, script, list(script_args or []), module)
+    if timeout_s is None:
+        return subprocess.run(cmd, env=env, check=False).returncode
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: the ranks die with it
+    try:
+        return proc.wait(timeout=timeout_s)
+    except KeyboardInterrupt:  # a new session gets no terminal SIGINT: pass it on, as torchrun would get it
+        proc.send_signal(signal.SIGINT)
+        _reap(proc)
+        raise
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # torchrun stops its ranks on SIGTERM (each runs in a session of its own)
+        _reap(proc)
+        raise OverdriveError(f"the launched job ran past timeout_s={timeout_s:g} s and was killed with every rank; "
+                             "a rank may be stuck in a collective: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL, or "
+                             "raise the limit") from None
+
+
+def _reap(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """Wait for torchrun to stop its ranks and exit; past ``grace_s``, kill its process group."""
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def bandwidth(nproc: int, min_bytes: int = 8 * 1024, max_bytes: int = 64 * 2**20, ops: str = "all_reduce,all_gather,reduce_scatter",
