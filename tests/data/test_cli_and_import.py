@@ -29,3 +29,10 @@ def test_cli_make_dataset_and_errors(tmp_path: Path) -> None:
     assert len(files) == 4 and files[0].read_bytes()[:2] == b"\xff\xd8"
     assert main(["data", "make-dataset", str(tmp_path / "e"), "-n", "0"]) == 2
     assert main(["data", "bench", str(tmp_path / "d"), "--batch-size", "0", "--device", "cpu"]) == 2
+
+
+def test_cli_bench_bad_device_is_a_usage_error(folder: Path) -> None:
+    """--device gpu raised torch's RuntimeError (exit 1, a list of every device type torch knows)."""
+    from overdrive.cli.main import main
+
+    assert main(["data", "bench", str(folder), "--batch-size", "4", "--size", "8", "--workers", "0", "--device", "gpu"]) == 2

@@ -279,3 +279,28 @@ def test_set_epoch_between_iter_and_next_keeps_the_epoch_consistent(folder: Path
     loader.set_epoch(1)
     got = [x for x, _ in it]
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+@pytest.mark.parametrize("field,value", [("batch_size", 66 / 4), ("batch_size", 16.0), ("size", 16.5), ("num_shards", 2.0),
+                                         ("seed", 1.5), ("num_workers", 1.5), ("batch_size", "8")])
+def test_non_integer_counts_are_refused_up_front(folder: Path, field: str, value: object) -> None:
+    """batch_size=global / world (a float) was accepted, gave a len(), then failed in the first next()
+    (TypeError: slice indices must be integers); seed=1.5 failed in manual_seed."""
+    with pytest.raises(UsageError, match=rf"{field}={value!r} must be an int"):
+        ImageLoader(folder, **{"pipeline": "cpu", "num_workers": 0, "batch_size": 4, field: value})
+
+
+def test_numpy_int_settings_round_trip_through_json() -> None:
+    np = pytest.importorskip("numpy")
+    cfg = LoaderConfig(batch_size=np.int64(8), seed=np.int32(3))  # to_json() raised TypeError: int64 is not JSON serializable
+    assert type(cfg.batch_size) is int and LoaderConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("kw,match", [({"scale": None}, r"scale=None must be a sequence of numbers"),
+                                      ({"mean": "abc"}, r"mean='abc' must be a sequence of numbers"),
+                                      ({"batch_size": "8"}, r"batch_size='8' must be an int"),
+                                      ({"batchsize": 8}, r"unknown option\(s\) \['batchsize'\]")])
+def test_bad_option_values_are_not_called_unknown_options(folder: Path, kw: dict, match: str) -> None:
+    """Every TypeError from validating a known option was reported as 'ImageLoader got an unknown option'."""
+    with pytest.raises(UsageError, match=match):
+        ImageLoader(folder, **{"pipeline": "cpu", "num_workers": 0, **kw})

@@ -64,3 +64,65 @@ def test_non_text_list_and_bad_pairs_are_usage_errors(files: Path) -> None:
 def test_missing_tar_shard_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"data source '.*gone\.tar' does not exist"):  # was FileNotFoundError
         resolve(tmp_path / "gone.tar")
+
+
+@pytest.mark.parametrize("label", [1.5, -0.5, float("nan"), True, "1.5"])
+def test_pairs_with_a_non_integral_label_are_refused(files: Path, label: object) -> None:
+    """int(1.5) is 1: a float label was silently truncated into another class."""
+    items = [(str(files / "a.jpg"), 0), (str(files / "d.jpg"), label)]
+    with pytest.raises(UsageError, match=rf"item 1 is .*label {re.escape(repr(label))} is not an integer class index"):
+        from_list(items)
+
+
+def test_pairs_accept_integer_like_labels(files: Path) -> None:
+    np = pytest.importorskip("numpy")
+    import torch
+
+    items = [(str(files / "a.jpg"), np.int64(4)), (str(files / "a.jpg"), 2.0), (str(files / "a.jpg"), torch.tensor(5)),
+             (str(files / "a.jpg"), "7")]
+    assert [s.label for s in from_list(items)] == [4, 2, 5, 7]
+
+
+def _tar(path: Path, members: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _tar_samples(shard: Path) -> list[tuple[int, bytes]]:
+    return [(s.label, s.read()) for s in resolve(shard)[0]]
+
+
+def test_tar_keys_end_at_the_first_dot_of_the_basename(tmp_path: Path) -> None:
+    """WebDataset's rule: '000.input.jpg' and '000.cls' are one sample (key '000'); folders are kept in the key,
+    dots in folder names do not split it; '._x.jpg' (macOS resource forks) has no key and is skipped."""
+    shard = _tar(tmp_path / "s.tar", {
+        "000.input.jpg": b"IMG0", "000.cls": b"3",
+        "v1.2/001.input.jpg": b"IMG1", "v1.2/001.cls": b"4",
+        "other/001.jpg": b"IMG2", "other/001.cls": b"5",  # the same basename in another folder: another sample
+        "._000.input.jpg": b"resource fork",
+        "002.JPG": b"IMG3", "002.meta.json": b"{}", "002.CLS": b"6",
+    })
+    assert _tar_samples(shard) == [(3, b"IMG0"), (6, b"IMG3"), (5, b"IMG2"), (4, b"IMG1")]
+
+
+def test_tar_image_choice_among_several_image_members(tmp_path: Path) -> None:
+    """A plain image extension before a compound one, JPEG before PNG, then by name; tar order does not matter."""
+    shard = _tar(tmp_path / "s.tar", {
+        "a.mask.png": b"MASK", "a.png": b"PNG", "a.jpg": b"JPG", "a.cls": b"0",
+        "b.seg.png": b"SEG", "b.input.jpg": b"INPUT", "b.cls": b"1",
+        "c.target.jpg": b"TARGET", "c.input.jpg": b"INPUT", "c.cls": b"2",
+    })
+    assert _tar_samples(shard) == [(0, b"JPG"), (1, b"INPUT"), (2, b"INPUT")]
+
+
+def test_tar_image_without_label_names_key_and_rule(tmp_path: Path) -> None:
+    shard = _tar(tmp_path / "s.tar", {"000.input.jpg": b"IMG", "000.txt": b"a caption"})
+    with pytest.raises(UsageError, match=r"image 000\.input\.jpg has no label member 000\.cls.*first dot"):
+        resolve(shard)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,107 @@ def test_cache_key_separates_texts_containing_nul(tok, tmp_path: Path) -> None:
     a = tokenize(["hello\x00world", "fox"], tok, num_workers=0, cache_dir=tmp_path)
     b = tokenize(["hello", "world\x00fox"], tok, num_workers=0, cache_dir=tmp_path)
     assert not b.from_cache and b[0] == tok.encode("hello").ids and a[1] == tok.encode("fox").ids
+
+
+@pytest.fixture(scope="module")
+def hf_tok(tok):
+    transformers = pytest.importorskip("transformers")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                                cls_token="[CLS]", sep_token="[SEP]")
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_transformers_tokenizer_truncation_side(corpus: list[str], hf_tok, side: str) -> None:
+    """Equal to the transformers tokenizer's own call, special tokens kept, on its truncation_side (was always right)."""
+    texts = corpus[:60]
+    hf_tok.truncation_side = side
+    try:
+        out = tokenize(texts, hf_tok, max_length=8, num_workers=0, chunk_size=16)
+        want = hf_tok(texts, truncation=True, max_length=8)["input_ids"]
+    finally:
+        hf_tok.truncation_side = "right"
+    assert [out[i] for i in range(len(texts))] == want
+
+
+def test_transformers_tokenizer_state_left_by_an_earlier_call_does_not_leak(corpus: list[str], hf_tok) -> None:
+    """A transformers call with truncation/padding leaves them set on the shared backend tokenizer; its next
+    encode() resets them, and tokenize() must too (it truncated and padded every text to 8)."""
+    texts = corpus[:40]
+    hf_tok(texts, truncation=True, max_length=8, padding="max_length")
+    out = tokenize(texts, hf_tok, num_workers=0)
+    assert [out[i] for i in range(len(texts))] == [hf_tok.encode(t) for t in texts]
+    assert max(len(out[i]) for i in range(len(texts))) > 8
+
+
+def test_max_length_keeps_the_tokenizers_truncation_direction(corpus: list[str], tok) -> None:
+    import copy
+
+    left = copy.deepcopy(tok)
+    left.enable_truncation(100, direction="left")
+    ref = copy.deepcopy(tok)
+    ref.enable_truncation(6, direction="left")
+    texts = corpus[:40]
+    out = tokenize(texts, left, max_length=6, num_workers=0)
+    assert [out[i] for i in range(len(texts))] == [ref.encode(t).ids for t in texts]
+    assert left.truncation["max_length"] == 100  # the caller's tokenizer is left as it was
+
+
+def test_cache_key_changes_with_the_truncation_side(corpus: list[str], hf_tok, tmp_path: Path) -> None:
+    texts = corpus[:30]
+    hf_tok.truncation_side = "left"
+    try:
+        tokenize(texts, hf_tok, max_length=8, num_workers=0, cache_dir=tmp_path)
+    finally:
+        hf_tok.truncation_side = "right"
+    right = tokenize(texts, hf_tok, max_length=8, num_workers=0, cache_dir=tmp_path)
+    assert not right.from_cache  # it was served the left-truncated ids
+    assert [right[i] for i in range(len(texts))] == hf_tok(texts, truncation=True, max_length=8)["input_ids"]
+
+
+@pytest.mark.parametrize("kw", [{"num_workers": -1}, {"num_workers": 1.5}, {"max_length": 2.5}])
+def test_bad_counts_are_usage_errors(tok, kw: dict) -> None:
+    """These raised ValueError/TypeError from deep inside ProcessPoolExecutor or tokenizers."""
+    name, value = next(iter(kw.items()))
+    with pytest.raises(UsageError, match=rf"{name}={value!r} must be an int"):
+        tokenize(["a b c", "d e f"], tok, chunk_size=1, **kw)
+
+
+def test_no_more_processes_than_chunks(corpus: list[str], tok, monkeypatch: pytest.MonkeyPatch) -> None:
+    """num_workers=8 for 3 chunks started 8 processes (a fork pool starts all of its workers at once)."""
+    mod = importlib.import_module("overdrive.data.tokenize")  # the package attribute is the function
+
+    sizes = []
+    real = mod.ProcessPoolExecutor
+
+    def spy(n, **kw):
+        sizes.append(n)
+        return real(n, **kw)
+
+    monkeypatch.setattr(mod, "ProcessPoolExecutor", spy)
+    out = tokenize(corpus[:3], tok, num_workers=8, chunk_size=1)
+    assert sizes == [3] and [out[i] for i in range(3)] == [tok.encode(t).ids for t in corpus[:3]]
+
+
+def test_concurrent_cache_writers_of_one_key(corpus: list[str], tok, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks writing the same cache entry at once: with one shared temporary name, the second writer's
+    os.replace moved the first's file away and the first failed with FileNotFoundError."""
+    mod = importlib.import_module("overdrive.data.tokenize")  # the package attribute is the function
+
+    texts = corpus[:20]
+    real_savez = np.savez
+    nested: list = []
+    calls = []
+
+    def savez(*args, **kw):
+        real_savez(*args, **kw)
+        calls.append(1)
+        if len(calls) == 1:  # while the first writer is between writing and renaming, a second one writes the key
+            nested.append(tokenize(texts, tok, num_workers=0, cache_dir=tmp_path))
+
+    monkeypatch.setattr(mod.np, "savez", savez)
+    first = tokenize(texts, tok, num_workers=0, cache_dir=tmp_path)
+    monkeypatch.undo()
+    assert not nested[0].from_cache and np.array_equal(first.ids, nested[0].ids)
+    again = tokenize(texts, tok, num_workers=0, cache_dir=tmp_path)
+    assert again.from_cache and np.array_equal(again.ids, first.ids)
+    assert [p.name for p in tmp_path.iterdir()] == [next(tmp_path.glob("*.npz")).name]  # no temporary left behind

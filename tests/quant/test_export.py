@@ -212,3 +212,15 @@ def test_conv_transpose_weights_per_output_channel_and_ort(groups: int, tmp_path
         ref = q(x).numpy()
     out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
     np.testing.assert_allclose(out, ref, atol=1e-4)
+
+
+def test_export_restores_each_modules_training_flag(tmp_path) -> None:
+    """export_onnx runs in eval mode and gives every submodule its own flag back (a frozen BN stays frozen)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.Flatten(), nn.Linear(144, 2))
+    x = torch.randn(4, 3, 8, 8)
+    m = quant.quantize(m, quant.INT8_DEFAULT, forward_loop=lambda mm: mm(x))
+    m.train()
+    m[1].eval()
+    quant.export_onnx(m, (x[:1],), tmp_path / "m.onnx")
+    assert m.training and m[2].training and not m[1].training

@@ -401,3 +401,90 @@ def test_linear_subclass_is_reported_not_swapped() -> None:
     torch.testing.assert_close(q[0](x), 2 * F.linear(x, q[0].weight, q[0].bias), rtol=0, atol=0)  # float, own forward
     excluded = quant.quantize(nn.Sequential(_ScaledLinear(4, 4)), quant.INT8_DEFAULT.replace(exclude=("0",)))
     assert "excluded by pattern '0'" in quant.summary(excluded)["skipped"]["0"]
+
+
+def _bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.Flatten(), nn.Linear(144, 2))
+
+
+def test_calibration_restores_each_modules_training_flag() -> None:
+    """A BatchNorm frozen in eval mode inside a training model stays frozen after quantize / calibrate
+    (model.train(was_training) used to switch every submodule back to training mode)."""
+    x = torch.randn(4, 3, 8, 8)
+    m = _bn_net().train()
+    m[1].eval()  # frozen BN (fine-tuning recipe)
+    m = quant.quantize(m, quant.INT8_DEFAULT, forward_loop=lambda mm: mm(x))
+    assert m.training and m[2].training and not m[1].training
+    quant.calibrate(m, lambda mm: mm(x))
+    assert m.training and m[2].training and not m[1].training
+
+
+def test_failed_recalibration_keeps_previous_statistics() -> None:
+    """A forward_loop raising midway leaves the quantizers out of calibration mode and their previous
+    histograms in place (not half a pass), so load_calib_amax gives what it gave before."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    m = quant.quantize(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), quant.INT8_DEFAULT,
+                       forward_loop=lambda mm: mm(x))
+    quant.load_calib_amax(m, "percentile", 99.0)
+    before = {n: q.amax.clone() for n, q in quant.api.quantizers(m)}
+
+    def bad_loop(mm: nn.Module) -> None:
+        mm(x[:2] * 100)  # a first batch, then a failure
+        raise RuntimeError("data loader died")
+
+    m.train()
+    with pytest.raises(RuntimeError, match="loader died"):
+        quant.calibrate(m, bad_loop)
+    assert m.training and not any(q.calibrating for _, q in quant.api.quantizers(m))
+    quant.load_calib_amax(m, "percentile", 99.0)
+    for n, q in quant.api.quantizers(m):
+        assert torch.equal(q.amax, before[n]), n
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_int8_ste_gradient_is_zero_just_beyond_amax(narrow: bool) -> None:
+    """pytorch-quantization's STE: gradient 1 where |x| <= amax, 0 elsewhere. torch's fake_quantize
+    backward alone passes it up to 127.5 * scale (and -128.5 * scale), up to 1.2% beyond amax."""
+    q = TensorQuantizer(QuantizerConfig(narrow_range=narrow))
+    q.set_amax(torch.tensor(1.0))
+    x = torch.linspace(-1.02, 1.02, 2001, requires_grad=True)
+    q(x).sum().backward()
+    assert torch.equal(x.grad, (x.detach().abs() <= 1.0).float())
+    w = TensorQuantizer(QuantizerConfig(per_channel=True, narrow_range=True), axis=1)
+    w.set_amax(torch.tensor([1.0, 2.0]))
+    v = torch.linspace(-2.05, 2.05, 401).view(-1, 1).repeat(1, 2).requires_grad_()
+    w(v).sum().backward()
+    assert torch.equal(v.grad, (v.detach().abs() <= torch.tensor([1.0, 2.0])).float())
+
+
+def test_include_exclude_apply_to_graph_quantizers() -> None:
+    """exclude=('block.*',) keeps the whole block float, its residual add and attention matmul too;
+    include=('head',) quantizes the head only. Names of the remaining ones do not shift."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x + self.proj(x)
+            return (y @ y.transpose(-2, -1)) @ x + x  # (B, T, 4)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block, self.other, self.head = Block(), Block(), nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.other(self.block(x)))
+
+    x = torch.randn(2, 3, 4)
+    cfg = quant.INT8_ATTENTION
+    m = quant.quantize(Net(), cfg.replace(exclude=("block.*",)), forward_loop=lambda mm: mm(x))
+    assert quant.quantized_layers(m) == ["other.proj", "other.residual_add0", "other.residual_add1", "other.matmul0",
+                                         "other.matmul1", "head"]
+    assert quant.quantized_layers(quant.quantize(Net(), cfg.replace(include=("head",)), lambda mm: mm(x))) == ["head"]
+    m = quant.quantize(Net(), cfg.replace(exclude=("*.residual_add0",)), lambda mm: mm(x))
+    assert [n for n in quant.quantized_layers(m) if "add" in n] == ["block.residual_add1", "other.residual_add1"]

@@ -206,3 +206,22 @@ def test_fused_steps_compile_and_match_eager_cuda() -> None:
         torch.testing.assert_close(fused(real_mod._int8_epilogue, acc, s, ws, bias, dt),
                                    real_mod._int8_epilogue(acc, s, ws, bias, dt))
     assert not fused.failed and len(fused.compiled) == 4
+
+
+@pytest.mark.parametrize("cfg", [
+    quant.INT8_DEFAULT.replace(input=quant.QuantizerConfig(narrow_range=True)),
+    quant.INT8_DEFAULT.replace(weight=quant.QuantizerConfig(per_channel=True, narrow_range=False)),
+], ids=["narrow-input", "wide-weight"])
+def test_int8_real_keeps_the_quantizers_ranges(cfg) -> None:
+    """The int8 module uses each quantizer's own range: a narrow-range input quantizer clamps at -127
+    (inputs beyond -amax), a full-range weight quantizer at -128 (weights QAT moved past -amax).
+    Before, Int8Linear always used [-128, 127] for x and [-127, 127] for w (off by one level)."""
+    model, x = _calibrated(cfg)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.mul_(1.5)  # as after QAT at a large learning rate: past the frozen weight amax
+        x = x * 3  # past the calibrated input amax
+        ref = model(x)
+        out = quant.to_real(copy.deepcopy(model))(x)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import write_json
+from overdrive.cli.common import check_json_target, write_json
 
 
 @click.command("build")
@@ -58,8 +58,10 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
       overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
           --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
     """
+    from overdrive.engine.api import _describe
     from overdrive.engine.cli_helpers import build_engine
 
+    check_json_target(json_path)
     flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
@@ -71,7 +73,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         write_json(info, json_path)
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
-                        f"{info['precision']}, device {info['device']}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+                        f"{info['precision']}, device {_describe(info['device'])}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
         best = info.get("best")
         if best:
             tried = ", ".join(f"{p} {v:.3f} ms" if isinstance(v, float) else f"{p} {v}" for p, v in best["candidates_ms"].items())

@@ -32,3 +32,12 @@ def write_json(data: Any, target: str | None) -> None:
         sys.stdout.write(text + "\n")
     else:
         Path(target).write_text(text + "\n")
+
+
+def check_json_target(target: str | None) -> None:
+    """Refuse a ``--json FILE`` whose folder does not exist before the work, not after it."""
+    if target not in (None, "-") and not Path(target).parent.is_dir():
+        from overdrive._utils.errors import UsageError
+
+        raise UsageError(f"--json {target}: folder {str(Path(target).parent)!r} does not exist; create it or give "
+                         "another path ('-' for stdout)")

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import write_json
+from overdrive.cli.common import check_json_target, write_json
 
 
 @click.command("compare")
 @click.argument("a")
 @click.argument("b")
-@click.option("--atol", default=1e-3, show_default=True, type=float)
-@click.option("--rtol", default=1e-3, show_default=True, type=float)
+@click.option("--atol", default=1e-3, show_default=True, type=float,
+              help="Absolute tolerance: an element passes when |a - b| <= atol + rtol * |b| (torch.allclose's test; "
+                   "polygraphy passes it when either |a - b| <= atol or |a - b| / |b| <= rtol).")
+@click.option("--rtol", default=1e-3, show_default=True, type=float, help="Relative tolerance, against B (see --atol).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs (at the engine's opt shapes).")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
 def command(a: str, b: str, atol: float, rtol: float, seed: int, json_path: str | None) -> None:
@@ -24,6 +26,7 @@ def command(a: str, b: str, atol: float, rtol: float, seed: int, json_path: str 
     """
     from overdrive.engine import compare, format_compare
 
+    check_json_target(json_path)
     report = compare(a, b, atol=atol, rtol=rtol, seed=seed)
     if json_path is not None:
         write_json(report, json_path)

@@ -23,7 +23,9 @@ def command() -> None:
 @click.option("--batch-size", default=256, show_default=True)
 @click.option("--size", default=224, show_default=True, help="Output side in pixels.")
 @click.option("--workers", "workers", multiple=True, type=int, help="CPU worker counts to try (repeatable; default 0 and 4).")
-@click.option("--batches", default=5, show_default=True, help="Timed batches per pipeline (after one warm-up).")
+@click.option("--batches", default=5, show_default=True,
+              help="Timed batches per pipeline, rounded up to a multiple of its workers / GPU threads "
+                   "(after one discarded warm-up batch per worker / thread).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
 @click.option("--eval", "eval_mode", is_flag=True, help="Validation transform (resize + center crop) instead of training.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import write_json
+from overdrive.cli.common import check_json_target, write_json
 
 
 @click.command("exec")
@@ -34,12 +34,14 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     """
     from overdrive._utils.errors import UsageError
     from overdrive.engine import Engine, parse_shapes
-    from overdrive.engine.benchmark import format_summary
+    from overdrive.engine.benchmark import check_percentiles, format_summary
 
+    check_json_target(json_path)
     try:
         pct = tuple(float(p) for p in percentile.split(",") if p.strip())
     except ValueError as exc:
         raise UsageError(f"--percentile {percentile!r} must be numbers separated by commas, like 90,95,99") from exc
+    check_percentiles(pct)  # before the load, which can take a compile
     engine = Engine.load(load_engine, device=device, precision=precision)
     summary = engine.benchmark(shapes=parse_shapes(shapes) or None, iterations=iterations, warmup_ms=warm_up,
                                duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,

@@ -171,7 +171,10 @@ def bench(source: Any, batch_size: int = 256, size: int = 224, workers: tuple[in
     """
     from overdrive.data.loader import ImageLoader
 
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    try:
+        dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    except (RuntimeError, TypeError):  # torch's message lists every device type it knows
+        raise UsageError(f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
     loader = ImageLoader(source, batch_size=batch_size, device=dev, size=size, train=train, pipeline="cpu")
     rows = []
     for w in workers:

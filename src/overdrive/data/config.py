@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,10 @@ def parse_out_dtype(value: torch.dtype | str) -> torch.dtype:
     if key not in _DTYPES:
         raise UsageError(f"dtype={value!r} is not one of {sorted(_DTYPES)}")
     return _DTYPES[key]
+
+
+_INT_FIELDS = ("batch_size", "size", "seed", "shard_id", "num_shards", "num_workers", "read_workers", "gpu_threads",
+               "prefetch")
 
 
 @dataclass(frozen=True)
@@ -69,10 +74,19 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_out_dtype(self.dtype))
-        object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
-        object.__setattr__(self, "ratio", tuple(float(v) for v in self.ratio))
-        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
-        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        for name in ("scale", "ratio", "mean", "std"):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+            except (TypeError, ValueError):
+                default = getattr(LoaderConfig, name)
+                raise UsageError(f"{name}={value!r} must be a sequence of numbers, e.g. {default}") from None
+        for name in _INT_FIELDS:  # a float here failed late (slicing, manual_seed) or gave a wrong len()
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise UsageError(f"{name}={value!r} must be an int" + (" (use // for integer division, e.g. "
+                                 "batch_size=global_batch // world_size)" if isinstance(value, float) else ""))
+            object.__setattr__(self, name, int(value))  # NumPy ints become ints: to_json() can write them
         if self.batch_size < 1:
             raise UsageError(f"batch_size={self.batch_size} must be >= 1")
         if self.size < 1:

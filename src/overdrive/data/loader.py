@@ -18,7 +18,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -181,10 +181,12 @@ class ImageLoader:
         cfg = config or LoaderConfig()
         if batch_size is not None:  # given here, it wins over the config's; else the config's (default 256)
             overrides["batch_size"] = batch_size
-        try:
-            self.config = replace(cfg, **overrides)
-        except TypeError as exc:
-            raise UsageError(f"ImageLoader got an unknown option: {exc}; options are LoaderConfig's fields") from None
+        # only unknown names are "unknown options": a TypeError from validating a known one (scale=None) said so too
+        unknown = sorted(set(overrides) - {f.name for f in fields(LoaderConfig)})
+        if unknown:
+            raise UsageError(f"ImageLoader got unknown option(s) {unknown}; options are LoaderConfig's fields: "
+                             f"{[f.name for f in fields(LoaderConfig)]}")
+        self.config = replace(cfg, **overrides)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UsageError("device='cuda' but CUDA is not available here; use device='cpu'")

@@ -6,6 +6,9 @@ shuffling, sharding and reading are the same for all of them.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import os
 import re
 import tarfile
@@ -54,28 +57,62 @@ def from_folder(root: str | os.PathLike) -> tuple[list[Sample], list[str]]:
     return samples, classes
 
 
+# WebDataset's rule (webdataset.tariterators.base_plus_ext): the key is the member path up to the first dot of
+# its basename (folders kept), the extension everything after that dot. A basename starting with a dot
+# (macOS '._x.jpg' resource forks, '.DS_Store') has no key and is skipped, as WebDataset skips it.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./][^./]*)\.([^/]*)$")
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's (key, extension) of a tar member name, the extension lower-cased; None if it has none.
+
+    Example:
+        >>> split_key("train/000.input.jpg"), split_key("a.b/000.cls"), split_key("._000.jpg")
+        (('train/000', 'input.jpg'), ('a.b/000', 'cls'), None)
+    """
+    m = _KEY_EXT.match(name)
+    return (m.group(1), m.group(2).lower()) if m else None
+
+
+def _image_rank(ext: str) -> tuple[int, int, str] | None:
+    """Sort key of a member extension as a sample's image, None if it is not one. An extension is an image when
+    its last part is an image type (``jpg``, ``input.jpg``). A plain image extension comes before a compound one
+    (``jpg`` before ``seg.png``), then the order of IMAGE_EXTS (JPEG first: the GPU path decodes it), then the name."""
+    last = ext.rsplit(".", 1)[-1]
+    types = [e[1:] for e in IMAGE_EXTS]
+    if last not in types:
+        return None
+    return ("." in ext, types.index(last), ext)
+
+
 def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     """WebDataset-style shards: members ``<key>.jpg`` (or .png, ...) with ``<key>.cls`` holding the label.
 
-    The label is taken from ``.cls``, else ``.label``, else a ``.txt`` that holds an integer: in WebDataset
-    shards ``.txt`` is usually a caption, which is ignored when a ``.cls`` is there or when it is not a number.
+    Members are grouped into samples by WebDataset's rule: the key is the member path up to the first dot of
+    its basename (``train/000.input.jpg`` -> key ``train/000``, extension ``input.jpg``). A member is an image
+    when its extension ends in an image type (``jpg``, ``input.jpg``); when a sample has several, the image is a
+    plain one before a compound one (``jpg`` before ``mask.png``), then by type in the order of IMAGE_EXTS
+    (jpg, jpeg, png, bmp, webp, tif, tiff), then by name. The label is taken from ``.cls``, else ``.label``,
+    else a ``.txt`` that holds an integer: in WebDataset shards ``.txt`` is usually a caption, which is ignored
+    when a ``.cls`` is there or when it is not a number.
     """
     samples = []
     for shard in shards:
-        images: dict[str, tuple[int, int]] = {}
+        images: dict[str, tuple[tuple[int, int, str], int, int]] = {}  # key -> (rank, offset, size) of its image
         found: dict[str, dict[str, str]] = {}  # key -> {label extension: text}
         with tarfile.open(shard, "r:") as tf:  # uncompressed only: members must be seekable byte ranges
             for m in tf:
-                if not m.isfile():
+                if not m.isfile() or (parts := split_key(m.name)) is None:
                     continue
-                key, ext = os.path.splitext(m.name)
-                ext = ext.lower()
-                if ext in IMAGE_EXTS:
-                    images[key] = (m.offset_data, m.size)
-                elif ext in _LABEL_EXTS:
+                key, ext = parts
+                rank = _image_rank(ext)
+                if rank is not None:
+                    if key not in images or rank < images[key][0]:
+                        images[key] = (rank, m.offset_data, m.size)
+                elif "." + ext in _LABEL_EXTS:
                     f = tf.extractfile(m)
                     assert f is not None
-                    found.setdefault(key, {})[ext] = f.read().decode(errors="replace").strip()
+                    found.setdefault(key, {})["." + ext] = f.read().decode(errors="replace").strip()
         for key in sorted(images):
             texts = found.get(key, {})
             label = None
@@ -90,8 +127,9 @@ def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
                         raise UsageError(f"{shard}: label member {key}{ext} holds {texts[ext][:60]!r}, expected an "
                                          "integer class index") from None
             if label is None:
-                raise UsageError(f"{shard}: image {key} has no label member {key}.cls (or an integer {key}.txt)")
-            off, size = images[key]
+                raise UsageError(f"{shard}: image {key}.{images[key][0][2]} has no label member {key}.cls (or an "
+                                 f"integer {key}.txt); WebDataset keys end at the first dot of the file name")
+            _, off, size = images[key]
             samples.append(Sample(str(shard), label, off, size))
     return samples
 
@@ -126,6 +164,22 @@ def _read_list_file(path: str | os.PathLike) -> list[tuple[str, int]]:
     return pairs
 
 
+def _integer_label(label: object, i: int, item: object) -> int:
+    """``label`` as an int: an int (Python, NumPy or a 0-d integer tensor), an integral float (2.0) or a string of
+    digits. A non-integral float (1.5) is refused, not truncated by ``int()`` into another class."""
+    if not isinstance(label, bool):  # True/False are ints to Python, but not class indices
+        try:
+            return operator.index(label)  # int, np.int64, integer 0-d tensors
+        except TypeError:
+            pass
+        if isinstance(label, str) and _LABEL.fullmatch(label.strip()):
+            return int(label)
+        if isinstance(label, numbers.Real) and math.isfinite(label) and float(label).is_integer():
+            return int(label)
+    raise UsageError(f"file list item {i} is {item!r}: label {label!r} is not an integer class index, expected a "
+                     "(path, integer label) pair such as ('cats/001.jpg', 3); map the label to its integer class")
+
+
 def from_list(items: Sequence[tuple[str, int]] | str | os.PathLike) -> list[Sample]:
     """A list of ``(path, label)`` pairs, or a text file with one ``path label`` per line.
 
@@ -142,9 +196,9 @@ def from_list(items: Sequence[tuple[str, int]] | str | os.PathLike) -> list[Samp
     for i, item in enumerate(items):
         try:
             p, label = item
-            label = int(label)
         except (TypeError, ValueError):
             raise UsageError(f"file list item {i} is {item!r}, expected a (path, integer label) pair") from None
+        label = _integer_label(label, i, item)
         if not os.path.isfile(p):
             raise UsageError(f"file list entry {p!r} does not exist")
         out.append(Sample(str(p), label))

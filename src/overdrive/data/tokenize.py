@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import numbers
 import os
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -78,21 +80,35 @@ def _backend(tokenizer: Any) -> Any:
 _WORKER: dict[str, Any] = {}
 
 
-def _tokenizer(tok_json: str, max_length: int | None) -> Any:
-    """A copy of the caller's tokenizer (its settings untouched) that encodes a batch as ``encode`` would each
-    text: truncated to ``max_length`` if given, and without batch-longest padding, which would make every
-    text's ids depend on the others in its chunk (fixed-length padding stays: ``encode`` applies it too)."""
-    tok = require("tokenizers").Tokenizer.from_str(tok_json)
-    if max_length:
-        tok.enable_truncation(max_length)
-    if tok.padding is not None and tok.padding.get("length") is None:
-        tok.no_padding()
-    return tok
+def _prepared(tok: Any, max_length: int | None, hf_truncation_side: str | None) -> str:
+    """JSON of a copy of the caller's tokenizer (its settings untouched) that encodes a batch as the caller's
+    ``encode`` would each text.
+
+    - A plain ``tokenizers.Tokenizer`` keeps its own truncation and fixed-length padding (``encode`` applies
+      them); ``max_length`` replaces the truncation length and keeps its direction and strategy.
+    - A transformers fast tokenizer (``hf_truncation_side`` set) is set up as its ``__call__``/``encode`` set its
+      backend on every call: no padding, truncation only with ``max_length``, on its ``truncation_side``.
+      Whatever an earlier call left on the shared backend (``truncation=True, max_length=8``) is ignored.
+    - Batch-longest padding is dropped: it would make every text's ids depend on the others in its chunk.
+
+    The JSON is the cache key's tokenizer part, so any of these settings changing gives a new key."""
+    t = require("tokenizers").Tokenizer.from_str(tok.to_str())
+    if hf_truncation_side is not None:
+        t.no_truncation()
+        t.no_padding()
+        if max_length:
+            t.enable_truncation(max_length, direction=hf_truncation_side)
+    elif max_length:
+        old = t.truncation or {}
+        t.enable_truncation(max_length, **{k: old[k] for k in ("strategy", "direction") if k in old})
+    if t.padding is not None and t.padding.get("length") is None:
+        t.no_padding()
+    return t.to_str()
 
 
-def _init_worker(tok_json: str, max_length: int | None, add_special_tokens: bool) -> None:
+def _init_worker(tok_json: str, add_special_tokens: bool) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the parallelism
-    _WORKER["tok"], _WORKER["special"] = _tokenizer(tok_json, max_length), add_special_tokens
+    _WORKER["tok"], _WORKER["special"] = require("tokenizers").Tokenizer.from_str(tok_json), add_special_tokens
 
 
 def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +119,10 @@ def _flatten(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     lens = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
     ids = np.fromiter((t for e in encodings for t in e.ids), dtype=np.int32, count=int(lens.sum()))
     return ids, lens
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _cache_key(tok_json: str, texts: Sequence[str], max_length: int | None, add_special_tokens: bool) -> str:
@@ -120,6 +140,11 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
              num_workers: int | None = None, chunk_size: int = 2048, cache_dir: str | os.PathLike | None = None) -> TokenizedTexts:
     """Token ids of every text, equal to ``tokenizer.encode(text).ids`` (truncated to ``max_length``).
 
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (its own truncation and fixed-length padding apply, as in its
+    ``encode``; ``max_length`` keeps its truncation direction), a transformers fast tokenizer (equal to
+    ``tokenizer(text, truncation=max_length is not None, max_length=max_length)["input_ids"]``, on its
+    ``truncation_side``), or a tokenizer.json path. Single texts only (no pairs).
+
     Texts are split into chunks of ``chunk_size`` and encoded with ``encode_batch`` in
     ``num_workers`` processes (0: in this process, with the tokenizer's own threads; None: one per
     CPU core for large inputs). With ``cache_dir`` the result is stored under a key of the
@@ -131,15 +156,19 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     """
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise UsageError(f"texts must be a sequence of strings, got {type(texts).__name__}")
-    if max_length is not None and max_length < 1:
-        raise UsageError(f"max_length={max_length} must be >= 1 or None")
-    if chunk_size < 1:
-        raise UsageError(f"chunk_size={chunk_size} must be >= 1")
+    if max_length is not None and not (_is_int(max_length) and max_length >= 1):
+        raise UsageError(f"max_length={max_length!r} must be an int >= 1, or None (no truncation)")
+    if not (_is_int(chunk_size) and chunk_size >= 1):
+        raise UsageError(f"chunk_size={chunk_size!r} must be an int >= 1")
+    if num_workers is not None and not (_is_int(num_workers) and num_workers >= 0):
+        raise UsageError(f"num_workers={num_workers!r} must be an int >= 0 (0: encode in this process) or None "
+                         "(one process per CPU core for large inputs)")
     bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if bad is not None:
         raise UsageError(f"texts[{bad}] is a {type(texts[bad]).__name__}, expected str")
     tok = _backend(tokenizer)
-    tok_json = tok.to_str()
+    hf_side = getattr(tokenizer, "truncation_side", "right") if hasattr(tokenizer, "backend_tokenizer") else None
+    tok_json = _prepared(tok, max_length, hf_side)  # holds max_length, truncation side and padding: the cache key's part
     path = None
     if cache_dir is not None:
         path = Path(cache_dir).expanduser() / f"{_cache_key(tok_json, texts, max_length, add_special_tokens)}.npz"
@@ -150,12 +179,13 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         num_workers = (os.cpu_count() or 1) if len(texts) >= 8 * chunk_size else 0
     chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
     if num_workers == 0 or len(chunks) <= 1:
-        local = _tokenizer(tok_json, max_length)
+        local = require("tokenizers").Tokenizer.from_str(tok_json)
         parts = [_flatten(local.encode_batch(c, add_special_tokens=add_special_tokens)) for c in chunks]
     else:
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        with ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(tok_json, max_length, add_special_tokens)) as ex:
+        # no more processes than chunks: with fork, the pool starts all of its workers at once
+        with ProcessPoolExecutor(min(num_workers, len(chunks)), mp_context=ctx, initializer=_init_worker,
+                                 initargs=(tok_json, add_special_tokens)) as ex:
             parts = list(ex.map(_encode_chunk, chunks))
     ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
     lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -163,9 +193,16 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     out = TokenizedTexts(ids, offsets)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, ids=ids, offsets=offsets)
-        os.replace(tmp, path)  # atomic: a reader never sees half a cache file
+        # a temporary file of this call's own: ranks sharing a cache_dir write the same key at once, and with
+        # one shared temporary name one's os.replace moved the other's file away (FileNotFoundError)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp.npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, ids=ids, offsets=offsets)
+            os.replace(tmp, path)  # atomic: a reader never sees half a cache file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return out
 
 

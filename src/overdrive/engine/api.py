@@ -180,8 +180,8 @@ class Builder:
             "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch."),
                         "layout": "hwc" if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else "chw"}
                        for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
-            "outputs": [{"name": f"output{i}" if len(outs) > 1 else "output", "dtype": str(o.dtype).removeprefix("torch."),
-                         "opt_shape": list(o.shape)} for i, o in enumerate(outs)],
+            "outputs": [{"name": n, "dtype": str(o.dtype).removeprefix("torch."), "opt_shape": list(o.shape)}
+                        for n, o in zip(_output_names(src, len(outs)), outs)],
         }
         return Engine(header, sections, runner, device, build_s=build_s)
 
@@ -213,6 +213,13 @@ class Builder:
                                  "not_tried": {p: "no calibration data (--calib)" for p in skipped}}
         engine.header["build_s"] = time.perf_counter() - t0
         return engine
+
+
+def _output_names(src: ModelSource, n: int) -> list[str]:
+    """The ONNX model's own output names (the bindings trtexec and polygraphy report), else output / outputN."""
+    if len(src.onnx_output_names) == n:
+        return list(src.onnx_output_names)
+    return [f"output{i}" if n > 1 else "output" for i in range(n)]
 
 
 def _time_engine(engine: Engine, inputs: tuple[torch.Tensor, ...]) -> float:
@@ -275,6 +282,10 @@ def _profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[tor
         if src.onnx_bytes is None and len(names) == 1 == len(profiles) and profiles[0].name != names[0]:
             src.input_names = names = [profiles[0].name]  # a module's one input takes the profile's name
         given = {p.name for p in profiles}
+        fixed = {n: s for n, s in (src.onnx_shapes or {}).items() if n in names and n not in given and s and all(s)}
+        if fixed:  # as trtexec: inputs whose dims the ONNX model fixes need no shapes
+            profiles = [*profiles, *(ShapeProfile.fixed(n, tuple(s)) for n, s in fixed.items())]
+            given |= set(fixed)
         if given != set(names):
             missing, unknown = sorted(set(names) - given), sorted(given - set(names))
             raise UsageError(f"shape profiles must name every model input {names}: missing {missing}, unknown {unknown}")

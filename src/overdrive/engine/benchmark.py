@@ -30,6 +30,14 @@ def _stats(xs: list[float], percentiles: tuple[float, ...]) -> dict[str, float]:
     return out
 
 
+def check_percentiles(percentiles: tuple[float, ...]) -> None:
+    """Refuse percentiles outside [0, 100] (and NaN), which the nearest-rank pick would clamp silently."""
+    bad = [p for p in percentiles if not 0 <= p <= 100]  # NaN fails the test too
+    if bad:
+        raise UsageError(f"--percentile {', '.join(f'{p:g}' for p in bad)}: percentiles must be between 0 and 100 "
+                         "(for example 50,90,99)")
+
+
 def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
               iterations: int = 10, warmup_ms: float = 200.0, duration_s: float = 3.0,
               percentiles: tuple[float, ...] = (90, 95, 99), no_data_transfers: bool = False, rotate: int = 4,
@@ -39,13 +47,20 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     Example:
         >>> # s = engine.benchmark(duration_s=1); s["throughput_qps"], s["latency_ms"]["median"]
     """
-    if iterations < 1 or duration_s < 0 or warmup_ms < 0:
+    if iterations < 1 or not duration_s >= 0 or not warmup_ms >= 0:  # `not x >= 0` also refuses NaN
         raise UsageError(f"need iterations >= 1, duration >= 0, warm-up >= 0; got {iterations}, {duration_s}, {warmup_ms}")
+    check_percentiles(percentiles)
+    for flag, path in (("--export-times", export_times), ("--export-profile", export_profile)):
+        if path and not Path(path).parent.is_dir():  # fail now, not after a --duration of timing
+            raise UsageError(f"{flag} {path}: folder {str(Path(path).parent)!r} does not exist; create it or give "
+                             "another path")
     if export_profile and engine.header["backend"] not in ("inductor", "onnxruntime"):
         raise UsageError(f"--export-profile covers the inductor (torch profiler) and onnxruntime (its own profiler) "
                          f"backends; this engine runs on {engine.header['backend']}")
     dev = engine.device
     cuda = dev.type == "cuda"
+    if isinstance(inputs, torch.Tensor):  # one input: tuple(tensor) would split it along dim 0
+        inputs = (inputs,)
     sets = [inputs] if inputs is not None else [engine.random_inputs(shapes, seed=i) for i in range(max(1, rotate))]
     sets = [engine.check_inputs(tuple(s), move=False) for s in sets]
     if cuda:
@@ -56,10 +71,10 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     batch = int(sets[0][0].shape[0]) if sets[0] and sets[0][0].dim() else 1
     runner = engine.runner
 
-    # warm-up: at least warmup_ms of calls
+    # warm-up: at least warmup_ms of calls (and two when there is any); --warm-up 0 means none, as in trtexec
     t_end = time.perf_counter() + warmup_ms / 1e3
     n = 0
-    while n < 2 or time.perf_counter() < t_end:
+    while warmup_ms > 0 and (n < 2 or time.perf_counter() < t_end):
         runner(*dev_sets[n % len(dev_sets)])
         n += 1
     if cuda:

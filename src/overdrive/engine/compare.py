@@ -58,19 +58,38 @@ def _runnable(x: Any) -> tuple[Any, str]:
     raise UsageError(f"cannot compare {p!r}: expected an engine file, an .onnx file or pkg.module:factory")
 
 
+def _wide(o: torch.Tensor) -> torch.Tensor:
+    """Float outputs as float32; integer outputs as float64, which holds them exactly up to 2**53 (float32 only
+    to 2**24: token ids or indices 1 apart compared equal there)."""
+    return o.cpu().double() if not (o.is_floating_point() or o.is_complex()) else o.float().cpu()
+
+
 def _outputs(fn: Any, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     from overdrive.engine.api import Engine
     from overdrive.engine.backends.inductor import flatten_outputs
 
     if isinstance(fn, Engine):
-        return [o.float().cpu() for o in fn.run(*xs)]
+        return [_wide(o) for o in fn.run(*xs)]
     if isinstance(fn, _OrtReference):
-        return [o.float() for o in fn(*xs)]
+        return [_wide(o) for o in fn(*xs)]
     with torch.no_grad():
         p = next(fn.parameters(), None)
         dev, dt = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
         xs = tuple(x.to(dev, dt) if x.is_floating_point() else x.to(dev) for x in xs)  # the module's own float type
-        return [o.float().cpu() for o in flatten_outputs(fn(*xs))]
+        return [_wide(o) for o in flatten_outputs(fn(*xs))]
+
+
+def _names(fn: Any, n: int) -> list[str] | None:
+    """The output names an engine's header or an ONNX model gives, when there are ``n`` of them."""
+    from overdrive.engine.api import Engine
+
+    if isinstance(fn, Engine):
+        names = [o["name"] for o in fn.header["outputs"]]
+    elif isinstance(fn, _OrtReference):
+        names = [o.name for o in fn.session.get_outputs()]
+    else:
+        return None
+    return names if len(names) == n else None
 
 
 def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol: float = 1e-3, rtol: float = 1e-3,
@@ -80,6 +99,8 @@ def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol
     Example:
         >>> # r = compare("model_fp16.engine", "model.onnx", atol=1e-2); r["passed"]
     """
+    if not (atol >= 0 and rtol >= 0):  # NaN fails too
+        raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be >= 0 (for example --atol 1e-3 --rtol 1e-3)")
     fa, la = _runnable(a)
     fb, lb = _runnable(b)
     if inputs is None:
@@ -92,25 +113,31 @@ def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol
     oa, ob = _outputs(fa, inputs), _outputs(fb, inputs)
     if len(oa) != len(ob):
         raise UsageError(f"{la} has {len(oa)} outputs but {lb} has {len(ob)}")
+    names = _names(fa, len(oa)) or _names(fb, len(oa)) or [f"output{i}" for i in range(len(oa))]
     rows = []
     for i, (x, y) in enumerate(zip(oa, ob)):
         if x.shape != y.shape:
             raise UsageError(f"output {i}: shape {tuple(x.shape)} from {la} vs {tuple(y.shape)} from {lb}")
         # equal values (infinities included: inf - inf is NaN) differ by 0; a NaN on either side fails, as in
         # torch.allclose
+        if x.dtype != y.dtype:  # an integer output on one side only: compare both in float64
+            x, y = x.double(), y.double()
         diff = torch.where(x == y, torch.zeros_like(x), (x - y).abs())
         finite_ref = torch.where(torch.isinf(y), torch.zeros_like(y), y.abs())
         rel = diff / finite_ref.clamp_min(1e-12)
         ok = bool((diff <= atol + rtol * finite_ref).all())
-        rows.append({"output": i, "shape": list(x.shape), "max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
+        if diff.numel() == 0:  # an empty output (NonZero of nothing) on both sides: nothing differs
+            diff = rel = torch.zeros(1, dtype=diff.dtype)
+        rows.append({"output": i, "name": names[i], "shape": list(x.shape), "max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
                      "max_rel": float(rel.max()), "median_rel": float(rel.median()), "passed": ok})
     return {"a": la, "b": lb, "atol": atol, "rtol": rtol, "outputs": rows, "passed": all(r["passed"] for r in rows)}
 
 
 def format_compare(r: dict[str, Any]) -> str:
-    lines = [f"[I] Comparing {r['a']} vs {r['b']} (atol={r['atol']:g}, rtol={r['rtol']:g})"]
+    lines = [f"[I] Comparing {r['a']} vs {r['b']} (atol={r['atol']:g}, rtol={r['rtol']:g}: an element passes when "
+             f"|a - b| <= atol + rtol * |b|)"]
     for o in r["outputs"]:
-        lines.append(f"[I]   output {o['output']} {tuple(o['shape'])}: max abs {o['max_abs']:.4g}, mean abs {o['mean_abs']:.4g}, "
+        lines.append(f"[I]   output {o['output']} {o.get('name', '')!r} {tuple(o['shape'])}: max abs {o['max_abs']:.4g}, mean abs {o['mean_abs']:.4g}, "
                      f"max rel {o['max_rel']:.4g}, median rel {o['median_rel']:.4g} -> {'PASSED' if o['passed'] else 'FAILED'}")
     lines.append(f"[I] {'PASSED' if r['passed'] else 'FAILED'} | {r['a']} vs {r['b']}")
     return "\n".join(lines)

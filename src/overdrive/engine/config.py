@@ -84,7 +84,11 @@ def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError as exc:
             raise UsageError(f"shape {item!r}: dims {dims!r} must be integers joined by 'x', like 8x3x224x224") from exc
-        out[name.strip("'\"")] = shape
+        name = name.strip("'\"")
+        if name in out:  # one of the two would be dropped silently
+            raise UsageError(f"shape spec {spec!r} gives input {name!r} twice ({'x'.join(map(str, out[name]))} and "
+                             f"{dims}); give each input once")
+        out[name] = shape
     return out
 
 
@@ -124,10 +128,15 @@ def profiles_from_shapes(shapes: str | dict | None = None, min_shapes: str | dic
         raise UsageError("give either --shapes or --min-shapes/--opt-shapes/--max-shapes, not both")
     if fixed:
         return [ShapeProfile.fixed(n, s) for n, s in fixed.items()]
+    if mid and not (lo or hi):  # trtexec: --optShapes alone is a static profile at those shapes
+        return [ShapeProfile.fixed(n, s) for n, s in mid.items()]
     if not (lo or hi):
         return []
     if set(lo) != set(hi):
         raise UsageError(f"--min-shapes names {sorted(lo)} and --max-shapes names {sorted(hi)} must be the same inputs")
+    if set(mid) - set(lo):
+        raise UsageError(f"--opt-shapes names {sorted(set(mid) - set(lo))}, which --min-shapes/--max-shapes do not "
+                         f"give ({sorted(lo)}); name the same inputs in all three")
     return [ShapeProfile(n, lo[n], mid.get(n, hi[n]), hi[n]) for n in lo]
 
 

@@ -60,6 +60,7 @@ class ModelSource:
     input_names: list[str] = field(default_factory=list)
     input_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     onnx_shapes: dict[str, list[int | None]] = field(default_factory=dict)  # None: dynamic dim
+    onnx_output_names: list[str] = field(default_factory=list)  # an ONNX model's own output names
     kind: str = "module"  # module | onnx | torchscript | exported
 
     def as_module(self) -> nn.Module:
@@ -147,7 +148,8 @@ def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
         tt = i.type.tensor_type
         dtypes[i.name] = _ONNX_FLOAT.get(tt.elem_type, torch.float32)
         shapes[i.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-    return ModelSource(onnx_bytes=data, input_names=names, input_dtypes=dtypes, onnx_shapes=shapes, kind="onnx")
+    return ModelSource(onnx_bytes=data, input_names=names, input_dtypes=dtypes, onnx_shapes=shapes,
+                       onnx_output_names=[o.name for o in proto.graph.output], kind="onnx")
 
 
 def from_factory(spec: str) -> ModelSource:
@@ -176,6 +178,7 @@ def from_torchscript(path: str | Path, example: tuple[torch.Tensor, ...], input_
         torch.onnx.export(scripted, example, buf, dynamo=False, input_names=names, opset_version=17)
     src = from_onnx(buf.getvalue())
     src.kind = "torchscript"
+    src.onnx_output_names = []  # the exporter's numbered names: the header says output / outputN instead
     return src
 
 

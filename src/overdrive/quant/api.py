@@ -12,9 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +185,21 @@ def _activation_quantizers(model: nn.Module) -> list[TensorQuantizer]:
     return [q for n, q in quantizers(model) if not n.endswith("weight_quantizer")]
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model.eval()`` inside the block; afterwards every submodule gets back its own training flag.
+
+    ``model.train(was_training)`` would not do: it sets one flag on all submodules, so a BatchNorm
+    the user froze in eval mode inside a training model would come back in training mode."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
 @torch.no_grad()
 def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", percentile: float | None = 99.99) -> nn.Module:
     """Run ``forward_loop(model)`` once with every enabled activation quantizer observing, then set amax.
@@ -199,16 +215,21 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
     acts = [q for q in acts if q.enabled]
     if not acts:
         return model
-    was_training = model.training
-    model.eval()
-    for q in acts:
-        q.start_calibration()
-    try:
-        forward_loop(model)
-    finally:
+    previous = [q.calibrator for q in acts]
+    with eval_mode(model):
         for q in acts:
-            q.calibrating = False
-        model.train(was_training)
+            q.start_calibration()
+        try:
+            forward_loop(model)
+        except BaseException:
+            # a forward_loop that fails midway leaves partial statistics: put back the previous ones
+            # (amax was not touched), so load_calib_amax / compare_calibrators do not use half a pass
+            for q, cal in zip(acts, previous):
+                q.calibrator = cal
+            raise
+        finally:
+            for q in acts:
+                q.calibrating = False
     missing = [q.name for q in acts if q.calibrator is None or
                (getattr(q.calibrator, "hist", None) is None and not getattr(q.calibrator, "_zeros", 0)
                 and getattr(q.calibrator, "amax", None) is None)]

@@ -60,10 +60,17 @@ def load_calib(spec: str, digits: Any, n: int, batch_size: int) -> list[torch.Te
         raise UsageError(f"--calib-data {spec!r} is not 'digits' or an existing .pt file")
     data = torch.load(spec, map_location="cpu", weights_only=False)
     if isinstance(data, torch.Tensor):
+        if data.dim() == 0 or len(data) == 0:
+            raise UsageError(f"--calib-data {spec!r} holds a tensor of shape {tuple(data.shape)}, with no samples; "
+                             "save calibration inputs as a tensor (N, ...) with N >= 1")
         return [data[i:i + batch_size] for i in range(0, min(len(data), n * batch_size), batch_size)]
     if isinstance(data, (list, tuple)) and data and all(isinstance(b, torch.Tensor) for b in data):
         return list(data[:n])
-    raise UsageError(f"--calib-data {spec!r} must hold a tensor (N, ...) or a list of tensors, got {type(data).__name__}")
+    what = type(data).__name__
+    if isinstance(data, (list, tuple)):
+        what = f"an empty {what}" if not data else f"a {what} of {type(next(b for b in data if not isinstance(b, torch.Tensor))).__name__}"
+    raise UsageError(f"--calib-data {spec!r} must hold a tensor (N, ...) or a list of input tensors, got {what}; "
+                     "save the inputs only, e.g. torch.save([x for x, _ in loader], path)")
 
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
@@ -73,6 +80,10 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
     if calib_batches < 1 or batch_size < 1:
         raise UsageError(f"--calib-batches {calib_batches} and --batch-size {batch_size} must be >= 1")
     cfg = get_preset(config_name).replace(method=method, percentile=percentile)
+    if export_path:  # a bad --opset is refused before the model is loaded and calibrated
+        from overdrive.quant.export import check_opset
+
+        check_opset(opset, cfg.input.format)
     model, digits = load_model(model_spec)
     batches = load_calib(calib_data, digits, calib_batches, batch_size)
     result: dict[str, Any] = {"model": model_spec, "config": cfg.to_dict()}

@@ -23,7 +23,7 @@ from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.optional import require
-from overdrive.quant.api import quantizers
+from overdrive.quant.api import eval_mode, quantizers
 
 
 def _check_ready(model: nn.Module) -> str:
@@ -36,6 +36,32 @@ def _check_ready(model: nn.Module) -> str:
                          "quant.quantize(model, config, forward_loop=...) or quant.calibrate(model, forward_loop)")
     formats = {q.config.format for _, q in qs}
     return "fp8_e4m3" if "fp8_e4m3" in formats else "int8"
+
+
+def _max_opset() -> int | None:
+    """The newest opset this torch's exporter accepts (None when torch does not say)."""
+    try:
+        from torch.onnx import _constants
+    except ImportError:
+        return None
+    return getattr(_constants, "ONNX_MAX_OPSET", None)
+
+
+def check_opset(opset: int | None, fmt: str) -> int:
+    """The opset to export ``fmt`` ('int8' / 'fp8_e4m3') with: ``opset``, or 17 (int8) / 19 (fp8) when None.
+
+    Raises UsageError for an opset that cannot express the Q/DQ nodes or that torch cannot write,
+    so the CLI can refuse it before calibrating."""
+    opset = opset or (19 if fmt == "fp8_e4m3" else 17)
+    if opset < 13:
+        raise UsageError(f"opset {opset} is too old: per-channel QuantizeLinear needs opset >= 13")
+    if fmt == "fp8_e4m3" and opset < 19:
+        raise UsageError(f"opset {opset} cannot express fp8 QuantizeLinear; use opset >= 19 for fp8 models")
+    top = _max_opset()
+    if top is not None and opset > top:
+        raise UsageError(f"opset {opset} is newer than torch {torch.__version__}'s ONNX exporter writes (at most "
+                         f"{top}); use an opset from {19 if fmt == 'fp8_e4m3' else 13} to {top}")
+    return opset
 
 
 def find_op_owner(model: nn.Module, example_inputs: tuple[Any, ...], op: str) -> str | None:
@@ -86,20 +112,14 @@ def export_onnx(model: nn.Module, example_inputs: tuple[Any, ...] | torch.Tensor
     """
     onnx = require("onnx", extra="onnx", feature="ONNX export")
     fmt = _check_ready(model)
-    opset = opset or (19 if fmt == "fp8_e4m3" else 17)
-    if opset < 13:
-        raise UsageError(f"opset {opset} is too old: per-channel QuantizeLinear needs opset >= 13")
-    if fmt == "fp8_e4m3" and opset < 19:
-        raise UsageError(f"opset {opset} cannot express fp8 QuantizeLinear; use opset >= 19 for fp8 models")
+    opset = check_opset(opset, fmt)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     dyn = {n: {0: "batch"} for n in (*input_names, *output_names)} if dynamic_batch else None
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with eval_mode(model), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(model, tuple(example_inputs), str(path), opset_version=opset, dynamo=False,
                               input_names=list(input_names), output_names=list(output_names), dynamic_axes=dyn,
@@ -110,13 +130,12 @@ def export_onnx(model: nn.Module, example_inputs: tuple[Any, ...] | torch.Tensor
         if m is None:
             raise OverdriveError(f"ONNX export failed: {msg.splitlines()[0] if msg else type(exc).__name__}") from exc
         op = m.group(1)
-        owner = find_op_owner(model, tuple(example_inputs), op)
+        with eval_mode(model):  # as exported: no dropout, no BatchNorm statistics updates
+            owner = find_op_owner(model, tuple(example_inputs), op)
         raise OverdriveError(
             f"ONNX (opset {opset}) cannot express op '{op}' used in module '{owner or '?'}': "
             f"{msg.splitlines()[0][:300]}; replace that op, keep the module out of the export, or try another opset"
         ) from exc
-    finally:
-        model.train(was_training)
     if check:
         onnx.checker.check_model(onnx.load(str(path)))
     return path

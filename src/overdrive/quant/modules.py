@@ -11,6 +11,7 @@ torch.fx (forward code cannot be seen by a module swap).
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 import linecache
 import operator
@@ -46,6 +47,12 @@ def grouped_transpose_reason(mod: nn.Module, config: QuantConfig) -> str | None:
             f"(its weight is (C_in, C_out/groups, kH, kW) = {tuple(mod.weight.shape)}, and ONNX "
             "DequantizeLinear takes one scale per slice of one axis); to quantize it, "
             "use per-tensor weights: QuantConfig(weight=QuantizerConfig(per_channel=False, narrow_range=True))")
+
+
+def name_selected(name: str, config: QuantConfig) -> bool:
+    """True when the dotted ``name`` matches one of ``config.include`` and none of ``config.exclude``."""
+    return (any(fnmatch.fnmatch(name, p) for p in config.include)
+            and not any(fnmatch.fnmatch(name, p) for p in config.exclude))
 
 
 class _QuantMixin:
@@ -334,11 +341,13 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
     if not adds and not mms:
         return module, added, untraced
     quant_modules: dict[str, nn.Module] = {}
+    taken: set[str] = set()  # names given out, also to ops left float, so names do not depend on include/exclude
 
     def free_name(base: str) -> str:  # residual_add0, residual_add1, ... not clashing with the module's own names
         i = 0
-        while f"{base}{i}" in quant_modules or hasattr(module, f"{base}{i}"):
+        while f"{base}{i}" in taken or hasattr(module, f"{base}{i}"):
             i += 1
+        taken.add(f"{base}{i}")
         return f"{base}{i}"
 
     # adds first: their residual operand is chosen from the original graph, as with matmuls off
@@ -346,6 +355,8 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
         a, b = node.args
         residual_first = a.op != "call_module" and b.op == "call_module"
         qname = free_name("residual_add")
+        if not name_selected(prefix + qname, config):  # QuantConfig's include / exclude apply here too
+            continue
         quant_modules[qname] = QuantAdd(config, residual_first=residual_first)
         with graph.inserting_after(node):
             new_node = graph.call_module(qname, (a, b))
@@ -354,11 +365,15 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
     for node in mms:
         op = _matmul_op(node)
         qname = free_name("matmul" if op else "sdpa")
+        if not name_selected(prefix + qname, config):
+            continue
         quant_modules[qname] = QuantMatmul(config, op) if op else QuantSDPA(config)
         with graph.inserting_after(node):
             new_node = graph.call_module(qname, node.args, dict(node.kwargs))
         node.replace_all_uses_with(new_node)
         graph.erase_node(node)
+    if not quant_modules:  # every add / matmul here was left out by include / exclude
+        return module, added, untraced
     try:
         new = _with_traced_forward(module, graph, quant_modules)
     except Exception:  # noqa: BLE001 - e.g. a class that refuses subclassing: keep it float, reported

@@ -50,6 +50,33 @@ class _FakeFp8(torch.autograd.Function):
         return g.op("DequantizeLinear", g.op("QuantizeLinear", x, scale, zp, **kw), scale, zp, **kw)
 
 
+class _FakeInt8(torch.autograd.Function):
+    """int8 quantize-dequantize (torch's fake_quantize) whose gradient passes where |x| <= amax and is
+    zero outside: pytorch-quantization's clipped straight-through estimator. torch's own backward
+    passes it wherever round(x / scale) is in [qmin, 127], i.e. up to 127.5 * scale (and -128.5 *
+    scale), slightly beyond amax."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, axis: int | None,  # type: ignore[override]
+                qmin: int) -> torch.Tensor:
+        if axis is None:
+            zp = torch.zeros((), dtype=torch.int32, device=x.device)
+            y = torch.fake_quantize_per_tensor_affine(x, scale, zp, qmin, 127)
+        else:
+            zp = torch.zeros(scale.numel(), dtype=torch.int32, device=x.device)
+            y = torch.fake_quantize_per_channel_affine(x, scale, zp, axis, qmin, 127)
+            shape = [1] * x.dim()
+            shape[axis] = -1
+            amax = amax.view(shape)
+        ctx.save_for_backward(x.abs() <= amax)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None, None, None
+
+
 class TensorQuantizer(nn.Module):
     """Quantizer for one tensor; ``axis`` is the per-channel axis (None: per tensor).
 
@@ -148,11 +175,8 @@ class TensorQuantizer(nn.Module):
                 return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, -128, 127)
             zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
             return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, -128, 127)
-        if self.axis is None:
-            zp = torch.zeros((), dtype=torch.int32, device=xf.device)
-            return torch.fake_quantize_per_tensor_affine(xf, scale, zp, qmin, 127)
-        zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
-        return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, qmin, 127)
+        amax = self.amax.float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
+        return _FakeInt8.apply(xf, scale, amax, self.axis, qmin)
 
     def _clamp_for_export(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``xf`` clamped to [-127 * scale, 127 * scale] (per channel along ``axis``) for the ONNX graph."""

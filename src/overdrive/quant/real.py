@@ -31,9 +31,9 @@ from overdrive._utils.errors import UsageError
 from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin
 
 
-def _quantize_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 with a per-tensor scale: clamp(round(x / scale), -128, 127)."""
-    return torch.clamp(torch.round(x.float() / scale), -128, 127).to(torch.int8)
+def _quantize_int8(x: torch.Tensor, scale: torch.Tensor, qmin: int = -128) -> torch.Tensor:
+    """Symmetric int8 with a per-tensor scale: clamp(round(x / scale), qmin, 127) (qmin -127: narrow range)."""
+    return torch.clamp(torch.round(x.float() / scale), qmin, 127).to(torch.int8)
 
 
 def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ class _LowPrecisionGemm(nn.Module):
     fmt = "int8"
 
     def __init__(self, weight: torch.Tensor, w_amax: torch.Tensor, x_amax: torch.Tensor, bias: torch.Tensor | None,
-                 rowwise: bool = False) -> None:
+                 rowwise: bool = False, x_qmin: int = -128, w_qmin: int = -127) -> None:
         super().__init__()
         bound = 127.0 if self.fmt == "int8" else 448.0
         w = weight.detach().float().reshape(weight.shape[0], -1)
@@ -134,7 +134,7 @@ class _LowPrecisionGemm(nn.Module):
             w_scale = w_scale.max()  # per-tensor fp8 _scaled_mm takes one weight scale
         ws = w_scale.view(-1, 1) if w_scale.dim() else w_scale
         if self.fmt == "int8":
-            w_q = torch.clamp(torch.round(w / ws), -127, 127).to(torch.int8)
+            w_q = torch.clamp(torch.round(w / ws), w_qmin, 127).to(torch.int8)
         else:
             w_q = (w / ws).clamp(-448, 448).to(torch.float8_e4m3fn)
         self.register_buffer("w_q", w_q)  # (N, K)
@@ -142,6 +142,7 @@ class _LowPrecisionGemm(nn.Module):
         self.register_buffer("x_scale", x_amax.detach().float().clamp_min(1e-12).to(w.device) / bound)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.rowwise = rowwise
+        self.x_qmin = x_qmin  # int8: -128, or -127 for a narrow-range input quantizer (as its fake quantization)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
 
     def gemm(self, x2: torch.Tensor) -> torch.Tensor:
@@ -154,7 +155,7 @@ class _LowPrecisionGemm(nn.Module):
         # w_q is (N, K) contiguous, so w_q.t() is the column-major (K, N) operand cuBLAS(Lt) takes as is
         # ("TN" layout, required by _scaled_mm and int8 IMMA): no weight copy per call
         if self.fmt == "int8":
-            xq = _FUSED(_quantize_int8, x2, self.x_scale)
+            xq = _FUSED(_quantize_int8, x2, self.x_scale, self.x_qmin)
             acc = torch._int_mm(xq, self.w_q.t())  # (M, N) int32
             y = _FUSED(_int8_epilogue, acc, self.x_scale, self.w_scale, self.bias, out_dtype)
         else:
@@ -245,19 +246,21 @@ def to_real(model: nn.Module, rowwise: bool = False, device: torch.device | str 
                              "accuracy checks and export_onnx for deployment")
         new: nn.Module | None = None
         reason = None
+        # the int8 ranges of the fake quantization: [-127, 127] where the quantizer is narrow-range
+        ranges = {"x_qmin": -127 if iq.config.narrow_range else -128, "w_qmin": -127 if wq.config.narrow_range else -128}
         if not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
         elif isinstance(m, QuantLinear):
             reason = _gemm_ok(m.in_features, m.out_features, fmt)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
-                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise)
+                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise, **ranges)
         elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
                 and m.stride[0] == m.stride[1]:
             reason = _gemm_ok(m.in_channels, m.out_channels, fmt)
             if reason is None:
                 cls = Fp8Conv1x1 if fmt == "fp8" else Int8Conv1x1
-                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise, stride=m.stride[0])
+                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise, stride=m.stride[0], **ranges)
         else:
             reason = f"{type(m).__name__} {getattr(m, 'kernel_size', '')} has no low-precision kernel here (float)"
         if new is None:
