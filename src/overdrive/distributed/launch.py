@@ -87,7 +87,7 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
     except subprocess.TimeoutExpired:
         proc.terminate()  # torchrun stops its ranks on SIGTERM (each runs in a session of its own)
         _reap(proc)
-        raise OverdriveError(f"the launched job ran past timeout_s={timeout_s:g} s and was killed with every rank; "
+        raise OverdriveError(f"the launched job ran past timeout_s={timeout_s:g} s and was stopped with every rank; "
                              "a rank may be stuck in a collective: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL, or "
                              "raise the limit") from None
 
