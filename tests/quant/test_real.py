@@ -225,3 +225,17 @@ def test_int8_real_keeps_the_quantizers_ranges(cfg) -> None:
         ref = model(x)
         out = quant.to_real(copy.deepcopy(model))(x)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["max", "percentile", "entropy", "mse"])
+def test_calibrated_amax_lives_on_the_models_cuda_device(method: str) -> None:
+    """Histogram calibrators count on the CPU; the amax they give must land on the data's CUDA device (a CPU
+    amax cost a copy per forward and broke CUDA-graph capture)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)).cuda()
+    x = torch.randn(16, 32, device="cuda")
+    cfg = quant.INT8_DEFAULT.replace(method=method)
+    quant.quantize(model, cfg, lambda m: m(x))
+    devices = {q.amax.device.type for _, q in quant.quantizers(model) if q.amax is not None}
+    assert devices == {"cuda"}

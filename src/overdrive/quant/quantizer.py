@@ -115,8 +115,8 @@ class TensorQuantizer(nn.Module):
         if isinstance(self.calibrator, MaxCalibrator) and method != "max":
             method = "max"  # weights and per-channel quantizers are max-calibrated by design
         amax = self.calibrator.compute_amax(method, percentile)
-        device = self.amax.device if self.amax is not None else amax.device
-        self.amax = amax.float().to(device)
+        device = self.amax.device if self.amax is not None else getattr(self, "_calib_device", amax.device)
+        self.amax = amax.float().to(device)  # on the data's device: no copy per forward, CUDA-graph safe
 
     def set_amax(self, amax: torch.Tensor) -> None:
         self.amax = amax.detach().float().clone()
@@ -153,6 +153,7 @@ class TensorQuantizer(nn.Module):
             return x
         if self.calibrating:
             self.calibrator.collect(x, where=self.name or "a quantizer")  # type: ignore[union-attr]
+            self._calib_device = x.device  # where amax goes: the histogram calibrator keeps its counts on the CPU
             return x
         scale = self.scale().to(x.device)
         if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
