@@ -70,6 +70,7 @@ def test_env_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["doctor", "--bandwidth", "2", "--min-bytes", "100", "--max-bytes", "10"], 2, "--min-bytes 100"),
         (["doctor", "--bandwidth", "-1"], 2, "--bandwidth"),
         (["launch", "--rdzv-endpoint", "host:abc", "train.py"], 2, "host:abc"),
+        (["launch", "--timeout", "0", "train.py"], 2, "--timeout"),
     ],
 )
 def test_bad_arguments_one_line_exit_2(args: list[str], code: int, needle: str) -> None:

@@ -16,12 +16,14 @@ import click
 @click.option("--rdzv-endpoint", default=None, help="Elastic c10d rendezvous host:port (instead of --master-addr).")
 @click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart all workers this often after a failure.")
 @click.option("--no-check", is_flag=True, help="Skip the doctor's quick checks.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop the whole job (every rank, restarts included) after this many seconds; exit 1 saying so.")
 @click.option("-m", "--module", "module", is_flag=True, help="SCRIPT is a module name (python -m SCRIPT), as torchrun's -m.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def command(nnodes: int, nproc_per_node: str, node_rank: int, master_addr: str | None, master_port: int | None,
-            rdzv_endpoint: str | None, max_restarts: int, no_check: bool, module: bool, script: str,
-            script_args: tuple[str, ...]) -> None:
+            rdzv_endpoint: str | None, max_restarts: int, no_check: bool, timeout_s: float | None, module: bool,
+            script: str, script_args: tuple[str, ...]) -> None:
     """Run SCRIPT on every rank with torchrun; resumable training restarts under --max-restarts.
 
     \b
@@ -29,6 +31,7 @@ def command(nnodes: int, nproc_per_node: str, node_rank: int, master_addr: str |
       overdrive launch --nproc-per-node 8 --max-restarts 2 train.py --epochs 90
       overdrive launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node gpu train.py
       overdrive launch --nproc-per-node 2 -m mypkg.train --lr 0.1
+      overdrive launch --nproc-per-node 4 --timeout 3600 train.py   # a hung rank cannot hold the job
     """
     from overdrive.distributed.config import LaunchConfig
     from overdrive.distributed.launch import launch
@@ -36,4 +39,4 @@ def command(nnodes: int, nproc_per_node: str, node_rank: int, master_addr: str |
     nproc: int | str = int(nproc_per_node) if nproc_per_node.isdigit() else nproc_per_node
     cfg = LaunchConfig(nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank, master_addr=master_addr,
                        master_port=master_port, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
-    sys.exit(launch(cfg, script, list(script_args), module=module, check=not no_check))
+    sys.exit(launch(cfg, script, list(script_args), module=module, check=not no_check, timeout_s=timeout_s))
