@@ -28,6 +28,8 @@ _by_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[Mixe
     weakref.WeakKeyDictionary()
 )
 _in_order: list[weakref.ref[MixedPrecision]] = []
+# Optimizers from initialize(..., enabled=False): scale_loss hands their loss back untouched, as apex did.
+_disabled: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
 def _bool_arg(value: Any) -> bool | None:
@@ -44,20 +46,25 @@ def initialize(
     enabled: bool = True,
     opt_level: str = "O1",
     cast_model_type: torch.dtype | str | None = None,
+    patch_torch_functions: bool | None = None,
     keep_batchnorm_fp32: bool | str | None = None,
     master_weights: bool | None = None,
     loss_scale: float | str | None = None,
-    min_loss_scale: float | None = None,
-    max_loss_scale: float = 2.0**24,
     cast_model_outputs: torch.dtype | None = None,
     num_losses: int = 1,
     verbosity: int = 1,
+    min_loss_scale: float | None = None,
+    max_loss_scale: float = 2.0**24,
+    *,
     dtype: torch.dtype | str | None = None,
 ) -> Any:
     """apex.amp.initialize: cast models and wire optimizers for ``opt_level``.
 
     Returns ``(models, optimizers)`` in the structure given (or only ``models`` when no
     optimizer was given). ``dtype`` picks float16 (default on CUDA) or bfloat16 (default on CPU).
+    The positional order is apex's. ``patch_torch_functions`` is O1's op-level casting (torch.autocast
+    here, nothing is patched): it may be given, with its opt level's value. ``enabled=False`` changes
+    nothing, and ``scale_loss`` then yields the loss as it is.
 
     Example:
         >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -66,8 +73,17 @@ def initialize(
         ...     scaled.backward()
         >>> opt.step()
     """
+    opt_list = [] if optimizers is None else (list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers])
     if not enabled:
+        for opt in opt_list:
+            _disabled.add(opt)
         return models if optimizers is None else (models, optimizers)
+    if patch_torch_functions is not None and bool(patch_torch_functions) != (opt_level == "O1"):
+        raise UsageError(
+            f"patch_torch_functions={patch_torch_functions} at opt_level={opt_level!r}: op-level casting "
+            "(torch.autocast here) is what O1 is, and only O1; use opt_level='O1' for it, or another level "
+            "without it, and leave patch_torch_functions unset"
+        )
     if num_losses != 1:
         raise UsageError(f"num_losses={num_losses} is not supported; call initialize once per loss/optimizer set")
     policy = Policy(
@@ -76,13 +92,13 @@ def initialize(
         loss_scale=loss_scale, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
         cast_model_outputs=cast_model_outputs,
     )
-    opt_list = [] if optimizers is None else (list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers])
     for opt in opt_list:
         if _lookup(opt) is not None:
             raise UsageError("this optimizer was already passed to amp.initialize; call initialize once per optimizer")
     mp = prepare(models, opt_list, policy)
     for opt in opt_list:
         _by_optimizer[opt] = weakref.ref(mp)
+        _disabled.discard(opt)
     _in_order.append(weakref.ref(mp))
     return models if optimizers is None else (models, optimizers)
 
@@ -93,8 +109,11 @@ def _lookup(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:
     return None if ref is None else ref()
 
 
-def _handle(optimizers: Any) -> MixedPrecision:
+def _handle(optimizers: Any) -> MixedPrecision | None:
+    """The MixedPrecision that owns ``optimizers``; None when initialize had ``enabled=False``."""
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    if opts and all(o in _disabled for o in opts):
+        return None
     handles = {id(h): h for h in map(_lookup, opts)}
     if None in handles.values():
         raise UsageError(
@@ -120,7 +139,12 @@ def scale_loss(
     ``delay_unscale`` is accepted for compatibility and unnecessary: accumulation over several
     ``scale_loss`` blocks is exact here.
     """
-    with _handle(optimizers).scale_loss(loss) as scaled:
+    handle = _handle(optimizers)
+    if handle is None:  # amp.initialize(..., enabled=False): apex yields the loss unchanged
+        yield loss
+        return
+    opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    with handle.scale_loss(loss, opts) as scaled:
         yield scaled
 
 
@@ -144,10 +168,14 @@ def _live() -> list[MixedPrecision]:
 
 
 def state_dict(destination: dict[str, Any] | None = None) -> dict[str, Any]:
-    """apex.amp.state_dict: one ``loss_scaler<i>`` entry per initialize call, in order."""
+    """apex.amp.state_dict: one ``loss_scaler<i>`` entry per initialize call, in order.
+
+    Each entry has apex's keys ``loss_scale`` and ``unskipped`` at its top level (code that reads
+    ``amp.state_dict()['loss_scaler0']['loss_scale']`` keeps working), plus overdrive's own state.
+    """
     out: dict[str, Any] = {} if destination is None else destination
     for i, h in enumerate(_live()):
-        out[f"loss_scaler{i}"] = h.state_dict()
+        out[f"loss_scaler{i}"] = {"loss_scale": h.scaler.scale, "unskipped": h.scaler.unskipped, **h.state_dict()}
     return out
 
 

@@ -45,26 +45,38 @@ def cast_model(
     dtype: torch.dtype,
     keep_norm_fp32: bool,
     make_masters_for: set[int],
+    replaced: dict[int, nn.Parameter] | None = None,
 ) -> list[tuple[nn.Parameter, nn.Parameter]]:
     """Cast ``model``'s floating parameters and buffers to ``dtype`` in place of the originals.
 
     Parameters whose id is in ``make_masters_for`` (those an optimizer holds) are replaced on the
     module by a new half Parameter; the original fp32 Parameter object stays in the optimizer and
     becomes the master copy, so optimizer references and any state stay valid. Others are cast
-    in place. Tied parameters stay tied. Returns (model_param, master_param) pairs.
+    in place. Tied parameters stay tied; pass one ``replaced`` dict (id of an original parameter
+    -> what took its place) to every model of one run, so a parameter shared between two models
+    stays shared too. Returns (model_param, master_param) pairs.
     """
-    replaced: dict[int, nn.Parameter] = {}
+    replaced = {} if replaced is None else replaced
     pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
-    for module in model.modules():
+    for mod_name, module in model.named_modules():
         if keep_norm_fp32 and isinstance(module, NORM_TYPES):
             continue
         for name, p in list(module._parameters.items()):
             if p is None or not p.is_floating_point():
                 continue
-            if id(p) in replaced:  # tied weight, already cast through another module
+            if id(p) in replaced:  # tied weight, already cast through another module (or model)
                 module._parameters[name] = replaced[id(p)]
                 continue
             if id(p) in make_masters_for:
+                if p.dtype in (torch.float16, torch.bfloat16):
+                    # apex refused this too: the master would be a half copy, and fp32 master weights
+                    # are the point of O2. Seen after model.half() or on a model already initialized.
+                    full = f"{mod_name}.{name}" if mod_name else name
+                    raise UsageError(
+                        f"parameter {full!r} is already {p.dtype}, but O2's master weights must start from float32; "
+                        "pass the float32 model to amp.initialize/prepare (no .half() or .to(torch.bfloat16) before "
+                        "it, and initialize each model once)"
+                    )
                 half = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
                 replaced[id(p)] = half
                 module._parameters[name] = half
@@ -137,13 +149,14 @@ def add_master_sync_on_load(model: nn.Module, pairs: list[tuple[nn.Parameter, nn
     precision is lost to the half round trip); a post-hook copies them into the masters once the
     half parameters are loaded. A value equal to the half weight it replaces (an O2 model's own
     state dict loaded after the amp state) leaves its master alone: that master is the same value
-    with more bits. The hooks hold the parameters, not the :class:`MixedPrecision`.
+    with more bits. The hooks hold the parameters, not the :class:`MixedPrecision`; ``pairs`` is read
+    at load time, so pairs added later (param groups added after prepare) are covered.
     """
-    master_of = {id(h): (h, m) for h, m in pairs}
     pending: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}  # id(module) -> (master, value)
 
     def before(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
                *_: Any) -> None:
+        master_of = {id(h): (h, m) for h, m in pairs}
         if local_metadata.get("assign_to_params_buffers"):
             raise UsageError(
                 "load_state_dict(..., assign=True) on a model prepared at O2 would replace the half parameters "

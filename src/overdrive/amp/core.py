@@ -58,10 +58,12 @@ class MixedPrecision:
         opt_ids = casting.ids(q for opt in self.optimizers for g in opt.param_groups for q in g["params"])
         self._pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (model half, fp32 master)
         self._hooks: list[Any] = []
+        replaced: dict[int, nn.Parameter] = {}  # shared by all models: a parameter two models share stays shared
         for model in self.models:
             if p.cast_model_type is not None:
                 self._pairs += casting.cast_model(
-                    model, p.cast_model_type, bool(p.keep_batchnorm_fp32), opt_ids if p.master_weights else set()
+                    model, p.cast_model_type, bool(p.keep_batchnorm_fp32), opt_ids if p.master_weights else set(),
+                    replaced,
                 )
                 self._hooks += casting.add_io_cast_hooks(model, p.cast_model_type, p.cast_model_outputs)
                 if p.keep_batchnorm_fp32:
@@ -74,6 +76,7 @@ class MixedPrecision:
             if p.autocast and autocast_hooks:
                 self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
+        self._n_groups = {id(opt): len(opt.param_groups) for opt in self.optimizers}  # to see add_param_group
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_step))
             self._hooks.append(opt.register_step_post_hook(self._after_step))
@@ -84,6 +87,31 @@ class MixedPrecision:
         for opt in [optimizer] if optimizer is not None else self.optimizers:
             for group in opt.param_groups:
                 yield from group["params"]
+
+    def _adopt_added_groups(self) -> None:
+        """O2: param groups added after prepare (``optimizer.add_param_group``, e.g. to unfreeze a
+        backbone) hold the model's half parameters; give them fp32 masters, as apex did, instead of
+        letting the optimizer step half weights. Cheap when nothing was added (a length check)."""
+        if not self.policy.master_weights:
+            return
+        for opt in self.optimizers:
+            seen = self._n_groups[id(opt)]
+            if len(opt.param_groups) == seen:
+                continue
+            self._n_groups[id(opt)] = len(opt.param_groups)
+            in_model = casting.ids(q for model in self.models for q in model.parameters())
+            paired = casting.ids(h for h, _ in self._pairs)
+            for group in opt.param_groups[seen:]:
+                for i, half in enumerate(group["params"]):
+                    if (id(half) not in in_model or id(half) in paired or half.dtype != self.policy.cast_model_type
+                            or half in opt.state):
+                        continue  # not a half model weight (fp32 norm, new layer), or stepped already
+                    master = nn.Parameter(half.detach().float(), requires_grad=half.requires_grad)
+                    if half.grad is not None:
+                        master.grad, half.grad = half.grad.float(), None
+                    group["params"][i] = master
+                    self._pairs.append((half, master))
+                    paired.add(id(half))
 
     def _direct_params(self) -> list[nn.Parameter]:
         """Optimizer params that backward writes to directly: all of them, except O2's masters
@@ -99,12 +127,17 @@ class MixedPrecision:
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def scale_loss(self, loss: torch.Tensor) -> Iterator[torch.Tensor]:
+    def scale_loss(
+        self, loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer] | None = None
+    ) -> Iterator[torch.Tensor]:
         """Yield ``loss * scale``; on exit unscale the new gradients and check them for inf/NaN.
 
         Gradients accumulated by earlier backward passes are kept aside while this one runs, so
-        gradient accumulation over several ``scale_loss`` blocks is exact.
+        gradient accumulation over several ``scale_loss`` blocks is exact. On an overflow the next
+        step of ``optimizers`` (default: all of this object's) is skipped, and that of any other
+        optimizer whose parameters this backward reached (as apex skips the ones passed to it).
         """
+        self._adopt_added_groups()
         self._flush_pending()
         direct = self._direct_params()
         stash = [q.grad for q in direct]
@@ -116,17 +149,23 @@ class MixedPrecision:
             for q, g in zip(direct, stash):
                 q.grad = g
             raise
-        self._unscale_new_grads(direct, stash)
+        self._unscale_new_grads(direct, stash, optimizers)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Scaled backward with the overflow check: ``with scale_loss(loss) as s: s.backward()``."""
         with self.scale_loss(loss) as scaled:
             scaled.backward()
 
-    def _unscale_new_grads(self, direct: list[nn.Parameter], stash: list[torch.Tensor | None]) -> None:
+    def _unscale_new_grads(
+        self,
+        direct: list[nn.Parameter],
+        stash: list[torch.Tensor | None],
+        optimizers: Sequence[torch.optim.Optimizer] | None = None,
+    ) -> None:
         # O2: the half model grads are copied into fp32 buffers first, so all new gradients are
         # unscaled and checked in one pass (one device sync when the scale is dynamic).
         pairs, bufs, n_new = self._copy_half_grads()
+        reached = casting.ids([q for q in direct if q.grad is not None] + [m for _, m in pairs])
         fresh = [q.grad for q in direct if q.grad is not None]
         found = self.scaler.unscale_(fresh + bufs)
         self._accumulate_masters(pairs, bufs, n_new)
@@ -138,7 +177,13 @@ class MixedPrecision:
                 q.grad = s
         self.scaler.update(found)
         if found:
-            self._skip.update(id(opt) for opt in self.optimizers)
+            # Only the optimizers this loss is for, and those whose grads it touched: a GAN's
+            # generator must not lose its next (clean) step to an overflow in the discriminator's loss.
+            named = casting.ids(self.optimizers if optimizers is None else optimizers)
+            self._skip.update(
+                id(opt) for opt in self.optimizers
+                if id(opt) in named or any(id(q) in reached for q in self.master_params(opt))
+            )
 
     def _copy_half_grads(self) -> tuple[list[tuple[nn.Parameter, nn.Parameter]], list[torch.Tensor], int]:
         """O2: fp32 copies of the half model grads; fresh masters get theirs as ``.grad`` directly."""
@@ -166,6 +211,7 @@ class MixedPrecision:
 
     # --- optimizer step hooks ---------------------------------------------------------------
     def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        self._adopt_added_groups()
         self._flush_pending()
         if id(optimizer) in self._skip:
             # Skip the step: optimizers leave parameters whose grad is None untouched.
@@ -216,6 +262,7 @@ class MixedPrecision:
 
     def state_dict(self) -> dict[str, Any]:
         """Scaler state, plus the fp32 masters under O2 (so a resume is bit-identical)."""
+        self._adopt_added_groups()
         state: dict[str, Any] = {
             "opt_level": self.policy.opt_level,
             "dtype": dtype_name(self._half_dtype()),
@@ -233,6 +280,7 @@ class MixedPrecision:
         hook). They set a dynamic scaler's scale and clean-step count; a static scale belongs to
         this run's policy (bf16 needs none) and is kept.
         """
+        self._adopt_added_groups()
         if "opt_level" not in state and "loss_scale" in state:  # apex/amp/frontend.py's format
             if self.scaler.dynamic:
                 self.scaler.load_state_dict({k: state[k] for k in ("loss_scale", "unskipped") if k in state})
@@ -273,6 +321,8 @@ class MixedPrecision:
         outside :meth:`scale_loss` that were not yet moved to the masters.
         """
 
+        self._adopt_added_groups()
+
         def clone(g: torch.Tensor | None) -> torch.Tensor | None:
             return None if g is None else g.detach().clone()
 
@@ -284,6 +334,7 @@ class MixedPrecision:
 
     def load_pending_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`pending_state` saved (after the model, optimizer and amp state)."""
+        self._adopt_added_groups()
         for key, params in (("grads", list(self.master_params())), ("half_grads", [h for h, _ in self._pairs])):
             saved = state.get(key)
             if saved is None or len(saved) != len(params):
