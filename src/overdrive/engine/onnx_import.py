@@ -73,7 +73,7 @@ def _binary(np_fn: Callable, t_fn: Callable) -> Callable:
     def run(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
         x, y = ins
         if _host(x, y):
-            out = np_fn(x, y)
+            out = _as_value(np_fn(x, y))  # 0-d object operands give a bare (Sym)int back
             return [out.astype(x.dtype) if out.dtype != x.dtype and x.dtype != object and np_fn not in _CMP else out]
         like = _like(ins)
         return [t_fn(_tensor(x, like), _tensor(y, like))]
@@ -84,7 +84,7 @@ def _unary(t_fn: Callable) -> Callable:
     return lambda m, ins, a: [t_fn(_tensor(ins[0]))]
 
 
-_CMP = (np.equal, np.less, np.greater, np.logical_and, np.logical_or)
+_CMP = (np.equal, np.less, np.greater, np.less_equal, np.greater_equal, np.logical_and, np.logical_or, np.logical_xor)
 
 
 def _div_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -220,11 +220,28 @@ def _slice(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
     index = [slice(None)] * len(x.shape)
     big = 2**62
     for s, e, ax, st in zip(starts, ends, axes, steps):
-        e = None if (not isinstance(e, torch.SymInt) and abs(e) >= big) else e
         if st < 0:
-            raise UsageError("Slice with a negative step is not supported by the ONNX importer")
+            x, index[ax] = _slice_reversed(x, ax, s, e, st)
+            continue
+        e = None if (not isinstance(e, torch.SymInt) and abs(e) >= big) else e
         index[ax] = slice(s, e, st)
     return [x[tuple(index)]]
+
+
+def _slice_reversed(x: Value, ax: int, s: int, e: int, st: int) -> tuple[Value, slice]:
+    """One axis of a Slice with a negative step, as (x, a positive-step slice of x).
+
+    ONNX clamps start to [0, n-1] and end to [-1, n-1] (-1: past the first element), after adding n to
+    negative values; Python reads an end of -1 as the last element instead. torch has no negative steps,
+    so tensors are flipped: element i of x is element n-1-i of the flipped x."""
+    n = x.shape[ax]
+    if isinstance(n, torch.SymInt) or isinstance(s, torch.SymInt) or isinstance(e, torch.SymInt):
+        raise UsageError("Slice with a negative step over a dynamic dimension is not supported by the ONNX importer")
+    s = min(max(s + n if s < 0 else s, 0), n - 1)
+    e = min(max(e + n if e < 0 else e, -1), n - 1)
+    if isinstance(x, np.ndarray):
+        return x, slice(s, None if e < 0 else e, st)
+    return x.flip(ax), slice(n - 1 - s, n - 1 - e, -st)
 
 
 def _unsqueeze(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
@@ -410,9 +427,197 @@ def _flatten(x: torch.Tensor, axis: int) -> torch.Tensor:
 
 def _range(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
     s, e, d = (np.asarray(v).reshape(-1)[0] if not isinstance(v, torch.Tensor) else v.item() for v in ins)
-    if _host(*ins):
+    sym = any(isinstance(v, torch.SymInt) for v in (s, e, d))
+    if _host(*ins) and not sym:
         return [np.arange(s, e, d, dtype=np.asarray(ins[0]).dtype)]
-    return [torch.arange(s, e, d, device=_like(ins).device)]
+    # a symbolic bound (a dynamic dim) must not reach np.arange, which would specialize it to its traced value
+    like = _like(ins)
+    device = like.device if like is not None else next((b.device for b in m.buffers()), torch.device("cpu"))
+    return [torch.arange(s, e, d, device=device)]
+
+
+def _variadic(np_fn: Callable, t_fn: Callable, mean: bool = False) -> Callable:
+    """Max / Min / Sum / Mean: one or more inputs, broadcast, folded left to right."""
+    pair = _binary(np_fn, t_fn)
+
+    def run(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+        out = ins[0]
+        for v in ins[1:]:
+            out = pair(m, [out, v], a)[0]
+        return [out / len(ins) if mean else out]
+    return run
+
+
+def _mod(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    """fmod=0 (integers only): the result takes the divisor's sign (Python's %); fmod=1: the dividend's (C fmod)."""
+    fmod = bool(a.get("fmod", 0))
+    return _binary(np.fmod if fmod else np.mod, torch.fmod if fmod else torch.remainder)(m, ins, a)
+
+
+def _cumsum(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x, axis = ins[0], int(_ints(ins[1])[0])
+    rev, excl = bool(a.get("reverse", 0)), bool(a.get("exclusive", 0))
+    if isinstance(x, np.ndarray):
+        y = np.flip(x, axis) if rev else x
+        c = np.cumsum(y, axis=axis, dtype=x.dtype)
+        c = c - y if excl else c
+        return [np.flip(c, axis) if rev else c]
+    y = x.flip(axis) if rev else x
+    c = torch.cumsum(y, dim=axis, dtype=x.dtype)  # torch would widen int32 to int64
+    c = c - y if excl else c
+    return [c.flip(axis) if rev else c]
+
+
+def _gather_elements(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = _tensor(ins[0])
+    axis = int(a.get("axis", 0)) % x.dim()
+    i = _tensor(ins[1]).to(x.device).long()
+    return [torch.gather(x, axis, torch.where(i < 0, i + x.shape[axis], i))]
+
+
+def _gather_nd(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    """data (B..., D...), indices (B..., I..., k) -> (B..., I..., D[k:]): the first ``batch_dims`` dims pair up,
+    the last index dim picks k dims of data. As advanced indexing: one arange per batch dim, one index per k."""
+    x = _tensor(ins[0])
+    idx = _tensor(ins[1]).to(x.device).long()
+    b, k = int(a.get("batch_dims", 0)), idx.shape[-1]
+    if isinstance(k, torch.SymInt):
+        raise UsageError("GatherND with a dynamic index depth is not supported by the ONNX importer")
+    rank = idx.dim() - 1
+    index: list[torch.Tensor] = []
+    for j in range(b):
+        shape = [1] * rank
+        shape[j] = -1
+        index.append(torch.arange(x.shape[j], device=x.device).reshape(shape))
+    for j in range(k):
+        ij = idx[..., j]
+        index.append(torch.where(ij < 0, ij + x.shape[b + j], ij))
+    return [x[tuple(index)]]
+
+
+def _instance_norm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = _tensor(ins[0])
+    w, b = _tensor(ins[1], x), _tensor(ins[2], x)
+    return [F.instance_norm(x, weight=w, bias=b, eps=float(a.get("epsilon", 1e-5)))]
+
+
+def _group_norm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    """GroupNormalization: opsets 18-20 give scale and bias per group, 21 on per channel."""
+    x = _tensor(ins[0])
+    g = int(a["num_groups"])
+    w, b = _tensor(ins[1], x), _tensor(ins[2], x)
+    if w.numel() == g and x.shape[1] != g:  # per group: each group's value for its C/G channels
+        w, b = w.repeat_interleave(x.shape[1] // g), b.repeat_interleave(x.shape[1] // g)
+    return [F.group_norm(x, g, w, b, float(a.get("epsilon", 1e-5)))]
+
+
+def _conv_transpose(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    """ConvTranspose: weight (C_in, C_out / group, k...). ONNX pads crop the full output (begin, end per dim), so
+    uneven pads run with zero padding and are cropped after."""
+    x, w = _tensor(ins[0]), _tensor(ins[1], ins[0])
+    b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    n = w.dim() - 2
+    if "output_shape" in a or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        raise UsageError("ConvTranspose with output_shape or auto_pad SAME is not supported by the ONNX importer; "
+                         "re-export with explicit pads")
+    pads = list(a.get("pads", [0] * (2 * n)))
+    begin, end = pads[:n], pads[n:]
+    strides, dil = list(a.get("strides", [1] * n)), list(a.get("dilations", [1] * n))
+    out_pad, group = list(a.get("output_padding", [0] * n)), int(a.get("group", 1))
+    conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
+    if begin == end:
+        return [conv(x, w, b, strides, begin, out_pad, group, dil)]
+    y = conv(x, w, b, strides, 0, out_pad, group, dil)
+    index = [slice(None)] * 2 + [slice(p, y.shape[2 + i] - q) for i, (p, q) in enumerate(zip(begin, end))]
+    return [y[tuple(index)]]
+
+
+def _resize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    """Resize as ``F.interpolate``, for the modes PyTorch exporters write: nearest (asymmetric + floor:
+    ``mode="nearest"``; half_pixel + round_prefer_ceil: ``"nearest-exact"``), linear and cubic (half_pixel or
+    pytorch_half_pixel: ``align_corners=False``; align_corners: ``True``; cubic with a = -0.75, PyTorch's).
+    Anything else raises, naming the attribute."""
+    x = _tensor(ins[0])
+    attr = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
+    mode, ctm = attr.get("mode", "nearest"), attr.get("coordinate_transformation_mode", "half_pixel")
+    near = attr.get("nearest_mode", "round_prefer_floor")
+    scales = _floats(ins[2]) if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size else None
+    sizes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+    if attr.get("axes") is not None:  # opset 18: scales/sizes for these axes only
+        full_s, full_z = [1.0] * x.dim(), list(x.shape)
+        for i, ax in enumerate(attr["axes"]):
+            if scales is not None:
+                full_s[ax % x.dim()] = scales[i]
+            if sizes is not None:
+                full_z[ax % x.dim()] = sizes[i]
+        scales, sizes = (full_s if scales is not None else None), (full_z if sizes is not None else None)
+    bad = None
+    if attr.get("antialias", 0) or attr.get("exclude_outside", 0) \
+            or attr.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        bad = "antialias / exclude_outside / keep_aspect_ratio_policy"
+    elif mode == "nearest":
+        if (ctm, near) == ("asymmetric", "floor"):
+            tmode = "nearest"
+        elif ctm in ("half_pixel", "pytorch_half_pixel") and near == "round_prefer_ceil":
+            tmode = "nearest-exact"
+        else:
+            bad = f"nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r}"
+    elif mode in ("linear", "cubic"):
+        if ctm not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+            bad = f"{mode} with coordinate_transformation_mode={ctm!r}"
+        elif mode == "cubic" and (abs(float(attr.get("cubic_coeff_a", -0.75)) + 0.75) > 1e-6 or x.dim() != 4):
+            bad = "cubic other than 2-D with cubic_coeff_a=-0.75"
+        elif mode == "linear" and not 3 <= x.dim() <= 5:
+            bad = f"linear on a {x.dim()}-D input"
+        tmode = "bicubic" if mode == "cubic" else ("linear", "bilinear", "trilinear")[x.dim() - 3]
+    else:
+        bad = f"mode={mode!r}"
+    if bad is None and scales is not None and any(float(v) != 1.0 for v in scales[:2]):
+        bad = "scales on the batch or channel axis"
+    if bad is None and sizes is not None and any(not isinstance(s, torch.SymInt) and not isinstance(d, torch.SymInt)
+                                                 and s != d for s, d in zip(sizes[:2], x.shape[:2])):
+        bad = "sizes on the batch or channel axis"
+    if bad:
+        raise UsageError(f"Resize {bad} is not supported by the ONNX importer")
+    align = None if tmode.startswith("nearest") else (ctm == "align_corners")
+    if sizes is not None:
+        return [F.interpolate(x, size=list(sizes[2:]), mode=tmode, align_corners=align)]
+    # with scale_factor (and recompute_scale_factor unset) PyTorch maps output to input coordinates by
+    # 1 / scale, as ONNX does; the output size is floor(input * scale) in both
+    return [F.interpolate(x, scale_factor=[float(v) for v in scales[2:]], mode=tmode, align_corners=align)]
+
+
+def _floats(v: Value) -> list[float]:
+    if isinstance(v, torch.Tensor):
+        return [float(x) for x in v.reshape(-1).tolist()]
+    return [float(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _prelu(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    """PRelu: the slope broadcasts against x (ONNX's unidirectional broadcast), unlike F.prelu's per-channel one."""
+    x = _tensor(ins[0])
+    return [torch.where(x >= 0, x, x * _tensor(ins[1], x))]
+
+
+def _trilu(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    k = int(_ints(ins[1])[0]) if len(ins) > 1 and ins[1] is not None else 0
+    x = _tensor(ins[0])
+    return [torch.triu(x, k) if a.get("upper", 1) else torch.tril(x, k)]
+
+
+def _tile(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    reps = _ints(ins[1])
+    if isinstance(ins[0], np.ndarray):
+        return [np.tile(ins[0], reps)]
+    return [_tensor(ins[0]).repeat(*reps)]
+
+
+def _is_inf(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
+    x = _tensor(ins[0])
+    pos, neg = a.get("detect_positive", 1), a.get("detect_negative", 1)
+    if pos and neg:
+        return [torch.isinf(x)]
+    return [torch.isposinf(x) if pos else torch.isneginf(x) if neg else torch.zeros_like(x, dtype=torch.bool)]
 
 
 _OPS: dict[str, Callable] = {
@@ -429,7 +634,19 @@ _OPS: dict[str, Callable] = {
     "Div": _binary(_div_np, _div_t), "Pow": _binary(np.power, torch.pow),
     "Equal": _binary(np.equal, torch.eq), "Less": _binary(np.less, torch.lt), "Greater": _binary(np.greater, torch.gt),
     "And": _binary(np.logical_and, torch.logical_and), "Or": _binary(np.logical_or, torch.logical_or),
-    "Max": _binary(np.maximum, torch.maximum), "Min": _binary(np.minimum, torch.minimum),
+    "Max": _variadic(np.maximum, torch.maximum), "Min": _variadic(np.minimum, torch.minimum),
+    "Sum": _variadic(np.add, torch.add), "Mean": _variadic(np.add, torch.add, mean=True),
+    "GreaterOrEqual": _binary(np.greater_equal, torch.ge), "LessOrEqual": _binary(np.less_equal, torch.le),
+    "Xor": _binary(np.logical_xor, torch.logical_xor), "Mod": _mod,
+    "IsNaN": _unary(torch.isnan), "IsInf": _is_inf, "Sign": _unary(torch.sign), "Round": _unary(torch.round),
+    "Sin": _unary(torch.sin), "Cos": _unary(torch.cos),
+    "Elu": lambda m, ins, a: [F.elu(_tensor(ins[0]), float(a.get("alpha", 1.0)))],
+    "Selu": lambda m, ins, a: [float(a.get("gamma", 1.0507009873554805))
+                               * F.elu(_tensor(ins[0]), float(a.get("alpha", 1.6732632423543772)))],
+    "Mish": _unary(F.mish), "PRelu": _prelu,
+    "CumSum": _cumsum, "GatherElements": _gather_elements, "GatherND": _gather_nd, "Trilu": _trilu, "Tile": _tile,
+    "ConvTranspose": _conv_transpose, "Resize": _resize,
+    "InstanceNormalization": _instance_norm, "GroupNormalization": _group_norm,
     "MatMul": lambda m, ins, a: [torch.matmul(_tensor(ins[0]), _tensor(ins[1], _like(ins)))],
     "Gemm": _gemm, "Conv": _conv, "BatchNormalization": _batchnorm, "LayerNormalization": _layernorm,
     "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
@@ -444,6 +661,7 @@ _OPS: dict[str, Callable] = {
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "ReduceMin": _reduce("min"),
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize,
 }
+_HOST_INPUTS = {"Resize": (1, 2, 3)}
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 
 
@@ -471,11 +689,14 @@ class ONNXModule(nn.Module):
         self.output_names = [o.name for o in g.output]
         self._host: dict[str, np.ndarray] = {}  # small constants (shapes, axes, scalars): folded at trace time
         self._buffers_by_value: dict[str, str] = {}
+        # inputs read as Python numbers (Resize's scales and sizes): a buffer would be a fake tensor under export
+        host_args = {n.input[i] for n in g.node for i in _HOST_INPUTS.get(n.op_type, ()) if i < len(n.input)}
         for i, t in enumerate(g.initializer):
             arr = numpy_helper.to_array(t)
             # small integer constants, and one-element float ones (Q/DQ scales, epsilons) like Constant nodes':
             # kept on the host, they trace to literals (a 0-d float buffer, once frozen, broke Inductor's reshape)
-            if (arr.dtype.kind in "iub" and arr.size <= 64) or (arr.dtype.kind == "f" and arr.size == 1):
+            if (arr.dtype.kind in "iub" and arr.size <= 64) or (arr.dtype.kind == "f" and arr.size == 1) \
+                    or (t.name in host_args and arr.size <= 64):
                 self._host[t.name] = arr
             else:
                 key = f"w{i}"
