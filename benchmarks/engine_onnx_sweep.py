@@ -308,6 +308,14 @@ def run_one(name: str, exporter: str) -> dict:
 
 
 def main() -> None:
+    flags = {"--export", "--ts", "--dynamo"}
+    if "-h" in sys.argv or "--help" in sys.argv:  # it used to run the whole sweep and rewrite the results
+        print(__doc__.strip() + f"\n\nmodels: {' '.join(MODELS)}\nflags: {' '.join(sorted(flags))}")
+        return
+    bad = [a for a in sys.argv[1:] if (a.startswith("-") and a not in flags) or (not a.startswith("-") and a not in MODELS)]
+    if bad:
+        sys.exit(f"engine_onnx_sweep.py: unknown argument(s) {' '.join(bad)}; models: {' '.join(MODELS)}; "
+                 f"flags: {' '.join(sorted(flags))}")
     names = [a for a in sys.argv[1:] if not a.startswith("--")] or list(MODELS)
     exporters = ["ts17"] if "--ts" in sys.argv else ["dynamo18"] if "--dynamo" in sys.argv else ["ts17", "dynamo18"]
     rows = []

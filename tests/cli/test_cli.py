@@ -108,3 +108,33 @@ def test_verbose_after_a_launched_script_belongs_to_the_script() -> None:
     # the script is found by position, not by a .py suffix (a script without one lost its --verbose)
     assert _own_args(["launch", "--nproc-per-node", "2", "--no-check", "train", "--verbose"]) == 4
     assert _own_args(["launch", "--master-port=29501", "train", "--verbose"]) == 2
+
+
+def test_missing_dependency_error_survives_a_worker_process() -> None:
+    # `overdrive data make-dataset --processes 16` without scikit-image: the error raised in a worker is pickled
+    # back to the parent; unpickling rebuilt it from its finished message, which was then wrapped a second time
+    import pickle
+
+    from overdrive._utils.errors import MissingDependencyError
+
+    err = MissingDependencyError("skimage.data", extra="vision", feature="the sample dataset")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is MissingDependencyError
+    assert str(back) == str(err) == ("the sample dataset needs the optional package 'skimage.data', which is not "
+                                     "installed; run: pip install 'overdrive[vision]'")
+    assert (back.package, back.extra) == ("skimage.data", "vision")
+
+
+def test_launch_nproc_per_node_gpu_without_a_gpu_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the --help example `--nproc-per-node gpu` on a CPU machine ended in torchrun's traceback ("Cuda is not available.")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible")
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    proc = run_cli("launch", "--nproc-per-node", "gpu", str(script))
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and "--nproc-per-node gpu" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "ran" not in proc.stdout

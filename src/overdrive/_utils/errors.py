@@ -30,3 +30,9 @@ class MissingDependencyError(OverdriveError, ImportError):
         super().__init__(f"{feature} needs the optional package '{package}', which is not installed; run: {hint}")
         self.package = package
         self.extra = extra
+        self.feature = feature
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # pickling (a worker process's error, re-raised in the parent) must rebuild from the arguments,
+        # not from the finished message, which __init__ would wrap a second time
+        return (type(self), (self.package, self.extra, self.feature))

@@ -67,6 +67,12 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
     Example:
         >>> # launch(LaunchConfig(nproc_per_node=2, max_restarts=1), "train.py", ["--steps", "100"])
     """
+    if cfg.nproc_per_node == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():  # torchrun would die with a traceback ("Cuda is not available.")
+            raise UsageError("--nproc-per-node gpu starts one rank per GPU, but no CUDA GPU is visible here; give a "
+                             "number of ranks instead (e.g. --nproc-per-node 2: CPU ranks on gloo)")
     if not module and not Path(script).is_file():
         raise UsageError(f"training script {script!r} does not exist")
     if timeout_s is not None and not timeout_s > 0:
