@@ -102,3 +102,15 @@ def test_exec_shapes_with_an_unknown_input_name_is_refused(tmp_path) -> None:
         eng.random_inputs({"y": (2, 3)})
     eng.save(tmp_path / "m.engine")
     assert main(["exec", "--load-engine", str(tmp_path / "m.engine"), "--shapes", "y:2x3", "--duration", "0"]) == 2
+
+
+def test_compare_against_an_onnx_model_with_another_fixed_batch_names_it() -> None:
+    """An engine at opt batch 4 against an ONNX file fixed at batch 1: a one-line error naming the input and both
+    shapes (it was ONNX Runtime's raw dimension error)."""
+    dyn = _onnx([helper.make_node("Relu", ["x"], ["y"])], TensorProto.FLOAT, ["b", 3], ["b", 3])
+    fixed = _onnx([helper.make_node("Relu", ["x"], ["y"])], TensorProto.FLOAT, [1, 3], [1, 3])
+    eng = Builder(backend="onnxruntime", device="cpu",
+                  profiles=[ShapeProfile("x", (1, 3), (4, 3), (8, 3))]).build(dyn)
+    with pytest.raises(UsageError, match=r"input 'x' is fixed at 1x3, but the comparison runs 4x3"):
+        compare(eng, fixed)
+    assert compare(eng, dyn)["passed"]

@@ -30,6 +30,12 @@ class _OrtReference:
         feeds = {}
         for i, x in zip(self.session.get_inputs(), xs):  # each input in the type the ONNX model declares (an
             dt = self._TYPES.get(i.type)  # engine with fp16 I/O bindings hands out fp16 inputs)
+            fixed = [d if isinstance(d, int) else None for d in i.shape]
+            if len(fixed) != x.dim() or any(f is not None and f != n for f, n in zip(fixed, x.shape)):
+                want = "x".join("?" if f is None else str(f) for f in fixed)
+                raise UsageError(f"the ONNX model's input {i.name!r} is fixed at {want}, but the comparison runs "
+                                 f"{'x'.join(map(str, x.shape))} (the engine's opt shapes unless inputs are given); "
+                                 "export the ONNX model with that batch or a dynamic one, or compare at its shape")
             feeds[i.name] = (x.to(dt) if dt is not None else x).contiguous().cpu().numpy()
         return [torch.from_numpy(o) for o in self.session.run(None, feeds)]
 
