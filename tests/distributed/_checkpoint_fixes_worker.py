@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -51,15 +50,7 @@ def same(a: Any, b: Any) -> bool:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    import faulthandler
-
-    faulthandler.dump_traceback_later(120, exit=True)  # a hung collective fails the test instead of hanging it
-    env = odist.init(backend="gloo", device="cpu")
-    rank, world = env.rank, env.world_size
-    torch.manual_seed(0)
-    base = w.Net()
-    batches = w.data(3, 16)
+    out, rank, world, base, batches = w.start(120)
     micro = [mb for b in batches for mb in w.shard(b, rank, world, 2)]  # 6 micro-batches = 3 optimizer steps
     res: dict[str, Any] = {"world_size": world}
 

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -89,16 +90,19 @@ def train(base: nn.Module, strategy: str | None, batches: list, rank: int, world
     return t
 
 
-def main() -> None:
-    out = sys.argv[1]
+def start(hang_s: int) -> tuple[Path, int, int, nn.Module, list]:
+    """A worker's start: (output folder, rank, world size, the seeded Net, 3 batches of 16) on gloo; a hang past
+    ``hang_s`` seconds dumps the stacks and exits, so the test fails instead of hanging."""
     import faulthandler
 
-    faulthandler.dump_traceback_later(60, exit=True)  # a hung collective fails the test instead of hanging it
+    faulthandler.dump_traceback_later(hang_s, exit=True)
     env = odist.init(backend="gloo", device="cpu")
-    rank, world = env.rank, env.world_size
     torch.manual_seed(0)
-    base = Net()
-    batches = data(3, 16)
+    return Path(sys.argv[1]), env.rank, env.world_size, Net(), data(3, 16)
+
+
+def main() -> None:
+    out, rank, world, base, batches = start(60)
     ref = reference(base, batches, 0.5, 0.9)
     res: dict[str, float] = {"world_size": world}
 

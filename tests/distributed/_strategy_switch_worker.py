@@ -38,15 +38,7 @@ BF16 = Policy(opt_level="O2", dtype=torch.bfloat16)
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    import faulthandler
-
-    faulthandler.dump_traceback_later(120, exit=True)  # a hung collective fails the test instead of hanging it
-    env = odist.init(backend="gloo", device="cpu")
-    rank, world = env.rank, env.world_size
-    torch.manual_seed(0)
-    base = w.Net()
-    batches = w.data(3, 16)
+    out, rank, world, base, batches = w.start(120)
     mine = [w.shard(b, rank, world)[0] for b in batches]  # this rank's half of each batch
     res: dict[str, Any] = {"world_size": world}
 

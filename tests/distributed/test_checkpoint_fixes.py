@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from overdrive.train import Trainer
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from _rank_env import worker_env  # noqa: E402
 
 import _checkpoint_fixes_worker as cw  # noqa: E402
 import _numerics_worker as w  # noqa: E402
@@ -184,17 +184,10 @@ def test_save_refuses_position_it_cannot_restore(group: None, tmp_path: Path, po
 
 
 # --- two ranks ------------------------------------------------------------------------------
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1] / "src"), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("ckpt_fixes")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_checkpoint_fixes_worker.py"), [str(out)], env=_env(), timeout_s=600)
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_checkpoint_fixes_worker.py"), [str(out)], env=worker_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return [json.loads((out / f"results_rank{r}.json").read_text()) for r in range(2)], out
 
@@ -264,7 +257,7 @@ def test_amp_level_that_differs_between_strategies_is_named_before_loading(group
 @pytest.fixture(scope="module")
 def switch_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("strategy_switch")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_strategy_switch_worker.py"), [str(out)], env=_env(), timeout_s=600)
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_strategy_switch_worker.py"), [str(out)], env=worker_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return [json.loads((out / f"results_rank{r}.json").read_text()) for r in range(2)]
 

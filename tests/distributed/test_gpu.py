@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +13,9 @@ from overdrive.distributed import LaunchConfig, doctor
 from overdrive.distributed.launch import bandwidth, launch
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from _rank_env import worker_env  # noqa: E402
 pytestmark = pytest.mark.gpu
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1] / "src"), env.get("PYTHONPATH", "")])
-    return env
 
 
 def test_doctor_reports_gpu_nccl_and_topology() -> None:
@@ -39,7 +35,7 @@ def test_nccl_bandwidth_one_gpu() -> None:
 def test_short_o2_bf16_run_with_restart_on_nccl(tmp_path: Path, strategy: str) -> None:
     args = ["--device", "cuda", "--strategy", strategy, "--opt-level", "O2", "--dtype", "bf16", "--steps", "6",
             "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out.json")]
-    rc = launch(LaunchConfig(nproc_per_node=1, max_restarts=0), str(HERE / "_resume_script.py"), args, env=_env())
+    rc = launch(LaunchConfig(nproc_per_node=1, max_restarts=0), str(HERE / "_resume_script.py"), args, env=worker_env(omp_threads=None))
     assert rc == 0
     res = json.loads((tmp_path / "out.json").read_text())
     assert res["steps"] == 6 and res["final_loss"] < 1.386 + 0.05  # starts near ln(4); must not diverge

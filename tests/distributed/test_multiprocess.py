@@ -4,7 +4,6 @@ single-process full-batch reference, checkpoint N -> M ranks, and a rank killed 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,22 +19,16 @@ from overdrive.train import Trainer
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from _rank_env import worker_env  # noqa: E402
 
 TOL = 1e-5  # fp32, sums in a different order than the single-process reference
 TOL_BF16 = 3e-2  # bf16 weights / compute after 3 SGD steps with momentum
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1] / "src"), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 @pytest.fixture(scope="module")
 def numerics(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("numerics")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_numerics_worker.py"), [str(out)], env=_env(), timeout_s=600)
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_numerics_worker.py"), [str(out)], env=worker_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return json.loads((out / "results.json").read_text()), out
 
@@ -90,7 +83,7 @@ def test_killed_rank_resumes_under_max_restarts(tmp_path: Path) -> None:
     import _resume_script as s
 
     args = ["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "crash.json"), "--crash-at", "5", "--steps", "8"]
-    rc = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), str(HERE / "_resume_script.py"), args, env=_env(), timeout_s=600)
+    rc = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), str(HERE / "_resume_script.py"), args, env=worker_env(), timeout_s=600)
     assert rc == 0
     crashed = json.loads((tmp_path / "crash.json").read_text())
     assert crashed["restart"] == 1 and crashed["steps"] == 8 and crashed["world_size"] == 2
