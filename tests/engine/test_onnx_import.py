@@ -184,7 +184,7 @@ def test_integer_div_truncates_like_onnx() -> None:
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     out = import_onnx(model)(torch.from_numpy(x))
     assert out.dtype == torch.int64 and out.tolist() == ref.tolist() == [3, -3, 2, -2]
-    from overdrive.engine.onnx_import import _div_np
+    from overdrive.engine.onnx_ops import _div_np
 
     assert _div_np(np.array([-7, 7]), np.array([2, -2])).tolist() == [-3, -3]
 
