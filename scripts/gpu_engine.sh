@@ -3,15 +3,15 @@
 # in all); every step has its own time limit, and results land in benchmarks/results/ (and $OUT when set).
 #   bash scripts/gpu_engine.sh 1   # gpu tests; ResNet-50 fp16/fp8 engines (+ fp16:hwc I/O)
 #   bash scripts/gpu_engine.sh 2   # the mask pass on BERT (engine_mask); BERT engines with and without a mask
-#                                  # input, each also with --gemm-gelu;
-#                                  # --timing-cache rebuild time
-#   bash scripts/gpu_engine.sh 3   # int8 ResNet-50; batch 1 with freezing; cuDNN fused conv epilogues vs Inductor;
-#                                  # the data gpu tests
+#                                  # input, each also with --gemm-gelu
+#   bash scripts/gpu_engine.sh 3   # --timing-cache rebuild time; int8 ResNet-50; batch 1 with freezing
+#   bash scripts/gpu_engine.sh 4   # BERT input_ids only in fp8 (+ --gemm-gelu); cuDNN fused conv epilogues vs Inductor
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 part="${1:-1}"
 start=$(date +%s)
+marker=$(mktemp)  # results written after this are the ones that go back
 step() {  # step SECONDS LABEL COMMAND...: run with a limit, keep the result lines, say when it fails
   local limit=$1 label=$2
   shift 2
@@ -28,19 +28,20 @@ elif [ "$part" = 2 ]; then
       --engines-only --engines bf16,fp8 --gemm-gelu --name engine_profile_quant_bert
   step 110 "engine_profile bert_ids bf16 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert_ids \
       --engines-only --engines bf16 --gemm-gelu --name engine_profile_bert_ids
-  step 110 "engine_build_cache resnet50 fp16" python3 benchmarks/engine_build_cache.py --device cuda \
+elif [ "$part" = 3 ]; then
+  step 160 "engine_build_cache resnet50 fp16" python3 benchmarks/engine_build_cache.py --device cuda \
       --model torchvision.models:resnet50 --shape 256x3x224x224 --precision fp16
-else
   step 100 "engine_profile resnet50 int8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
       --engines int8 --name engine_profile_quant_int8
-  step 100 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 80 \
+  step 200 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 120 \
       --out benchmarks/results/engine_bs1
+else
+  step 170 "engine_profile bert_ids fp8 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert_ids \
+      --engines-only --engines fp8 --gemm-gelu --name engine_profile_bert_ids_fp8
   step 120 "conv_epilogue (cuDNN fused conv+bias+add+ReLU vs Inductor)" python3 benchmarks/conv_epilogue.py
-  step 150 "data gpu tests (the loader fixes made after the last data run)" python3 -m pytest -q -m gpu tests/data \
-      -p no:cacheprovider
 fi
 echo "total $(( $(date +%s) - start )) s"
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
-  cp benchmarks/results/engine*.json benchmarks/results/engine*.md benchmarks/results/conv_epilogue.* "$OUT"/ 2>/dev/null || true
+  find benchmarks/results -type f -newer "$marker" -exec cp {} "$OUT"/ \;
 fi

@@ -138,15 +138,17 @@ def test_bert_without_mask_input_drops_masks_on_gpu() -> None:
 
 
 def test_bert_gemm_gelu_on_gpu() -> None:
-    """--gemm-gelu on a tiny Hugging Face BERT in bf16: one GELU folded per layer into cuBLASLt's epilogue
-    (its tanh form), outputs within bf16 tolerance of the fp32 model."""
+    """--gemm-gelu (the CUDA default) on a tiny Hugging Face BERT in bf16: one GELU folded per layer into
+    cuBLASLt's epilogue (its tanh form), outputs within bf16 tolerance of the fp32 model; --no-gemm-gelu
+    keeps the GELUs."""
     bert, ids = _tiny_bert()
     with torch.no_grad():
         ref = bert(input_ids=ids)[0]
-    eng = Builder(precision="bf16", device="cuda", gemm_gelu=True,
-                  profiles=[ShapeProfile.fixed("input_ids", (4, 32))]).build(bert, (ids,), input_names=["input_ids"])
-    assert eng.header["backend_meta"]["gemm_gelu_fused"] == 2
-    assert (eng(ids)[0].float().cpu() - ref).abs().max().item() <= 5e-2 * ref.abs().max().item()
+    for flag, fused in ((None, 2), (False, 0)):
+        eng = Builder(precision="bf16", device="cuda", gemm_gelu=flag,
+                      profiles=[ShapeProfile.fixed("input_ids", (4, 32))]).build(bert, (ids,), input_names=["input_ids"])
+        assert eng.header["backend_meta"]["gemm_gelu_fused"] == fused
+        assert (eng(ids)[0].float().cpu() - ref).abs().max().item() <= 5e-2 * ref.abs().max().item()
 
 
 def test_best_on_gpu(digits: torch.nn.Module) -> None:

@@ -77,3 +77,32 @@ def test_calibration_batches_must_match_the_inputs(digits_onnx: bytes) -> None:
     bad = [(torch.randn(8, 1, 8, 8), torch.randn(8, 1, 8, 8))]
     with pytest.raises(UsageError, match=r"calibration batch 0 has 2 tensor\(s\) but the ONNX model takes 1"):
         Builder(precision="int8", backend="onnxruntime", device="cpu", profiles=STATIC).build(digits_onnx, calib=bad)
+
+
+def test_importer_runs_an_fp8_qdq_model(digits_onnx: bytes) -> None:
+    """ONNX Runtime's fp8 Q/DQ model stores float8 initializers (zero points), which onnx hands over as
+    ml_dtypes arrays; before, the importer failed on them with numpy's "can't convert np.ndarray" TypeError."""
+    from overdrive.engine.onnx_import import import_onnx
+
+    calib = _calib()
+    qdq = quantize_onnx(digits_onnx, calib, "fp8")
+    x = calib[0][0]
+    with torch.no_grad():
+        out = import_onnx(qdq)(x)
+    out = (out[0] if isinstance(out, (list, tuple)) else out).float().numpy()
+    ref = _ort(digits_onnx, x)
+    assert np.abs(out - ref).max() <= 0.15 * np.abs(ref).max()  # fp8 e4m3 error, within 15% of the output range
+    assert not np.allclose(out, ref, atol=1e-6)  # and the Q/DQ arithmetic ran, not the float model
+
+
+def test_importer_keeps_an_int8_qdq_model_on_the_inputs_device(digits_onnx: bytes) -> None:
+    """The int32 biases of ONNX Runtime's Q/DQ model are small integer constants kept on the host; dequantized,
+    they were added as CPU tensors to the model's device activations ("found two different devices cuda:0,
+    cpu" on the GPU). The meta device stands in for the GPU here."""
+    from overdrive.engine.onnx_import import import_onnx
+
+    mod = import_onnx(quantize_onnx(digits_onnx, _calib(), "int8")).to("meta")
+    with torch.no_grad():
+        out = mod(torch.empty(8, 1, 8, 8, device="meta"))
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    assert out.device.type == "meta" and tuple(out.shape) == (8, 10)

@@ -226,6 +226,21 @@ def test_engine_gemm_gelu_option() -> None:
         Builder(precision="fp32", device="cpu", backend="onnxruntime", gemm_gelu=True).build(m, (x,), input_names=["x"])
 
 
+def test_gemm_gelu_default_is_on_for_cuda_only() -> None:
+    from overdrive.engine.backends.inductor import use_gemm_gelu
+    from overdrive.engine.config import BuildConfig
+
+    assert use_gemm_gelu(BuildConfig(), torch.device("cuda")) is True  # it won on the H200 (engine_profile_bert_ids.md)
+    assert use_gemm_gelu(BuildConfig(), torch.device("cpu")) is False  # not measured on CPU: opt-in there
+    assert use_gemm_gelu(BuildConfig(gemm_gelu=False), torch.device("cuda")) is False
+    m, x = MLP().eval(), torch.randn(2, 5, 16)
+    eng = Builder(precision="fp32", device="cpu", backend="inductor", profiles=[ShapeProfile.fixed("x", (2, 5, 16))]
+                  ).build(m, (x,), input_names=["x"])
+    assert eng.header["backend_meta"]["gemm_gelu_fused"] == 0
+    ort = Builder(precision="fp32", device="cpu", backend="onnxruntime").build(m, (x,), input_names=["x"])
+    assert ort.info["backend"] == "onnxruntime"  # the unset default asks nothing of other backends
+
+
 def test_mask_pass_can_be_switched_off() -> None:
     m, x = HFStyleAttention().eval(), torch.randn(2, 8, 32)
     eng = Builder(precision="fp32", device="cpu", backend="inductor", drop_constant_masks=False,

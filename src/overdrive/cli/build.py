@@ -40,16 +40,16 @@ from overdrive.cli.common import check_json_target, write_json
               help="Output binding type, e.g. fp16:chw (default fp32:chw); inductor backend.")
 @click.option("--freezing/--no-freezing", default=None,
               help="Inductor freezing: weights as constants, BatchNorm folded into convolutions (default: on for CUDA).")
-@click.option("--gemm-gelu", "gemm_gelu", is_flag=True, default=False,
-              help="Fold GELU after a Linear into the GEMM's epilogue (cuBLASLt on CUDA, tanh-form GELU); "
-                   "inductor backend.")
+@click.option("--gemm-gelu/--no-gemm-gelu", "gemm_gelu", default=None,
+              help="Fold GELU after a Linear into the GEMM's epilogue (cuBLASLt on CUDA, tanh-form GELU within "
+                   "5e-4 of erf); inductor backend (default: on for CUDA builds, off on CPU).")
 @click.option("--json", "json_path", default=None, metavar="FILE", help="Write the engine info as JSON ('-' for stdout).")
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
             device: str, max_autotune: bool, aot: bool | None, calib: str | None, timing_cache: str | None,
             input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
-            gemm_gelu: bool, json_path: str | None) -> None:
+            gemm_gelu: bool | None, json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b

@@ -149,7 +149,7 @@ class Builder:
                 calibration = (f"ONNX Runtime quantize_static ({precision} Q/DQ) on {len(batches)} batch(es) in "
                                f"{time.perf_counter() - t_cal:.1f} s")
         needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
-                                 ("--gemm-gelu", cfg.gemm_gelu)) if on]
+                                 ("--gemm-gelu", cfg.gemm_gelu is True)) if on]
         forced = needs and cfg.backend == "auto"
         if forced:
             cfg.backend = "inductor"  # the onnxruntime backend takes the ONNX model's own I/O types and graph
@@ -158,7 +158,7 @@ class Builder:
             reason = f"auto: {', '.join(needs)} need(s) the inductor backend"
         example = _apply_io_formats(example, cfg, src, name)
         backend = backends.get(name)
-        if cfg.gemm_gelu and name != "inductor":
+        if cfg.gemm_gelu is True and name != "inductor":
             raise UsageError(f"--gemm-gelu rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                              "use --backend inductor, or drop --gemm-gelu")
         if cfg.timing_cache and name != "inductor":

@@ -30,7 +30,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool | None = None, calib: str | None = None, timing_cache: str | None = None,
                  freezing: bool | None = None, input_io_formats: str | None = None,
-                 output_io_formats: str | None = None, gemm_gelu: bool = False) -> Engine:
+                 output_io_formats: str | None = None, gemm_gelu: bool | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     Example:

@@ -168,7 +168,7 @@ class BuildConfig:
     input_io_formats: list[str] = field(default_factory=list)  # trtexec --inputIOFormats; []: fp32:chw (as given)
     output_io_formats: list[str] = field(default_factory=list)  # trtexec --outputIOFormats; []: fp32 outputs
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
-    gemm_gelu: bool = False  # fold GELU after a Linear into the GEMM's epilogue (cuBLASLt on CUDA); inductor backend
+    gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
 
     def __post_init__(self) -> None:

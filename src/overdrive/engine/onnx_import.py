@@ -22,7 +22,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.engine.onnx_ops import _HOST_INPUTS, _OPS, SUPPORTED_OPS, _split
-from overdrive.engine.onnx_values import Value, _as_value, _tensor
+from overdrive.engine.onnx_values import Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
@@ -52,16 +52,18 @@ class ONNXModule(nn.Module):
         self._buffers_by_value: dict[str, str] = {}
         # inputs read as Python numbers (Resize's scales and sizes): a buffer would be a fake tensor under export
         host_args = {n.input[i] for n in g.node for i in _HOST_INPUTS.get(n.op_type, ()) if i < len(n.input)}
+        dq_data = {n.input[0] for n in g.node if n.op_type == "DequantizeLinear"}
         for i, t in enumerate(g.initializer):
             arr = numpy_helper.to_array(t)
             # small integer constants, and one-element float ones (Q/DQ scales, epsilons) like Constant nodes':
             # kept on the host, they trace to literals (a 0-d float buffer, once frozen, broke Inductor's reshape)
-            if (arr.dtype.kind in "iub" and arr.size <= 64) or (arr.dtype.kind == "f" and arr.size == 1) \
-                    or (t.name in host_args and arr.size <= 64):
+            # but not the data of a DequantizeLinear (int32 biases): that is dequantized beside device tensors
+            if ((arr.dtype.kind in "iub" and arr.size <= 64 and t.name not in dq_data)
+                    or (arr.dtype.kind == "f" and arr.size == 1) or (t.name in host_args and arr.size <= 64)):
                 self._host[t.name] = arr
             else:
                 key = f"w{i}"
-                self.register_buffer(key, torch.from_numpy(arr.copy()))
+                self.register_buffer(key, _from_numpy(arr))
                 self._buffers_by_value[t.name] = key
         self._nodes: list[tuple[str, list[str], list[str], dict[str, Any], str]] = []
         for node in g.node:

@@ -22,15 +22,33 @@ _NP = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, 
        torch.float16: np.float16, torch.float64: np.float64, torch.int8: np.int8, torch.uint8: np.uint8}
 
 
+# dtypes numpy lacks: onnx hands them over as ml_dtypes arrays, which torch.from_numpy refuses; reinterpreted
+# through the unsigned integer of the same width
+_ML_DTYPES = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
+              "float8_e5m2": (np.uint8, torch.float8_e5m2)}
+
+
+def _from_numpy(arr: np.ndarray) -> torch.Tensor:
+    """A tensor holding a copy of ``arr``, ml_dtypes' bfloat16 and float8 arrays included."""
+    arr = np.array(arr, copy=True)
+    if arr.dtype.name in _ML_DTYPES:
+        bits, dtype = _ML_DTYPES[arr.dtype.name]
+        return torch.from_numpy(arr.view(bits)).view(dtype)
+    return torch.from_numpy(arr)
+
+
 def _tensor(v: Value, like: torch.Tensor | None = None) -> torch.Tensor:
+    """``v`` as a tensor; with ``like``, on its device (and in its float dtype where both are floating)."""
     if isinstance(v, torch.Tensor):
+        if like is not None and v.device != like.device:  # a tensor computed from host constants
+            v = v.to(like.device)
         return v
     arr = np.asarray(v)
     if arr.dtype == object:  # symbolic sizes: build the tensor element by element
         t = torch.stack([torch.as_tensor(x) if not isinstance(x, torch.SymInt) else torch.sym_int(x) * torch.ones((), dtype=torch.int64) for x in arr.reshape(-1)])
         t = t.reshape(arr.shape)
     else:
-        t = torch.from_numpy(np.array(arr, copy=True))
+        t = _from_numpy(arr)
     if like is not None:
         t = t.to(like.device)
         if t.is_floating_point() and like.is_floating_point():
