@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU runs for overdrive.engine on the lent H200, in four calls of under 10 minutes each (about 22 minutes
-# for 1-3); every step has its own time limit, and results land in benchmarks/results/ (and $OUT when set).
+# GPU runs for overdrive.engine on the lent H200, in four calls of under 10 minutes each (parts 1-3 took
+# 16 minutes on 2026-12-01; part 4 has not been run); every step has its own time limit, and results land in
+# benchmarks/results/ (and $OUT when set).
 #   bash scripts/gpu_engine.sh 1   # gpu tests; ResNet-50 fp16/fp8 engines (+ fp16:hwc I/O)
 #   bash scripts/gpu_engine.sh 2   # the mask pass on BERT (engine_mask); BERT engines with and without a mask
 #                                  # input, each also with --gemm-gelu

@@ -9,7 +9,7 @@ Shape arithmetic (Shape -> Gather -> Concat -> Reshape) stays on the host: small
 the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic export), so no
 data-dependent ``.tolist()`` reaches the traced graph.
 
-The operators are in ``onnx_ops.py``, the value conversions in ``onnx_values.py``.
+The operators are in ``onnx_ops.py`` (Q/DQ in ``onnx_qdq.py``), the value conversions in ``onnx_values.py``.
 """
 
 from __future__ import annotations

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx_values import (_DTYPES, _NP, Value, _as_value, _floats, _host, _host_scalar, _ints, _like,
+from overdrive.engine.onnx_values import (_DTYPES, _NP, Value, _as_value, _floats, _host, _ints, _like,
                                           _tensor)
+
+from overdrive.engine.onnx_qdq import _dequantize, _quantize
 
 if TYPE_CHECKING:
     from overdrive.engine.onnx_import import ONNXModule
@@ -237,52 +239,6 @@ def _split(m: ONNXModule, ins: list[Value], a: dict, n_out: int) -> list[Value]:
         part = math.ceil(x.shape[axis] / n_out)
         sizes = [part] * (n_out - 1) + [x.shape[axis] - part * (n_out - 1)]
     return list(torch.split(x, sizes, dim=axis))
-
-
-def _qparams(scale_v: Value, zp_v: Value, like: torch.Tensor, axis: int) -> tuple[Any, Any, torch.dtype]:
-    """(scale, zero point, scale dtype) broadcastable against ``like``: Python floats for one-element host
-    constants (see :func:`_host_scalar`), else tensors shaped for ``axis``; the zero point None when absent."""
-    shape = [1] * like.dim()
-    scale: Any = _host_scalar(scale_v)
-    if scale is not None:
-        dtype = torch.as_tensor(np.zeros((), np.asarray(scale_v).dtype)).dtype
-    else:
-        t = _tensor(scale_v)
-        dtype = t.dtype
-        if t.numel() > 1:
-            shape[axis] = -1
-        scale = t.to(like.device).float().reshape(shape)
-    zp: Any = None
-    if zp_v is not None:
-        zp = _host_scalar(zp_v)
-        if zp is None:
-            zp = _tensor(zp_v).to(like.device).float().reshape(shape)
-    return scale, zp, dtype
-
-
-def _quantize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
-    x = _tensor(ins[0])
-    zp_v = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    qdt = _DTYPES[int(a["output_dtype"])] if a.get("output_dtype") else (_tensor(zp_v).dtype if zp_v is not None else torch.uint8)
-    scale, zp, _ = _qparams(ins[1], zp_v, x, int(a.get("axis", 1)))
-    if not isinstance(scale, float):
-        scale = scale.to(x.dtype)
-    if qdt in (torch.float8_e4m3fn, torch.float8_e5m2):
-        lim = torch.finfo(qdt).max
-        return [(x / scale).clamp(-lim, lim).to(qdt)]
-    info = torch.iinfo(qdt)
-    q = torch.round(x / scale)
-    return [(q + zp if zp is not None and not (isinstance(zp, float) and zp == 0) else q).clamp(info.min, info.max).to(qdt)]
-
-
-def _dequantize(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
-    q = _tensor(ins[0])
-    zp_v = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    scale, zp, dtype = _qparams(ins[1], zp_v, q, int(a.get("axis", 1)))
-    x = q.float()
-    if zp is not None and not (isinstance(zp, float) and zp == 0):
-        x = x - zp
-    return [(x * scale).to(dtype)]
 
 
 def _layernorm(m: ONNXModule, ins: list[Value], a: dict) -> list[Value]:
