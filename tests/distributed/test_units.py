@@ -245,3 +245,23 @@ def _one_cycle(max_lr: float, steps: int) -> list[float]:
         opt.step()
         sched.step()
     return out
+
+
+def test_preflight_counts_the_gpus_the_ranks_see(monkeypatch) -> None:
+    """CPU ranks on a 1-GPU machine (CUDA_VISIBLE_DEVICES="" for the ranks) are not refused; GPU ranks
+    beyond the visible GPUs still are (the demo's distributed stage on one GPU stopped here)."""
+    import torch
+
+    from overdrive.distributed.launch import _gpus_for_ranks
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _gpus_for_ranks({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    assert _gpus_for_ranks({"CUDA_VISIBLE_DEVICES": "0,1"}) == 1
+    assert _gpus_for_ranks({}) == 1
+    with pytest.raises(OverdriveError, match="--nproc-per-node 2 but 1 GPU"):
+        preflight(LaunchConfig(nproc_per_node=2), env={})
+    from overdrive.distributed import doctor
+
+    monkeypatch.setattr(doctor, "diagnose", lambda **kw: {"findings": []})  # its GPU probe needs a real GPU
+    assert preflight(LaunchConfig(nproc_per_node=2), env={"CUDA_VISIBLE_DEVICES": ""}) == {"findings": []}

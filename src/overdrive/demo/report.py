@@ -20,6 +20,19 @@ class Table:
     columns: list[str]
     rows: list[list[Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # What the demo's report charts (none of it is printed): the stage that made the table; its
+    # speed-ups, each ``{"label", "ratio", "baseline", "accuracy_delta"}`` (ratio > 1: faster than the
+    # baseline measured in the same run; accuracy_delta in points against the baseline's accuracy, or
+    # None); and its loss curves, name -> one value per epoch.
+    stage: str = ""
+    speedups: list[dict[str, Any]] = field(default_factory=list)
+    curves: dict[str, list[float]] = field(default_factory=dict)
+    status: str = "ok"  # "ok", "skipped" (cannot run on this machine: the notes say why) or "failed"
+
+    def add_speedup(self, label: str, ratio: float, baseline: str, accuracy_delta: float | None = None) -> None:
+        """Record ``label`` at ``ratio`` x ``baseline`` (and its accuracy change in points) for the report."""
+        self.speedups.append({"label": label, "ratio": float(ratio), "baseline": baseline,
+                              "accuracy_delta": None if accuracy_delta is None else float(accuracy_delta)})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -30,13 +30,30 @@ def build_command(cfg: LaunchConfig, script: str, script_args: list[str], module
     return [*cmd, script, *script_args]
 
 
+def _gpus_for_ranks(env: dict[str, str]) -> int:
+    """How many GPUs the ranks will see: ``CUDA_VISIBLE_DEVICES`` of the environment they get ("" hides
+    every GPU: CPU ranks on a GPU machine), else every GPU of this machine.
+
+    Example:
+        >>> _gpus_for_ranks({"CUDA_VISIBLE_DEVICES": ""})
+        0
+    """
+    import torch
+
+    if "CUDA_VISIBLE_DEVICES" in env:
+        listed = [d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip() and d.strip() != "-1"]
+        return min(len(listed), torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The doctor's quick checks for this launch (no bandwidth test); raises on an error finding."""
     env = dict(os.environ if env is None else env)
     import torch
 
-    if isinstance(cfg.nproc_per_node, int) and torch.cuda.is_available() and cfg.nproc_per_node > torch.cuda.device_count():
-        raise OverdriveError(f"--nproc-per-node {cfg.nproc_per_node} but {torch.cuda.device_count()} GPU(s) are visible; "
+    visible = _gpus_for_ranks(env)
+    if isinstance(cfg.nproc_per_node, int) and visible and cfg.nproc_per_node > visible:
+        raise OverdriveError(f"--nproc-per-node {cfg.nproc_per_node} but {visible} GPU(s) are visible; "
                              "lower it or check CUDA_VISIBLE_DEVICES")
     if cfg.rdzv_endpoint is not None:
         host, port = cfg.rdzv_endpoint.rsplit(":", 1)

@@ -176,6 +176,12 @@ class TensorQuantizer(nn.Module):
                 return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, -128, 127)
             zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
             return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, -128, 127)
+        if torch.compiler.is_exporting():
+            # torch.export has no kernel for aten._fake_quantize_*_cachemask: trace the same arithmetic
+            # (x * (1 / scale), round half to even, clamp, rescale: fake_quantize's own) as plain ops,
+            # which Inductor fuses into the neighbouring kernels.
+            s = scale if self.axis is None else scale.view([-1 if d == self.axis else 1 for d in range(xf.dim())])
+            return torch.clamp(torch.round(xf * (1.0 / s)), qmin, 127) * s
         amax = self.amax.float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
         return _FakeInt8.apply(xf, scale, amax, self.axis, qmin)
 

@@ -1,0 +1,63 @@
+"""Quantizers traced by torch.export run fake quantization as plain arithmetic (export has no kernel
+for aten._fake_quantize_*_cachemask). Reference: the eager fake-quant of the same quantizer; tolerance 0
+(the same operations in the same order). An int8 engine of a model with a quantized residual add builds
+with the inductor backend (it failed in torch.export before, on CUDA and on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive import quant
+from overdrive.quant.quantizer import TensorQuantizer
+
+
+@pytest.mark.parametrize("axis,narrow", [(None, False), (None, True), (0, True), (1, False)])
+def test_export_arithmetic_equals_eager(axis: int | None, narrow: bool) -> None:
+    torch.manual_seed(axis or 0)
+    x = torch.randn(8, 16, 5) * 3
+    cfg = quant.QuantizerConfig(format="int8", per_channel=axis is not None, narrow_range=narrow)
+    q = TensorQuantizer(cfg, axis=axis)
+    amax = x.abs().amax(dim=[d for d in range(3) if d != axis]) if axis is not None else x.abs().max()
+    q.amax = amax * 0.7  # values past amax: the clamp is exercised too
+    eager = q(x)
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = q
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.q(t)
+
+    with torch.no_grad():
+        ep = torch.export.export(M(), (x,), strict=False)
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert not any("fake_quantize" in o for o in ops), ops
+    y = ep.module()(torch.clone(x))
+    assert torch.equal(y, eager)
+
+
+class _Res(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc((x + self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.slow
+def test_int8_inductor_engine_builds_with_residual_add() -> None:
+    from overdrive.engine import Builder
+
+    torch.manual_seed(0)
+    model = _Res().eval()
+    calib = [(torch.randn(4, 8, 6, 6),) for _ in range(2)]
+    eng = Builder(precision="int8", device="cpu", backend="inductor").build(model, calib[0], calib=calib)
+    x = torch.randn(4, 8, 6, 6)
+    with torch.no_grad():
+        ref = model(x)
+    assert (eng(x) - ref).abs().max() < 0.1 * ref.abs().max()
