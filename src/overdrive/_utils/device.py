@@ -60,6 +60,49 @@ def cpu_isa() -> str:
         return platform.machine()
 
 
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8",
+              "amx_fp16")
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict[str, bool]:
+    """The CPU's matrix/vector features that decide whether bf16 and int8 are native here, read from
+    the ``flags`` line of ``/proc/cpuinfo`` (Linux) or from ``cpuinfo`` text; torch's ISA string
+    ('AVX512') does not tell AVX512-BF16, VNNI or AMX apart. Other systems: every flag False.
+
+    Example:
+        >>> f = cpu_features("flags : fpu avx2 avx512f avx512_bf16 amx_bf16 amx_int8")
+        >>> f["amx_bf16"], f["avx512_vnni"]
+        (True, False)
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                cpuinfo = fh.read(1 << 20)
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags = set(value.split())
+            break
+    return {f: f in flags for f in _CPU_FLAGS}
+
+
+def cpu_summary(features: dict[str, bool] | None = None) -> str:
+    """One line: what bf16 and int8 math this CPU has natively, from :func:`cpu_features`.
+
+    Example:
+        >>> cpu_summary({"amx_bf16": True, "amx_int8": True, "avx512_bf16": True})
+        'bf16: AMX-BF16, AVX512-BF16; int8: AMX-INT8'
+    """
+    f = features if features is not None else cpu_features()
+    bf16 = [n for k, n in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16")) if f.get(k)]
+    int8 = [n for k, n in (("amx_int8", "AMX-INT8"), ("avx512_vnni", "AVX512-VNNI"), ("avx_vnni", "AVX-VNNI")) if f.get(k)]
+    return (f"bf16: {', '.join(bf16) or 'none native (emulated through fp32)'}; "
+            f"int8: {', '.join(int8) or 'none native (no VNNI/AMX dot products)'}")
+
+
 def _driver_version() -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -131,7 +174,7 @@ def environment_report() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "cpu": {"isa": cpu_isa(), "threads": torch.get_num_threads(), "machine": platform.machine()},
+        "cpu": {"isa": cpu_isa(), "features": cpu_summary(), "threads": torch.get_num_threads(), "machine": platform.machine()},
         "cuda": {
             "available": cuda_ok,
             "version": torch.version.cuda,

@@ -25,6 +25,9 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+VERBOSE = False  # set by overdrive.cli.main from --verbose: commands that catch errors print tracebacks too
+
+
 def write_json(data: Any, target: str | None) -> None:
     """Write ``data`` as JSON to ``target`` ('-' or None: stdout)."""
     text = json.dumps(_clean(data), indent=2, default=str)

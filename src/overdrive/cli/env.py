@@ -30,7 +30,7 @@ def command(as_json: bool) -> None:
     t.add_row("overdrive", report["overdrive"])
     t.add_row("python", report["python"])
     t.add_row("torch", report["torch"])
-    t.add_row("cpu", f"{report['cpu']['machine']} {report['cpu']['isa']}, {report['cpu']['threads']} threads")
+    t.add_row("cpu", f"{report['cpu']['machine']} {report['cpu']['isa']}, {report['cpu']['threads']} threads; {report['cpu']['features']}")
     cuda = report["cuda"]
     t.add_row("cuda", f"{cuda['version']} (driver {cuda['driver']}, cudnn {cuda['cudnn']}, nccl {cuda['nccl']})" if cuda["available"] else "not available")
     for g in report["gpus"]:

@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     verbose = "--verbose" in args[:own]
     if verbose:  # accepted anywhere among overdrive's own arguments, not only before the verb
         args = [a for a in args[:own] if a != "--verbose"] + args[own:]
+    from overdrive.cli import common
+
+    common.VERBOSE = verbose
     code = 0
     try:
         rv: Any = cli.main(args=args, prog_name="overdrive", standalone_mode=False)

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import importlib
 import time
+import traceback
 from collections.abc import Callable, Sequence
 
 import torch
 
 from overdrive._utils.device import resolve_device
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import MissingDependencyError, UsageError
 from overdrive.amp.config import OPT_LEVELS, parse_dtype
-from overdrive.demo.context import DemoContext
+from overdrive.demo.context import DemoContext, StageSkipped
 from overdrive.demo.data import load_digits
 from overdrive.demo.report import Table
+from overdrive.demo.workloads import choose_workload
 
 # Stage name -> module (each has ``run(ctx) -> Table | list[Table]``), in the order they run.
 STAGES: dict[str, str] = {
@@ -33,37 +35,62 @@ STAGES: dict[str, str] = {
 def run_demo(
     device: str = "auto",
     opt_levels: Sequence[str] = OPT_LEVELS,
-    epochs: int = 8,
-    batch_size: int = 64,
+    epochs: int | None = None,
+    batch_size: int | None = None,
     dtype: str | torch.dtype | None = None,
     stages: Sequence[str] | None = None,
     seed: int = 0,
     progress: bool = True,
     on_table: Callable[[Table], None] | None = None,
+    quick: bool = False,
+    verbose: bool = False,
 ) -> list[Table]:
-    """Run the demo's stages and return their tables (``on_table`` sees each as it is ready)."""
+    """Run the demo's stages and return their tables (``on_table`` sees each as it is ready).
+
+    No stage ends the demo: one that cannot run here (:class:`StageSkipped`, a missing optional package)
+    gives a table with status "skipped", one that breaks gives a table with status "failed" and the error;
+    the stages after it still run. ``quick`` trains the tiny digits CNN (seconds); otherwise the workload
+    is sized for the device (:func:`overdrive.demo.workloads.choose_workload`).
+    """
     dev = resolve_device(device)
     for lvl in opt_levels:
         if lvl not in OPT_LEVELS:
             raise UsageError(f"opt level {lvl!r} is not one of {', '.join(OPT_LEVELS)}")
     if "O0" not in opt_levels:
         opt_levels = ("O0", *opt_levels)  # the baseline every other row is compared with
-    if epochs < 1:
+    if epochs is not None and epochs < 1:
         raise UsageError(f"--epochs {epochs} must be >= 1")
+    if batch_size is not None and batch_size < 2:
+        raise UsageError(f"--batch-size {batch_size} must be >= 2 (BatchNorm needs two samples)")
     half = parse_dtype(dtype) or (torch.float16 if dev.type == "cuda" else torch.bfloat16)
+    if half == torch.float16 and dev.type == "cpu":
+        raise UsageError("--dtype fp16 on the CPU: torch's CPU autocast runs bf16; use --dtype bf16, or --device cuda")
     chosen = list(stages) if stages else list(STAGES)
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown demo stage(s) {unknown}; choose from {list(STAGES)}")
     if chosen and chosen[0] != "amp" and "amp" not in chosen:
         chosen = ["amp", *chosen]  # later stages start from the O0-trained model
-    ctx = DemoContext(device=dev, dtype=half, digits=load_digits(seed=seed), epochs=epochs, batch_size=batch_size,
-                      seed=seed, opt_levels=tuple(opt_levels), progress=progress)
+    workload = choose_workload(dev, quick, batch_size, epochs)
+    ctx = DemoContext(device=dev, dtype=half, digits=load_digits(seed=seed), epochs=workload.epochs,
+                      batch_size=workload.batch_size, seed=seed, opt_levels=tuple(opt_levels), progress=progress,
+                      workload=workload)
     tables: list[Table] = []
     for name in chosen:
         t0 = time.perf_counter()
-        out = importlib.import_module(STAGES[name]).run(ctx)
-        for table in out if isinstance(out, list) else [out]:
+        try:
+            out = importlib.import_module(STAGES[name]).run(ctx)
+            produced = out if isinstance(out, list) else [out]
+        except (StageSkipped, MissingDependencyError) as exc:
+            produced = [_status_table(name, "skipped", str(exc))]
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken stage must not hide the others' results
+            if verbose:
+                traceback.print_exc()
+            produced = [_status_table(name, "failed", f"{type(exc).__name__}: {exc}")]
+        for table in produced:
+            table.stage = table.stage or name
             table.notes.append(f"stage '{name}' took {time.perf_counter() - t0:.1f} s")
             tables.append(table)
             if on_table is not None:
@@ -71,4 +98,29 @@ def run_demo(
     return tables
 
 
-__all__ = ["run_demo", "STAGES", "DemoContext", "Table"]
+def _status_table(stage: str, status: str, why: str) -> Table:
+    first = why.strip().splitlines()[0] if why.strip() else "(no message)"
+    return Table(f"Stage '{stage}': {status}", ["stage", "status", "why"], [[stage, status, first[:300]]],
+                 stage=stage, status=status)
+
+
+def summary(tables: Sequence[Table]) -> tuple[str, bool]:
+    """The demo's last line and whether any stage failed (a skipped stage is not a failure).
+
+    Example:
+        >>> summary([Table("a", [], stage="amp"), Table("b", [], stage="data", status="skipped")])
+        ('demo: 1 of 2 stage(s) ran; skipped: data', False)
+    """
+    stages = list(dict.fromkeys(t.stage for t in tables))
+    failed = list(dict.fromkeys(t.stage for t in tables if t.status == "failed"))
+    skipped = list(dict.fromkeys(t.stage for t in tables if t.status == "skipped" and t.stage not in failed))
+    ran = [s for s in stages if s not in failed and s not in skipped]
+    line = f"demo: {len(ran)} of {len(stages)} stage(s) ran"
+    if failed:
+        line += f"; failed: {', '.join(failed)}"
+    if skipped:
+        line += f"; skipped: {', '.join(skipped)}"
+    return line, bool(failed)
+
+
+__all__ = ["run_demo", "summary", "STAGES", "DemoContext", "StageSkipped", "Table"]

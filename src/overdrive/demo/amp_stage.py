@@ -1,57 +1,175 @@
-"""Demo stage 1: train the digits CNN at O0-O3 and compare accuracy, loss, speed and memory."""
+"""Demo stage 1: train the workload's model at O0-O3 and compare accuracy, loss, speed and memory, against
+fp32 (O0) and against the best hand-written plain-PyTorch loop (autocast + channels_last + torch.compile)
+measured in the same run."""
 
 from __future__ import annotations
 
 import copy
+import math
+import time
+from typing import Any
 
 import torch
 
+from overdrive._utils.errors import OverdriveError
 from overdrive.amp import Policy
 from overdrive.demo.context import DemoContext
-from overdrive.demo.models import DigitsCNN
 from overdrive.demo.report import Table
-from overdrive.train import Trainer
+from overdrive.demo.workloads import DeviceBatches
+from overdrive.train import Trainer, evaluate
 
 
-def train_digits(ctx: DemoContext, opt_level: str, epochs: int | None = None) -> tuple[torch.nn.Module, Trainer, object]:
-    """Train a fresh DigitsCNN (same seed for every level) under ``opt_level``."""
+def batches(ctx: DemoContext, seed: int | None = None) -> tuple[Any, Any]:
+    """(train, test) batches of the workload's data: on a GPU the whole set lives on the device."""
+    d, w = ctx.data, ctx.workload
+    seed = ctx.seed if seed is None else seed
+    if ctx.device.type == "cuda":
+        key = f"_device_data_{w.image_size}"
+        if key not in ctx.artifacts:
+            ctx.artifacts[key] = tuple(t.to(ctx.device) for t in (d.x_train, d.y_train, d.x_test, d.y_test))
+        xtr, ytr, xte, yte = ctx.artifacts[key]
+        return (DeviceBatches(xtr, ytr, w.batch_size, seed=seed),
+                DeviceBatches(xte, yte, 256, shuffle=False, drop_last=False))
+    return d.loaders(batch_size=w.batch_size, seed=seed)
+
+
+def train_digits(ctx: DemoContext, opt_level: str, epochs: int | None = None, compile: bool = False,
+                 channels_last: bool = False) -> tuple[torch.nn.Module, Trainer, Any]:
+    """Train a fresh workload model (same seed for every level) under ``opt_level``.
+
+    Returns (model, trainer, result); ``result.curve`` holds the per-epoch training loss and
+    ``result.diverged`` the epoch a non-finite loss ended the run in (None when it finished)."""
     torch.manual_seed(ctx.seed)
-    model = DigitsCNN().to(ctx.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
-    train, test = ctx.digits.loaders(batch_size=ctx.batch_size, seed=ctx.seed)
+    model = ctx.workload.make_model().to(ctx.device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ctx.workload.lr, weight_decay=1e-4)
+    train, test = batches(ctx)
     epochs = epochs or ctx.epochs
-    sched = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=epochs * len(train))
+    sched = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=ctx.workload.lr, total_steps=epochs * len(train))
     policy = Policy(opt_level=opt_level, dtype=ctx.dtype)
-    trainer = Trainer(model, optimizer, policy=policy, device=ctx.device, scheduler=sched, progress=ctx.progress)
-    result = trainer.fit(train, epochs=epochs, eval_data=test, description=f"{opt_level} train")
+    trainer = Trainer(model, optimizer, policy=policy, device=ctx.device, scheduler=sched, progress=ctx.progress,
+                      compile=compile, channels_last=channels_last)
+    curve: list[float] = []
+    try:
+        result = trainer.fit(train, epochs=epochs, eval_data=test, description=f"{opt_level} train",
+                             on_epoch_end=lambda s: curve.append(s.loss))
+        result.diverged = None
+    except OverdriveError as exc:
+        if "diverged" not in str(exc):
+            raise
+        curve.append(math.nan)
+        result = _Diverged(trainer.epoch)
+    result.curve = curve
     return model, trainer, result
 
 
+class _Diverged:
+    def __init__(self, epoch: int) -> None:
+        self.diverged = epoch
+        self.history: list[Any] = []
+
+
+def handwritten(ctx: DemoContext, compile: bool) -> dict[str, Any]:
+    """The plain-PyTorch loop a careful user writes by hand, no overdrive in it: channels_last, autocast in
+    the half dtype (GradScaler for fp16), fused AdamW on CUDA, the same schedule and batches, and
+    ``torch.compile`` of the model when ``compile``. Timed as Trainer.fit times (epochs after the first)."""
+    torch.manual_seed(ctx.seed)
+    dev, w = ctx.device, ctx.workload
+    model = w.make_model().to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=1e-4, fused=dev.type == "cuda")
+    train, test = batches(ctx)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=w.lr, total_steps=ctx.epochs * len(train))
+    scaler = torch.amp.GradScaler(dev.type, enabled=ctx.dtype == torch.float16)
+    fwd = torch.compile(model) if compile else model
+    curve, seconds, samples = [], 0.0, 0
+    for epoch in range(ctx.epochs):
+        losses = []
+        torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+        t0 = time.perf_counter()
+        model.train()
+        for x, y in train:
+            x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
+            y = y.to(dev, non_blocking=True)
+            with torch.autocast(dev.type, dtype=ctx.dtype):
+                loss = torch.nn.functional.cross_entropy(fwd(x).float(), y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            losses.append(loss.detach())
+        curve.append(float(torch.stack(losses).mean()))
+        if epoch > 0 or ctx.epochs == 1:
+            seconds += time.perf_counter() - t0
+            samples += len(train) * w.batch_size
+    acc = evaluate(model.eval(), test)[1]
+    return {"accuracy": acc, "samples_per_s": samples / max(seconds, 1e-9), "curve": curve, "final_loss": curve[-1]}
+
+
 def run(ctx: DemoContext) -> Table:
+    w, half = ctx.workload, str(ctx.dtype).removeprefix("torch.")
+    cuda = ctx.device.type == "cuda"
     table = Table(
-        f"Mixed precision (overdrive.amp) on digits, {ctx.device.type}, {str(ctx.dtype).removeprefix('torch.')} half",
-        ["opt level", "test accuracy", "final train loss", "samples/s", "memory MiB", "speed vs O0", "skipped steps"],
+        f"Mixed precision (overdrive.amp): {w.name}, {ctx.device.type}, {half} half, batch {w.batch_size}",
+        ["run", "test accuracy", "vs O0 (points)", "final train loss", "samples/s", "speed vs O0",
+         "speed vs hand-written", "memory MiB", "skipped steps", "note"], stage="amp",
     )
-    base_tput = None
+    base: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
     for level in ctx.opt_levels:
         model, trainer, result = train_digits(ctx, level)
+        table.curves[level] = result.curve
+        if result.diverged is not None:
+            why = ": O3 has no loss scaling" if level == "O3" else ""
+            rows.append({"run": level, "note": f"diverged in epoch {result.diverged}{why}"})
+            continue
         last = result.history[-1]
-        tput = result.samples_per_s
-        base_tput = base_tput or (tput if level == "O0" else None)
-        table.rows.append([
-            level, last.eval_accuracy, result.final_loss, tput, result.peak_memory_mib,
-            tput / base_tput if base_tput else float("nan"), sum(e.skipped_steps for e in result.history),
-        ])
+        rows.append({"run": level, "acc": last.eval_accuracy, "loss": result.final_loss, "tput": result.samples_per_s,
+                     "mem": result.peak_memory_mib, "skipped": sum(e.skipped_steps for e in result.history)})
         if level == "O0":
+            base = {"acc": last.eval_accuracy, "tput": result.samples_per_s}
             ctx.fp32_model = copy.deepcopy(model).eval()
             ctx.fp32_accuracy = last.eval_accuracy
-    mem = "peak CUDA memory allocated" if ctx.device.type == "cuda" else "training state (params, grads, masters, optimizer state)"
-    table.notes.append(f"memory: {mem}; samples/s excludes the first (warm-up) epoch; every level starts from the same seed.")
-    if ctx.device.type == "cpu":
-        from overdrive._utils.device import cpu_isa
+    hand = None
+    if w.width is not None or cuda:  # the hand-written baseline: on the tiny quick CNN on CPU it says nothing
+        hand = handwritten(ctx, compile=cuda)
+        label = f"hand-written: autocast {half} + channels_last" + (" + torch.compile" if cuda else "")
+        table.curves[label] = hand["curve"]
+        rows.append({"run": label, "acc": hand["accuracy"], "loss": hand["final_loss"], "tput": hand["samples_per_s"],
+                     "note": "plain PyTorch, no overdrive"})
+        if cuda:
+            _, _, best = train_digits(ctx, "O2", compile=True, channels_last=True)
+            if best.diverged is None:
+                rows.append({"run": "O2 + channels_last + torch.compile", "acc": best.history[-1].eval_accuracy,
+                             "loss": best.final_loss, "tput": best.samples_per_s, "mem": best.peak_memory_mib,
+                             "skipped": sum(e.skipped_steps for e in best.history), "note": "Trainer(compile=True)"})
+                table.curves["O2 + compile"] = best.curve
+    for r in rows:
+        acc = r.get("acc")
+        delta = 100 * (acc - base["acc"]) if acc is not None and base else None
+        vs0 = r["tput"] / base["tput"] if "tput" in r and base else None
+        vsh = r["tput"] / hand["samples_per_s"] if "tput" in r and hand and not r["run"].startswith("hand") else None
+        table.rows.append([r["run"], acc, delta, r.get("loss"), r.get("tput"), vs0, vsh, r.get("mem"), r.get("skipped"),
+                           r.get("note", "")])
+        if vs0 is not None and r["run"] != "O0":
+            table.add_speedup(r["run"], vs0, "O0 (fp32)", delta)
+        if vsh is not None and "compile" in r["run"]:
+            table.add_speedup(r["run"], vsh, "hand-written autocast + compile",
+                              None if hand is None or acc is None else 100 * (acc - hand["accuracy"]))
+    mem = "peak CUDA memory allocated" if cuda else "training state (params, grads, masters, optimizer state)"
+    table.notes.append(f"memory: {mem}; samples/s excludes the first (warm-up, compile) epoch; every run starts from "
+                       f"the same seed and sees the same batches; {ctx.epochs} epochs of {len(ctx.data.y_train)} images.")
+    if not cuda:
+        from overdrive._utils.device import cpu_features, cpu_summary
 
+        f = cpu_features()
+        native = f["amx_bf16"] or f["avx512_bf16"]
         table.notes.append(
-            f"CPU ISA {cpu_isa()}: without native bf16 (AVX512-BF16/AMX) torch emulates bf16 math, so half levels run "
-            "slower here; mixed precision pays on tensor-core GPUs (see benchmarks/results/amp_train_resnet50.md and amp_train_gpt2.md)."
-        )
+            f"CPU {cpu_summary(f)}. " + ("bf16 is native here, but CPU convolutions and small GEMMs gain little from it "
+                                         "at these sizes; " if native else
+                                         "without native bf16 torch emulates bf16 math, so half levels run slower; ")
+            + "mixed precision pays on tensor-core GPUs (`overdrive demo --device cuda`; "
+            "benchmarks/results/amp_train_resnet50.md). The hand-written row skips torch.compile on CPU (minutes "
+            "to compile the training graph on a few cores).")
     return table
