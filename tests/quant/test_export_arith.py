@@ -61,3 +61,23 @@ def test_int8_inductor_engine_builds_with_residual_add() -> None:
     with torch.no_grad():
         ref = model(x)
     assert (eng(x) - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_int8_cuda_engine_with_dynamic_batch_builds() -> None:
+    """_int_mm needs M > 16 on CUDA; the padding must not branch on a symbolic batch under torch.export
+    (the quick demo's int8 engine, batch profile 1..64, failed to build on the H200)."""
+    from overdrive.engine import Builder, ShapeProfile
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
+    calib = [(torch.randn(64, 32),) for _ in range(2)]
+    prof = [ShapeProfile("x", (1, 32), (64, 32), (64, 32))]
+    eng = Builder(precision="int8", device="cuda", profiles=prof).build(model, calib=calib)
+    for b in (1, 5, 64):
+        x = torch.randn(b, 32)
+        with torch.no_grad():
+            ref = model(x)
+        out = eng(x.cuda()).float().cpu()
+        assert out.shape == ref.shape and (out - ref).abs().max() < 0.05 * ref.abs().max() + 0.05

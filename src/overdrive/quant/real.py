@@ -149,7 +149,11 @@ class _LowPrecisionGemm(nn.Module):
         """(M, K) float -> (M, N) in x's dtype."""
         out_dtype = x2.dtype if x2.dtype in (torch.float16, torch.bfloat16) else torch.float32
         m = x2.shape[0]
-        pad = 17 - m if (self.fmt == "int8" and x2.is_cuda and m <= 16) else 0  # _int_mm on CUDA needs M > 16
+        pad = 0
+        if self.fmt == "int8" and x2.is_cuda:  # _int_mm on CUDA needs M > 16
+            # under torch.export M may be symbolic (a dynamic batch): no branch on it, 16 more rows always
+            # keep M > 16 (a branch failed the export of int8 engines with a batch profile 1..N)
+            pad = 16 if torch.compiler.is_exporting() else (17 - m if m <= 16 else 0)
         if pad > 0:
             x2 = F.pad(x2, (0, 0, 0, pad))
         # w_q is (N, K) contiguous, so w_q.t() is the column-major (K, N) operand cuBLAS(Lt) takes as is
