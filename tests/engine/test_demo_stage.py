@@ -19,7 +19,14 @@ def test_engine_stage(digits: torch.nn.Module) -> None:
         ref_acc = float((digits(ctx.digits.x_test).argmax(1) == ctx.digits.y_test).float().mean())
     ctx.fp32_accuracy = ref_acc
     table = run(ctx)
-    row = dict(zip(table.columns, table.rows[0]))
-    assert row["precision"] == "fp32" and row["compare"] == "PASSED"
-    assert abs(row["accuracy"] - ref_acc) < 1e-6 and row["max err"] < 1e-4
+    rows = {r[0]: dict(zip(table.columns, r)) for r in table.rows}
+    row = rows["engine fp32"]
+    assert row["compare"] == "PASSED"
+    assert abs(row["test accuracy"] - ref_acc) < 1e-6 and row["max err"] < 1e-4
     assert "engine_fp32" in ctx.artifacts
+    # the plain-PyTorch baselines of the same run, and every speed-up ratio recorded against them
+    eager, comp = rows["PyTorch eager fp32"], rows["torch.compile(mode='default')"]
+    assert abs(eager["test accuracy"] - ref_acc) < 1e-6 and abs(comp["test accuracy"] - ref_acc) < 1e-6
+    assert row["vs eager"] == row["img/s"] / eager["img/s"]
+    labels = {(s["label"], s["baseline"]) for s in table.speedups}
+    assert ("engine fp32", "PyTorch eager fp32") in labels and ("engine fp32", "torch.compile") in labels

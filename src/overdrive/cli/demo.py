@@ -12,7 +12,7 @@ from overdrive.cli.common import check_json_target, console, write_json
 @click.option("--quick", is_flag=True,
               help="The tiny digits CNN on 8x8 images (seconds, what CI runs) instead of a model sized for the device.")
 @click.option("--opt-level", "opt_levels", multiple=True, help="Opt level(s) to train at (repeatable); default O0-O3.")
-@click.option("--epochs", default=None, type=click.IntRange(min=1),
+@click.option("--epochs", default=None, type=int,
               help="Training epochs per opt level (default: the workload's, 8 with --quick).")
 @click.option("--batch-size", default=None, type=click.IntRange(min=2),
               help="Training batch size (>= 2: BatchNorm needs two samples); default: the workload's.")
@@ -39,6 +39,7 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
     """
     import datetime
     import platform
+    import sys
 
     import torch
 
@@ -71,7 +72,9 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
     dev = resolve_device(device)
     meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU {platform.machine()}",
             "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "cpu_features": cpu_summary(), "workload": "quick" if quick else "default", "summary": line}
+            "cpu_features": cpu_summary(), "workload": "quick" if quick else "default",
+            "command": "overdrive " + " ".join(sys.argv[1:]) if sys.argv[1:] else "overdrive demo",
+            "git_commit": _git_commit(), "summary": line}
     if json_path is not None:
         write_json({**meta, "tables": [t.to_dict() for t in tables]}, json_path)
     if report_dir is not None:
@@ -85,3 +88,16 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
     else:
         click.echo(line, err=True)
     return 1 if failed else 0
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit when overdrive runs from a git clone (for the report), else None."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
