@@ -52,7 +52,7 @@ def test_diverged_level_is_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
     from overdrive._utils.errors import OverdriveError
     from overdrive.demo import amp_stage
     from overdrive.demo.context import DemoContext
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
     from overdrive.train import Trainer
 
     real_fit = Trainer.fit

@@ -11,7 +11,7 @@ import pytest
 
 from overdrive._utils.errors import MissingDependencyError
 from overdrive.demo.plots import write_report
-from overdrive.demo.report import Table
+from overdrive._utils.table import Table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

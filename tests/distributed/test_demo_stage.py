@@ -11,7 +11,7 @@ pytest.importorskip("sklearn")
 
 def test_distributed_stage() -> None:
     from overdrive.demo.context import DemoContext
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
     from overdrive.demo.distributed_stage import run
 
     ctx = DemoContext(device=torch.device("cpu"), dtype=torch.bfloat16, digits=load_digits(seed=0), progress=False)

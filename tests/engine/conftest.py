@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overdrive.demo.models import DigitsCNN
+from overdrive.recipes.models import DigitsCNN
 from overdrive.engine import ShapeProfile
 
 pytest.importorskip("onnxruntime")

@@ -65,7 +65,7 @@ def test_best_calibrates_a_float_onnx_model(digits_onnx: bytes) -> None:
 
 def test_cli_best_prints_the_candidates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d.engine"
-    assert main(["build", "--model", "overdrive.demo.models:DigitsCNN", "--shapes", "x:8x1x8x8", "--best",
+    assert main(["build", "--model", "overdrive.recipes.models:DigitsCNN", "--shapes", "x:8x1x8x8", "--best",
                  "--saveEngine", str(out)]) == 0
     text = capsys.readouterr().out
     assert "--best timed fp32" in text and "kept fp32" in text and "int8 not tried: no calibration data" in text

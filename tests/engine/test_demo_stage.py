@@ -10,7 +10,7 @@ pytest.importorskip("sklearn")
 
 def test_engine_stage(digits: torch.nn.Module) -> None:
     from overdrive.demo.context import DemoContext
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
     from overdrive.demo.engine_stage import run
 
     ctx = DemoContext(device=torch.device("cpu"), dtype=torch.bfloat16, digits=load_digits(seed=0), progress=False)

@@ -11,7 +11,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.engine import Builder, Engine, ShapeProfile
-from overdrive.engine.cli_helpers import build_engine
+from overdrive.recipes.build import build_engine
 
 DYN = [ShapeProfile("x", (1, 16), (4, 16), (32, 16))]
 

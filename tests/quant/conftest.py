@@ -3,12 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from overdrive.demo.models import DigitsCNN
+from overdrive.recipes.models import DigitsCNN
 
 
 @pytest.fixture(scope="module")
 def digits():
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
 
     return load_digits()
 

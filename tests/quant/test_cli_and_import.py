@@ -15,7 +15,7 @@ def test_cli_quantize_factory_and_export(tmp_path) -> None:
     calib = tmp_path / "calib.pt"
     torch.save(torch.randn(64, 1, 8, 8), calib)
     out_json, onnx_path = tmp_path / "r.json", tmp_path / "m.onnx"
-    res = CliRunner().invoke(command, ["--model", "overdrive.demo.models:DigitsCNN", "--calib-data", str(calib),
+    res = CliRunner().invoke(command, ["--model", "overdrive.recipes.models:DigitsCNN", "--calib-data", str(calib),
                                        "--method", "percentile", "--calib-batches", "2", "--export", str(onnx_path),
                                        "--json", str(out_json)])
     assert res.exit_code == 0, res.output
@@ -26,7 +26,7 @@ def test_cli_quantize_factory_and_export(tmp_path) -> None:
 
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "nope.mod:make"], "cannot import"),
-    (["--model", "overdrive.demo.models:DigitsCNN", "--calib-data", "missing.pt"], "calib-data"),
+    (["--model", "overdrive.recipes.models:DigitsCNN", "--calib-data", "missing.pt"], "calib-data"),
 ])
 def test_cli_bad_input(args: list[str], fragment: str) -> None:
     res = CliRunner().invoke(command, args)
@@ -42,7 +42,7 @@ def test_cli_bad_opset_is_a_usage_error_before_calibration(tmp_path, monkeypatch
     """An opset the export cannot use is refused (exit 2) before the model is loaded and calibrated
     (opset 30 used to fail after calibration inside torch.onnx, exit 1)."""
     from overdrive.cli.main import main
-    from overdrive.quant import cli_support
+    from overdrive.recipes import quantize as cli_support
 
     def no_load(spec: str):  # noqa: ANN202
         raise AssertionError("the model was loaded before --opset was checked")
@@ -57,7 +57,7 @@ def test_cli_bad_opset_is_a_usage_error_before_calibration(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("data, fragment", [
     (torch.randn(0, 1, 8, 8), "no samples"),
-    ([(torch.randn(8, 1, 8, 8), torch.zeros(8))], "list of tuple"),
+    ([(torch.randn(8, 1, 8, 8), torch.zeros(8))], "holds 2 tensors but the model's forward takes 1"),
     ([], "empty list"),
 ])
 def test_cli_calib_data_without_inputs(tmp_path, data, fragment) -> None:
@@ -65,5 +65,5 @@ def test_cli_calib_data_without_inputs(tmp_path, data, fragment) -> None:
     end in 'forward_loop never reached quantizer(s)')."""
     calib = tmp_path / "calib.pt"
     torch.save(data, calib)
-    res = CliRunner().invoke(command, ["--model", "overdrive.demo.models:DigitsCNN", "--calib-data", str(calib)])
+    res = CliRunner().invoke(command, ["--model", "overdrive.recipes.models:DigitsCNN", "--calib-data", str(calib)])
     assert isinstance(res.exception, UsageError) and fragment in str(res.exception) and str(calib) in str(res.exception)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from overdrive.cli.main import main
-from overdrive.demo.models import DigitsCNN
+from overdrive.recipes.models import DigitsCNN
 from overdrive.sparsity import load_compressed
-from overdrive.sparsity.files import build_model
+from overdrive.recipes.sparsify import build_model
 
 
 def test_sparsify_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,7 +39,7 @@ def test_sparsify_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_sparsify_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sparsify", "--model", "nope", "--out", str(tmp_path / "o.pt")]) == 2
-    assert "must be 'module:Factory'" in capsys.readouterr().err
+    assert "must be 'package.module:factory'" in capsys.readouterr().err
     assert main(["sparsify", "--model", "digits", "--checkpoint", str(tmp_path / "missing.pt"),
                  "--out", str(tmp_path / "o.pt")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -60,7 +60,7 @@ def test_demo_stage_registered_and_models_build() -> None:
 def test_demo_stage_runs_and_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     from overdrive.demo import sparsity_stage
     from overdrive.demo.context import DemoContext
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
 
     monkeypatch.setattr(sparsity_stage, "FINETUNE_EPOCHS", 1)
     ctx = DemoContext(device=torch.device("cpu"), dtype=torch.bfloat16, digits=load_digits(), progress=False)

@@ -13,7 +13,7 @@ from torch import nn
 
 from overdrive import quant, sparsity
 from overdrive._utils.errors import UsageError
-from overdrive.demo.models import DigitsCNN
+from overdrive.recipes.models import DigitsCNN
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -24,7 +24,7 @@ PRUNED = ["block1.conv1.0.weight", "block1.conv2.0.weight", "down.0.weight", "bl
 
 @pytest.fixture(scope="module")
 def digits():
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
 
     return load_digits()
 

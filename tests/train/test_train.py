@@ -11,8 +11,8 @@ from torch import nn
 
 from overdrive import UsageError
 from overdrive.amp import Policy
-from overdrive.demo.data import load_digits
-from overdrive.demo.models import DigitsCNN
+from overdrive.recipes.data import load_digits
+from overdrive.recipes.models import DigitsCNN
 from overdrive.train import Trainer, load_checkpoint, save_checkpoint
 
 

@@ -1,4 +1,4 @@
-"""A result table: printed with rich, written as JSON. Every demo stage and benchmark returns these."""
+"""A result table: printed with rich, written as JSON and markdown. Every demo stage, recipe and benchmark returns these."""
 
 from __future__ import annotations
 

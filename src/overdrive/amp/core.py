@@ -26,8 +26,8 @@ class MixedPrecision:
         >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> mp = prepare(model, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
         >>> with mp.autocast():
-        ...     loss = mp.model(torch.randn(8, 4)).square().mean()
-        >>> mp.backward(loss); mp.step(); mp.zero_grad()
+        ...     loss = model(torch.randn(8, 4).to(torch.bfloat16)).float().square().mean()
+        >>> mp.backward(loss); _ = mp.step(); mp.zero_grad()
         >>> model.weight.dtype, next(iter(mp.master_params())).dtype
         (torch.bfloat16, torch.float32)
     """
@@ -237,6 +237,16 @@ class MixedPrecision:
         for opt in self.optimizers:
             opt.step()
         return not skipped
+
+    def pending_skips(self) -> set[int]:
+        """ids of the optimizers whose next step will be skipped (an inf/NaN was found in their gradients);
+        a copy. With :meth:`set_pending_skips`, for code that must step an optimizer aside (a checkpoint
+        writer initializing optimizer state) and put the overflow record back."""
+        return set(self._skip)
+
+    def set_pending_skips(self, ids: set[int]) -> None:
+        """Restore what :meth:`pending_skips` returned."""
+        self._skip = set(ids)
 
     def zero_grad(self) -> None:
         for opt in self.optimizers:

@@ -59,7 +59,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
           --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
     """
     from overdrive.engine.api import _describe
-    from overdrive.engine.cli_helpers import build_engine
+    from overdrive.recipes.build import build_engine
 
     check_json_target(json_path)
     flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]

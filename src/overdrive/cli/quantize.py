@@ -31,7 +31,7 @@ def command(model_spec: str, calib_data: str, config_name: str, method: str, per
       overdrive quantize --config int8 --method entropy --export digits_int8.onnx
       overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx
     """
-    from overdrive.quant.cli_support import run_quantize
+    from overdrive.recipes.quantize import run_quantize
 
     out = console()
     result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,

@@ -28,7 +28,7 @@ def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: 
     """
     from overdrive._utils.errors import UsageError
     from overdrive.sparsity import Config
-    from overdrive.sparsity.files import sparsify_checkpoint
+    from overdrive.recipes.sparsify import sparsify_checkpoint
 
     shape = None
     if input_shape:

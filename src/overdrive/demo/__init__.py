@@ -17,8 +17,8 @@ from overdrive._utils.device import resolve_device
 from overdrive._utils.errors import MissingDependencyError, UsageError
 from overdrive.amp.config import OPT_LEVELS, parse_dtype
 from overdrive.demo.context import DemoContext, StageSkipped
-from overdrive.demo.data import load_digits
-from overdrive.demo.report import Table
+from overdrive.recipes.data import load_digits
+from overdrive._utils.table import Table
 from overdrive.demo.workloads import choose_workload
 
 # Stage name -> module (each has ``run(ctx) -> Table | list[Table]``), in the order they run.

@@ -14,7 +14,7 @@ import torch
 from overdrive._utils.errors import OverdriveError
 from overdrive.amp import Policy
 from overdrive.demo.context import DemoContext
-from overdrive.demo.report import Table
+from overdrive._utils.table import Table
 from overdrive.demo.workloads import DeviceBatches
 from overdrive.train import Trainer, evaluate
 

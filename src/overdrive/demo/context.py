@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from overdrive.demo.data import Digits
+from overdrive.recipes.data import Digits
 from overdrive.demo.workloads import Workload, choose_workload, resize
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from overdrive.demo.context import DemoContext
-from overdrive.demo.models import DigitsCNN
-from overdrive.demo.report import Table
+from overdrive.recipes.models import DigitsCNN
+from overdrive._utils.table import Table
 from overdrive.train import Trainer
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from overdrive.demo.context import DemoContext
-from overdrive.demo.report import Table
+from overdrive._utils.table import Table
 
 EPOCHS = 3  # enough for the runs to converge to comparable accuracy; keeps the stage near 20 s on 2 CPU cores
 BATCH = 64  # the digits CNN's global batch, whatever the workload of the other stages

@@ -25,8 +25,8 @@ def train(strategy: str | None, epochs: int, batch: int, lr: float, seed: int, r
           device: torch.device) -> tuple[torch.nn.Module, float, float]:
     """Train a fresh DigitsCNN; returns (a full, unwrapped copy of the model, mean loss of the last epoch,
     training seconds)."""
-    from overdrive.demo.data import load_digits
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.data import load_digits
+    from overdrive.recipes.models import DigitsCNN
     from overdrive.train import Trainer
 
     digits = load_digits(seed=seed)
@@ -58,7 +58,7 @@ def train(strategy: str | None, epochs: int, batch: int, lr: float, seed: int, r
 
 def main() -> None:
     from overdrive import distributed as odist
-    from overdrive.demo.data import load_digits
+    from overdrive.recipes.data import load_digits
     from overdrive.train import evaluate
 
     ap = argparse.ArgumentParser()

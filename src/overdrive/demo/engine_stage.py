@@ -14,7 +14,7 @@ import torch
 
 from overdrive._utils.timing import median, time_fn
 from overdrive.demo.context import DemoContext
-from overdrive.demo.report import Table
+from overdrive._utils.table import Table
 from overdrive.engine import Builder, Engine, ShapeProfile, compare
 
 

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from overdrive._utils.errors import UsageError
 from overdrive._utils.optional import require
-from overdrive.demo.report import Table
+from overdrive._utils.table import Table
 
 _DPI = 110
 _WIDTH_IN = 8.0

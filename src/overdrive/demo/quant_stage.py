@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from overdrive.demo.context import DemoContext
-from overdrive.demo.report import Table
-from overdrive.quant.recipe import accuracy_table
+from overdrive._utils.table import Table
+from overdrive.recipes.quant import accuracy_table
 from overdrive.train import evaluate
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from overdrive.demo.context import DemoContext
-from overdrive.demo.report import Table
+from overdrive._utils.table import Table
 
 FINETUNE_EPOCHS = 3  # a short fine-tune keeps the stage under 15 s on 2 CPU cores
 
@@ -18,7 +18,7 @@ FINETUNE_EPOCHS = 3  # a short fine-tune keeps the stage under 15 s on 2 CPU cor
 def run(ctx: DemoContext) -> Table:
     from overdrive import quant
     from overdrive.sparsity import Config, from_pruned, save_compressed, sparse_quantize, sparsify
-    from overdrive.sparsity.recipe import train
+    from overdrive.recipes.sparsity import train
     from overdrive.train import evaluate
 
     if ctx.fp32_model is None:

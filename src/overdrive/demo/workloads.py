@@ -36,7 +36,7 @@ class Workload:
     stem: str = "imagenet"
 
     def make_model(self) -> nn.Module:
-        from overdrive.demo.models import DigitsCNN, ResNet
+        from overdrive.recipes.models import DigitsCNN, ResNet
 
         return DigitsCNN() if self.width is None else ResNet(self.width, self.depths, self.stem)
 

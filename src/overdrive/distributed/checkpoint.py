@@ -88,7 +88,7 @@ def _get_optim(trainer: Trainer, with_state: bool = True) -> dict[str, Any]:
     fresh = len(opt.state) == 0
     params = list(mp.master_params())
     grads = [q.grad for q in params]
-    skip = set(mp._skip)
+    skip = mp.pending_skips()
     for q in params:
         q.grad = None
     try:
@@ -96,7 +96,7 @@ def _get_optim(trainer: Trainer, with_state: bool = True) -> dict[str, Any]:
     finally:
         for q, g in zip(params, grads):
             q.grad = g
-        mp._skip = skip
+        mp.set_pending_skips(skip)
         if fresh:
             opt.state.clear()
     if not with_state:
@@ -131,7 +131,7 @@ def _unblob(data: bytes) -> Any:
 
 
 def _mid_accumulation(trainer: Trainer) -> bool:
-    return trainer._micro % trainer.accumulate != 0
+    return trainer.micro_step % trainer.accumulate != 0
 
 
 def _position_blob(position: dict[str, Any] | None) -> bytes:
@@ -192,7 +192,7 @@ def _state(trainer: Trainer, optim_state: bool | None = None) -> dict[str, Any]:
         "optim": optim_sd,
         "amp": amp,
         "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else {},
-        "loop": {"epoch": trainer.epoch, "step": trainer.step_count, "micro": trainer._micro},
+        "loop": {"epoch": trainer.epoch, "step": trainer.step_count, "micro": trainer.micro_step},
     }
 
 
@@ -216,7 +216,7 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
     if mid and _is_fsdp(trainer):
         # _micro is the same on every rank, so every rank raises here, before any collective.
         raise UsageError(
-            f"checkpoint.save after micro-batch {trainer._micro % trainer.accumulate} of accumulate={trainer.accumulate} "
+            f"checkpoint.save after micro-batch {trainer.micro_step % trainer.accumulate} of accumulate={trainer.accumulate} "
             "under strategy='fsdp': FSDP2 holds the partial gradients unsharded in its private state, which cannot be "
             "saved; save after the train_step that steps the optimizer (when trainer.step_count has just increased)"
         )
@@ -278,7 +278,7 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
         )
     if _is_fsdp(trainer) and _mid_accumulation(trainer):
         raise UsageError(
-            f"this trainer is at micro-batch {trainer._micro % trainer.accumulate} of accumulate={trainer.accumulate} "
+            f"this trainer is at micro-batch {trainer.micro_step % trainer.accumulate} of accumulate={trainer.accumulate} "
             "under strategy='fsdp': FSDP2 would add those partial gradients to the resumed step and they cannot be "
             "dropped; load into a freshly built Trainer, or after a train_step that steps the optimizer"
         )
@@ -349,7 +349,7 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
     if trainer.scheduler is not None and state["scheduler"]:
         trainer.scheduler.load_state_dict(state["scheduler"])
     loop = state["loop"]
-    trainer.epoch, trainer.step_count, trainer._micro = int(loop["epoch"]), int(loop["step"]), int(loop["micro"])
+    trainer.epoch, trainer.step_count, trainer.micro_step = int(loop["epoch"]), int(loop["step"]), int(loop["micro"])
     # Gradients (and a pending overflow skip) this trainer holds from before the load would leak into
     # the resumed step: drop them, then put back the checkpoint's own pending ones, if any.
     trainer.mp.zero_grad()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import io
 from dataclasses import dataclass, field
@@ -67,7 +66,7 @@ class ModelSource:
         """The model as an ``nn.Module`` (ONNX goes through overdrive's importer)."""
         if self.module is not None:
             return self.module
-        from overdrive.engine.onnx_import import import_onnx
+        from overdrive.engine.onnx import import_onnx
 
         return import_onnx(self.onnx_bytes)
 
@@ -153,18 +152,15 @@ def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
 
 
 def from_factory(spec: str) -> ModelSource:
-    """``pkg.module:factory`` -> the module the factory returns (called with no arguments)."""
-    mod_name, sep, attr = spec.partition(":")
-    if not sep or not attr:
-        raise UsageError(f"--model {spec!r} is not pkg.module:factory (for example torchvision.models:resnet50)")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"--model {spec!r}: cannot import {attr!r} from {mod_name!r} ({exc})") from exc
-    model = factory() if callable(factory) and not isinstance(factory, nn.Module) else factory
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"--model {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
-    return from_module(model.eval())
+    """``pkg.module:factory`` or ``file.py:factory`` -> the module the factory returns (called with no arguments).
+
+    Example:
+        >>> from_factory("torch.nn:Identity").kind
+        'module'
+    """
+    from overdrive._utils.model_spec import load_factory
+
+    return from_module(load_factory(spec).eval())
 
 
 def from_torchscript(path: str | Path, example: tuple[torch.Tensor, ...], input_names: list[str] | None = None) -> ModelSource:

@@ -9,6 +9,7 @@ Example:
     torch.Size([2, 4])
 """
 
+from overdrive.quant._deprecated import qat
 from overdrive.quant.api import (
     CALIBRATORS,
     calibrate,
@@ -16,7 +17,6 @@ from overdrive.quant.api import (
     load_calib_amax,
     partial_quantize,
     print_summary,
-    qat,
     quantize,
     quantized_layers,
     quantizers,

@@ -1,5 +1,5 @@
 """The public verbs: quantize (PTQ), calibration, summary, calibrator comparison, sensitivity and
-partial quantization, and the QAT recipe on overdrive.train.Trainer.
+partial quantization (the QAT recipe on overdrive.train.Trainer is overdrive.recipes.quant.qat).
 
 Example:
     >>> import torch
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +130,7 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     Subclasses of Linear/Conv (own forward) stay float and are listed in ``summary()['skipped']``.
 
     Example:
+        >>> from overdrive.quant import INT8_DEFAULT
         >>> m = quantize(torch.nn.Linear(4, 2), INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(8, 4)))
         >>> type(m).__name__
         'QuantLinear'
@@ -392,30 +392,3 @@ def partial_quantize(model: nn.Module, ranking: Sequence[dict[str, Any]], k: int
     if names:
         set_quantizers_enabled(model, False, names)
     return names
-
-
-def qat(model: nn.Module, train_data: Iterable[Any], epochs: int, lr: float, eval_data: Iterable[Any] | None = None,
-        policy: Any = "O0", device: torch.device | str | None = None, weight_decay: float = 0.0,
-        progress: bool = False, attach: Callable[[torch.optim.Optimizer], Any] | None = None) -> Any:
-    """Quantization-aware fine-tuning of a calibrated model (amax fixed, STE gradients).
-
-    The recipe (Wu et al. 2020): ~10% of the original epochs, ``lr`` about 1% of the original
-    initial LR, cosine decay. Uses overdrive.train.Trainer (and so overdrive.amp's ``policy``).
-    ``attach(optimizer)`` is called on the optimizer before training, e.g. ``attach=handle.attach``
-    of an overdrive.sparsity handle keeps 2:4 masks through QAT. Returns the Trainer's FitResult.
-    """
-    from overdrive.train import Trainer
-
-    for _, q in quantizers(model):
-        if q.enabled and not q.is_calibrated:
-            raise UsageError(f"quantizer {q.name} is not calibrated; calibrate (quant.quantize with forward_loop) "
-                             "before QAT")
-    if epochs < 1 or not math.isfinite(lr) or lr <= 0:
-        raise UsageError(f"QAT needs epochs >= 1 and lr > 0, got epochs={epochs}, lr={lr}")
-    steps = epochs * len(train_data)  # type: ignore[arg-type]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    if attach is not None:
-        attach(opt)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
-    trainer = Trainer(model, opt, policy=policy, device=device, scheduler=sched, progress=progress)
-    return trainer.fit(train_data, epochs=epochs, eval_data=eval_data, description="QAT")

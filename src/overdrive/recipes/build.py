@@ -10,18 +10,15 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive.engine.api import Builder, Engine
 from overdrive.engine.config import BuildConfig, parse_io_formats, profiles_from_shapes
-from overdrive.engine.sources import from_exported, from_factory, from_onnx, from_torchscript
+from overdrive.engine.sources import from_exported, from_module, from_onnx, from_torchscript
 
 
 def _calibration(path: str | None) -> list[tuple[torch.Tensor, ...]] | None:
     if path is None:
         return None
-    data = torch.load(path, weights_only=True, map_location="cpu")
-    if isinstance(data, torch.Tensor):  # (N, ...) -> batches of up to 32
-        return [(b,) for b in data.split(32)]
-    if isinstance(data, (list, tuple)):
-        return [tuple(b) if isinstance(b, (list, tuple)) else (b,) for b in data]
-    raise UsageError(f"--calib {path}: expected a tensor or a list of batches saved with torch.save, got {type(data).__name__}")
+    from overdrive.recipes.model_spec import load_calibration
+
+    return load_calibration(path, "--calib")
 
 
 def build_engine(onnx: str | None = None, model: str | None = None, torchscript: str | None = None,
@@ -51,7 +48,9 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
     elif exported:
         src = from_exported(exported)
     else:
-        src = from_factory(model)
+        from overdrive.recipes.model_spec import load_model
+
+        src = from_module(load_model(model).eval())
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot,
                       timing_cache=timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,

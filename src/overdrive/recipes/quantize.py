@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,10 +13,11 @@ from overdrive.quant.config import get_preset
 
 
 def load_model(spec: str) -> tuple[nn.Module, Any]:
-    """'digits' (trains the demo CNN briefly; returns it and the dataset), 'pkg.mod:factory', or a file."""
+    """'digits' (trains the demo CNN briefly; returns it and the dataset), or any spec
+    :func:`overdrive.recipes.model_spec.load_model` takes ('pkg.mod:factory', 'file.py:factory', an alias)."""
     if spec == "digits":
-        from overdrive.demo.data import load_digits
-        from overdrive.demo.models import DigitsCNN
+        from overdrive.recipes.data import load_digits
+        from overdrive.recipes.models import DigitsCNN
 
         digits = load_digits()
         torch.manual_seed(0)
@@ -31,46 +30,33 @@ def load_model(spec: str) -> tuple[nn.Module, Any]:
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
         return model.eval(), digits
-    if ":" in spec and not Path(spec).exists():
-        mod_name, _, fn = spec.partition(":")
-        try:
-            factory = getattr(importlib.import_module(mod_name), fn)
-        except (ImportError, AttributeError) as exc:
-            raise UsageError(f"--model {spec!r}: cannot import {fn!r} from {mod_name!r} ({exc}); "
-                             "use 'package.module:function' returning an nn.Module") from exc
-        model = factory()
-    elif Path(spec).is_file():
-        model = torch.load(spec, map_location="cpu", weights_only=False)
-    else:
-        raise UsageError(f"--model {spec!r} is not 'digits', a 'pkg.module:factory' or an existing file")
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"--model {spec!r} gave a {type(model).__name__}, not a torch.nn.Module (save the whole "
-                         "module with torch.save(model, path), not its state_dict)")
-    return model.eval(), None
+    from overdrive.recipes.model_spec import load_model as _load
+
+    return _load(spec).eval(), None
 
 
-def load_calib(spec: str, digits: Any, n: int, batch_size: int) -> list[torch.Tensor]:
+def load_calib(spec: str, digits: Any, n: int, batch_size: int) -> list[tuple[torch.Tensor, ...]]:
+    """'digits' (the dataset's training images), or a file :func:`overdrive.recipes.model_spec.load_calibration`
+    reads (weights_only: a data file never runs code) -> up to ``n`` batches of input tuples."""
     if spec == "digits":
         if digits is None:
-            from overdrive.demo.data import load_digits
+            from overdrive.recipes.data import load_digits
 
             digits = load_digits()
-        return digits.calibration_batches(n=n, batch_size=batch_size)
-    if not Path(spec).is_file():
-        raise UsageError(f"--calib-data {spec!r} is not 'digits' or an existing .pt file")
-    data = torch.load(spec, map_location="cpu", weights_only=False)
-    if isinstance(data, torch.Tensor):
-        if data.dim() == 0 or len(data) == 0:
-            raise UsageError(f"--calib-data {spec!r} holds a tensor of shape {tuple(data.shape)}, with no samples; "
-                             "save calibration inputs as a tensor (N, ...) with N >= 1")
-        return [data[i:i + batch_size] for i in range(0, min(len(data), n * batch_size), batch_size)]
-    if isinstance(data, (list, tuple)) and data and all(isinstance(b, torch.Tensor) for b in data):
-        return list(data[:n])
-    what = type(data).__name__
-    if isinstance(data, (list, tuple)):
-        what = f"an empty {what}" if not data else f"a {what} of {type(next(b for b in data if not isinstance(b, torch.Tensor))).__name__}"
-    raise UsageError(f"--calib-data {spec!r} must hold a tensor (N, ...) or a list of input tensors, got {what}; "
-                     "save the inputs only, e.g. torch.save([x for x, _ in loader], path)")
+        return [(b,) for b in digits.calibration_batches(n=n, batch_size=batch_size)]
+    from overdrive.recipes.model_spec import load_calibration
+
+    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n)
+
+
+def _n_inputs(model: nn.Module) -> int | None:
+    """How many positional inputs ``model.forward`` takes (None when it takes *args)."""
+    import inspect
+
+    params = list(inspect.signature(model.forward).parameters.values())
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
 
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
@@ -86,11 +72,16 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
         check_opset(opset, cfg.input.format)
     model, digits = load_model(model_spec)
     batches = load_calib(calib_data, digits, calib_batches, batch_size)
+    n_in = _n_inputs(model)
+    wrong = next((b for b in batches if n_in is not None and len(b) != n_in), None)
+    if wrong is not None:
+        raise UsageError(f"--calib-data {calib_data!r}: a batch holds {len(wrong)} tensors but the model's forward takes "
+                         f"{n_in} input(s); save the inputs only (no labels), e.g. torch.save([x for x, _ in loader], path)")
     result: dict[str, Any] = {"model": model_spec, "config": cfg.to_dict()}
     if digits is not None:
         with torch.no_grad():
             result["fp32_accuracy"] = float((model(digits.x_test).argmax(1) == digits.y_test).float().mean())
-    qmodel = quantize(model, cfg, forward_loop=lambda m: [m(b) for b in batches])
+    qmodel = quantize(model, cfg, forward_loop=lambda m: [m(*b) for b in batches])
     if digits is not None:
         with torch.no_grad():
             result["quantized_accuracy"] = float((qmodel(digits.x_test).argmax(1) == digits.y_test).float().mean())
@@ -105,7 +96,7 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
     if export_path:
         from overdrive.quant.export import export_onnx, qdq_counts
 
-        path = export_onnx(qmodel, (batches[0][:1],), export_path, opset=opset)
+        path = export_onnx(qmodel, tuple(t[:1] for t in batches[0]), export_path, opset=opset)
         result["onnx"] = {"path": str(path), "ops": qdq_counts(path)}
         if console is not None:
             console.print(f"wrote {path} ({result['onnx']['ops'].get('QuantizeLinear', 0)} QuantizeLinear nodes)")

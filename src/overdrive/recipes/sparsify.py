@@ -18,7 +18,7 @@ from overdrive.sparsity.config import Config
 from overdrive.sparsity.export import save_compressed
 from overdrive.sparsity.report import SparsityReport
 
-ALIASES = {"digits": "overdrive.demo.models:DigitsCNN", "docstrings": "overdrive.sparsity.textdata:ByteTransformer"}
+from overdrive.recipes.model_spec import ALIASES  # noqa: E402,F401 - the names `overdrive sparsify --model` takes
 
 
 def build_model(spec: str) -> nn.Module:
@@ -28,28 +28,9 @@ def build_model(spec: str) -> nn.Module:
         >>> type(build_model("digits")).__name__
         'DigitsCNN'
     """
-    spec = ALIASES.get(spec, spec)
-    if ":" not in spec:
-        raise UsageError(f"--model {spec!r} must be 'module:Factory' or 'file.py:Factory' (or one of {sorted(ALIASES)})")
-    where, attr = spec.rsplit(":", 1)
-    try:
-        if where.endswith(".py"):
-            if not Path(where).is_file():
-                raise UsageError(f"--model file {where!r} does not exist")
-            loader = importlib.util.spec_from_file_location(Path(where).stem, where)
-            mod = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(mod)
-        else:
-            mod = importlib.import_module(where)
-    except ImportError as exc:
-        raise UsageError(f"--model: cannot import {where!r} ({exc}); check the module path") from exc
-    factory = getattr(mod, attr, None)
-    if factory is None:
-        raise UsageError(f"--model: {where!r} has no attribute {attr!r}")
-    model = factory()
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"--model {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
-    return model
+    from overdrive.recipes.model_spec import load_model
+
+    return load_model(spec)
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:

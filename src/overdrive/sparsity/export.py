@@ -23,7 +23,7 @@ from overdrive._utils.timing import time_fn
 from overdrive.sparsity import masks as M
 
 if TYPE_CHECKING:
-    from overdrive.demo.report import Table
+    from overdrive._utils.table import Table
     from overdrive.sparsity.api import SparseHandle
 
 FORMAT = "overdrive.sparse24"
@@ -190,7 +190,7 @@ def to_semi_structured(model: nn.Module, handle: SparseHandle, tokens: int = 409
 
     Inference only (the weight no longer trains). Weights must already be fp16/bf16 on the GPU.
     """
-    from overdrive.demo.report import Table
+    from overdrive._utils.table import Table
 
     table = Table("2:4 export (cuSPARSELt)", ["layer", "shape", "dense ms", "sparse ms", "speedup", "kept"])
     linears = [layer for layer in handle.layers if isinstance(layer.module, nn.Linear) and layer.param_name == "weight"]

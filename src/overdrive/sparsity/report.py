@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from overdrive.demo.report import Table
+    from overdrive._utils.table import Table
 
 
 
@@ -36,7 +36,7 @@ class SparsityReport:
         return asdict(self)
 
     def tables(self) -> list[Table]:
-        from overdrive.demo.report import Table
+        from overdrive._utils.table import Table
 
         t = Table(f"2:4 sparsity ({self.mask_calculator})", ["layer", "shape", "status", "retained |w|"])
         for p in self.pruned:

@@ -127,6 +127,16 @@ class Trainer:
         self.epoch = 0
         self._micro = 0
 
+    @property
+    def micro_step(self) -> int:
+        """Micro-batches run so far (``train_step`` calls, a partial accumulation counted up to its end);
+        ``micro_step % accumulate`` is the position inside the current accumulation (0: at a step boundary)."""
+        return self._micro
+
+    @micro_step.setter
+    def micro_step(self, value: int) -> None:  # a resumed checkpoint puts the loop back where it was
+        self._micro = int(value)
+
     # --- one step, in plain sight -----------------------------------------------------------
     def _to_device(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device, non_blocking=True)

@@ -1,0 +1,54 @@
+"""One reader of model specs for every verb: ``"pkg.module:factory"`` or ``"path/to/file.py:factory"``.
+
+The factory is called with no arguments and must return an ``nn.Module``. Importing a module or a
+file runs its code, as ``python file.py`` would: give only specs you trust.
+
+Example:
+    >>> type(load_factory("torch.nn:Identity")).__name__
+    'Identity'
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+
+
+def load_factory(spec: str, flag: str = "--model") -> nn.Module:
+    """Import ``spec``'s module (a dotted path, or a ``.py`` file), call its factory, check the result."""
+    if ":" not in spec:
+        raise UsageError(f"{flag} {spec!r} must be 'package.module:factory' or 'path/to/file.py:factory'")
+    where, attr = spec.rsplit(":", 1)
+    if not attr:
+        raise UsageError(f"{flag} {spec!r} names no factory after ':'; e.g. 'model.py:build'")
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.is_file():
+                raise UsageError(f"{flag} file {where!r} does not exist; give the path of a .py file")
+            name = f"_overdrive_model_{abs(hash(str(path.resolve())))}"
+            loader = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(loader)  # type: ignore[arg-type]
+            sys.modules[name] = mod  # dataclasses and pickling look the module up by name
+            loader.loader.exec_module(mod)  # type: ignore[union-attr]
+        else:
+            mod = importlib.import_module(where)
+    except ImportError as exc:
+        raise UsageError(f"{flag} {spec!r}: cannot import {where!r} ({exc}); check the module path") from exc
+    factory = getattr(mod, attr, None)
+    if factory is None or not callable(factory):
+        raise UsageError(f"{flag} {spec!r}: {where!r} has no callable {attr!r}")
+    try:
+        model = factory if isinstance(factory, nn.Module) else factory()
+    except TypeError as exc:
+        raise UsageError(f"{flag} {spec!r}: calling {attr}() failed ({exc}); the factory must build the model "
+                         "with no arguments (wrap it: def build(): return MyNet(width=64))") from exc
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{flag} {spec!r} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
