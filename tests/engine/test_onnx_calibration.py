@@ -13,7 +13,7 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive.engine import Builder, ShapeProfile
 from overdrive.engine.backends.onnxruntime import has_qdq
-from overdrive.engine.onnx_quant import quantize_onnx
+from overdrive.engine.onnx import quantize_onnx
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -82,7 +82,7 @@ def test_calibration_batches_must_match_the_inputs(digits_onnx: bytes) -> None:
 def test_importer_runs_an_fp8_qdq_model(digits_onnx: bytes) -> None:
     """ONNX Runtime's fp8 Q/DQ model stores float8 initializers (zero points), which onnx hands over as
     ml_dtypes arrays; before, the importer failed on them with numpy's "can't convert np.ndarray" TypeError."""
-    from overdrive.engine.onnx_import import import_onnx
+    from overdrive.engine.onnx import import_onnx
 
     calib = _calib()
     qdq = quantize_onnx(digits_onnx, calib, "fp8")
@@ -99,7 +99,7 @@ def test_importer_keeps_an_int8_qdq_model_on_the_inputs_device(digits_onnx: byte
     """The int32 biases of ONNX Runtime's Q/DQ model are small integer constants kept on the host; dequantized,
     they were added as CPU tensors to the model's device activations ("found two different devices cuda:0,
     cpu" on the GPU). The meta device stands in for the GPU here."""
-    from overdrive.engine.onnx_import import import_onnx
+    from overdrive.engine.onnx import import_onnx
 
     mod = import_onnx(quantize_onnx(digits_onnx, _calib(), "int8")).to("meta")
     with torch.no_grad():

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx_import import import_onnx
+from overdrive.engine.onnx import import_onnx
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
@@ -184,7 +184,7 @@ def test_integer_div_truncates_like_onnx() -> None:
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     out = import_onnx(model)(torch.from_numpy(x))
     assert out.dtype == torch.int64 and out.tolist() == ref.tolist() == [3, -3, 2, -2]
-    from overdrive.engine.onnx_ops import _div_np
+    from overdrive.engine.onnx.ops import _div_np
 
     assert _div_np(np.array([-7, 7]), np.array([2, -2])).tolist() == [-3, -3]
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx_import import import_onnx
+from overdrive.engine.onnx import import_onnx
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

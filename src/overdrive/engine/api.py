@@ -142,7 +142,7 @@ class Builder:
         if precision in ("int8", "fp8"):
             _warn_uncalibrated(src, precision, calib)
             if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes):  # float ONNX: calibrate it into Q/DQ
-                from overdrive.engine.onnx_quant import quantize_onnx
+                from overdrive.engine.onnx import quantize_onnx
 
                 batches, t_cal = calib or [tuple(x.cpu() for x in example)], time.perf_counter()
                 src = replace(src, onnx_bytes=quantize_onnx(src.onnx_bytes, batches, precision))

@@ -1,121 +1,21 @@
-"""ONNX -> PyTorch: run an ONNX graph as an ``nn.Module`` so Inductor can compile it on the GPU.
-
-ONNX Runtime on the GPU machine has only its CPU provider, and onnx2torch (the best known importer)
-is unmaintained and has no QuantizeLinear/DequantizeLinear, so overdrive carries its own importer for
-the operators common CNNs and transformers export to, Q/DQ included. ``forward`` walks the nodes in
-order; ``torch.export`` traces that walk into one flat graph.
-
-Shape arithmetic (Shape -> Gather -> Concat -> Reshape) stays on the host: small integer constants and
-the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic export), so no
-data-dependent ``.tolist()`` reaches the traced graph.
-
-The operators are in ``onnx_ops.py`` (Q/DQ in ``onnx_qdq.py``), the value conversions in ``onnx_values.py``.
+"""Deprecated: moved to :mod:`overdrive.engine.onnx` (``overdrive.engine.onnx.importer``). This module
+re-exports it and warns on import; import from ``overdrive.engine.onnx`` instead.
 """
 
-from __future__ import annotations
-
+import warnings
 from typing import Any
 
-import numpy as np
-import torch
-from torch import nn
-
-from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx_ops import _HOST_INPUTS, _OPS, SUPPORTED_OPS, _split
-from overdrive.engine.onnx_values import Value, _as_value, _from_numpy, _tensor
+from overdrive.engine.onnx import importer as _new
+from overdrive.engine.onnx.importer import SUPPORTED_OPS, ONNXModule, import_onnx
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
-class ONNXModule(nn.Module):
-    """An ONNX graph as a module: ``forward(*inputs)`` in the graph's input order.
-
-    Example:
-        >>> # mod = ONNXModule(onnx.load("model.onnx")); y = mod(torch.randn(1, 3, 224, 224))
-    """
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        from onnx import helper, numpy_helper
-
-        g = model.graph
-        for node in g.node:
-            if node.domain not in ("", "ai.onnx") or (node.op_type not in _OPS and node.op_type not in ("Constant", "Split")):
-                raise UsageError(
-                    f"ONNX operator {node.domain + '::' if node.domain else ''}{node.op_type} (node {node.name or '<unnamed>'!r}) "
-                    "is not supported by overdrive's ONNX importer; use --backend onnxruntime on CPU, re-export the model "
-                    "without it, or build from the PyTorch model (--model pkg.module:factory)")
-        self.input_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
-        # the default-domain opset: a few ops (Softmax before 13) changed meaning between opsets
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
-        self.output_names = [o.name for o in g.output]
-        self._host: dict[str, np.ndarray] = {}  # small constants (shapes, axes, scalars): folded at trace time
-        self._buffers_by_value: dict[str, str] = {}
-        # inputs read as Python numbers (Resize's scales and sizes): a buffer would be a fake tensor under export
-        host_args = {n.input[i] for n in g.node for i in _HOST_INPUTS.get(n.op_type, ()) if i < len(n.input)}
-        dq_data = {n.input[0] for n in g.node if n.op_type == "DequantizeLinear"}
-        for i, t in enumerate(g.initializer):
-            arr = numpy_helper.to_array(t)
-            # small integer constants, and one-element float ones (Q/DQ scales, epsilons) like Constant nodes':
-            # kept on the host, they trace to literals (a 0-d float buffer, once frozen, broke Inductor's reshape)
-            # but not the data of a DequantizeLinear (int32 biases): that is dequantized beside device tensors
-            if ((arr.dtype.kind in "iub" and arr.size <= 64 and t.name not in dq_data)
-                    or (arr.dtype.kind == "f" and arr.size == 1) or (t.name in host_args and arr.size <= 64)):
-                self._host[t.name] = arr
-            else:
-                key = f"w{i}"
-                self.register_buffer(key, _from_numpy(arr))
-                self._buffers_by_value[t.name] = key
-        self._nodes: list[tuple[str, list[str], list[str], dict[str, Any], str]] = []
-        for node in g.node:
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            if node.op_type == "Constant":
-                val = attrs.get("value")
-                if val is not None:
-                    arr = numpy_helper.to_array(val)
-                elif "value_float" in attrs or "value_int" in attrs:
-                    arr = np.array(attrs.get("value_float", attrs.get("value_int")))
-                elif "value_floats" in attrs or "value_ints" in attrs:
-                    arr = np.array(attrs.get("value_floats", attrs.get("value_ints")))
-                else:
-                    raise UsageError(f"Constant node {node.name!r}: unsupported attribute {list(attrs)}")
-                self._host[node.output[0]] = arr
-                continue
-            if "value" in attrs and hasattr(attrs["value"], "dims"):  # ConstantOfShape's tensor attribute
-                attrs["value"] = numpy_helper.to_array(attrs["value"])
-            self._nodes.append((node.op_type, list(node.input), list(node.output), attrs, node.name))
-
-    def forward(self, *inputs: torch.Tensor) -> Any:
-        if len(inputs) != len(self.input_names):
-            raise UsageError(f"ONNX model takes {len(self.input_names)} inputs {self.input_names}, got {len(inputs)}")
-        env: dict[str, Value] = dict(self._host)
-        env.update({v: getattr(self, k) for v, k in self._buffers_by_value.items()})
-        env.update(zip(self.input_names, inputs))
-        env[""] = None
-        for op, ins, outs, attrs, name in self._nodes:
-            args = [env[i] for i in ins]
-            try:
-                res = _split(self, args, attrs, len(outs)) if op == "Split" else _OPS[op](self, args, attrs)
-            except UsageError:
-                raise
-            except Exception as exc:
-                raise UsageError(f"ONNX node {name!r} ({op}) failed in the importer: {type(exc).__name__}: {exc}") from exc
-            env.update(zip(outs, (_as_value(r) for r in res)))
-        outs = [_tensor(env[o]) for o in self.output_names]
-        return outs[0] if len(outs) == 1 else tuple(outs)
+warnings.warn("overdrive.engine.onnx_import is deprecated; import from overdrive.engine.onnx instead",
+              DeprecationWarning, stacklevel=2)
 
 
-def import_onnx(model_or_path: Any) -> ONNXModule:
-    """Load an ONNX model (path, bytes or ModelProto) as an :class:`ONNXModule`.
-
-    Example:
-        >>> # mod = import_onnx("resnet50.onnx")
-    """
-    import onnx
-
-    if isinstance(model_or_path, (bytes, bytearray)):
-        model = onnx.load_from_string(bytes(model_or_path))
-    elif isinstance(model_or_path, onnx.ModelProto):
-        model = model_or_path
-    else:
-        model = onnx.load(str(model_or_path))
-    return ONNXModule(model)
+def __getattr__(name: str) -> Any:
+    """The rest of the old module's names, from their new module."""
+    if name == "_HOST_INPUTS":
+        return _new.HOST_INPUTS
+    return getattr(_new, name)

@@ -1,91 +1,19 @@
-"""Values in overdrive's ONNX importer: device tensors, or numpy arrays for host constants and shapes (object
-arrays of SymInts under dynamic export), and the conversions between them.
-
-Example:
-    >>> _ints(np.array([1, 2]))
-    [1, 2]
+"""Deprecated: moved to :mod:`overdrive.engine.onnx.values`. This module re-exports it and warns on import;
+import from ``overdrive.engine.onnx.values`` instead.
 """
 
-from __future__ import annotations
-
+import warnings
 from typing import Any
 
-import numpy as np
-import torch
+from overdrive.engine.onnx import values as _new
+from overdrive.engine.onnx.values import Value
 
-Value = Any  # torch.Tensor (device data) or np.ndarray (host constants / shapes)
+__all__ = ["Value"]
 
-_DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
-           9: torch.bool, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16, 17: torch.float8_e4m3fn,
-           19: torch.float8_e5m2}
-_NP = {torch.float32: np.float32, torch.int64: np.int64, torch.int32: np.int32, torch.bool: np.bool_,
-       torch.float16: np.float16, torch.float64: np.float64, torch.int8: np.int8, torch.uint8: np.uint8}
+warnings.warn("overdrive.engine.onnx_values is deprecated; import from overdrive.engine.onnx.values instead",
+              DeprecationWarning, stacklevel=2)
 
 
-# dtypes numpy lacks: onnx hands them over as ml_dtypes arrays, which torch.from_numpy refuses; reinterpreted
-# through the unsigned integer of the same width
-_ML_DTYPES = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
-              "float8_e5m2": (np.uint8, torch.float8_e5m2)}
-
-
-def _from_numpy(arr: np.ndarray) -> torch.Tensor:
-    """A tensor holding a copy of ``arr``, ml_dtypes' bfloat16 and float8 arrays included."""
-    arr = np.array(arr, copy=True)
-    if arr.dtype.name in _ML_DTYPES:
-        bits, dtype = _ML_DTYPES[arr.dtype.name]
-        return torch.from_numpy(arr.view(bits)).view(dtype)
-    return torch.from_numpy(arr)
-
-
-def _tensor(v: Value, like: torch.Tensor | None = None) -> torch.Tensor:
-    """``v`` as a tensor; with ``like``, on its device (and in its float dtype where both are floating)."""
-    if isinstance(v, torch.Tensor):
-        if like is not None and v.device != like.device:  # a tensor computed from host constants
-            v = v.to(like.device)
-        return v
-    arr = np.asarray(v)
-    if arr.dtype == object:  # symbolic sizes: build the tensor element by element
-        t = torch.stack([torch.as_tensor(x) if not isinstance(x, torch.SymInt) else torch.sym_int(x) * torch.ones((), dtype=torch.int64) for x in arr.reshape(-1)])
-        t = t.reshape(arr.shape)
-    else:
-        t = _from_numpy(arr)
-    if like is not None:
-        t = t.to(like.device)
-        if t.is_floating_point() and like.is_floating_point():
-            t = t.to(like.dtype)
-    return t
-
-
-def _as_value(r: Any) -> Value:
-    """numpy scalars and bare (Sym)ints from host ops -> 0-d arrays, so every value is a tensor or an array."""
-    if r is None or isinstance(r, (torch.Tensor, np.ndarray)):
-        return r
-    return np.array(r, dtype=object if isinstance(r, torch.SymInt) else None)
-
-
-def _ints(v: Value) -> list[Any]:
-    if isinstance(v, torch.Tensor):
-        return [int(x) for x in v.reshape(-1).tolist()]
-    return [x if isinstance(x, torch.SymInt) else int(x) for x in np.asarray(v).reshape(-1)]
-
-
-def _host(*vals: Value) -> bool:
-    return all(isinstance(v, np.ndarray) for v in vals)
-
-
-def _like(vals: list[Value]) -> torch.Tensor | None:
-    return next((v for v in vals if isinstance(v, torch.Tensor)), None)
-
-
-def _host_scalar(v: Value) -> float | None:
-    """A one-element host constant (a Q/DQ scale or zero point stored as an initializer) as a Python float,
-    so the traced graph holds a scalar literal: Inductor fails to lower a reshape of a 0-d tensor constant."""
-    if isinstance(v, np.ndarray) and v.size == 1 and v.dtype != object:
-        return float(v.reshape(-1)[0])
-    return None
-
-
-def _floats(v: Value) -> list[float]:
-    if isinstance(v, torch.Tensor):
-        return [float(x) for x in v.reshape(-1).tolist()]
-    return [float(x) for x in np.asarray(v).reshape(-1)]
+def __getattr__(name: str) -> Any:
+    """The rest of the old module's names, from their new module."""
+    return getattr(_new, name)

@@ -1,0 +1,19 @@
+"""overdrive.engine.onnx: overdrive's ONNX importer (an ONNX graph as an ``nn.Module`` that Inductor compiles) and
+the calibration of float ONNX models into Q/DQ ones.
+
+Imports point one way: ``values`` (host/device values, the operator types) <- ``ops`` (one function per
+operator), ``qdq`` (QuantizeLinear, DequantizeLinear) <- ``importer`` (the op table, ``ONNXModule``,
+``import_onnx``); ``quantize`` (ONNX Runtime's static quantization) stands alone. Nothing here imports
+``onnx`` or ``onnxruntime`` until a model is loaded or calibrated.
+
+Example:
+    >>> from overdrive.engine.onnx import SUPPORTED_OPS, import_onnx
+    >>> "QuantizeLinear" in SUPPORTED_OPS
+    True
+    >>> # mod = import_onnx("model.onnx"); y = mod(torch.randn(1, 3, 224, 224))
+"""
+
+from overdrive.engine.onnx.importer import SUPPORTED_OPS, ONNXModule, import_onnx
+from overdrive.engine.onnx.quantize import quantizable_nodes, quantize_onnx
+
+__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "quantize_onnx", "quantizable_nodes"]
