@@ -71,3 +71,47 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
     assert _imports(tree) == [(2, "overdrive.demo.data")]
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from overdrive.train import Trainer\n")
     assert _imports(tree) == [(1, "typing")]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_cycles() -> list[list[str]]:
+    """Cycles among the modules of one package (every import statement but TYPE_CHECKING ones, as above;
+    a package's ``__init__`` re-exporting its modules is left out: importing a submodule runs it anyway)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name in ("_deprecated.py", "__init__.py"):
+            continue
+        me = _module_name(path)
+        pkg = me.rsplit(".", 1)[0]
+        deps = set()
+        for _, mod in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if mod.startswith(pkg + ".") and mod != me and mod.count(".") == me.count("."):
+                deps.add(mod)
+        graph[me] = deps
+    cycles, state = [], {}
+
+    def dfs(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt in graph and not state.get(nxt):
+                dfs(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for n in sorted(graph):
+        if not state.get(n):
+            dfs(n, [])
+    return cycles
+
+
+def test_no_import_cycles_inside_packages() -> None:
+    cycles = module_cycles()
+    assert not cycles, "modules that import each other:\n" + "\n".join(" -> ".join(c) for c in cycles)

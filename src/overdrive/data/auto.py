@@ -160,28 +160,3 @@ def decision_text(choice: str, gpu: float, cpu: float, steady: int, batch_size: 
             f"{cpu:,.0f} img/s on the CPU pipeline ({num_workers} workers), each timed over the same {steady} batches "
             f"of {batch_size} after discarding its first {gpu_warmup} (GPU) / {cpu_warmup} (CPU) batches "
             f"(worker start-up, CUDA init and first-batch latency not timed)")
-
-
-def bench(source: Any, batch_size: int = 256, size: int = 224, workers: tuple[int, ...] = (0, 4), batches: int = 5,
-          device: str = "auto", train: bool = True) -> list[dict[str, Any]]:
-    """img/s of the CPU pipeline with each worker count and of the GPU pipeline (where CUDA is).
-
-    Example:
-        >>> # for row in bench("train/", workers=(4, 16)): print(row)
-    """
-    from overdrive.data.loader import ImageLoader
-
-    try:
-        dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
-    except (RuntimeError, TypeError):  # torch's message lists every device type it knows
-        raise UsageError(f"device={device!r} is not a device; use 'auto', 'cpu', 'cuda' or 'cuda:N'") from None
-    loader = ImageLoader(source, batch_size=batch_size, device=dev, size=size, train=train, pipeline="cpu")
-    rows = []
-    for w in workers:
-        rows.append({"pipeline": f"cpu ({w} workers)", "img_per_s": measure(loader, "cpu", batches, num_workers=w)})
-    if dev.type == "cuda" and is_available("torchvision"):
-        rows.append({"pipeline": "gpu (nvJPEG + grid_sample)", "img_per_s": measure(loader, "gpu", batches)})
-    best = max(r["img_per_s"] for r in rows)
-    for r in rows:
-        r["vs_best"] = r["img_per_s"] / best
-    return rows

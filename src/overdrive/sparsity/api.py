@@ -289,8 +289,8 @@ class SparseHandle:
 
     def export(self, **kwargs: Any) -> Any:
         """Swap pruned Linear weights to cuSPARSELt 2:4 tensors where measured faster; see
-        :func:`overdrive.sparsity.export.to_semi_structured` for the arguments."""
-        from overdrive.sparsity.export import to_semi_structured
+        :func:`overdrive.sparsity.kernels.to_semi_structured` for the arguments."""
+        from overdrive.sparsity.kernels import to_semi_structured
 
         return to_semi_structured(self.model, self, **kwargs)
 
