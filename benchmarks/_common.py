@@ -1,37 +1,89 @@
-"""Shared benchmark helpers: CUDA-event timing, device facts, writing JSON + markdown results."""
+"""Shared benchmark helpers: CUDA-event timing, run facts, and the one results writer.
+
+Every script writes ``benchmarks/results/<name>.json`` and ``<name>.md`` through :func:`write_results`.
+The JSON is always ``{"meta": {...}, "results": {...}}``: ``meta`` holds the same keys for every
+script (device, torch, CUDA, python, overdrive version, git commit, date, command line) plus the
+script's own run facts; ``results`` holds what the script measured (rows, tables, named sections, notes).
+The markdown file starts with the same meta as a header block.
+
+    >>> facts = device_facts(torch.device("cpu"))
+    >>> write_results("demo", facts, [{"config": "eager", "ms": 1.5}], ["config", "ms"], ["one note"])  # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import platform
 import shlex
-import shutil
 import statistics
+import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]  # where `git rev-parse` runs
+
+# The keys every results file's meta has, in this order (null where they do not apply); a script's own
+# run facts (wall time, dataset, ...) follow them.
+META_KEYS = ("device", "compute_capability", "torch", "cuda", "python", "overdrive", "commit", "dirty",
+             "date", "command", "argv")
 
 
-def device_facts(device: torch.device) -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-    }
+def git_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None]:
+    """(short commit, dirty) of the checkout at ``cwd`` (default: this repository); (None, None) when
+    git is missing, fails, or ``cwd`` is not a git checkout. ``dirty`` counts tracked files only."""
+    commit = _git(["rev-parse", "--short", "HEAD"], cwd or REPO)
+    if not commit:
+        return None, None
+    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd or REPO)
+    return commit.strip(), (bool(status.strip()) if status is not None else None)
+
+
+def _git(args: list[str], cwd: str | Path) -> str | None:
+    # A results file must still be written where git is absent or broken (a copied tree, a container).
+    try:
+        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def run_meta(device: torch.device | None = None, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The meta every results file records: device, torch, CUDA, python, overdrive, git commit, date, command.
+
+    ``argv`` defaults to ``sys.argv``; pass it when a script's ``main(argv)`` was called with its own list.
+    """
+    device = device if device is not None else torch.device("cpu")
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        from overdrive import __version__ as od_version
+    except ImportError:
+        od_version = None
+    commit, dirty = git_state()
+    meta: dict[str, Any] = dict.fromkeys(META_KEYS)
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        facts.update(device=p.name, compute_capability=f"{p.major}.{p.minor}", cuda=torch.version.cuda)
+        meta.update(device=p.name, compute_capability=f"{p.major}.{p.minor}")
     else:
-        facts.update(device=f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)")
-    return facts
+        meta["device"] = f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+    meta.update(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+                overdrive=od_version, commit=commit, dirty=dirty,
+                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                command="python " + shlex.join(argv), argv=argv)
+    return meta
+
+
+def device_facts(device: torch.device, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """:func:`run_meta` for ``device``; scripts add their own run facts to the dict before writing."""
+    return run_meta(device, argv)
 
 
 def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, iters: int) -> list[float]:
@@ -45,27 +97,96 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def write_results(name: str, facts: dict[str, Any], rows: list[dict[str, Any]], columns: list[str],
-                  notes: list[str], extra: dict[str, Any] | None = None) -> tuple[Path, Path]:
-    """benchmarks/results/<name>.json and .md (and a copy into $OUT when set)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {**facts, "rows": rows, "notes": notes, **(extra or {})}
-    jpath = RESULTS / f"{name}.json"
-    jpath.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    md = [f"# {name}", "", f"- device: {facts.get('device')} (cc {facts.get('compute_capability', '-')})",
-          f"- torch {facts['torch']}, CUDA {facts.get('cuda', '-')}, python {facts['python']}",
-          f"- date: {facts['date']}", f"- command: `{facts['command']}`", "",
-          "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        md.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
-    md += [""] + [f"- {n}" for n in notes]
-    mpath = RESULTS / f"{name}.md"
-    mpath.write_text("\n".join(md) + "\n")
+def write_results(name: str, facts: dict[str, Any] | None = None, rows: list[dict[str, Any]] | None = None,
+                  columns: list[str] | None = None, notes: Sequence[str] = (), extra: dict[str, Any] | None = None, *,
+                  tables: Sequence[Any] = (), body: Sequence[str] | None = None, title: str | None = None,
+                  out_dir: str | Path | None = None) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<name>.json`` and ``.md`` (default out_dir benchmarks/results; copies into $OUT when set).
+
+    ``facts``: from :func:`device_facts`, plus the script's own run facts (missing standard keys are
+    filled in). The payload, under ``results``: ``rows`` (dicts; rendered as one markdown table of
+    ``columns``), ``tables`` (objects with ``to_dict``/``to_markdown``, e.g. overdrive's ``Table``),
+    ``extra`` (named sections, stored as given) and ``notes``. ``body``: markdown lines that replace the
+    rows table, for scripts that render their own sections. Each file is written to a temporary file
+    in the same folder and moved into place, so a reader never sees half a file.
+    Returns the two paths.
+    """
+    meta = _complete_meta(facts or {})
+    results: dict[str, Any] = {}
+    if rows is not None:
+        results["rows"] = rows
+    if tables:
+        results["tables"] = [t.to_dict() if hasattr(t, "to_dict") else t for t in tables]
+    clash = {"rows", "tables", "notes"} & set(extra or {})
+    if clash:
+        raise ValueError(f"write_results: extra uses the reserved key(s) {sorted(clash)}; pass them as rows=, "
+                         "tables= or notes= instead, or rename the section")
+    results.update(extra or {})
+    results["notes"] = list(notes)
+
+    md = [f"# {title or name}", "", *meta_lines(meta), ""]
+    if body is not None:
+        md += list(body)
+    elif rows is not None and columns:
+        md += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        md += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    for t in tables:
+        md += ([""] if md[-1] else []) + [t.to_markdown().rstrip("\n")]
+    if notes:
+        md += [""] + [f"- {n}" for n in notes]
+
+    folder = Path(out_dir) if out_dir is not None else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = {f"{name}.json": json.dumps({"meta": meta, "results": results}, indent=2, default=str) + "\n",
+             f"{name}.md": "\n".join(md) + "\n"}
+    for fname, text in texts.items():
+        write_atomic(folder / fname, text)
     out = os.environ.get("OUT")
-    if out:
-        for p in (jpath, mpath):
-            shutil.copy(p, Path(out) / p.name)
-    return jpath, mpath
+    if out and Path(out).resolve() != folder.resolve():
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for fname, text in texts.items():
+            write_atomic(Path(out) / fname, text)
+    return folder / f"{name}.json", folder / f"{name}.md"
+
+
+def meta_lines(meta: dict[str, Any]) -> list[str]:
+    """The markdown header block for ``meta``: the standard facts, then the script's own, one bullet each."""
+    cc = f" (cc {meta['compute_capability']})" if meta.get("compute_capability") else ""
+    if meta.get("commit"):
+        commit = meta["commit"] + (" (with uncommitted changes)" if meta.get("dirty") else "")
+    else:
+        commit = "unknown (not a git checkout, or git unavailable)"
+    lines = [f"- device: {meta.get('device')}{cc}",
+             f"- torch {meta.get('torch')}, CUDA {meta.get('cuda') or '-'}, python {meta.get('python')}, "
+             f"overdrive {meta.get('overdrive') or '-'}",
+             f"- commit: {commit}", f"- date: {meta.get('date')}", f"- command: `{meta.get('command')}`"]
+    lines += [f"- {k}: {_fmt(v)}" for k, v in meta.items() if k not in META_KEYS]
+    return lines
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` whole: a temporary file beside it, then os.replace."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file 0600; keep the mode a results file had, or the usual 0644
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _complete_meta(facts: dict[str, Any]) -> dict[str, Any]:
+    """The standard keys first (from ``facts``, else measured now), then the script's own facts."""
+    base = run_meta() if any(k not in facts for k in META_KEYS) else {}
+    meta = {k: facts[k] if k in facts else base[k] for k in META_KEYS}
+    meta.update((k, v) for k, v in facts.items() if k not in META_KEYS)
+    return meta
 
 
 def _fmt(v: Any) -> str:

@@ -9,12 +9,8 @@ Writes benchmarks/results/data.json and .md (data_quick.* in quick mode).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import io
-import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -29,7 +25,8 @@ from overdrive._utils.timing import synchronize
 from overdrive.data.config import LoaderConfig
 from overdrive.data.transforms import finish, transform_one
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import device_facts, write_results  # noqa: E402
 
 
 # --- the plain-PyTorch baseline: a per-sample Dataset in a DataLoader --------------------------
@@ -232,11 +229,7 @@ def main() -> None:
     workers = args.workers or (2 if q else min(16, os.cpu_count() or 1))
     root = Path(args.dir)
     t_start = time.perf_counter()
-    facts: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                             "torch": torch.__version__, "python": platform.python_version(),
-                             "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-                             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-                             f"CPU ({platform.machine()}, {os.cpu_count()} cores)", "cpu_cores": os.cpu_count()}
+    facts: dict[str, Any] = {**device_facts(device), "cpu_cores": os.cpu_count()}
 
     big, small = root / f"jpeg_{n}_{'quick' if q else 'full'}", root / f"small_{n}_{'quick' if q else 'full'}"
     t0 = time.perf_counter()
@@ -281,19 +274,14 @@ def main() -> None:
         "small images: 64x48 JPEGs cropped to 32x32; auto measured both pipelines on this dataset.",
         f"total benchmark time {facts['total_seconds']:.0f} s (dataset creation {facts['dataset_seconds']:.0f} s).",
     ]
-    out = {**facts, "pipelines": pipes, "training": train, "small_images": smalls, "tokenization": toks, "notes": notes}
     name = "data_quick" if q else "data"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    md = [f"# {name}", "", f"- device: {facts['device']}, {facts['cpu_cores']} CPU cores", f"- torch {facts['torch']}, "
-          f"python {facts['python']}", f"- date: {facts['date']}", f"- command: `{facts['command']}`",
-          f"- dataset: {facts['dataset']}", "", "## Image pipelines (read + decode + crop + flip + normalize)", "",
+    md = ["## Image pipelines (read + decode + crop + flip + normalize)", "",
           *_table(pipes), "", "## Training fed by the pipeline vs synthetic data", "", *_table(train), "",
           "## Small images (where the GPU pipeline can lose)", "", *_table(smalls["rows"]), "",
-          f"auto: **{smalls['auto_choice']}** ({smalls['auto_reason']})", "", "## Tokenization", "", *_table(toks),
-          "", *[f"- {x}" for x in notes]]
-    (RESULTS / f"{name}.md").write_text("\n".join(md) + "\n")
-    print(f"wrote {RESULTS / name}.json/.md in {facts['total_seconds']:.0f} s")
+          f"auto: **{smalls['auto_choice']}** ({smalls['auto_reason']})", "", "## Tokenization", "", *_table(toks)]
+    jpath, _ = write_results(name, facts, notes=notes, body=md, extra={
+        "pipelines": pipes, "training": train, "small_images": smalls, "tokenization": toks})
+    print(f"wrote {jpath.with_suffix('')}.json/.md in {facts['total_seconds']:.0f} s")
 
 
 if __name__ == "__main__":

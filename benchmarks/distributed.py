@@ -13,7 +13,6 @@ Then ``overdrive doctor``'s all_reduce busbw over 8 KiB - 4 GiB on all GPUs.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -28,6 +27,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import device_facts, write_results  # noqa: E402
 
 
 # --- models ----------------------------------------------------------------------------------
@@ -206,12 +207,11 @@ def main() -> None:
         r["scaling_efficiency"] = r["throughput"] / (r["gpus"] * one[(r["model"], r["strategy"])]) if (r["model"], r["strategy"]) in one else None
         r["vs_torch_ddp"] = r["throughput"] / base[(r["model"], r["gpus"])] if (r["model"], r["gpus"]) in base else None
     bw = bandwidth(max(counts), 8 * 1024, a.max_bytes, "all_reduce", iters=10 if a.quick else 20, backend="gloo" if a.quick else None)
-    device = "cpu (gloo)" if a.quick else torch.cuda.get_device_name(0)
-    result = {"device": device, "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join([Path(sys.executable).name, *sys.argv]), "quick": a.quick, "training": rows, "all_reduce": bw,
-              "targets": {"ddp_scaling_8gpu": 0.90, "all_reduce_busbw_8xh200_gbs": 0.85 * 475}}
-    lines = [f"# Distributed training: {device}, torch {result['torch']}, {result['date']}", "", f"`{result['command']}`", "",
-             "| model | strategy | GPUs | step ms | throughput | scaling eff. | vs torch DDP | peak GiB |", "|---|---|---|---|---|---|---|---|"]
+    facts = device_facts(torch.device("cpu") if a.quick else torch.device("cuda", 0))
+    if a.quick:
+        facts["device"] = "cpu (gloo)"
+    facts["quick"] = a.quick
+    lines = ["| model | strategy | GPUs | step ms | throughput | scaling eff. | vs torch DDP | peak GiB |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         eff = f"{r['scaling_efficiency']:.1%}" if r["scaling_efficiency"] is not None else "-"
         vs = f"{r['vs_torch_ddp']:.2f}x" if r["vs_torch_ddp"] is not None else "-"
@@ -219,11 +219,11 @@ def main() -> None:
     lines += ["", f"all_reduce on {bw['world_size']} ranks ({bw['backend']}); busbw = algbw x 2(n-1)/n; peak busbw "
               f"{max(r['busbw_gbs'] for r in bw['rows']):.1f} GB/s", "", "| bytes | time us | algbw GB/s | busbw GB/s |", "|---|---|---|---|"]
     lines += [f"| {r['bytes']:,} | {r['time_us']:.1f} | {r['algbw_gbs']:.2f} | {r['busbw_gbs']:.2f} |" for r in bw["rows"]]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out + ".json").write_text(json.dumps(result, indent=2))
-    Path(a.out + ".md").write_text(text)
+    print("\n".join(lines))
+    out = Path(a.out)
+    write_results(out.name, facts, notes=[], body=lines, title=f"Distributed training: {facts['device']}", out_dir=out.parent,
+                  extra={"training": rows, "all_reduce": bw,
+                         "targets": {"ddp_scaling_8gpu": 0.90, "all_reduce_busbw_8xh200_gbs": 0.85 * 475}})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import datetime
 import json
 import os
 import statistics
@@ -32,6 +31,9 @@ sys.path.insert(0, str(ROOT.parent / "src"))
 
 from overdrive.demo.report import Table  # noqa: E402
 from overdrive.engine import Builder, Engine, ShapeProfile  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from _common import device_facts, write_results  # noqa: E402
 
 # ResNet-50 MLPerf TensorRT per-GPU (H200, int8) and the targets, for the ceiling column.
 MLPERF_RN50 = 94_600
@@ -67,7 +69,7 @@ def bert_base() -> tuple[torch.nn.Module, Callable[[int, int], tuple[torch.Tenso
 
 
 def digits() -> tuple[torch.nn.Module, Callable[[int, int], tuple[torch.Tensor, ...]], list[str]]:
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.models import DigitsCNN
 
     torch.manual_seed(0)
     return DigitsCNN().eval(), (lambda b, seed: (torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(seed)),)), ["x"]
@@ -224,20 +226,12 @@ def main() -> None:
     args.precisions = args.precisions.split(",")
     t0 = args.t_start = time.perf_counter()
     tables, records = run(args)
-    meta = {"device": _device_name(torch.device(args.device)), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(["python", *sys.argv]), "wall_s": time.perf_counter() - t0,
-            "load_average": os.getloadavg()[0]}
+    meta = {**device_facts(torch.device(args.device)), "device": _device_name(torch.device(args.device)),
+            "wall_s": time.perf_counter() - t0, "load_average": os.getloadavg()[0], "cpu_cores": os.cpu_count()}
     out = Path(args.out + ("_quick" if args.quick else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({**meta, "tables": [t.to_dict() for t in tables], "records": records},
-                                                   indent=1, default=str))
-    md = [f"# Engine benchmark\n\n- device: {meta['device']}\n- torch {meta['torch']} (CUDA {meta['cuda']})\n"
-          f"- date: {meta['date']}\n- command: `{meta['command']}`\n- wall time: {meta['wall_s']:.0f} s\n"
-          f"- host load average at the end: {meta['load_average']:.1f} on {os.cpu_count()} cores\n"]
-    md += [t.to_markdown() for t in tables]
-    out.with_suffix(".md").write_text("\n".join(md))
-    print(f"wrote {out.with_suffix('.json')} and .md ({meta['wall_s']:.0f} s)")
+    jpath, _ = write_results(out.name, meta, tables=tables, extra={"records": records}, title="Engine benchmark",
+                             out_dir=out.parent)
+    print(f"wrote {jpath} and .md ({meta['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from overdrive.engine.sources import from_factory
 model_spec, shape, precision, device, cache = sys.argv[1:6]
 dims = tuple(int(d) for d in shape.split("x"))
 if model_spec == "digits":
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.models import DigitsCNN
     torch.manual_seed(0)
     model = DigitsCNN().eval()
 else:

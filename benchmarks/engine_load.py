@@ -53,7 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.models import DigitsCNN
     from overdrive.engine import Builder, ShapeProfile
 
     device = torch.device(args.device)

@@ -3,7 +3,7 @@
 Tiny randomly initialised models (no downloads): Hugging Face BERT, DistilBERT, RoBERTa, GPT-2, T5 encoder, ViT,
 ConvNeXt, ResNet, MobileNetV2, Swin, Whisper encoder, torchvision-style CNN blocks, LSTM and GRU. Each is
 exported with the TorchScript exporter (opset 17) and the dynamo exporter (opset 18), batch axis dynamic,
-imported with ``overdrive.engine.onnx_import.import_onnx`` and compared with ONNX Runtime (ORT_ENABLE_BASIC)
+imported with ``overdrive.engine.onnx.import_onnx`` and compared with ONNX Runtime (ORT_ENABLE_BASIC)
 and with eager PyTorch at batch 1 and 3 (the export used batch 2). ``--export`` also runs ``torch.export`` on
 the imported module with a dynamic batch (what the inductor backend does) and checks it at batch 3.
 
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT.parent / "src"))
 
 from _common import device_facts, write_results  # noqa: E402
 
-from overdrive.engine.onnx_import import import_onnx  # noqa: E402
+from overdrive.engine.onnx import import_onnx  # noqa: E402
 
 warnings.filterwarnings("ignore")
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime as dt
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +27,9 @@ from overdrive import quant  # noqa: E402
 from overdrive._utils.device import supports_fp8  # noqa: E402
 from overdrive._utils.timing import time_fn  # noqa: E402
 from overdrive.demo.report import Table  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import device_facts, write_results  # noqa: E402
 
 FULL_SHAPES = [  # (tokens M, in K, out N): transformer projections / FFNs
     (4096, 768, 3072),  # BERT-base FFN up
@@ -176,7 +177,7 @@ def ort_table(quick: bool) -> Table:
     """ONNX Runtime (CPU) int8 Q/DQ vs fp32 on the demo's digits CNN, batch 256."""
     import onnxruntime as ort
 
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.models import DigitsCNN
 
     t = Table("ONNX Runtime CPU: digits CNN, int8 Q/DQ vs fp32", ["model", "batch", "ms", "samples/s", "speedup"])
     torch.manual_seed(0)
@@ -233,20 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         if is_available("onnxruntime"):
             tables.append(ort_table(args.quick))
             print(tables[-1].to_markdown(), flush=True)
-    meta = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)",
-        "torch": torch.__version__, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python3 benchmarks/quant.py " + " ".join(sys.argv[1:] if argv is None else argv), "quick": args.quick,
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    meta = {**device_facts(device, None if argv is None else ["benchmarks/quant.py", *argv]), "quick": args.quick}
     stem = "quant_quick" if args.quick else "quant"
-    (out / f"{stem}.json").write_text(json.dumps({**meta, "tables": [t.to_dict() for t in tables]}, indent=2,
-                                                 default=str) + "\n")
-    md = [f"# overdrive.quant speed ({'quick' if args.quick else 'full'})", ""]
-    md += [f"- {k}: {v}" for k, v in meta.items()] + [""]
-    md += [t.to_markdown() for t in tables]
-    (out / f"{stem}.md").write_text("\n".join(md))
+    write_results(stem, meta, tables=tables, title=f"overdrive.quant speed ({'quick' if args.quick else 'full'})",
+                  out_dir=args.out)
     return 0
 
 

@@ -13,8 +13,6 @@ Both models are trained with overdrive.train.Trainer at O0. Runs on CPU:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import math
 import random
 import sys
@@ -29,9 +27,12 @@ from torch.utils.data import DataLoader, TensorDataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from overdrive.quant import recipe  # noqa: E402
+from overdrive.recipes import quant as recipe  # noqa: E402
 from overdrive.demo.report import Table  # noqa: E402
 from overdrive.train import Trainer, evaluate  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import device_facts, write_results  # noqa: E402
 
 PACKAGES = ("asyncio", "email", "unittest", "xml")
 
@@ -128,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     tables = []
     # (a) digits CNN
-    from overdrive.demo.data import load_digits
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.data import load_digits
+    from overdrive.recipes.models import DigitsCNN
 
     digits = load_digits()
     torch.manual_seed(0)
@@ -154,16 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{n_test} test, 4 classes {PACKAGES}", tf, base, calib, tr, te,
                                  qat_epochs=max(1, math.ceil(epochs / 10)), qat_lr=2e-5))
     print(tables[-1].to_markdown(), flush=True)
-    meta = {"device": "cpu", "torch": torch.__version__, "python": sys.version.split()[0],
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python3 benchmarks/quant_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta = {**device_facts(torch.device("cpu"), None if argv is None else ["benchmarks/quant_accuracy.py", *argv]),
             "seconds": round(time.perf_counter() - t0, 1)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "quant_accuracy_quick" if args.quick else "quant_accuracy"
-    (out / f"{stem}.json").write_text(json.dumps({**meta, "tables": [t.to_dict() for t in tables]}, indent=2) + "\n")
-    md = ["# overdrive.quant accuracy", ""] + [f"- {k}: {v}" for k, v in meta.items()] + [""]
-    (out / f"{stem}.md").write_text("\n".join(md + [t.to_markdown() for t in tables]))
+    write_results(stem, meta, tables=tables, title="overdrive.quant accuracy", out_dir=args.out)
     return 0
 
 

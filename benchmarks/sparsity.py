@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import datetime
-import json
-import platform
 import statistics
 import sys
 import time
@@ -32,6 +29,9 @@ sys.path.insert(0, str(ROOT.parent / "src"))
 
 from overdrive.sparsity import Config, from_pruned, sparsify  # noqa: E402
 from overdrive.sparsity.export import semi_structured_weight  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from _common import device_facts, write_results  # noqa: E402
 
 FULL_SHAPES = [(4096, 768, 3072), (4096, 3072, 768), (8192, 4096, 4096), (8192, 4096, 16384),
                (16384, 8192, 8192), (32768, 4096, 11008)]
@@ -168,17 +168,10 @@ def main() -> None:
     blocks = [("ViT-B MLP", 768, 3072), ("BERT-L MLP", 1024, 4096)]
     tok = 256 if args.quick else 16384
     mlps = [bench_mlp(n, h, f, tok, dt, device, iters, warmup) for dt in dtypes for n, h, f in blocks]
-    dev_name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU {platform.processor() or platform.machine()}"
-    meta = {"device": dev_name, "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "command": " ".join(["python", *sys.argv]), "seconds": time.perf_counter() - t0,
+    meta = {**device_facts(device), "seconds": time.perf_counter() - t0,
             "cusparselt": bool(getattr(torch.backends, "cusparselt", None) and torch.backends.cusparselt.is_available())}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     name = "sparsity_quick" if args.quick else "sparsity"  # a smoke run never overwrites the committed results
-    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "linear": linear, "mlp": mlps}, indent=2))
-    md = [f"# 2:4 sparsity speed ({meta['device']})", "",
-          f"torch {meta['torch']}, {meta['date']}, cuSPARSELt {meta['cusparselt']}, `{meta['command']}`", "",
-          "| tokens | in | out | dtype | dense ms | dense TFLOP/s | % dense peak | 2:4 default ms | 2:4 searched ms | speedup (default / searched) | rel err | note |",
+    md = ["| tokens | in | out | dtype | dense ms | dense TFLOP/s | % dense peak | 2:4 default ms | 2:4 searched ms | speedup (default / searched) | rel err | note |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))  # noqa: E731
     for r in linear:
@@ -193,11 +186,12 @@ def main() -> None:
         md.append(f"| {r['block']} | {r['tokens']} | {r['dtype']} | {f(r['dense_ms'])} | "
                   f"{f(r.get('forced_ms'))} ({f(r.get('forced_speedup'), 2)}x) | "
                   f"{f(r.get('auto_ms'))} ({f(r.get('auto_speedup'), 2)}x, {r.get('auto_sparse_layers', '-')}) | {r.get('note', '')} |")
-    md += ["", "- speedup = dense time / 2:4 time in the same run; > 1 means 2:4 is faster.",
-           "- 'auto' keeps a layer dense unless its measured 2:4 time beats dense (export's min_speedup=1.0).",
-           "- % dense peak: against the vendor dense peak (989 TFLOP/s fp16/bf16, 1979 fp8)."]
-    (out / f"{name}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    notes = ["speedup = dense time / 2:4 time in the same run; > 1 means 2:4 is faster.",
+             "'auto' keeps a layer dense unless its measured 2:4 time beats dense (export's min_speedup=1.0).",
+             "% dense peak: against the vendor dense peak (989 TFLOP/s fp16/bf16, 1979 fp8)."]
+    _, mpath = write_results(name, meta, notes=notes, body=md, extra={"linear": linear, "mlp": mlps},
+                             title=f"2:4 sparsity speed ({meta['device']})", out_dir=args.out)
+    print(mpath.read_text())
     print(f"total {meta['seconds']:.1f} s")
 
 

@@ -12,9 +12,6 @@ same schedule, with and without channel permutation, on two real tasks that need
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,12 +22,15 @@ from torch.utils.data import DataLoader, TensorDataset
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-from overdrive.sparsity.recipe import prune_and_finetune, train  # noqa: E402
+from overdrive.recipes.sparsity import prune_and_finetune, train  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from _common import device_facts, write_results  # noqa: E402
 
 
 def digits_task(seed: int):
-    from overdrive.demo.data import load_digits
-    from overdrive.demo.models import DigitsCNN
+    from overdrive.recipes.data import load_digits
+    from overdrive.recipes.models import DigitsCNN
 
     d = load_digits(seed=seed)
     tr, te = d.loaders(batch_size=64, seed=seed)
@@ -38,7 +38,7 @@ def digits_task(seed: int):
 
 
 def docstring_task(seed: int, limit: int | None = None):
-    from overdrive.sparsity.textdata import ByteTransformer, load_docstring_task
+    from overdrive.recipes.textdata import ByteTransformer, load_docstring_task
 
     xtr, ytr, xte, yte = load_docstring_task(seed=seed)
     if limit is not None:  # --quick: a subset, to prove the script end to end
@@ -79,16 +79,9 @@ def main() -> None:
         print(f"{name}: dense {dense_acc:.4f}; " + "; ".join(
             f"perm={r['permutation']}: pruned {r['pruned_accuracy']:.4f} -> fine-tuned {r['finetuned_accuracy']:.4f}"
             for r in rows), flush=True)
-    meta = {"device": f"CPU {platform.machine()}", "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "seconds": time.perf_counter() - t0,
-            "command": "PYTHONPATH=src python " + " ".join(sys.argv)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    meta = {**device_facts(device), "threads": torch.get_num_threads(), "seconds": time.perf_counter() - t0}
     stem = "sparsity_accuracy_quick" if args.quick else "sparsity_accuracy"
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "tasks": tasks}, indent=2))
-    md = [f"# 2:4 sparsity accuracy ({meta['device']}, torch {meta['torch']})", "",
-          f"{meta['date']}, `{meta['command']}`, {meta['seconds']:.0f} s", "",
-          "| task | model | permutation | retained \\|w\\| | accuracy | vs dense (points) |", "|---|---|---|---|---|---|"]
+    md = ["| task | model | permutation | retained \\|w\\| | accuracy | vs dense (points) |", "|---|---|---|---|---|---|"]
     for t in tasks:
         md.append(f"| {t['task']} | dense ({t['epochs']} epochs) | - | 1.000 | {t['dense_accuracy']:.4f} | 0.00 |")
         for r in t["rows"]:
@@ -97,12 +90,13 @@ def main() -> None:
                       f"{r['pruned_accuracy']:.4f} | {100 * (r['pruned_accuracy'] - t['dense_accuracy']):+.2f} |")
             md.append(f"| {t['task']} | 2:4 + fine-tune (same schedule) | {p} | {r['retained_magnitude']:.4f} | "
                       f"{r['finetuned_accuracy']:.4f} | {100 * (r['finetuned_accuracy'] - t['dense_accuracy']):+.2f} |")
-    md += ["", "- test sets: " + ", ".join(f"{t['task']} {t['test_samples']} samples" for t in tasks)
-           + " (one sample is " + ", ".join(f"{100 / t['test_samples']:.2f}" for t in tasks) + " points).",
-           "- fine-tuning repeats the dense run's schedule (AdamW, OneCycle, same epochs and peak LR), masks held by "
-           "the optimizer step hook; one seed."]
-    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    notes = ["test sets: " + ", ".join(f"{t['task']} {t['test_samples']} samples" for t in tasks)
+             + " (one sample is " + ", ".join(f"{100 / t['test_samples']:.2f}" for t in tasks) + " points).",
+             "fine-tuning repeats the dense run's schedule (AdamW, OneCycle, same epochs and peak LR), masks held by "
+             "the optimizer step hook; one seed."]
+    _, mpath = write_results(stem, meta, notes=notes, body=md, extra={"tasks": tasks},
+                             title=f"2:4 sparsity accuracy ({meta['device']}, torch {meta['torch']})", out_dir=args.out)
+    print(mpath.read_text())
 
 
 if __name__ == "__main__":
