@@ -138,3 +138,40 @@ def test_launch_nproc_per_node_gpu_without_a_gpu_is_one_line(tmp_path) -> None: 
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and "--nproc-per-node gpu" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and "ran" not in proc.stdout
+
+
+def test_one_json_convention(tmp_path) -> None:
+    """Every verb takes ``--json [FILE]``: bare --json prints JSON on stdout, --json FILE writes the file
+    (env and doctor took only a flag; build, quantize and exec only a FILE)."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from overdrive.cli.main import cli
+
+    verb = ["env"]
+    res = CliRunner().invoke(cli, [*verb, "--json"])
+    assert res.exit_code == 0, res.output
+    assert isinstance(_json.loads(res.output), dict)  # JSON alone on stdout, no table
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(cli, [*verb, "--json", str(out)])
+    assert res.exit_code == 0 and _json.loads(out.read_text())
+    res = CliRunner().invoke(cli, [*verb, "--json", str(tmp_path / "missing" / "r.json")])
+    assert res.exit_code != 0 and "does not exist" in str(res.exception)
+
+
+def test_every_verb_has_the_same_json_option() -> None:
+    import click
+
+    from overdrive.cli.main import cli
+
+    seen = {}
+    for name in cli.list_commands(None):  # type: ignore[arg-type]
+        cmd = cli.get_command(None, name)  # type: ignore[arg-type]
+        cmds = cmd.commands.values() if isinstance(cmd, click.Group) else [cmd]
+        for c in cmds:
+            for p in c.params:
+                if "--json" in getattr(p, "opts", []):
+                    seen[f"{name} {c.name}"] = (p.is_flag, p.flag_value, p.metavar)
+    assert len(seen) >= 9, seen
+    assert set(seen.values()) == {(False, "-", "[FILE]")}, seen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, write_json
+from overdrive.cli.common import check_json_target, json_option, write_json
 
 
 @click.command("build")
@@ -43,7 +43,7 @@ from overdrive.cli.common import check_json_target, write_json
 @click.option("--gemm-gelu/--no-gemm-gelu", "gemm_gelu", default=None,
               help="Fold GELU after a Linear into the GEMM's epilogue (cuBLASLt on CUDA, tanh-form GELU within "
                    "5e-4 of erf); inductor backend (default: on for CUDA builds, off on CPU).")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the engine info as JSON ('-' for stdout).")
+@json_option("the engine info")
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import click
+
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
+
+
+def json_option(what: str) -> Any:
+    """The one ``--json [FILE]`` of every verb: bare ``--json`` (or ``--json -``) prints ``what`` as JSON on stdout
+    instead of the tables; ``--json FILE`` writes it to FILE as well as printing the tables.
+
+    Example:
+        >>> @click.command()
+        ... @json_option("the report")
+        ... def cmd(json_path): click.echo(repr(json_path))
+        >>> from click.testing import CliRunner
+        >>> CliRunner().invoke(cmd, ["--json"]).output.strip(), CliRunner().invoke(cmd, ["--json", "r.json"]).output.strip()
+        ("'-'", "'r.json'")
+    """
+    return click.option("--json", "json_path", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+                        help=f"Write {what} as JSON: to FILE, or to stdout instead of the tables with a bare --json.")
 
 
 def console() -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, write_json
+from overdrive.cli.common import check_json_target, json_option, write_json
 
 
 @click.command("compare")
@@ -15,7 +15,7 @@ from overdrive.cli.common import check_json_target, write_json
                    "polygraphy passes it when either |a - b| <= atol or |a - b| / |b| <= rtol).")
 @click.option("--rtol", default=1e-3, show_default=True, type=float, help="Relative tolerance, against B (see --atol).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs (at the engine's opt shapes).")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the report as JSON ('-' for stdout).")
+@json_option("the report")
 def command(a: str, b: str, atol: float, rtol: float, seed: int, json_path: str | None) -> None:
     """Compare outputs of A against reference B; exit 1 when any output FAILED.
 

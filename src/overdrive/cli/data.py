@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import console, write_json
+from overdrive.cli.common import check_json_target, console, json_option, write_json
 
 
 @click.group("data")
@@ -28,22 +28,24 @@ def command() -> None:
                    "(after one discarded warm-up batch per worker / thread).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
 @click.option("--eval", "eval_mode", is_flag=True, help="Validation transform (resize + center crop) instead of training.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@json_option("the results")
 def bench(source: str, batch_size: int, size: int, workers: tuple[int, ...], batches: int, device: str, eval_mode: bool,
-          as_json: bool) -> None:
+          json_path: str | None) -> None:
     """img/s of the CPU pipeline (N workers) vs the GPU pipeline on the images in SOURCE.
 
     \b
     Example:
       overdrive data bench train/ --workers 16 --batch-size 256 --json
     """
+    check_json_target(json_path)
     from overdrive.data import bench as run_bench
 
     rows = run_bench(source, batch_size=batch_size, size=size, workers=workers or (0, 4), batches=batches,
                      device=device, train=not eval_mode)
-    if as_json:
-        write_json(rows, None)
-        return
+    if json_path is not None:
+        write_json(rows, json_path)
+        if json_path == "-":
+            return
     from rich.table import Table
 
     t = Table(title=f"overdrive data bench {source} (batch {batch_size}, {size}x{size})")

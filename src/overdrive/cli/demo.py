@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, console, write_json
+from overdrive.cli.common import check_json_target, console, json_option, write_json
 
 
 @click.command("demo")
@@ -19,7 +19,7 @@ from overdrive.cli.common import check_json_target, console, write_json
 @click.option("--dtype", default=None, help="Half dtype: bf16 or fp16 (default fp16 on CUDA, bf16 on CPU).")
 @click.option("--stage", "stages", multiple=True, help="Run only these stages (repeatable).")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Also write every table as JSON ('-' for stdout).")
+@json_option("every table")
 @click.option("--report", "report_dir", default=None, metavar="DIR",
               help="Write DIR/report.md with PNG charts (speed-ups, accuracy deltas, loss curves); needs matplotlib.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from overdrive.cli.common import console, write_json
+from overdrive.cli.common import check_json_target, console, json_option, write_json
 
 
 @click.command("doctor")
@@ -19,9 +19,9 @@ from overdrive.cli.common import console, write_json
 @click.option("--min-bytes", type=int, default=8 * 1024, show_default=True)
 @click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True)
 @click.option("--ops", default="all_reduce,all_gather,reduce_scatter", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("the report")
 def command(master_addr: str | None, master_port: int | None, node_rank: int, nproc: int, min_bytes: int,
-            max_bytes: int, ops: str, as_json: bool) -> None:
+            max_bytes: int, ops: str, json_path: str | None) -> None:
     """Diagnose a distributed set-up; exits 1 when a finding is an error.
 
     \b
@@ -29,6 +29,7 @@ def command(master_addr: str | None, master_port: int | None, node_rank: int, np
       overdrive doctor --master-addr 10.0.0.1 --master-port 29500 --node-rank 1
       overdrive doctor --bandwidth 8 --max-bytes 4294967296 --ops all_reduce --json
     """
+    check_json_target(json_path)
     from overdrive.distributed import doctor
     from overdrive.distributed.launch import bandwidth
 
@@ -36,9 +37,10 @@ def command(master_addr: str | None, master_port: int | None, node_rank: int, np
     if nproc > 0:
         report["bandwidth"] = bandwidth(nproc, min_bytes, max_bytes, ops)
     errs = doctor.errors(report)
-    if as_json:
-        write_json(report, None)
-        sys.exit(1 if errs else 0)
+    if json_path is not None:
+        write_json(report, json_path)
+        if json_path == "-":
+            sys.exit(1 if errs else 0)
     from rich.table import Table
 
     con = console()

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import console, write_json
+from overdrive.cli.common import check_json_target, console, json_option, write_json
 
 
 @click.command("env")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def command(as_json: bool) -> None:
+@json_option("the report")
+def command(json_path: str | None) -> None:
     """Show python, torch, CUDA/driver versions, GPUs and usable backends.
 
     \b
     Example:
       overdrive env --json > env.json
     """
+    check_json_target(json_path)
     from overdrive._utils.device import environment_report
 
     report = environment_report()
-    if as_json:
-        write_json(report, None)
-        return
+    if json_path is not None:
+        write_json(report, json_path)
+        if json_path == "-":
+            return
     from rich.table import Table
 
     t = Table(title="overdrive environment", show_header=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, write_json
+from overdrive.cli.common import check_json_target, json_option, write_json
 
 
 @click.command("exec")
@@ -21,7 +21,7 @@ from overdrive.cli.common import check_json_target, write_json
 @click.option("--precision", default=None, help="Refuse the engine unless it was built for this precision.")
 @click.option("--export-times", "--exportTimes", "export_times", default=None, metavar="FILE", help="Per-iteration times as JSON.")
 @click.option("--export-profile", "--exportProfile", "export_profile", default=None, metavar="FILE", help="Per-kernel profile as JSON.")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the summary as JSON ('-' for stdout).")
+@json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
             export_profile: str | None, json_path: str | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import console, write_json
+from overdrive.cli.common import check_json_target, console, json_option, write_json
 
 
 @click.command("quantize")
@@ -21,7 +21,7 @@ from overdrive.cli.common import console, write_json
 @click.option("--batch-size", default=64, show_default=True, type=int)
 @click.option("--export", "export_path", default=None, metavar="FILE.onnx", help="Write an ONNX model with Q/DQ nodes.")
 @click.option("--opset", default=None, type=int, help="ONNX opset (default 17 for int8, 19 for fp8).")
-@click.option("--json", "json_path", default=None, metavar="FILE", help="Write the summary as JSON ('-' for stdout).")
+@json_option("the summary")
 def command(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
             batch_size: int, export_path: str | None, opset: int | None, json_path: str | None) -> None:
     """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX.
@@ -31,6 +31,7 @@ def command(model_spec: str, calib_data: str, config_name: str, method: str, per
       overdrive quantize --config int8 --method entropy --export digits_int8.onnx
       overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx
     """
+    check_json_target(json_path)
     from overdrive.recipes.quantize import run_quantize
 
     out = console()

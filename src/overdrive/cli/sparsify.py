@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import console, write_json
+from overdrive.cli.common import check_json_target, console, json_option, write_json
 
 
 @click.command("sparsify")
@@ -17,15 +17,16 @@ from overdrive.cli.common import console, write_json
 @click.option("--permute/--no-permute", default=False, show_default=True, help="Channel permutation search first.")
 @click.option("--exclude", "exclude", multiple=True, help="Module name to keep dense (repeatable).")
 @click.option("--input-shape", default=None, help="Example input shape, e.g. 1,1,8,8, to report FLOPs pruned.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("the report")
 def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: str, permute: bool,
-            exclude: tuple[str, ...], input_shape: str | None, as_json: bool) -> None:
+            exclude: tuple[str, ...], input_shape: str | None, json_path: str | None) -> None:
     """Prune a model to 2:4 structured sparsity and save it compressed (values + 2-bit indices).
 
     \b
     Example:
       overdrive sparsify --model digits --checkpoint digits.pt --out digits.sparse24.pt --input-shape 1,1,8,8
     """
+    check_json_target(json_path)
     from overdrive._utils.errors import UsageError
     from overdrive.sparsity import Config
     from overdrive.recipes.sparsify import sparsify_checkpoint
@@ -38,9 +39,10 @@ def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: 
             raise UsageError(f"--input-shape {input_shape!r} must be comma-separated integers like 1,3,224,224") from exc
     cfg = Config(mask_calculator=mask_calculator, permutation=permute, disallowed_layer_names=exclude)
     report, stats = sparsify_checkpoint(model_spec, checkpoint, out, cfg, shape)
-    if as_json:
-        write_json({"report": report.to_dict(), "storage": stats, "out": out}, None)
-        return
+    if json_path is not None:
+        write_json({"report": report.to_dict(), "storage": stats, "out": out}, json_path)
+        if json_path == "-":
+            return
     con = console()
     for t in report.tables():
         t.notes.append(f"pruned weights stored in {stats['compressed_weight_bytes']:,} bytes instead of "
