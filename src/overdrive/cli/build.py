@@ -58,7 +58,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
       overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
           --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
     """
-    from overdrive.engine.api import _describe
+    from overdrive.engine.api import describe_device
     from overdrive.recipes.build import build_engine
 
     check_json_target(json_path)
@@ -73,7 +73,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         write_json(info, json_path)
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
-                        f"{info['precision']}, device {_describe(info['device'])}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+                        f"{info['precision']}, device {describe_device(info['device'])}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
         best = info.get("best")
         if best:
             tried = ", ".join(f"{p} {v:.3f} ms" if isinstance(v, float) else f"{p} {v}" for p, v in best["candidates_ms"].items())

@@ -33,7 +33,13 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     return {"type": "cpu", "isa": cpu_isa(), "machine": platform.machine()}
 
 
-def _describe(d: dict[str, Any]) -> str:
+def describe_device(d: dict[str, Any]) -> str:
+    """One line for an engine header's device record (what ``device_facts`` wrote).
+
+    Example:
+        >>> describe_device({"type": "cuda", "name": "NVIDIA H200", "compute_capability": "9.0"})
+        'NVIDIA H200 (sm 9.0)'
+    """
     return f"{d['name']} (sm {d['compute_capability']})" if d["type"] == "cuda" else f"CPU {d.get('machine')} {d.get('isa')}"
 
 
@@ -371,12 +377,12 @@ class Engine:
             raise UsageError(f"{path} was built for precision {h['precision']}, not {precision}: an engine runs only at "
                              f"the precision it was built with; rebuild with --precision {precision}")
         if built["type"] == "cuda" and not torch.cuda.is_available() and device in (None, "auto"):
-            raise UsageError(f"{path} was built for {_describe(built)} and there is no CUDA GPU here; "
+            raise UsageError(f"{path} was built for {describe_device(built)} and there is no CUDA GPU here; "
                              "rebuild it on this machine with --device cpu")
         dev = resolve_device(device or built["type"])
         here = device_facts(dev)
         if here["type"] != built["type"] or (built["type"] == "cuda" and here["compute_capability"] != built["compute_capability"]):
-            raise UsageError(f"{path} was built for {_describe(built)} but would run on {_describe(here)}; engines are tied "
+            raise UsageError(f"{path} was built for {describe_device(built)} but would run on {describe_device(here)}; engines are tied "
                              f"to the device they were built for: rebuild with `overdrive build --device {dev.type}` here")
         if h["backend"] == "inductor" and h["torch"].split("+")[0] != torch.__version__.split("+")[0]:
             raise UsageError(f"{path} was built with torch {h['torch']} but this is torch {torch.__version__}; Inductor "
