@@ -1,4 +1,4 @@
-"""overdrive.distributed.checkpoint fixes, each with a test that failed before it:
+"""overdrive.distributed.checkpoint errors and edge cases, each with a test that failed before its fix:
 
 1. a checkpoint that does not fit the trainer raises the UsageError (DCP's CheckpointException
    derives from BaseException and escaped ``except Exception``);
@@ -12,7 +12,7 @@
    partial accumulation at epoch end under both strategies (``_strategy_switch_worker.py``).
 
 Single-process checks run in a process group of one; the per-rank ones run 2 gloo ranks under
-torchrun (``_checkpoint_fixes_worker.py``).
+torchrun (``_checkpoint_errors_worker.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 from _rank_env import worker_env  # noqa: E402
 
-import _checkpoint_fixes_worker as cw  # noqa: E402
+import _checkpoint_errors_worker as cw  # noqa: E402
 import _numerics_worker as w  # noqa: E402
 
 POLICIES = {"O0": "O0", "O2_bf16": Policy(opt_level="O2", dtype=torch.bfloat16)}
@@ -187,7 +187,7 @@ def test_save_refuses_position_it_cannot_restore(group: None, tmp_path: Path, po
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("ckpt_fixes")
-    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_checkpoint_fixes_worker.py"), [str(out)], env=worker_env(), timeout_s=600)
+    rc = launch(LaunchConfig(nproc_per_node=2), str(HERE / "_checkpoint_errors_worker.py"), [str(out)], env=worker_env(), timeout_s=600)
     assert rc == 0, f"torchrun exit code {rc}"
     return [json.loads((out / f"results_rank{r}.json").read_text()) for r in range(2)], out
 

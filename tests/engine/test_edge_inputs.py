@@ -1,4 +1,4 @@
-"""Engine behaviours a review found wrong, each against a stated reference: uint8 inputs, profiles an ONNX model's
+"""Engine edge cases, each against a stated reference: uint8 inputs, profiles an ONNX model's
 fixed dims cannot run, min = opt = 1 dynamic profiles on Inductor, compare on infinities and dict outputs, and
 nearest-rank percentiles."""
 
