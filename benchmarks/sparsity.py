@@ -27,7 +27,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-from overdrive.sparsity import Config, from_pruned, sparsify  # noqa: E402
+from overdrive.sparsity import SparsityConfig as Config, from_pruned, sparsify  # noqa: E402
 from overdrive.sparsity.export import semi_structured_weight  # noqa: E402
 
 sys.path.insert(0, str(ROOT))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from overdrive.sparsity import Config, sparsify
+from overdrive.sparsity import SparsityConfig as Config, sparsify
 from overdrive.sparsity.masks import m4n2_1d
 from overdrive.sparsity.permutation import apply_permutation, find_groups, group_score, permute_for_sparsity, search_permutation
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
+from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
@@ -35,7 +35,7 @@ def dtype_name(dtype: torch.dtype | None) -> str | None:
 
 
 @dataclass(frozen=True)
-class Policy:
+class Policy(ConfigBase):
     """What an opt level switches on, spelled out. Unset fields (None) take the opt level's default.
 
     | level | weights in model | forward           | master weights | loss scale (fp16 / bf16) |
@@ -64,6 +64,8 @@ class Policy:
     init_scale: float = 2.0**16
     growth_interval: int = 2000
     cast_model_outputs: torch.dtype | None = None  # None: float32 outputs when the model is cast
+
+    _JSON_SORT_KEYS = True  # the JSON form earlier versions wrote
 
     def __post_init__(self) -> None:
         if self.opt_level not in OPT_LEVELS:
@@ -140,32 +142,6 @@ class Policy:
     @property
     def dynamic(self) -> bool:
         return self.loss_scale == "dynamic"
-
-    # --- JSON round trip -------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        for k in ("dtype", "cast_model_type", "cast_model_outputs"):
-            d[k] = dtype_name(d[k])
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Policy:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UsageError(f"unknown Policy field(s) {unknown}; known fields: {sorted(known)}")
-        d = dict(d)
-        for k in ("dtype", "cast_model_type", "cast_model_outputs"):
-            if d.get(k) == "float32":
-                d[k] = torch.float32
-        return cls(**d)
-
-    @classmethod
-    def from_json(cls, text: str) -> Policy:
-        return cls.from_dict(json.loads(text))
 
 
 def _parse_cast_type(value: torch.dtype | str | None, what: str = "cast_model_type") -> torch.dtype | None:

@@ -28,7 +28,7 @@ def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: 
     """
     check_json_target(json_path)
     from overdrive._utils.errors import UsageError
-    from overdrive.sparsity import Config
+    from overdrive.sparsity import SparsityConfig as Config
     from overdrive.recipes.sparsify import sparsify_checkpoint
 
     shape = None

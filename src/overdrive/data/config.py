@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import numbers
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
 PIPELINES = ("auto", "cpu", "gpu")
@@ -36,7 +34,7 @@ _INT_FIELDS = ("batch_size", "size", "seed", "shard_id", "num_shards", "num_work
 
 
 @dataclass(frozen=True)
-class LoaderConfig:
+class LoaderConfig(ConfigBase):
     """What :class:`~overdrive.data.ImageLoader` does to each batch.
 
     ``train=True``: per-sample RandomResizedCrop(``scale``, ``ratio``) + horizontal flip (probability
@@ -110,24 +108,8 @@ class LoaderConfig:
         if self.pipeline not in PIPELINES:
             raise UsageError(f"pipeline={self.pipeline!r} is not one of {PIPELINES}")
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["dtype"] = str(self.dtype).removeprefix("torch.")
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> LoaderConfig:
-        d = json.loads(text)
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise UsageError(f"unknown LoaderConfig field(s) {sorted(unknown)}")
-        return cls(**d)
-
 
 # Presets: ImageNet-style training and evaluation.
 IMAGENET_TRAIN = LoaderConfig()
 IMAGENET_EVAL = LoaderConfig(train=False)
-PRESETS = {"imagenet_train": IMAGENET_TRAIN, "imagenet_eval": IMAGENET_EVAL}
+PRESETS: dict[str, LoaderConfig] = {"imagenet_train": IMAGENET_TRAIN, "imagenet_eval": IMAGENET_EVAL}

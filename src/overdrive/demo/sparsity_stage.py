@@ -17,7 +17,7 @@ FINETUNE_EPOCHS = 3  # a short fine-tune keeps the stage under 15 s on 2 CPU cor
 
 def run(ctx: DemoContext) -> Table:
     from overdrive import quant
-    from overdrive.sparsity import Config, from_pruned, save_compressed, sparse_quantize, sparsify
+    from overdrive.sparsity import SparsityConfig as Config, from_pruned, save_compressed, sparse_quantize, sparsify
     from overdrive.recipes.sparsity import train
     from overdrive.train import evaluate
 

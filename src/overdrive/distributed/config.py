@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
 STRATEGIES = ("none", "ddp", "fsdp")
 
 
 @dataclass(frozen=True)
-class Strategy:
+class Strategy(ConfigBase):
     """How the model is spread over ranks.
 
     ``kind="ddp"``: DistributedDataParallel with ``bucket_cap_mb``, ``gradient_as_bucket_view``,
@@ -55,29 +54,6 @@ class Strategy:
             raise UsageError(f"strategy={name!r} is not one of {sorted(PRESETS)}; use 'ddp' or 'fsdp'")
         return PRESETS[key]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["fsdp_blocks"] = list(self.fsdp_blocks)
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Strategy:
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise UsageError(f"unknown Strategy field(s) {bad}; known: {sorted(known)}")
-        d = dict(d)
-        if "fsdp_blocks" in d:
-            d["fsdp_blocks"] = tuple(d["fsdp_blocks"])
-        return cls(**d)
-
-    @classmethod
-    def from_json(cls, text: str) -> Strategy:
-        return cls.from_dict(json.loads(text))
-
 
 NONE = Strategy(kind="none")
 DDP = Strategy(kind="ddp")
@@ -87,7 +63,7 @@ PRESETS: dict[str, Strategy] = {"none": NONE, "ddp": DDP, "ddp_static": DDP_STAT
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(ConfigBase):
     """What ``overdrive launch`` hands to torchrun (torch.distributed.run).
 
     Single node without a master address: ``--standalone`` (torchrun picks a free port).

@@ -9,7 +9,17 @@ Example:
 
 from overdrive.engine.api import Builder, Engine, choose_backend
 from overdrive.engine.compare import compare, format_compare
-from overdrive.engine.config import BF16_CUDA, FP16_CUDA, FP32_DEFAULT, BuildConfig, ShapeProfile, parse_shapes, profiles_from_shapes
+from overdrive.engine.config import (
+    BF16_CUDA,
+    FP16_CUDA,
+    FP32_DEFAULT,
+    PRESETS,
+    BuildConfig,
+    ShapeProfile,
+    get_preset,
+    parse_shapes,
+    profiles_from_shapes,
+)
 
 __all__ = ["Builder", "Engine", "BuildConfig", "ShapeProfile", "compare", "format_compare", "parse_shapes",
-           "profiles_from_shapes", "choose_backend", "FP32_DEFAULT", "FP16_CUDA", "BF16_CUDA"]
+           "profiles_from_shapes", "choose_backend", "FP32_DEFAULT", "FP16_CUDA", "BF16_CUDA", "PRESETS", "get_preset"]

@@ -118,8 +118,7 @@ class Builder:
     """
 
     def __init__(self, config: BuildConfig | None = None, **overrides: Any) -> None:
-        base = config.to_dict() if config is not None else {}
-        self.config = BuildConfig(**{**base, **overrides})
+        self.config = (config if config is not None else BuildConfig()).replace(**overrides)  # unknown key: UsageError
 
     def build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None = None,
               input_names: list[str] | None = None, calib: list[tuple[torch.Tensor, ...]] | None = None,
@@ -131,19 +130,19 @@ class Builder:
         """
         if self.config.precision == "best":
             return self._build_best(model, example_inputs, input_names, calib, onnx_path)
-        cfg = BuildConfig(**self.config.to_dict())
+        cfg = self.config  # frozen: the build below works on replaced copies
         device = resolve_device(cfg.device)
-        cfg.device = str(device)
+        cfg = cfg.replace(device=str(device))
         src = to_source(model, input_names)
         if isinstance(example_inputs, torch.Tensor):
             example_inputs = (example_inputs,)
-        cfg.profiles = _profiles(cfg.profiles, src, example_inputs)
+        cfg = cfg.replace(profiles=_profiles(cfg.profiles, src, example_inputs))
         _check_onnx_dims(cfg.profiles, src)
         example = tuple(x.to(device) for x in example_inputs) if example_inputs else _random_inputs(cfg.profiles, src, device)
         if len(example) != len(src.input_names):
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
-        cfg.precision = precision
+        cfg = cfg.replace(precision=precision)
         calibration = None
         if precision in ("int8", "fp8"):
             _warn_uncalibrated(src, precision, calib)
@@ -158,7 +157,7 @@ class Builder:
                                  ("--gemm-gelu", cfg.gemm_gelu is True)) if on]
         forced = needs and cfg.backend == "auto"
         if forced:
-            cfg.backend = "inductor"  # the onnxruntime backend takes the ONNX model's own I/O types and graph
+            cfg = cfg.replace(backend="inductor")  # the onnxruntime backend takes the ONNX model's own I/O types and graph
         name, reason = choose_backend(cfg.backend, device, precision, src)
         if forced:
             reason = f"auto: {', '.join(needs)} need(s) the inductor backend"

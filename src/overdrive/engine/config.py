@@ -6,10 +6,11 @@ dynamic one. A profile is per input; a dimension is dynamic when min != max.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
 IO_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64", "bool": "bool"}
@@ -17,10 +18,11 @@ IO_LAYOUTS = ("chw", "hwc", "hwc8")  # hwc / hwc8: channels_last for 4-D tensors
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "best")
 BACKENDS = ("auto", "inductor", "onnxruntime", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+_BINDING_KEYS = ("dtype", "layout")  # what an engine header's "inputs" entry adds to its profile
 
 
 @dataclass(frozen=True)
-class ShapeProfile:
+class ShapeProfile(ConfigBase):
     """Allowed shapes of one input: every dim d satisfies min[d] <= d <= max[d]; opt is the tuned shape.
 
     Example:
@@ -35,6 +37,8 @@ class ShapeProfile:
     max: tuple[int, ...]
 
     def __post_init__(self) -> None:
+        for key in ("min", "opt", "max"):  # lists (JSON, callers) become tuples: the profile stays hashable
+            object.__setattr__(self, key, tuple(getattr(self, key)))
         if not (len(self.min) == len(self.opt) == len(self.max)):
             raise UsageError(f"shape profile for {self.name!r}: min {self.min}, opt {self.opt}, max {self.max} "
                              "must have the same rank")
@@ -53,12 +57,12 @@ class ShapeProfile:
     def contains(self, shape: tuple[int, ...]) -> bool:
         return len(shape) == len(self.min) and all(lo <= d <= hi for d, lo, hi in zip(shape, self.min, self.max))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ShapeProfile:
-        return cls(d["name"], tuple(d["min"]), tuple(d["opt"]), tuple(d["max"]))
+    def from_dict(cls, d: Mapping[str, Any]) -> ShapeProfile:
+        """A profile from its dict, or from an engine header's "inputs" entry (which adds dtype and layout)."""
+        if isinstance(d, Mapping):
+            d = {k: v for k, v in d.items() if k not in _BINDING_KEYS}
+        return super().from_dict(d)
 
     @classmethod
     def fixed(cls, name: str, shape: tuple[int, ...]) -> ShapeProfile:
@@ -140,15 +144,16 @@ def profiles_from_shapes(shapes: str | dict | None = None, min_shapes: str | dic
     return [ShapeProfile(n, lo[n], mid.get(n, hi[n]), hi[n]) for n in lo]
 
 
-@dataclass
-class BuildConfig:
+@dataclass(frozen=True)
+class BuildConfig(ConfigBase):
     """How to build an engine.
 
     ``precision`` is the compute precision (inputs and outputs stay float32, like trtexec's default I/O);
     ``compile_mode`` is Inductor's mode ("reduce-overhead" = CUDA graphs, used for static profiles on CUDA).
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
-    effect on the onnxruntime backend (a warning says so).
+    effect on the onnxruntime backend (a warning says so). Configs are frozen: change one with
+    ``cfg.replace(...)``; named presets are in ``PRESETS`` (:func:`get_preset`).
 
     Example:
         >>> cfg = BuildConfig(precision="fp16", device="cuda")
@@ -159,14 +164,14 @@ class BuildConfig:
     precision: str = "fp32"
     backend: str = "auto"
     device: str = "cpu"
-    profiles: list[ShapeProfile] = field(default_factory=list)
+    profiles: tuple[ShapeProfile, ...] = ()  # lists and dicts (JSON) are accepted and become a tuple of profiles
     compile_mode: str | None = None  # None: reduce-overhead for static CUDA profiles, else default
     aot: bool | None = None  # AOTInductor package; None: alone for CPU builds where it loads (torch >= 2.12), off on CUDA
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18
     timing_cache: str | None = None  # a file kept across builds (Inductor's compile cache); None: no file
-    input_io_formats: list[str] = field(default_factory=list)  # trtexec --inputIOFormats; []: fp32:chw (as given)
-    output_io_formats: list[str] = field(default_factory=list)  # trtexec --outputIOFormats; []: fp32 outputs
+    input_io_formats: tuple[str, ...] = ()  # trtexec --inputIOFormats; (): fp32:chw (as given)
+    output_io_formats: tuple[str, ...] = ()  # trtexec --outputIOFormats; (): fp32 outputs
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
@@ -178,23 +183,25 @@ class BuildConfig:
             raise UsageError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise UsageError(f"compile mode {self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
-        self.profiles = [p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in self.profiles]
-        self.input_io_formats = parse_io_formats(self.input_io_formats)
-        self.output_io_formats = parse_io_formats(self.output_io_formats)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["profiles"] = [p.to_dict() for p in self.profiles]
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> BuildConfig:
-        return cls(**json.loads(text))
+        profiles = tuple(p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in self.profiles)
+        object.__setattr__(self, "profiles", profiles)
+        object.__setattr__(self, "input_io_formats", tuple(parse_io_formats(self.input_io_formats)))
+        object.__setattr__(self, "output_io_formats", tuple(parse_io_formats(self.output_io_formats)))
 
 
 FP32_DEFAULT = BuildConfig(precision="fp32")
 FP16_CUDA = BuildConfig(precision="fp16", device="cuda")
 BF16_CUDA = BuildConfig(precision="bf16", device="cuda")
+PRESETS: dict[str, BuildConfig] = {"fp32": FP32_DEFAULT, "fp16_cuda": FP16_CUDA, "bf16_cuda": BF16_CUDA}
+
+
+def get_preset(name: str) -> BuildConfig:
+    """A preset by name ('fp32', 'fp16_cuda' or 'bf16_cuda'); change it with ``.replace(...)``.
+
+    Example:
+        >>> get_preset("fp16_cuda").replace(device="cuda:1").precision
+        'fp16'
+    """
+    if name not in PRESETS:
+        raise UsageError(f"build preset {name!r} is not one of {list(PRESETS)}; pick one of those")
+    return PRESETS[name]

@@ -8,10 +8,9 @@ Example:
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
+from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
 FORMATS = ("int8", "fp8_e4m3")
@@ -22,7 +21,7 @@ FORMAT_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 
 
 @dataclass(frozen=True)
-class QuantizerConfig:
+class QuantizerConfig(ConfigBase):
     """How one tensor is quantized: format, per-channel or per-tensor, narrow range, on/off.
 
     ``per_channel`` means one scale per output channel for weights (axis 0 for Linear/Conv, axis 1
@@ -45,7 +44,7 @@ class QuantizerConfig:
 
 
 @dataclass(frozen=True)
-class QuantConfig:
+class QuantConfig(ConfigBase):
     """What ``quantize`` does: the input and weight quantizers, the calibrator, and layer selection.
 
     Layers are selected by type (``layer_types``, class names) and by name: a module whose dotted
@@ -74,6 +73,8 @@ class QuantConfig:
     residual_add: bool = True
     quantize_matmuls: bool = False
 
+    _JSON_INDENT = 2  # recipes are saved for people to read and edit
+
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise UsageError(f"calibration method {self.method!r} is not one of {METHODS}; pick one of those")
@@ -89,31 +90,6 @@ class QuantConfig:
             raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
         for name in ("layer_types", "include", "exclude"):  # JSON gives lists; keep the config hashable
             object.__setattr__(self, name, tuple(getattr(self, name)))
-
-    def replace(self, **changes: Any) -> QuantConfig:
-        """A copy with some fields changed (configs are frozen)."""
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> QuantConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UsageError(f"unknown QuantConfig field(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        d = dict(d)
-        for k in ("input", "weight"):
-            if isinstance(d.get(k), dict):
-                d[k] = QuantizerConfig(**d[k])
-        return cls(**d)
-
-    @classmethod
-    def from_json(cls, text: str) -> QuantConfig:
-        return cls.from_dict(json.loads(text))
 
 
 INT8_DEFAULT = QuantConfig()

@@ -14,7 +14,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.sparsity.api import sparsify
-from overdrive.sparsity.config import Config
+from overdrive.sparsity.config import SparsityConfig as Config
 from overdrive.sparsity.export import save_compressed
 from overdrive.sparsity.report import SparsityReport
 

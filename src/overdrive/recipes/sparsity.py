@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from overdrive.sparsity.api import sparsify
-from overdrive.sparsity.config import Config
+from overdrive.sparsity.config import SparsityConfig as Config
 
 
 @dataclass

@@ -4,17 +4,21 @@ Native API (no global state, several models per process):
     >>> import torch
     >>> from overdrive import sparsity
     >>> model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
-    >>> handle = sparsity.sparsify(model, sparsity.Config(pattern="2:4"))
+    >>> handle = sparsity.sparsify(model, sparsity.SparsityConfig(pattern="2:4"))
     >>> opt = torch.optim.AdamW(model.parameters()); _ = handle.attach(opt)
     >>> round(handle.report().weight_fraction_pruned, 2)
     0.49
 
 apex surface: ``from overdrive.sparsity import ASP; ASP.prune_trained_model(model, optimizer)``.
+``Config`` is the deprecated old name of ``SparsityConfig``.
 """
+
+import warnings
+from typing import Any
 
 from overdrive.sparsity.api import PrunedLayer, SparseHandle, from_pruned, sparsify
 from overdrive.sparsity.asp import ASP
-from overdrive.sparsity.config import ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, Config
+from overdrive.sparsity.config import ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, SparsityConfig
 from overdrive.sparsity.export import compress, decompress, load_compressed, save_compressed, to_semi_structured
 from overdrive.sparsity.layers import shape_rule
 from overdrive.sparsity.masks import compute_mask, is_2to4, m4n2_1d, m4n2_2d_best, m4n2_2d_greedy, retained_magnitude
@@ -23,7 +27,7 @@ from overdrive.sparsity.report import SparsityReport
 
 __all__ = [
     # native
-    "Config", "PRESETS", "ASP_DEFAULT", "TRANSPOSABLE", "PERMUTED", "MASK_CALCULATORS",
+    "SparsityConfig", "PRESETS", "ASP_DEFAULT", "TRANSPOSABLE", "PERMUTED", "MASK_CALCULATORS",
     "sparsify", "from_pruned", "SparseHandle", "PrunedLayer", "SparsityReport",
     # masks
     "compute_mask", "m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best", "is_2to4", "retained_magnitude", "shape_rule",
@@ -34,3 +38,12 @@ __all__ = [
     # apex-compatible
     "ASP",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # not in __all__: ``from overdrive.sparsity import *`` must not warn
+    if name == "Config":
+        warnings.warn("overdrive.sparsity.Config is deprecated; use overdrive.sparsity.SparsityConfig (the same class)",
+                      DeprecationWarning, stacklevel=2)
+        return SparsityConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

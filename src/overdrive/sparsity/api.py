@@ -1,4 +1,4 @@
-"""The native API: ``handle = sparsify(model, Config(...))``; the handle owns masks and hooks.
+"""The native API: ``handle = sparsify(model, SparsityConfig(...))``; the handle owns masks and hooks.
 
 No global state: every model gets its own handle, so several pruned models live in one process.
 Masks are bool buffers on the pruned modules (``<param>_sparse_mask``), so ``model.state_dict()``
@@ -16,7 +16,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.sparsity import masks as M
-from overdrive.sparsity.config import Config
+from overdrive.sparsity.config import SparsityConfig
 from overdrive.sparsity.layers import Candidate, find_candidates
 from overdrive.sparsity.report import SparsityReport, gemm_macs
 
@@ -58,7 +58,7 @@ class SparseHandle:
         True
     """
 
-    def __init__(self, model: nn.Module, config: Config, layers: list[PrunedLayer], skipped: list[Candidate],
+    def __init__(self, model: nn.Module, config: SparsityConfig, layers: list[PrunedLayer], skipped: list[Candidate],
                  permutation: dict[str, Any]) -> None:
         self._model = weakref.ref(model)
         # The handle keeps its model alive; ASP's weak registry drops this strong reference so a
@@ -149,7 +149,7 @@ class SparseHandle:
         ``allow_recompute_mask=True``); weights trained since pruning keep their trained values."""
         if not self.config.allow_recompute_mask:
             raise UsageError("no pruned weights were kept (allow_recompute_mask=False); sparsify with "
-                             "Config(allow_recompute_mask=True) to restore them")
+                             "SparsityConfig(allow_recompute_mask=True) to restore them")
         lost = [layer.name for layer in self.layers if layer.pruned is None and not bool(layer.mask.all())]
         if lost:
             raise UsageError(f"the pruned values of {lost[:3]} are not held by this handle (their masks came from a "
@@ -304,7 +304,7 @@ def _is_semi_structured(t: torch.Tensor) -> bool:
     return isinstance(t, torch.sparse.SparseSemiStructuredTensor)
 
 
-def from_pruned(model: nn.Module, config: Config | None = None) -> SparseHandle:
+def from_pruned(model: nn.Module, config: SparsityConfig | None = None) -> SparseHandle:
     """A handle over a model that already carries 2:4 mask buffers (a deepcopy of a pruned model,
     one loaded from a checkpoint saved with its masks), for report/attach/export.
 
@@ -314,7 +314,7 @@ def from_pruned(model: nn.Module, config: Config | None = None) -> SparseHandle:
         >>> len(from_pruned(copy.deepcopy(model)).layers)
         1
     """
-    config = config or Config()
+    config = config or SparsityConfig()
     layers = []
     cands = find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))
     for c in cands:
@@ -357,7 +357,7 @@ def _check_layer(layer: PrunedLayer) -> None:
                          "match the loaded masks; load weights and masks from the same pruned checkpoint")
 
 
-def sparsify(model: nn.Module, config: Config | None = None, compute_masks: bool = True) -> SparseHandle:
+def sparsify(model: nn.Module, config: SparsityConfig | None = None, compute_masks: bool = True) -> SparseHandle:
     """Prune ``model`` to 2:4 in place (masks as buffers) and return the handle that keeps them.
 
     ``compute_masks=False`` installs all-ones masks (apex's init_model_for_pruning) for a later
@@ -365,11 +365,11 @@ def sparsify(model: nn.Module, config: Config | None = None, compute_masks: bool
 
     Example:
         >>> model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-        >>> handle = sparsify(model, Config(disallowed_layer_names=("2",)))
+        >>> handle = sparsify(model, SparsityConfig(disallowed_layer_names=("2",)))
         >>> [p["name"] for p in handle.report().pruned]
         ['0.weight']
     """
-    config = config or Config()
+    config = config or SparsityConfig()
     if not isinstance(model, nn.Module):
         raise UsageError(f"sparsify expects a torch.nn.Module, got {type(model).__name__}")
     already = [n for n, _ in model.named_buffers() if n.endswith(MASK_SUFFIX)]

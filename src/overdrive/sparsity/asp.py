@@ -16,7 +16,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.sparsity.api import SparseHandle, sparsify
-from overdrive.sparsity.config import Config
+from overdrive.sparsity.config import SparsityConfig
 from overdrive.sparsity.layers import _TYPES
 
 _HANDLES: weakref.WeakKeyDictionary[nn.Module, SparseHandle] = weakref.WeakKeyDictionary()
@@ -61,8 +61,8 @@ class ASP:
             raise UsageError("custom_layer_dict is not supported; subclasses of Linear/Conv/MHA are found automatically")
         if model in _HANDLES:
             raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
-        # Config refuses a bare string (tuple("head") would be its characters), so pass the names as given
-        cfg = Config(mask_calculator=mask_calculator, layer_types=_type_names(whitelist),
+        # SparsityConfig refuses a bare string (tuple("head") would be its characters), so pass the names as given
+        cfg = SparsityConfig(mask_calculator=mask_calculator, layer_types=_type_names(whitelist),
                      allowed_layer_names=allowed_layer_names, disallowed_layer_names=disallowed_layer_names,
                      allow_recompute_mask=allow_recompute_mask, permutation=allow_permutation)
         if any(cls not in _TYPES.values() for cls in whitelist):

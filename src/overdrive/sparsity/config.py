@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
+from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
 PATTERNS = ("2:4",)
@@ -16,7 +17,7 @@ LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "MultiheadAttention")
 
 
 @dataclass(frozen=True)
-class Config:
+class SparsityConfig(ConfigBase):
     """How to prune a model to 2:4 structured sparsity.
 
     Args:
@@ -33,8 +34,8 @@ class Config:
             later; a recompute puts them back and keeps the trained values of the other weights.
 
     Example:
-        >>> cfg = Config(mask_calculator="m4n2_2d_best", disallowed_layer_names=("head",))
-        >>> Config.from_json(cfg.to_json()) == cfg
+        >>> cfg = SparsityConfig(mask_calculator="m4n2_2d_best", disallowed_layer_names=("head",))
+        >>> SparsityConfig.from_json(cfg.to_json()) == cfg
         True
     """
 
@@ -46,6 +47,8 @@ class Config:
     permutation: bool = False
     permutation_budget_s: float = 2.0
     allow_recompute_mask: bool = False
+
+    _JSON_SORT_KEYS = True  # the form save_compressed has written into checkpoints
 
     def __post_init__(self) -> None:
         for key in ("layer_types", "allowed_layer_names", "disallowed_layer_names"):
@@ -68,27 +71,18 @@ class Config:
         if self.permutation_budget_s <= 0:
             raise UsageError(f"permutation_budget_s {self.permutation_budget_s} must be > 0 seconds")
 
-    def replace(self, **changes: Any) -> Config:
-        return replace(self, **changes)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Config:
-        data = json.loads(text)
-        for key in ("layer_types", "disallowed_layer_names"):
-            data[key] = tuple(data.get(key, ()))
-        if data.get("allowed_layer_names") is not None:
-            data["allowed_layer_names"] = tuple(data["allowed_layer_names"])
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UsageError(f"unknown sparsity config keys {sorted(unknown)}")
-        return cls(**data)
-
 
 # Named presets.
-ASP_DEFAULT = Config()  # apex ASP's default: m4n2_1d on Linear/Conv/MHA
-TRANSPOSABLE = Config(mask_calculator="m4n2_2d_best")
-PERMUTED = Config(permutation=True)
-PRESETS: dict[str, Config] = {"default": ASP_DEFAULT, "transposable": TRANSPOSABLE, "permuted": PERMUTED}
+ASP_DEFAULT = SparsityConfig()  # apex ASP's default: m4n2_1d on Linear/Conv/MHA
+TRANSPOSABLE = SparsityConfig(mask_calculator="m4n2_2d_best")
+PERMUTED = SparsityConfig(permutation=True)
+PRESETS: dict[str, SparsityConfig] = {"default": ASP_DEFAULT, "transposable": TRANSPOSABLE, "permuted": PERMUTED}
+
+
+def __getattr__(name: str) -> Any:
+    # the class was called Config before every technique's config was named <Technique>Config
+    if name == "Config":
+        warnings.warn("overdrive.sparsity.config.Config is deprecated; use SparsityConfig (the same class)",
+                      DeprecationWarning, stacklevel=2)
+        return SparsityConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -99,7 +99,7 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
         >>> # handle = load_compressed(MyModel(), "model.sparse24.pt")
     """
     from overdrive.sparsity.api import MASK_SUFFIX, sparsify
-    from overdrive.sparsity.config import Config
+    from overdrive.sparsity.config import SparsityConfig
 
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
@@ -112,9 +112,9 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
     if have:
         from overdrive.sparsity.api import from_pruned
 
-        handle = from_pruned(model, Config.from_json(payload["config"]))
+        handle = from_pruned(model, SparsityConfig.from_json(payload["config"]))
     else:
-        cfg = Config.from_json(payload["config"]).replace(
+        cfg = SparsityConfig.from_json(payload["config"]).replace(
             allowed_layer_names=tuple(n.rsplit(".", 1)[0] if "." in n else "" for n in names),
             disallowed_layer_names=(), permutation=False, allow_recompute_mask=False)
         try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from overdrive.sparsity.config import Config
+from overdrive.sparsity.config import SparsityConfig
 
 _TYPES: dict[str, type[nn.Module]] = {
     "Linear": nn.Linear, "Conv1d": nn.Conv1d, "Conv2d": nn.Conv2d, "Conv3d": nn.Conv3d,
@@ -49,7 +49,7 @@ def shape_rule(shape: tuple[int, ...]) -> str | None:
     return None
 
 
-def find_candidates(model: nn.Module, config: Config) -> list[Candidate]:
+def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]:
     """Every weight of the configured layer types, with ``skip_reason`` set where it stays dense."""
     out: list[Candidate] = []
     seen: set[int] = set()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from overdrive.sparsity.config import Config
+from overdrive.sparsity.config import SparsityConfig
 from overdrive.sparsity.masks import to_matrix
 
 _ELEMENTWISE_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.LeakyReLU, nn.Tanh, nn.Sigmoid, nn.Hardswish,
@@ -185,7 +185,7 @@ def apply_permutation(model: nn.Module, group: dict[str, Any], perm: torch.Tenso
             cons.weight.copy_(cons.weight[:, p])
 
 
-def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], config: Config) -> dict[str, Any]:
+def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], config: SparsityConfig) -> dict[str, Any]:
     """Search and apply input-channel permutations for the groups whose consumers include a sparse
     module; returns {"groups": n, "details": [...], "notes": [...]}."""
     groups, notes = find_groups(model)
