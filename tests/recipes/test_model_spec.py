@@ -50,6 +50,8 @@ def test_file_factory_for_every_verb(tmp_path: Path, model_py: Path) -> None:
     code, err = _run(["build", "--model", spec, "--shapes", "x:4x1x8x8", "--save-engine", str(tmp_path / "m.engine")])
     assert code == 0, err
     assert (tmp_path / "m.engine").is_file() and (tmp_path / "s.pt").is_file()
+    code, err = _run(["compare", str(tmp_path / "m.engine"), spec])
+    assert code == 0, err
 
 
 def test_pickled_model_is_refused(tmp_path: Path) -> None:

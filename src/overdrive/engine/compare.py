@@ -61,7 +61,7 @@ def _runnable(x: Any) -> tuple[Any, str]:
         from overdrive.engine.sources import from_factory
 
         return from_factory(p).module, f"pytorch({p})"
-    raise UsageError(f"cannot compare {p!r}: expected an engine file, an .onnx file or pkg.module:factory")
+    raise UsageError(f"cannot compare {p!r}: expected an engine file, an .onnx file, pkg.module:factory or file.py:factory")
 
 
 def _wide(o: torch.Tensor) -> torch.Tensor:
