@@ -31,6 +31,8 @@ from overdrive.quant.config import (
     PRESETS,
     QuantConfig,
     QuantizerConfig,
+    RealConfig,
+    WeightOnlyConfig,
     get_preset,
 )
 from overdrive.quant.export import export_onnx
@@ -50,6 +52,7 @@ from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, to_rea
 __all__ = [
     # configs
     "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "INT8_ATTENTION", "PRESETS", "get_preset",
+    "RealConfig", "WeightOnlyConfig",
     # PTQ / QAT
     "quantize", "calibrate", "load_calib_amax", "print_summary", "summary", "quantizers", "quantized_layers",
     "set_quantizers_enabled", "compare_calibrators", "CALIBRATORS", "sensitivity", "partial_quantize", "qat",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
 
@@ -90,6 +92,68 @@ class QuantConfig(ConfigBase):
             raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
         for name in ("layer_types", "include", "exclude"):  # JSON gives lists; keep the config hashable
             object.__setattr__(self, name, tuple(getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class RealConfig(ConfigBase):
+    """What ``to_real`` does: fp8 scales per row or per tensor, and the device the GEMM modules are built for.
+
+    ``rowwise`` (fp8 only): dynamic per-token activation scales and per-channel weight scales, instead of
+    static per-tensor ones. ``device``: where the converted model will run ("cuda", "cpu", ...), which decides
+    whether fp8 is possible; None: the model's device. A ``torch.device`` is stored as its string.
+
+    Example:
+        >>> RealConfig.from_json(RealConfig(rowwise=True, device="cuda").to_json())
+        RealConfig(rowwise=True, device='cuda')
+    """
+
+    rowwise: bool = False
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rowwise, bool):
+            raise UsageError(f"rowwise={self.rowwise!r} must be True or False")
+        object.__setattr__(self, "device", _device_name(self.device))
+
+
+@dataclass(frozen=True)
+class WeightOnlyConfig(ConfigBase):
+    """What ``weight_only`` does: int8 or int4 weights with one fp scale per ``group_size`` inputs, for
+    ``nn.Linear`` layers whose in and out features are both >= ``min_features`` and whose dotted name matches
+    no ``exclude`` fnmatch pattern (e.g. ``("lm_head",)``).
+
+    Example:
+        >>> WeightOnlyConfig(bits=4, group_size=64, exclude=["lm_head"]).exclude
+        ('lm_head',)
+    """
+
+    bits: int = 8
+    group_size: int = 128
+    min_features: int = 256
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8) or isinstance(self.bits, bool):
+            raise UsageError(f"weight-only bits={self.bits!r} must be 4 or 8")
+        for name in ("group_size", "min_features"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "group_size" else 0):
+                what = "> 0 and divide in_features (e.g. 32, 64, 128)" if name == "group_size" else ">= 0"
+                raise UsageError(f"{name}={value!r} must be an int {what}")
+        if isinstance(self.exclude, str):
+            raise UsageError(f"exclude={self.exclude!r} is a string; give a tuple of name patterns, e.g. "
+                             f"({self.exclude!r},)")
+        object.__setattr__(self, "exclude", tuple(self.exclude))  # JSON gives a list; keep the config hashable
+
+
+def _device_name(device: object) -> str | None:
+    """A device as a string ('cuda:1'), checked by torch; None stays None."""
+    if device is None:
+        return None
+    try:
+        return str(torch.device(device))  # type: ignore[call-overload]
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"device={device!r} is not a torch device; use e.g. 'cuda', 'cuda:1' or 'cpu'") from exc
 
 
 INT8_DEFAULT = QuantConfig()

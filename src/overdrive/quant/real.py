@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from torch import nn
 
 from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
+from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin
 
 
@@ -221,18 +222,27 @@ def _gemm_ok(k: int, n: int, fmt: str) -> str | None:
     return None
 
 
-def to_real(model: nn.Module, rowwise: bool = False, device: torch.device | str | None = None) -> nn.Module:
+def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any) -> nn.Module:
     """Replace calibrated QuantLinear / 1x1 QuantConv2d layers by real int8 or fp8 GEMM modules.
 
     Other quantized layers (3x3 convs, ConvTranspose, disabled ones, unsupported shapes) go back to
     their float layer; ``model._overdrive_real`` lists what was converted and what was not, and why.
-    ``rowwise`` (fp8 only): dynamic per-token activation scales and per-channel weight scales.
+    The settings are a :class:`RealConfig` (``rowwise``: fp8 with dynamic per-token activation scales
+    and per-channel weight scales; ``device``), given as ``config``, as keywords that replace its fields
+    (``to_real(model, rowwise=True)``), or both.
 
     Example:
         >>> # real = quant.to_real(calibrated_model)   # int8: CUDA or CPU; fp8: CUDA sm_89+
+        >>> # real = quant.to_real(calibrated_fp8_model, RealConfig(rowwise=True))
     """
+    if isinstance(config, bool):  # the old second positional argument: rowwise
+        settings = {"rowwise": config, **settings}
+        config = None
+    cfg = _config(RealConfig, config, settings)
+    rowwise = cfg.rowwise
     first = next(model.parameters(), None)
-    dev = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+    dev = torch.device(cfg.device) if cfg.device is not None else (
+        first.device if first is not None else torch.device("cpu"))
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QuantMixin)]
     if not layers:
         raise UsageError("the model has no quantized layers; call quant.quantize(model, config, forward_loop) first")
@@ -340,16 +350,38 @@ class WeightOnlyLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, int{self.bits}, group_size={self.group_size}"
 
 
-def weight_only(model: nn.Module, bits: int = 8, group_size: int = 128, min_features: int = 256,
-                exclude: tuple[str, ...] = ()) -> nn.Module:
+def weight_only(model: nn.Module, config: WeightOnlyConfig | None = None, **settings: Any) -> nn.Module:
     """Swap float nn.Linear layers (both dims >= ``min_features``, in_features divisible by
-    ``group_size``, name not matching ``exclude``) for :class:`WeightOnlyLinear`."""
+    ``group_size``, name not matching ``exclude``) for :class:`WeightOnlyLinear`.
+
+    The settings are a :class:`WeightOnlyConfig`, given as ``config``, as keywords that replace its fields
+    (``weight_only(model, bits=4, group_size=64)``), or both.
+
+    Example:
+        >>> m = weight_only(nn.Sequential(nn.Linear(256, 256)), WeightOnlyConfig(bits=4))
+        >>> type(m[0]).__name__, m[0].bits
+        ('WeightOnlyLinear', 4)
+    """
     import fnmatch
 
+    if isinstance(config, int) and not isinstance(config, bool):  # the old second positional argument: bits
+        settings = {"bits": config, **settings}
+        config = None
+    cfg = _config(WeightOnlyConfig, config, settings)
     if isinstance(model, nn.Linear):
-        return WeightOnlyLinear.from_linear(model, bits, group_size)
+        return WeightOnlyLinear.from_linear(model, cfg.bits, cfg.group_size)
     for name, m in list(model.named_modules()):
-        if type(m) is nn.Linear and min(m.in_features, m.out_features) >= min_features \
-                and m.in_features % group_size == 0 and not any(fnmatch.fnmatch(name, p) for p in exclude):
-            _set(model, name, WeightOnlyLinear.from_linear(m, bits, group_size))
+        if type(m) is nn.Linear and min(m.in_features, m.out_features) >= cfg.min_features \
+                and m.in_features % cfg.group_size == 0 and not any(fnmatch.fnmatch(name, p) for p in cfg.exclude):
+            _set(model, name, WeightOnlyLinear.from_linear(m, cfg.bits, cfg.group_size))
     return model
+
+
+C = TypeVar("C", RealConfig, WeightOnlyConfig)
+
+
+def _config(cls: type[C], config: C | None, settings: dict[str, Any]) -> C:
+    """``config`` (or the defaults) with the keyword settings replaced; an unknown keyword is a UsageError."""
+    if config is not None and not isinstance(config, cls):
+        raise UsageError(f"config={config!r} must be an overdrive.quant.{cls.__name__}")
+    return (config if config is not None else cls()).replace(**settings)

@@ -7,9 +7,14 @@ Example:
     >>> trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="O0", progress=False)
     >>> data = [(torch.randn(8, 4), torch.randint(0, 3, (8,)))]
     >>> result = trainer.fit(data, epochs=1)
+    >>> from overdrive.train import TrainConfig
+    >>> trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainConfig(policy="O0", progress=False))
 """
 
 from overdrive.train.checkpoint import load_checkpoint, save_checkpoint
+from overdrive.train.config import TrainConfig
 from overdrive.train.loop import EpochStats, FitResult, Trainer, evaluate, memory_mib
 
-__all__ = ["Trainer", "FitResult", "EpochStats", "evaluate", "memory_mib", "save_checkpoint", "load_checkpoint"]
+__all__ = [
+    "Trainer", "TrainConfig", "FitResult", "EpochStats", "evaluate", "memory_mib", "save_checkpoint", "load_checkpoint",
+]

@@ -15,6 +15,7 @@ from torch import nn
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
 from overdrive.amp import MixedPrecision, Policy, prepare
+from overdrive.train.config import TrainConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -53,6 +54,10 @@ class FitResult:
 class Trainer:
     """Model + optimizer + amp policy, with a visible step, a fit loop, evaluation and checkpoints.
 
+    The settings are a :class:`~overdrive.train.TrainConfig` (``trainer.config``): give one as ``config``,
+    keywords (``policy=``, ``accumulate=``, ...; each replaces that field of ``config`` or of the defaults),
+    or both. The objects the loop works on (model, optimizer, ``loss_fn``, ``scheduler``) are arguments.
+
     ``device`` moves the model there (batches follow); without it, the model's device is used.
     ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
     the loss scaler and optimizer hooks behave as usual). ``strategy="ddp"|"fsdp"`` (or an
@@ -63,25 +68,32 @@ class Trainer:
         >>> model = nn.Linear(4, 3)
         >>> t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=Policy(opt_level="O1", dtype=torch.bfloat16), progress=False)
         >>> loss = t.train_step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+        >>> t2 = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainConfig(accumulate=2), progress=False)
+        >>> t2.config.accumulate, t2.config.progress
+        (2, False)
     """
 
     def __init__(
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        policy: Policy | str = "O0",
+        config: TrainConfig | Policy | str | None = None,
+        *,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        device: torch.device | str | None = None,
         scheduler: Any | None = None,
-        grad_clip: float | None = None,
-        accumulate: int = 1,
-        compile: bool = False,
-        progress: bool = True,
-        channels_last: bool = False,
-        strategy: Any | None = None,
+        **settings: Any,
     ) -> None:
-        if accumulate < 1:
-            raise UsageError(f"accumulate={accumulate} must be >= 1")
+        if isinstance(config, (Policy, str)):  # the old third positional argument: the amp policy
+            if "policy" in settings:
+                raise UsageError(f"the policy is given twice: {config!r} as the third argument and "
+                                 f"policy={settings['policy']!r}; give one")
+            settings["policy"] = config
+            config = None
+        elif config is not None and not isinstance(config, TrainConfig):
+            raise UsageError(f"config={config!r} must be an overdrive.train.TrainConfig (or an amp policy)")
+        # one validated, frozen record of the settings; an unknown keyword is a UsageError naming the known ones
+        self.config = cfg = (config if config is not None else TrainConfig()).replace(**settings)
+        policy, device, strategy, accumulate = cfg.policy, cfg.device, cfg.strategy, cfg.accumulate
         first = next(model.parameters(), None)
         self.device = torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
         if device is not None:
@@ -115,11 +127,11 @@ class Trainer:
             model = self.parallel.after_amp(model, self.mp.policy)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.scheduler = scheduler
-        self.grad_clip = grad_clip
+        self.grad_clip = cfg.grad_clip
         self.accumulate = accumulate
-        self.progress = progress
-        self.channels_last = channels_last
-        self.forward = torch.compile(model) if compile else model
+        self.progress = cfg.progress
+        self.channels_last = cfg.channels_last
+        self.forward = torch.compile(model) if cfg.compile else model
         self.step_count = 0  # optimizer steps taken (skipped ones included)
         self.skipped_steps = 0  # optimizer steps skipped for an inf/NaN gradient
         # ReduceLROnPlateau needs a metric: fit steps it once per epoch, train_step never
