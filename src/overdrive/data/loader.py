@@ -77,10 +77,11 @@ class _BatchDataset(torch.utils.data.Dataset):
         return len(self.batches)
 
     def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        if torch.utils.data.get_worker_info() is not None:  # workers already run one intra-op thread each
+        if torch.utils.data.get_worker_info() is not None:  # a worker process: DataLoader runs it on one thread
             return self._batch(k)
-        # In the calling process: per-image ops are tiny, and intra-op threading makes them several
-        # times slower (measured 8x on 2 busy cores); one thread for this call, then restored.
+        # In the calling process (num_workers=0): per-image ops are tiny, and intra-op threading makes them several
+        # times slower (measured 8x on 2 busy cores). One thread for this batch only: the caller's count is put
+        # back on return and on an error, so the process's setting is the caller's between batches.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

@@ -86,17 +86,127 @@ def flatten_outputs(out: Any) -> list[torch.Tensor]:
     return []
 
 
+# The fp32 math an engine pins while it compiles and runs, keyed as torch.backends.<key>.fp32_precision names it
+# (cuBLAS matmuls, cuDNN convolutions and RNNs, oneDNN's CPU matmuls, convolutions and RNNs), with torch's
+# (backend, op) slot for each. A slot set to "none" reads through to its backend's "all" slot, that one to "generic".
+_FP32_KEYS = {"cuda.matmul": ("cuda", "matmul"), "cudnn.conv": ("cuda", "conv"), "cudnn.rnn": ("cuda", "rnn"),
+              "mkldnn.matmul": ("mkldnn", "matmul"), "mkldnn.conv": ("mkldnn", "conv"), "mkldnn.rnn": ("mkldnn", "rnn")}
+_GENERIC, _ALL = ("generic", "all"), {"cuda": ("cuda", "all"), "mkldnn": ("mkldnn", "all")}
+_SLOTS = (_GENERIC, *_ALL.values(), *_FP32_KEYS.values())  # parents first
+_CONV_RNN = (("cuda", "conv"), ("cuda", "rnn"))
+# what torch.backends.<...>.fp32_precision reads and writes, by (backend, op)
+_get_fp32, _set_fp32 = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
+
+
+def fp32_flags(precision: str) -> dict[str, str]:
+    """The fp32 math an engine of ``precision`` runs, recorded in its header (``backend_meta["fp32_precision"]``):
+    TF32 on cuBLAS and cuDNN for 'tf32' and for the fp32 leftovers of fp16/bf16/int8/fp8, IEEE fp32 for 'fp32';
+    IEEE on the CPU (oneDNN) for all, so a caller's ``set_float32_matmul_precision("medium")`` cannot turn an fp32
+    CPU engine's matmuls into bf16 ones.
+
+    Example:
+        >>> fp32_flags("fp32")["cuda.matmul"], fp32_flags("fp16")["cudnn.conv"], fp32_flags("tf32")["mkldnn.matmul"]
+        ('ieee', 'tf32', 'ieee')
+    """
+    gpu = "ieee" if precision == "fp32" else "tf32"
+    return {k: gpu if b == "cuda" else "ieee" for k, (b, _) in _FP32_KEYS.items()}
+
+
+_FP32_CHOICES = (fp32_flags("fp32"), fp32_flags("tf32"))
+
+
+def _check_fp32_flags(flags: Any) -> dict[str, str]:
+    if flags not in _FP32_CHOICES:
+        raise UsageError(f"the engine header's backend_meta.fp32_precision is {flags!r}; this overdrive runs "
+                         f"{_FP32_CHOICES[0]} or {_FP32_CHOICES[1]}: rebuild the engine")
+    return flags
+
+
+def _as_set(slot: tuple[str, str], parent: tuple[str, str], read: dict[tuple[str, str], str],
+            parent_as_set: str) -> str:
+    """What ``slot`` was set to, "none" (inherit) included: the getter answers a "none" slot with its parent's value,
+    so one that reads like its parent (and not "none") is told apart by setting the parent to another value for a
+    moment. (torch 2.13's untouched cuDNN conv/rnn default reads "tf32" under an unset parent: taken as "tf32".)"""
+    value = read[slot]
+    if value == "none" or value != read[parent]:
+        return value
+    probe = "ieee" if value != "ieee" else "tf32"
+    _set_fp32(*parent, probe)
+    follows = _get_fp32(*slot) == probe
+    _set_fp32(*parent, parent_as_set)
+    return "none" if follows else value
+
+
 @contextlib.contextmanager
-def precision_flags(precision: str) -> Iterator[None]:
-    """tf32 for 'tf32' (and the half/quantized precisions' fp32 leftovers); strict fp32 for 'fp32'."""
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    tf32 = precision != "fp32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+def precision_flags(flags: dict[str, str]) -> Iterator[None]:
+    """Run the block with the engine's fp32 math ``flags`` (one of :func:`fp32_flags`), then put the caller's flags
+    back as they were, also on an exception. About 20 plain attribute reads and writes per use.
+
+    Each backend's "all" slot (Inductor reads those too) and both matmul slots are set to the engine's value, and
+    the other per-op slots where they do not inherit it already; each is put back after ("none" again where it
+    inherited). The legacy views, ``torch.get_float32_matmul_precision()`` and ``torch.backends.cudnn.allow_tf32``,
+    are moved in step where they disagree, since torch raises ("a mix of the legacy and new APIs") otherwise: at
+    every CUDA matmul, in Inductor and in torch.export. The cuDNN one's setter writes conv/rnn, which torch 2.13
+    starts in an internal "untouched default" that no setter can put back (torch.export's own flag restore
+    overwrites it too): where it must move (an fp32 engine under torch's defaults) they come back reading as before.
+
+    Example:
+        >>> with precision_flags(fp32_flags("tf32")):
+        ...     torch.backends.cuda.matmul.fp32_precision
+        'tf32'
+    """
+    flags = _check_fp32_flags(flags)
+    undo: list[tuple[tuple[str, str], str]] = []  # (slot, value as the caller set it), put back last to first
+    matmul = cudnn = None  # the caller's legacy values, where they had to move
     try:
+        read = {s: _get_fp32(*s) for s in _SLOTS}
+        legacy: list[Any] = []
+        for get in (torch.get_float32_matmul_precision, lambda: torch.backends.cudnn.allow_tf32):
+            try:
+                legacy.append(get())
+            except RuntimeError:  # the caller's slots disagree with it: read again once they agree
+                legacy.append(None)
+        was = {_GENERIC: read[_GENERIC]}  # the root reads as set
+        for slot in _SLOTS[1:]:
+            parent = _GENERIC if slot[1] == "all" else _ALL[slot[0]]
+            was[slot] = _as_set(slot, parent, read, was[parent])
+        for backend, parent in _ALL.items():
+            want = flags["cuda.matmul" if backend == "cuda" else "mkldnn.matmul"]  # one value per backend
+            if read[parent] != want:
+                undo.append((parent, was[parent]))
+                _set_fp32(*parent, want)
+        for key, slot in _FP32_KEYS.items():
+            # matmul slots always: torch.export sets the "all" slots to "none" while it traces, and the legacy
+            # matmul precision must agree with both; the others where they neither inherit nor hold the value
+            if slot[1] == "matmul" or (was[slot] != "none" and was[slot] != flags[key]):
+                undo.append((slot, was[slot]))
+                _set_fp32(*slot, flags[key])
+        tf32 = flags["cuda.matmul"] == "tf32"
+        if legacy[0] is None:  # with the slots above, the one disagreement left: a TF32 slot against 'highest'
+            _set_fp32("cuda", "matmul", "ieee")
+            legacy[0] = torch.get_float32_matmul_precision()
+            _set_fp32("cuda", "matmul", flags["cuda.matmul"])
+        if (legacy[0] != "highest") != tf32:
+            matmul = legacy[0]
+            torch.backends.cuda.matmul.allow_tf32 = tf32  # 'high' or 'highest', and the cuda.matmul slot as flags say
+        tf32 = flags["cudnn.conv"] == "tf32"
+        if legacy[1] is None:
+            try:  # conv and rnn agree now: it raises only where it differs from them
+                legacy[1] = torch.backends.cudnn.allow_tf32
+            except RuntimeError:
+                legacy[1] = not tf32
+        if legacy[1] != tf32:
+            cudnn = legacy[1]
+            undo += [(s, was[s]) for s in _CONV_RNN]
+            torch.backends.cudnn.allow_tf32 = tf32  # writes conv and rnn: TF32, or "none" (they follow cuda's slot)
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        if matmul is not None:
+            torch.set_float32_matmul_precision(matmul)  # this writes both matmul slots: they are put back below
+        if cudnn is not None:
+            torch.backends.cudnn.allow_tf32 = cudnn  # this writes conv and rnn: put back below
+        for slot, value in reversed(undo):
+            _set_fp32(*slot, value)
 
 
 def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
@@ -187,13 +297,15 @@ def _mode(cfg: BuildConfig, device: torch.device) -> str:
 
 
 class Runner:
-    """Calls the compiled program; marks a new CUDA-graph step before each call so outputs stay valid."""
+    """Calls the compiled program under the engine's fp32 flags (``fp32``, from :func:`fp32_flags` or the header;
+    torch.compile compiles at the first call, so they are in force then too), put back after each call; marks a new
+    CUDA-graph step before each call so outputs stay valid."""
 
-    def __init__(self, fn: Callable, precision: str, mode: str, via: str) -> None:
-        self.fn, self.precision, self.mode, self.via = fn, precision, mode, via
+    def __init__(self, fn: Callable, fp32: dict[str, str], mode: str, via: str) -> None:
+        self.fn, self.fp32, self.mode, self.via = fn, fp32, mode, via
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
-        with precision_flags(self.precision), torch.inference_mode():
+        with precision_flags(self.fp32), torch.inference_mode():
             if self.mode == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
             return flatten_outputs(self.fn(*xs))
@@ -290,8 +402,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     cache_info = load_timing_cache(cfg.timing_cache) if cfg.timing_cache else None
     module = prepare(src, cfg, device, calib or [example])
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
+    fp32 = fp32_flags(cfg.precision)
     t0 = time.perf_counter()
-    with precision_flags(cfg.precision), torch.no_grad():
+    with precision_flags(fp32), torch.no_grad():
         try:
             # _Cast.forward takes *xs, so the per-input specs nest one level down
             ep = torch.export.export(module, _export_example(example, cfg.profiles, src.input_names) if dyn else example,
@@ -311,19 +424,20 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     mode = _mode(cfg, device)
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
-                            "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus)}
+                            "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
+                            "fp32_precision": fp32}  # applied again at load
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
     if aot_by_default(cfg, device):  # CPU: the AOTInductor package alone (loads about 2x faster than a recompile)
         t0 = time.perf_counter()
-        sections["aoti_package"] = _aoti_package(ep, cfg, freezing)
-        runner = _load_aoti(sections["aoti_package"], cfg.precision)
+        sections["aoti_package"] = _aoti_package(ep, fp32, freezing)
+        runner = _load_aoti(sections["aoti_package"], fp32)
         runner(*example)
         meta.update(compile_s=time.perf_counter() - t0, aot=True)
         return sections, runner, meta
     compiled = _compile(ep.module(), cfg, mode, dyn is not None, freezing)
-    runner = Runner(compiled, cfg.precision, mode, "torch.compile")
+    runner = Runner(compiled, fp32, mode, "torch.compile")
     t0 = time.perf_counter()
     for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call
         runner(*example)
@@ -339,7 +453,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         if not aoti_works():
             raise UsageError(f"AOTInductor packages crash on torch {torch.__version__} (aoti_load_package segfaults on "
                              "2.11); build without --aot: the engine then stores the program plus the compile cache")
-        sections["aoti_package"] = _aoti_package(ep, cfg, freezing)
+        sections["aoti_package"] = _aoti_package(ep, fp32, freezing)
         meta["aot"] = True
     return sections, runner, meta
 
@@ -384,14 +498,14 @@ def aot_by_default(cfg: BuildConfig, device: torch.device) -> bool:
             and cfg.compile_mode is None)
 
 
-def _aoti_package(ep: Any, cfg: BuildConfig, freezing: bool) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp, precision_flags(cfg.precision):
+def _aoti_package(ep: Any, fp32: dict[str, str], freezing: bool) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp, precision_flags(fp32):
         path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(tmp, "model.pt2"),
                                                         inductor_configs={"freezing": freezing})
         return open(path, "rb").read()
 
 
-def _load_aoti(package: bytes, precision: str) -> Runner:
+def _load_aoti(package: bytes, fp32: dict[str, str]) -> Runner:
     tmp = tempfile.NamedTemporaryFile(suffix=".pt2", delete=False)
     try:
         tmp.write(package)
@@ -399,17 +513,19 @@ def _load_aoti(package: bytes, precision: str) -> Runner:
         loaded = torch._inductor.aoti_load_package(tmp.name)
     finally:
         os.unlink(tmp.name)
-    return Runner(loaded, precision, "default", "AOTInductor")
+    return Runner(loaded, fp32, "default", "AOTInductor")
 
 
 def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
     meta = header.get("backend_meta", {})
     precision = header["precision"]
+    # the flags the engine was built under; engines from before the header recorded them: derived from the precision
+    fp32 = _check_fp32_flags(meta["fp32_precision"]) if "fp32_precision" in meta else fp32_flags(precision)
     if "aoti_package" in sections and aoti_works():
-        return _load_aoti(sections["aoti_package"], precision)
+        return _load_aoti(sections["aoti_package"], fp32)
     if "compile_cache" in sections:
         torch.compiler.load_cache_artifacts(sections["compile_cache"])
     ep = torch.export.load(io.BytesIO(sections["exported_program"]))
     mode = meta.get("compile_mode", "default")
     fn = _compile(ep.module(), BuildConfig(precision=precision), mode, meta.get("dynamic", False), meta.get("freezing", False))
-    return Runner(fn, precision, mode, "torch.compile (from cache)")
+    return Runner(fn, fp32, mode, "torch.compile (from cache)")
