@@ -52,7 +52,9 @@ def write_json(data: Any, target: str | None) -> None:
     if target in (None, "-"):
         sys.stdout.write(text + "\n")
     else:
-        Path(target).write_text(text + "\n")
+        from overdrive._utils.files import atomic_write
+
+        atomic_write(target, text + "\n")
 
 
 def check_json_target(target: str | None) -> None:

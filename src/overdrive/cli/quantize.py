@@ -10,7 +10,7 @@ from overdrive.cli.common import check_json_target, console, json_option, write_
 @click.command("quantize")
 @click.option("--model", "model_spec", default="digits", show_default=True,
               help="'digits' (the demo CNN, trained here in a few seconds), 'pkg.module:factory' (a callable "
-                   "returning an nn.Module) or a checkpoint file saved with torch.save(model).")
+                   "returning an nn.Module) or 'path/to/file.py:factory' (pickled models are refused: loading them runs code).")
 @click.option("--calib-data", default="digits", show_default=True,
               help="'digits' or a .pt file holding a tensor (N, ...) or a list of batches.")
 @click.option("--config", "config_name", type=click.Choice(["int8", "fp8", "int8_attention"]), default="int8",

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.files import atomic_write
 
 _STAGES = ("latency", "enqueue", "h2d", "compute", "d2h")
 
@@ -132,9 +133,9 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     if export_times:
         rows = [{"startMs": s, "latencyMs": a, "enqueueMs": b, "h2dMs": c, "computeMs": d, "d2hMs": e}
                 for s, a, b, c, d, e in zip(starts, *(rec[k] for k in _STAGES))]
-        Path(export_times).write_text(json.dumps(rows, indent=1))
+        atomic_write(export_times, json.dumps(rows, indent=1))
     if export_profile:
-        Path(export_profile).write_text(json.dumps(profile(engine, dev_sets[0]), indent=1))
+        atomic_write(export_profile, json.dumps(profile(engine, dev_sets[0]), indent=1))
     return summary
 
 

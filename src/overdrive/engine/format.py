@@ -47,7 +47,9 @@ class EngineFile:
         return _PRE.pack(MAGIC, FORMAT_VERSION, len(hbytes)) + hbytes + b"".join(self.sections.values())
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_bytes(self.to_bytes())
+        from overdrive._utils.files import atomic_write
+
+        atomic_write(path, self.to_bytes())  # a reader of the path sees the old engine or the new one, never a part
 
 
 def read_header(data: bytes, source: str = "engine") -> tuple[dict[str, Any], int]:

@@ -87,7 +87,9 @@ def save_compressed(handle: SparseHandle, path: str | os.PathLike[str]) -> dict[
     payload = {"format": FORMAT, "version": VERSION, "config": handle.config.to_json(), "state": state, "sparse": sparse}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, path)
+    from overdrive._utils.files import atomic_torch_save
+
+    atomic_torch_save(payload, path)
     return {"dense_weight_bytes": dense_bytes, "compressed_weight_bytes": comp_bytes}
 
 

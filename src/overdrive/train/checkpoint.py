@@ -30,10 +30,9 @@ def save_checkpoint(path: str | os.PathLike[str], trainer: Trainer, extra: dict[
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": 1, "trainer": trainer.state_dict(), "rng": _rng_state(), "extra": extra or {}}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
+    from overdrive._utils.files import atomic_torch_save
+
+    return atomic_torch_save(payload, path)  # a unique temporary per save: concurrent savers cannot tear it
 
 
 def load_checkpoint(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = True) -> dict[str, Any]:

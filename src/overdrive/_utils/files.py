@@ -1,0 +1,73 @@
+"""Writes that cannot tear: a unique temporary file in the destination's folder, flushed and fsynced, then
+renamed over the destination (``os.replace`` is atomic on POSIX and Windows). A reader sees the old file or
+the new one, never a mix; two writers to one path leave one whole file; a crash mid-write leaves the old
+file and no temporary behind.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> d = tempfile.mkdtemp()
+    >>> p = atomic_write(pathlib.Path(d) / "a.bin", b"hello")
+    >>> p.read_bytes(), sorted(x.name for x in pathlib.Path(d).iterdir())
+    (b'hello', ['a.bin'])
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_UMASK: int | None = None
+
+
+def _default_mode() -> int:
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0)
+        os.umask(_UMASK)
+    return 0o666 & ~_UMASK
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically; returns the path. An existing file keeps its
+    permission bits; a new one gets the usual ``0o666 & ~umask``."""
+    path = Path(path)
+    blob = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = _default_mode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # the rename itself survives a power cut once the folder is synced (POSIX; best effort elsewhere)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return path
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save(obj, path)`` through :func:`atomic_write`."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return atomic_write(path, buf.getvalue())
