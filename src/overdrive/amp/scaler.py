@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,11 +11,19 @@ import torch
 from overdrive._utils.errors import UsageError
 
 
+DEFAULT_MIN_SCALE = 1.0  # a dynamic scale backs off no lower than this unless min_scale says otherwise
+WARN_AFTER_SKIPS = 50  # consecutive skipped steps before the scaler says training is not progressing
+
+
 class LossScaler:
     """Dynamic or static loss scale, with state that restores exactly.
 
     The scale lives on the host (as in apex): an overflow check costs one device sync per
     backward, and only when the scale is dynamic. A static scale of 1.0 (bf16) checks nothing.
+    A dynamic scale never backs off below ``min_scale`` (default 1.0, or ``init_scale`` if that is
+    lower): past that, gradients that overflow are not a scaling problem, and halving the scale
+    for ever only hides it (it used to fall to 1e-10 and end in an overflow error). After
+    ``warn_after`` consecutive skipped steps a RuntimeWarning says so, once per run of skips.
 
     Example:
         >>> s = LossScaler(dynamic=True, init_scale=2.0**16, growth_interval=2)
@@ -33,16 +42,19 @@ class LossScaler:
         growth_interval: int = 2000,
         min_scale: float | None = None,
         max_scale: float = 2.0**24,
+        warn_after: int = WARN_AFTER_SKIPS,
     ) -> None:
         self.dynamic = dynamic
         self.scale = float(min(init_scale, max_scale)) if dynamic else float(init_scale)
         self.growth_factor = growth_factor
         self.backoff_factor = backoff_factor
         self.growth_interval = growth_interval
-        self.min_scale = min_scale
+        self.min_scale = min_scale if min_scale is not None else min(DEFAULT_MIN_SCALE, float(init_scale))
         self.max_scale = max_scale
+        self.warn_after = warn_after
         self.unskipped = 0  # clean steps since the last change (apex's name)
         self.overflows = 0  # total skipped steps, for reporting
+        self.consecutive_skips = 0
 
     def unscale_(self, grads: Sequence[torch.Tensor]) -> bool:
         """Multiply ``grads`` by 1/scale in place; return True when any is inf or NaN.
@@ -70,11 +82,16 @@ class LossScaler:
         if found_inf:
             self.overflows += 1
             self.unskipped = 0
-            new = self.scale * self.backoff_factor
-            if self.min_scale is not None:
-                new = max(new, self.min_scale)
-            self.scale = new
+            self.consecutive_skips += 1
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
+            if self.consecutive_skips == self.warn_after:
+                warnings.warn(
+                    f"{self.consecutive_skips} optimizer steps in a row were skipped for inf/NaN gradients (loss scale "
+                    f"now {self.scale:g}, floor {self.min_scale:g}): the gradients overflow at any scale, so training "
+                    "is not progressing; lower the learning rate, check the data and the loss for inf/NaN, or train "
+                    "at O0/bf16 to find the layer", RuntimeWarning, stacklevel=3)
             return
+        self.consecutive_skips = 0
         self.unskipped += 1
         if self.unskipped >= self.growth_interval:
             self.scale = min(self.scale * self.growth_factor, self.max_scale)
