@@ -94,3 +94,61 @@ def test_inductor_engine_from_another_torch(engine_path: Path, tmp_path: Path) -
     bad = _rewrite_header(engine_path, tmp_path / "t.engine", backend="inductor", torch="2.0.0")
     with pytest.raises(UsageError, match="built with torch 2.0.0"):
         Engine.load(bad)
+
+
+def test_version_zero_and_large_foreign_files_are_refused_early(tmp_path, monkeypatch) -> None:
+    """Version 0 was accepted; a large non-engine file was read whole before its 8-byte magic was checked."""
+    import builtins
+    import struct
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.engine import format as fmt
+
+    zero = tmp_path / "v0.engine"
+    zero.write_bytes(struct.pack("<8sIQ", fmt.MAGIC, 0, 2) + b"{}")
+    with pytest.raises(UsageError, match="version 0 does not exist"):
+        fmt.read(zero)
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.write(b"NOTANENGINE")
+        f.truncate(64 * 2**20)  # 64 MiB, sparse
+    reads: list[int] = []
+    real_open = builtins.open
+
+    class Counting:
+        def __init__(self, fh):  # noqa: ANN001
+            self.fh = fh
+
+        def read(self, n: int = -1) -> bytes:
+            data = self.fh.read(n)
+            reads.append(len(data))
+            return data
+
+        def __enter__(self):  # noqa: ANN204
+            return self
+
+        def __exit__(self, *a):  # noqa: ANN002
+            self.fh.close()
+
+    def counting_open(path, mode="r", *a, **k):  # noqa: ANN001, ANN002, ANN003
+        fh = real_open(path, mode, *a, **k)
+        return Counting(fh) if str(path) == str(big) and "b" in mode else fh
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    with pytest.raises(UsageError, match="wrong magic"):
+        fmt.read(big)
+    monkeypatch.undo()
+    assert sum(reads) <= 64, reads
+
+
+def test_build_refuses_a_missing_output_folder_before_building(tmp_path) -> None:
+    import contextlib
+    import io
+
+    from overdrive.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["build", "--model", "overdrive.recipes.models:DigitsCNN", "--shapes", "x:1x1x8x8",
+                     "--save-engine", str(tmp_path / "missing" / "m.engine")])
+    assert code == 2 and "does not exist" in err.getvalue()

@@ -62,6 +62,13 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     from overdrive.recipes.build import build_engine
 
     check_json_target(json_path)
+    from pathlib import Path
+
+    from overdrive._utils.errors import UsageError
+
+    if not Path(save_engine).parent.is_dir():  # refuse now, not after the build
+        raise UsageError(f"--save-engine {save_engine}: folder {str(Path(save_engine).parent)!r} does not exist; "
+                         "create it or give another path")
     flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,

@@ -61,6 +61,9 @@ def read_header(data: bytes, source: str = "engine") -> tuple[dict[str, Any], in
     if magic != MAGIC:
         raise UsageError(f"{source}: wrong magic {magic!r} (expected {MAGIC!r}): not an overdrive engine file. "
                          "TensorRT .engine/.plan files load with trtexec; build an overdrive engine with `overdrive build`")
+    if version < 1:
+        raise UsageError(f"{source}: engine format version {version} does not exist (versions start at 1): the file "
+                         "is corrupted or not written by overdrive; rebuild the engine")
     if version > FORMAT_VERSION:
         raise UsageError(f"{source}: engine format version {version} is newer than this overdrive reads "
                          f"(up to {FORMAT_VERSION}); upgrade overdrive or rebuild the engine")
@@ -87,7 +90,11 @@ def read(path: str | Path) -> EngineFile:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"engine file {str(path)!r} does not exist; build one with `overdrive build --save-engine {path}`")
-    data = p.read_bytes()
+    with open(p, "rb") as f:  # the 8-byte magic first: a large file that is no engine is refused unread
+        head = f.read(_PRE.size)
+        if len(head) >= len(MAGIC) and head[:len(MAGIC)] != MAGIC:
+            read_header(head.ljust(_PRE.size, b"\0"), str(path))  # raises the wrong-magic error
+        data = head + f.read()
     header, start = read_header(data, str(path))
     expected = start + int(header.get("payload_length", 0))
     if len(data) != expected:
