@@ -11,6 +11,7 @@ import numbers
 import operator
 import os
 import re
+import stat
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,12 +31,45 @@ class Sample:
     size: int = -1  # -1: the whole file
 
     def read(self) -> bytes:
-        """The encoded image bytes."""
+        """The encoded image bytes. Only regular files are opened (a FIFO named ``x.jpg`` would block for
+        ever, ``/dev/zero`` would be read without end) and at most :func:`max_file_bytes` are read; either
+        is an OSError naming the file, which the loader counts as an unreadable file and skips."""
+        st = os.stat(self.path)  # follows links: a link to a device is refused too
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{self.path} is not a regular file (a FIFO, device or socket); only files are read")
+        limit = max_file_bytes()
+        want = st.st_size if self.size < 0 else self.size
+        if want > limit:
+            raise OSError(f"{self.path} holds {want:,} bytes, over the {limit:,}-byte limit for one image "
+                          "(OVERDRIVE_MAX_FILE_BYTES raises it)")
         with open(self.path, "rb") as f:
             if self.size < 0:
-                return f.read()
+                data = f.read(limit + 1)  # the file may have grown since the stat
+                if len(data) > limit:
+                    raise OSError(f"{self.path} holds over {limit:,} bytes, the limit for one image "
+                                  "(OVERDRIVE_MAX_FILE_BYTES raises it)")
+                return data
             f.seek(self.offset)
             return f.read(self.size)
+
+
+def max_file_bytes() -> int:
+    """The most bytes one image file may hold: ``OVERDRIVE_MAX_FILE_BYTES`` or 256 MiB.
+
+    Example:
+        >>> max_file_bytes() >= 1 << 20
+        True
+    """
+    raw = os.environ.get("OVERDRIVE_MAX_FILE_BYTES")
+    if raw is None:
+        return 256 << 20
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"OVERDRIVE_MAX_FILE_BYTES={raw!r} is not a whole number of bytes") from None
+    if value < 1:
+        raise UsageError(f"OVERDRIVE_MAX_FILE_BYTES={value} must be >= 1")
+    return value
 
 
 def from_folder(root: str | os.PathLike) -> tuple[list[Sample], list[str]]:
