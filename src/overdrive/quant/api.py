@@ -240,6 +240,9 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
                          f"forward does not use (an auxiliary head) can be left in float with "
                          f"QuantConfig(exclude={tuple(layers)!r})")
     load_calib_amax(model, method, percentile)
+    for q in _activation_quantizers(model):  # all-zero inputs, outliers that leave int8 no range: say so
+        if q.enabled and q.is_calibrated:
+            q.warn_if_degenerate()
     return model
 
 

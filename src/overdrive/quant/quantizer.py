@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -107,6 +109,28 @@ class TensorQuantizer(nn.Module):
     def finish_calibration(self, method: str = "max", percentile: float | None = None) -> None:
         self.calibrating = False
         self.load_calib_amax(method, percentile)
+
+    def warn_if_degenerate(self) -> None:
+        """Say so when calibration data leaves this quantizer's range meaningless: every input zero, or
+        (int8) a few outliers so far out that 99.99% of the values share the lowest 1/64 of the range, where
+        int8 has two steps for them whatever the calibrator (the histogram's bins are that coarse too)."""
+        cal = self.calibrator
+        hist = getattr(cal, "hist", None)
+        name = self.name or "a quantizer"
+        if self.amax is not None and float(self.amax.max()) == 0.0:
+            warnings.warn(f"calibration of {name}: every input it saw was zero (amax 0), so it quantizes every "
+                          "value to 0; check that the forward loop feeds real data, or disable this quantizer",
+                          RuntimeWarning, stacklevel=4)
+            return
+        if self.config.format != "int8" or hist is None or hist.numel() < 64 or float(hist.sum()) == 0.0:
+            return
+        low = float(hist[: hist.numel() // 64].sum() / hist.sum())
+        if low >= 0.9999:
+            warnings.warn(
+                f"calibration of {name}: outliers dominate the range: {100 * low:.3f}% of the values lie below "
+                f"{getattr(cal, 'max', 0.0) / 64:.4g}, 1/64 of the largest ({getattr(cal, 'max', 0.0):.4g}), so int8 "
+                "gives them about 2 steps with any calibrator; remove the outliers from the calibration data, or "
+                "keep this layer in float (quant.partial_quantize / disable the quantizer)", RuntimeWarning, stacklevel=4)
 
     def load_calib_amax(self, method: str = "max", percentile: float | None = None) -> None:
         """Set amax from the stored calibration statistics with ``method`` (no data rerun)."""
