@@ -124,6 +124,16 @@ def from_module(module: nn.Module, input_names: list[str] | None = None) -> Mode
     return ModelSource(module=module, input_names=list(input_names), kind="module")
 
 
+def external_data_names(proto: Any) -> list[str]:
+    """The initializers of an ONNX ModelProto whose values live in external files.
+
+    Example:
+        >>> external_data_names(type("M", (), {"graph": type("G", (), {"initializer": []})()})())
+        []
+    """
+    return [t.name for t in proto.graph.initializer if getattr(t, "data_location", 0) == 1]  # TensorProto.EXTERNAL
+
+
 def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
     onnx = require("onnx", "onnx", "building from ONNX")
     if isinstance(model, (str, Path)):
@@ -138,6 +148,16 @@ def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
         proto = onnx.load_from_string(data)
     except Exception as exc:
         raise UsageError(f"{model if isinstance(model, (str, Path)) else 'ONNX bytes'}: not a valid ONNX model ({exc})") from exc
+    if external_data_names(proto):
+        if not isinstance(model, (str, Path)):
+            raise UsageError(f"ONNX bytes reference external data files ({', '.join(external_data_names(proto)[:3])}); "
+                             "they would be read from the current folder: pass the model's path instead")
+        proto = onnx.load(str(model), load_external_data=True)  # from the model's own folder, not the current one
+        try:
+            data = proto.SerializeToString()
+        except ValueError as exc:  # protobuf's 2 GB limit
+            raise UsageError(f"{model}: with its external data the model is over 2 GB, more than one engine section "
+                             "holds; build from a torch.export archive (.pt2) instead") from exc
     inits = {t.name for t in proto.graph.initializer}
     names, dtypes, shapes = [], {}, {}
     for i in proto.graph.input:

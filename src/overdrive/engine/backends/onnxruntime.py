@@ -202,4 +202,18 @@ def _unfused_qdq(header: dict[str, Any]) -> bool:
 
 
 def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+    _refuse_external_data(sections["onnx"])
     return Runner(_session(sections["onnx"], device, unfused_qdq=_unfused_qdq(header)), device)
+
+
+def _refuse_external_data(model_bytes: bytes) -> None:
+    """An engine's ONNX section holds its weights itself (build embeds them); one that points at external
+    files would make ONNX Runtime read whatever those paths name, relative to the current folder."""
+    onnx = require("onnx", "onnx", "the onnxruntime backend")
+    from overdrive.engine.sources import external_data_names
+
+    names = external_data_names(onnx.load_from_string(model_bytes))
+    if names:
+        raise UsageError(f"the engine's ONNX section points at external data files for {', '.join(names[:3])}; "
+                         "overdrive never writes such engines, and loading it would read files from the current "
+                         "folder: rebuild the engine with `overdrive build`")
