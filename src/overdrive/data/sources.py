@@ -119,6 +119,36 @@ def _image_rank(ext: str) -> tuple[int, int, str] | None:
     return ("." in ext, types.index(last), ext)
 
 
+def _scan_tar(shard: str | os.PathLike, images: dict[str, tuple[tuple[int, int, str], int, int]],
+              found: dict[str, dict[str, str]]) -> None:
+    """Index one shard's members into ``images`` and ``found``; a shard cut short is an error naming it (tarfile
+    stops quietly at a cut that falls between members, and lists the members before it)."""
+    size_on_disk = os.path.getsize(shard)
+    with tarfile.open(shard, "r:") as tf:  # uncompressed only: members must be seekable byte ranges
+        for m in tf:
+            if m.offset_data + m.size > size_on_disk:
+                raise UsageError(f"{shard}: member {m.name} runs past the end of the {size_on_disk:,}-byte file "
+                                 "(truncated); re-create or re-download the shard")
+            if not m.isfile() or (parts := split_key(m.name)) is None:
+                continue
+            key, ext = parts
+            rank = _image_rank(ext)
+            if rank is not None:
+                if key not in images or rank < images[key][0]:
+                    images[key] = (rank, m.offset_data, m.size)
+            elif "." + ext in _LABEL_EXTS:
+                f = tf.extractfile(m)
+                assert f is not None
+                found.setdefault(key, {})["." + ext] = f.read().decode(errors="replace").strip()
+        end = tf.offset  # where the end-of-archive marker (two zero blocks) must stand
+    with open(shard, "rb") as fh:
+        fh.seek(end)
+        marker = fh.read(1024)
+    if len(marker) < 1024 or any(marker):
+        raise UsageError(f"{shard}: no end-of-archive marker after its last member at byte {end:,} (the file is "
+                         f"{size_on_disk:,} bytes: truncated?); re-create or re-download the shard")
+
+
 def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     """WebDataset-style shards: members ``<key>.jpg`` (or .png, ...) with ``<key>.cls`` holding the label.
 
@@ -134,19 +164,11 @@ def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     for shard in shards:
         images: dict[str, tuple[tuple[int, int, str], int, int]] = {}  # key -> (rank, offset, size) of its image
         found: dict[str, dict[str, str]] = {}  # key -> {label extension: text}
-        with tarfile.open(shard, "r:") as tf:  # uncompressed only: members must be seekable byte ranges
-            for m in tf:
-                if not m.isfile() or (parts := split_key(m.name)) is None:
-                    continue
-                key, ext = parts
-                rank = _image_rank(ext)
-                if rank is not None:
-                    if key not in images or rank < images[key][0]:
-                        images[key] = (rank, m.offset_data, m.size)
-                elif "." + ext in _LABEL_EXTS:
-                    f = tf.extractfile(m)
-                    assert f is not None
-                    found.setdefault(key, {})["." + ext] = f.read().decode(errors="replace").strip()
+        try:
+            _scan_tar(shard, images, found)
+        except (tarfile.ReadError, EOFError) as exc:
+            raise UsageError(f"{shard}: not a readable tar shard, truncated or corrupt ({exc}); re-create or "
+                             "re-download it") from exc
         for key in sorted(images):
             texts = found.get(key, {})
             label = None
