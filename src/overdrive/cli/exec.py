@@ -27,6 +27,9 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
             export_profile: str | None, json_path: str | None) -> None:
     """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
 
+    An engine is code for the machine it was built on, like a TensorRT plan: loading it can run what its
+    sections hold (Inductor's compile cache, an AOTInductor library). Load only engines you built or trust.
+
     \b
     Examples:
       overdrive exec --load-engine model.engine

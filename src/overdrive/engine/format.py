@@ -8,8 +8,10 @@ Layout (little endian)::
     H bytes                header, UTF-8 JSON (backend, precision, build device, versions, bindings, sections)
     payload                sections back to back; the header holds each one's offset, length and sha256
 
-Nothing here unpickles: the header is JSON and the sections are raw bytes that each backend hands to
-its own runtime (an ONNX protobuf, a torch.export archive, Inductor's compile cache).
+Nothing in this module unpickles: the header is JSON and the sections are raw bytes that each backend hands
+to its own runtime (an ONNX protobuf, a torch.export archive, Inductor's compile cache, an AOTInductor
+library). Those runtimes may execute what they load (engine/README.md, "What an engine is trusted with"): the
+checksums here catch corruption, not tampering.
 """
 
 from __future__ import annotations
