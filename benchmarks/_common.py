@@ -12,21 +12,21 @@ The markdown file starts with the same meta as a header block.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from overdrive._utils.files import atomic_write
+from overdrive._utils.git import git_state as _git_state
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parents[1]  # where `git rev-parse` runs
@@ -38,22 +38,8 @@ META_KEYS = ("device", "compute_capability", "torch", "cuda", "python", "overdri
 
 
 def git_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None]:
-    """(short commit, dirty) of the checkout at ``cwd`` (default: this repository); (None, None) when
-    git is missing, fails, or ``cwd`` is not a git checkout. ``dirty`` counts tracked files only."""
-    commit = _git(["rev-parse", "--short", "HEAD"], cwd or REPO)
-    if not commit:
-        return None, None
-    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd or REPO)
-    return commit.strip(), (bool(status.strip()) if status is not None else None)
-
-
-def _git(args: list[str], cwd: str | Path) -> str | None:
-    # A results file must still be written where git is absent or broken (a copied tree, a container).
-    try:
-        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None
-    return r.stdout if r.returncode == 0 else None
+    """(short commit, dirty) of the checkout at ``cwd`` (default: this repository): see overdrive._utils.git."""
+    return _git_state(cwd or REPO)
 
 
 def run_meta(device: torch.device | None = None, argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -165,20 +151,8 @@ def meta_lines(meta: dict[str, Any]) -> list[str]:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` whole: a temporary file beside it, then os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp makes the file 0600; keep the mode a results file had, or the usual 0644
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Replace ``path`` with ``text`` whole (overdrive._utils.files.atomic_write: temporary file, fsync, rename)."""
+    atomic_write(path, text)
 
 
 def _complete_meta(facts: dict[str, Any]) -> dict[str, Any]:

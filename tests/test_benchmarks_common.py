@@ -148,7 +148,7 @@ def test_git_failing_gives_null_commit(common, tmp_path: Path, monkeypatch: pyte
     def run(*args, **kwargs):
         raise failure
 
-    monkeypatch.setattr(common.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)  # wherever git is called from
     assert common.run_meta()["commit"] is None
 
 

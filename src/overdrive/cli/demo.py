@@ -92,12 +92,8 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
 
 def _git_commit() -> str | None:
     """The checkout's commit when overdrive runs from a git clone (for the report), else None."""
-    import subprocess
     from pathlib import Path
 
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    from overdrive._utils.git import git_state
+
+    return git_state(Path(__file__).resolve().parent)[0]

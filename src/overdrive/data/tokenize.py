@@ -5,10 +5,10 @@ cached on disk (the same idea as the image pipeline: keep the input side off the
 from __future__ import annotations
 
 import hashlib
+import io
 import multiprocessing as mp
 import numbers
 import os
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.files import atomic_write
 from overdrive._utils.optional import require
 
 
@@ -193,16 +194,11 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     out = TokenizedTexts(ids, offsets)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file of this call's own: ranks sharing a cache_dir write the same key at once, and with
-        # one shared temporary name one's os.replace moved the other's file away (FileNotFoundError)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp.npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, ids=ids, offsets=offsets)
-            os.replace(tmp, path)  # atomic: a reader never sees half a cache file
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        buf = io.BytesIO()
+        np.savez(buf, ids=ids, offsets=offsets)
+        # a temporary file of this call's own (ranks sharing a cache_dir write the same key at once), then a
+        # rename: a reader never sees half a cache file
+        atomic_write(path, buf.getvalue())
     return out
 
 

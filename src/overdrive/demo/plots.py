@@ -6,16 +6,15 @@ matplotlib (the ``plot`` extra) is imported only when a report is written. Chart
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import re
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.files import atomic_write
 from overdrive._utils.optional import require
 from overdrive._utils.table import Table
 
@@ -84,9 +83,9 @@ def write_report(tables: list[Table], out_dir: str | Path, meta: dict[str, Any] 
     summary = "; ".join(f"{s}: {', '.join(v)}" for s, v in not_ok.items()) or "every stage ran"
     md += ["## Summary", "", f"**Summary:** {summary}."]
     path = out / "report.md"
-    _atomic(path, lambda f: f.write(("\n".join(md) + "\n").encode()))
+    atomic_write(path, "\n".join(md) + "\n")
     info = {"report": path.name, "charts": charts, "not_ok": not_ok, "meta": meta or {}}
-    _atomic(out / "report.json", lambda f: f.write(json.dumps(info, indent=2, default=str).encode()))
+    atomic_write(out / "report.json", json.dumps(info, indent=2, default=str))
     return path
 
 
@@ -176,21 +175,10 @@ def _save(fig: Any, path: Path, **shown: Any) -> dict[str, Any]:
 
     FigureCanvasAgg(fig)  # attaches itself to fig; savefig then renders with Agg whatever the process backend
     try:
-        _atomic(path, lambda f: fig.savefig(f, format="png", dpi=_DPI))
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=_DPI)
+        atomic_write(path, buf.getvalue())  # a reader (an artifact upload, a browser) never sees half a file
     finally:
         fig.clear()  # a pyplot-free figure has nothing to close; drop its artists now
     w, h = fig.get_size_inches() * _DPI
     return {"width_px": round(w), "height_px": round(h), **shown}
-
-
-def _atomic(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    # a reader (a CI artifact upload, a browser) never sees half a file: write beside it, then rename
-    f = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
-    try:
-        with f:
-            write(f)
-        os.chmod(f.name, 0o644)  # NamedTemporaryFile makes it 0600; a report is meant to be shared
-        os.replace(f.name, path)
-    except BaseException:
-        Path(f.name).unlink(missing_ok=True)
-        raise

@@ -13,12 +13,12 @@ apex surface: ``from overdrive.sparsity import ASP; ASP.prune_trained_model(mode
 ``Config`` is the deprecated old name of ``SparsityConfig``.
 """
 
-import warnings
 from typing import Any
 
 from overdrive.sparsity.api import PrunedLayer, SparseHandle, from_pruned, sparsify
 from overdrive.sparsity.asp import ASP
-from overdrive.sparsity.config import ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, SparsityConfig
+from overdrive.sparsity.config import (ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, SparsityConfig,
+                                       _deprecated_config)
 from overdrive.sparsity.export import compress, decompress, load_compressed, save_compressed, to_semi_structured
 from overdrive.sparsity.layers import shape_rule
 from overdrive.sparsity.masks import compute_mask, is_2to4, m4n2_1d, m4n2_2d_best, m4n2_2d_greedy, retained_magnitude
@@ -43,7 +43,5 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # not in __all__: ``from overdrive.sparsity import *`` must not warn
     if name == "Config":
-        warnings.warn("overdrive.sparsity.Config is deprecated; use overdrive.sparsity.SparsityConfig (the same class)",
-                      DeprecationWarning, stacklevel=2)
-        return SparsityConfig
+        return _deprecated_config("overdrive.sparsity.Config")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,10 +79,13 @@ PERMUTED = SparsityConfig(permutation=True)
 PRESETS: dict[str, SparsityConfig] = {"default": ASP_DEFAULT, "transposable": TRANSPOSABLE, "permuted": PERMUTED}
 
 
+def _deprecated_config(where: str) -> type[SparsityConfig]:
+    """``Config``, the class's name before every technique's config was named <Technique>Config."""
+    warnings.warn(f"{where} is deprecated; use SparsityConfig (the same class)", DeprecationWarning, stacklevel=3)
+    return SparsityConfig
+
+
 def __getattr__(name: str) -> Any:
-    # the class was called Config before every technique's config was named <Technique>Config
     if name == "Config":
-        warnings.warn("overdrive.sparsity.config.Config is deprecated; use SparsityConfig (the same class)",
-                      DeprecationWarning, stacklevel=2)
-        return SparsityConfig
+        return _deprecated_config("overdrive.sparsity.config.Config")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

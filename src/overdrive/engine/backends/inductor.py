@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.files import atomic_write
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sources import ModelSource, dynamic_shapes
@@ -383,16 +384,9 @@ def save_timing_cache(path: str, artifacts: bytes | None, info: dict[str, Any]) 
     if not artifacts:
         info["saved_bytes"] = 0
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".timing-cache-", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            f.write(artifacts)
-        os.replace(tmp, path)
+        atomic_write(path, artifacts)
     except OSError as exc:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         raise UsageError(f"--timing-cache {path}: cannot write it ({exc}); give a path in a writable folder") from exc
     info["saved_bytes"] = len(artifacts)
 
