@@ -14,6 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from overdrive._utils.files import atomic_torch_save, atomic_write
+
 
 def global_batches(n: int, batch: int, epoch: int, seed: int) -> list[torch.Tensor]:
     """Index batches of one epoch, shuffled from (seed, epoch); the same on every rank and in one process."""
@@ -80,10 +82,9 @@ def main() -> None:
         rows.append({"strategy": strategy, "ranks": env.world_size, "backend": dist.get_backend(), "accuracy": acc,
                      "loss": loss, "seconds": seconds})
         if env.rank == 0:  # the weights, for the caller to compare runs (loaded with weights_only)
-            torch.save(model.state_dict(), f"{args.out}.{strategy}.pt")
+            atomic_torch_save(model.state_dict(), f"{args.out}.{strategy}.pt")
     if env.rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(rows, f)
+        atomic_write(args.out, json.dumps(rows))
     dist.destroy_process_group()
 
 

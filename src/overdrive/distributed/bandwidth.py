@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     if env.is_main:
         text = json.dumps({"backend": env.backend, "world_size": env.world_size, "rows": rows})
         if a.out:
-            with open(a.out, "w") as f:
-                f.write(text)
+            from overdrive._utils.files import atomic_write
+
+            atomic_write(a.out, text)
         else:
             print(text)
     dist.destroy_process_group()

@@ -16,6 +16,7 @@ import torch
 from overdrive import __version__
 from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
+from overdrive._utils.files import atomic_write
 from overdrive.engine import backends, format as fmt
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive.engine.sources import ModelSource, to_source
@@ -171,7 +172,7 @@ class Builder:
                           "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)
         if name == "tensorrt":
             path = onnx_path or "model.onnx"
-            Path(path).write_bytes(src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset))
+            atomic_write(path, src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset))
             backend.refuse(path, str(Path(path).with_suffix(".plan")), cfg, device)
         t0 = time.perf_counter()
         sections, runner, meta = backend.build(src, example, cfg, device, calib)
