@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -128,7 +129,10 @@ def main() -> None:
 
     (out / f"results_rank{rank}.json").write_text(json.dumps(res))
     dist.barrier()
-    dist.destroy_process_group()
+    # every rank's results are written; leave without gloo's shutdown, which can abort a rank ("terminate
+    # called without an active exception") or hang it after its peer exits under a loaded suite
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
