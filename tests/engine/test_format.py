@@ -91,7 +91,10 @@ def test_wrong_precision(engine_path: Path) -> None:
 
 
 def test_inductor_engine_from_another_torch(engine_path: Path, tmp_path: Path) -> None:
-    bad = _rewrite_header(engine_path, tmp_path / "t.engine", backend="inductor", torch="2.0.0")
+    ef = fmt.read(engine_path)
+    ef.header.update(backend="inductor", torch="2.0.0")
+    fmt.EngineFile(ef.header, {"exported_program": ef.sections["onnx"]}).save(tmp_path / "t.engine")
+    bad = tmp_path / "t.engine"
     with pytest.raises(UsageError, match="built with torch 2.0.0"):
         Engine.load(bad)
 

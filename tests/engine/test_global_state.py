@@ -203,8 +203,8 @@ def test_load_applies_the_header_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(inductor, "aoti_works", lambda: True)
     mine = fp32_flags("tf32")  # not what precision "fp32" gives: the header wins
     cpu = torch.device("cpu")
-    inductor.load({"aoti_package": b""}, {"precision": "fp32", "backend_meta": {"fp32_precision": mine}}, cpu)
-    inductor.load({"aoti_package": b""}, {"precision": "bf16", "backend_meta": {}}, cpu)
+    inductor.load({"aoti_package": b""}, {"precision": "fp32", "backend_meta": {"fp32_precision": mine}}, cpu, trusted=True)
+    inductor.load({"aoti_package": b""}, {"precision": "bf16", "backend_meta": {}}, cpu, trusted=True)
     assert made == [mine, fp32_flags("bf16")]
 
 

@@ -48,8 +48,10 @@ def test_build_twice_with_one_cache_file(tmp_path: Path, mlp: torch.nn.Module) -
 def test_corrupt_cache_file_is_a_usage_error(tmp_path: Path, mlp: torch.nn.Module) -> None:
     bad = tmp_path / "bad.cache"
     bad.write_bytes(b"this is not an inductor cache" * 10)
-    with pytest.raises(UsageError, match=r"--timing-cache .*bad\.cache.*not an Inductor compile cache"):
+    with pytest.raises(UsageError, match=r"--timing-cache .*bad\.cache.*not signed"):  # refused unread
         Builder(backend="inductor", device="cpu", profiles=STATIC, timing_cache=str(bad)).build(mlp)
+    with pytest.raises(UsageError, match=r"--timing-cache .*bad\.cache.*not an Inductor compile cache"):
+        Builder(backend="inductor", device="cpu", profiles=STATIC, timing_cache=str(bad), trust_timing_cache=True).build(mlp)
     assert bad.read_bytes() == b"this is not an inductor cache" * 10  # left as it was
     with pytest.raises(UsageError, match=r"nofolder.*does not exist"):
         Builder(backend="inductor", device="cpu", profiles=STATIC,

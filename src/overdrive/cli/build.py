@@ -33,7 +33,9 @@ from overdrive.cli.common import check_json_target, json_option, write_json
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (a tensor or list saved with torch.save).")
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
               help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after "
-                   "(no effect on onnxruntime).")
+                   "(no effect on onnxruntime). Written signed with your key; an unsigned or foreign file is refused.")
+@click.option("--trust-timing-cache", is_flag=True,
+              help="Load a --timing-cache file not signed with your key (it unpickles): only one you trust.")
 @click.option("--input-io-formats", "--inputIOFormats", "input_io_formats", default=None, metavar="TYPE:LAYOUT,...",
               help="Input binding types and layouts, e.g. fp16:hwc (default fp32:chw); inductor backend.")
 @click.option("--output-io-formats", "--outputIOFormats", "output_io_formats", default=None, metavar="TYPE:LAYOUT",
@@ -48,7 +50,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
             device: str, max_autotune: bool, aot: bool | None, calib: str | None, timing_cache: str | None,
-            input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
+            trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
@@ -69,12 +71,15 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     if not Path(save_engine).parent.is_dir():  # refuse now, not after the build
         raise UsageError(f"--save-engine {save_engine}: folder {str(Path(save_engine).parent)!r} does not exist; "
                          "create it or give another path")
+    from overdrive._utils.signing import signing_key
+
+    signing_key(create=True)  # a bad OVERDRIVE_SIGNING_KEY fails now, not after the build
     flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
                           opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                          max_autotune=max_autotune, aot=aot, calib=calib, timing_cache=timing_cache, freezing=freezing,
-                          input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu)
+                          max_autotune=max_autotune, aot=aot, calib=calib, timing_cache=timing_cache,
+                          trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu)
     info = engine.info
     if json_path is not None:
         write_json(info, json_path)

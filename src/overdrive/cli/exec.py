@@ -21,14 +21,19 @@ from overdrive.cli.common import check_json_target, json_option, write_json
 @click.option("--precision", default=None, help="Refuse the engine unless it was built for this precision.")
 @click.option("--export-times", "--exportTimes", "export_times", default=None, metavar="FILE", help="Per-iteration times as JSON.")
 @click.option("--export-profile", "--exportProfile", "export_profile", default=None, metavar="FILE", help="Per-kernel profile as JSON.")
+@click.option("--trust", is_flag=True, help="Load an engine not signed with your key whole (its native library and "
+              "compile cache run): only for engines from a source you trust.")
 @json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
-            export_profile: str | None, json_path: str | None) -> None:
+            export_profile: str | None, trust: bool, json_path: str | None) -> None:
     """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
 
-    An engine is code for the machine it was built on, like a TensorRT plan: loading it can run what its
-    sections hold (Inductor's compile cache, an AOTInductor library). Load only engines you built or trust.
+    An engine is code for the machine it was built on, like a TensorRT plan: its sections can hold an
+    AOTInductor library and an Inductor cache that unpickles. `overdrive build` signs engines with your key
+    (OVERDRIVE_SIGNING_KEY, OVERDRIVE_SIGNING_KEY_FILE, or ~/.config/overdrive/signing.key); an engine that
+    is not signed with it loads in safe mode, compiled again from its exported program with nothing from the
+    file run, unless --trust is given.
 
     \b
     Examples:
@@ -45,7 +50,7 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     except ValueError as exc:
         raise UsageError(f"--percentile {percentile!r} must be numbers separated by commas, like 90,95,99") from exc
     check_percentiles(pct)  # before the load, which can take a compile
-    engine = Engine.load(load_engine, device=device, precision=precision)
+    engine = Engine.load(load_engine, device=device, precision=precision, trust=trust)
     summary = engine.benchmark(shapes=parse_shapes(shapes) or None, iterations=iterations, warmup_ms=warm_up,
                                duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
                                export_times=export_times, export_profile=export_profile)
@@ -57,5 +62,7 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         lc = engine.load_compile
         cache = (f"; Inductor graph cache: {lc['hit']} hit(s), {lc['miss']} miss(es), {lc['bypass']} bypass(es)"
                  if lc and any(lc.values()) else "")
-        click.echo(f"[I] loaded {load_engine} ({engine.info['runtime']}) in {engine.load_s:.2f} s{cache}")
+        tr = engine.trust
+        click.echo(f"[I] loaded {load_engine} ({engine.info['runtime']}) in {engine.load_s:.2f} s{cache}; "
+                   f"signature: {tr['signature']}, {tr['mode']} load")
         click.echo(format_summary(summary))

@@ -17,6 +17,7 @@ from overdrive import __version__
 from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
 from overdrive._utils.files import atomic_write
+from overdrive._utils.signing import signing_key
 from overdrive.engine import backends, format as fmt
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive.engine.sources import ModelSource, to_source
@@ -341,8 +342,10 @@ class Engine:
 
     def __init__(self, header: dict[str, Any], sections: dict[str, bytes], runner: Any, device: torch.device,
                  build_s: float | None = None, load_s: float | None = None,
-                 load_compile: dict[str, int] | None = None) -> None:
+                 load_compile: dict[str, int] | None = None, trust: dict[str, Any] | None = None) -> None:
         self.header, self.sections, self.runner, self.device = header, sections, runner, device
+        # built here: trusted; loaded: what authenticate() found and whether its native sections were used
+        self.trust = trust if trust is not None else {"signature": "built here", "trusted": True, "mode": "full"}
         self.build_s, self.load_s = build_s, load_s
         self.load_compile = load_compile  # Inductor graph-cache hits / misses / bypasses during the load
         self.profiles = [ShapeProfile.from_dict(i) for i in header["inputs"]]
@@ -359,16 +362,36 @@ class Engine:
                 "inputs": h["inputs"], "outputs": h["outputs"], "build_s": h.get("build_s"), "load_s": self.load_s,
                 "load_compile": self.load_compile,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
-                "timing_cache": h.get("timing_cache"), "best": h.get("best")}
+                "timing_cache": h.get("timing_cache"), "best": h.get("best"), "trust": self.trust}
 
     def save(self, path: str | Path) -> None:
-        fmt.EngineFile(self.header, self.sections).save(path)
+        """Write the engine atomically, signed with the user's key (overdrive._utils.signing; the default key
+        file is created on first use). An engine loaded without trust is saved unsigned: saving must not turn
+        a file from elsewhere into one this user's key vouches for."""
+        key = signing_key(create=True) if self.trust.get("trusted") else None
+        if key is None:
+            warnings.warn(f"saving an engine that was loaded untrusted ({self.trust.get('why')}) unsigned; rebuild it "
+                          "with `overdrive build` to get a signed engine", stacklevel=2)
+        fmt.EngineFile(self.header, self.sections).save(path, key)
 
     @classmethod
-    def load(cls, path: str | Path, device: str | None = None, precision: str | None = None) -> Engine:
-        """Load and check an engine; refuses another device kind/GPU, precision or torch build."""
+    def load(cls, path: str | Path, device: str | None = None, precision: str | None = None,
+             trust: bool = False) -> Engine:
+        """Load and check an engine; refuses another device kind/GPU, precision or torch build.
+
+        An engine signed with this user's key loads whole. Any other (unsigned, signed elsewhere, or edited
+        after signing) loads in safe mode: its program is compiled again from the ``torch.export`` section,
+        read weights-only, and its AOTInductor library and compile cache are ignored (a slower first call,
+        nothing from the file runs). ``trust=True`` (``--trust``) loads such an engine whole: only for engines
+        from a source you trust. ``engine.info["trust"]`` says which happened.
+
+        Example:
+            >>> # Engine.load("model.engine").info["trust"]  # {'signature': 'signed', 'trusted': True, 'mode': 'full'}
+        """
         ef = fmt.read(path)
         h = ef.header
+        status, why = fmt.authenticate(h)
+        trusted = status == "signed" or trust
         built = h["device"]
         if precision == "best" and not h.get("best"):
             raise UsageError(f"{path} was built for precision {h['precision']}, not with --best; load it without a "
@@ -387,10 +410,25 @@ class Engine:
         if h["backend"] == "inductor" and h["torch"].split("+")[0] != torch.__version__.split("+")[0]:
             raise UsageError(f"{path} was built with torch {h['torch']} but this is torch {torch.__version__}; Inductor "
                              "engines hold torch-version-specific programs: rebuild the engine with this torch")
+        native_ok = True
+        if built["type"] == "cpu" and (built.get("machine") != here.get("machine") or built.get("isa") != here.get("isa")):
+            native_ok = False  # native code compiled for another CPU can crash here (illegal instruction)
+            if h["backend"] == "inductor":
+                warnings.warn(f"{path} was built for {describe_device(built)}, this is {describe_device(here)}: its "
+                              "native code is not used; the program is compiled again for this CPU (a slower first "
+                              "call). Rebuild the engine here to skip that", stacklevel=2)
+        has_native = h["backend"] == "inductor" and bool({"aoti_package", "compile_cache"} & set(ef.sections))
+        if not trusted and has_native:
+            warnings.warn(f"{path}: {why}, so it loads in safe mode: compiled again from its exported program (weights "
+                          "only), its AOTInductor library and compile cache unused (a slower first call). Rebuild it "
+                          "with `overdrive build` here to get a signed engine, or load with --trust (trust=True) if "
+                          "you trust where it came from", stacklevel=2)
+        mode = "full" if (trusted and native_ok) or not has_native else ("recompiled" if trusted else "safe")
         t0 = time.perf_counter()
         before = _compile_counters()
-        runner = backends.get(h["backend"]).load(ef.sections, h, dev)
-        eng = cls(h, ef.sections, runner, dev)
+        runner = backends.get(h["backend"]).load(ef.sections, h, dev, trusted=trusted, native_ok=native_ok)
+        eng = cls(h, ef.sections, runner, dev,
+                  trust={"signature": status, "why": why, "trusted": trusted, "mode": mode})
         # Load time includes the first call: for Inductor that is when the program compiles (from the cache).
         eng.runner(*_random_inputs(eng.profiles, ModelSource(input_names=eng.input_names,
                                                             input_dtypes=dict(zip(eng.input_names, eng.input_dtypes))), dev))

@@ -152,7 +152,8 @@ class BuildConfig(ConfigBase):
     ``compile_mode`` is Inductor's mode ("reduce-overhead" = CUDA graphs, used for static profiles on CUDA).
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
-    effect on the onnxruntime backend (a warning says so). Configs are frozen: change one with
+    effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
+    with the user's key (overdrive._utils.signing) is ignored unless ``trust_timing_cache`` is set. Configs are frozen: change one with
     ``cfg.replace(...)``; named presets are in ``PRESETS`` (:func:`get_preset`).
 
     Example:
@@ -170,6 +171,7 @@ class BuildConfig(ConfigBase):
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18
     timing_cache: str | None = None  # a file kept across builds (Inductor's compile cache); None: no file
+    trust_timing_cache: bool = False  # load a timing cache not signed with this user's key (it unpickles)
     input_io_formats: tuple[str, ...] = ()  # trtexec --inputIOFormats; (): fp32:chw (as given)
     output_io_formats: tuple[str, ...] = ()  # trtexec --outputIOFormats; (): fp32 outputs
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import inspect
 import io
+import os
+import pickle
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,10 +201,51 @@ def from_torchscript(path: str | Path, example: tuple[torch.Tensor, ...], input_
     return src
 
 
+_FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+_force_lock = threading.Lock()
+
+
+def load_exported(f: str | Path | bytes, what: str = "exported program") -> Any:
+    """``torch.export.load`` that never runs a full unpickle.
+
+    torch.export.load reads weights with ``weights_only=True`` but falls back to ``weights_only=False`` (any
+    pickle, any code) for weights it marks as pickled and for archives in older formats. Here every torch.load
+    inside it is forced to the weights-only unpickler (torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``), so a crafted
+    archive raises instead of running.
+
+    Example:
+        >>> # ep = load_exported(engine.sections["exported_program"], "engine section exported_program")
+    """
+    src = io.BytesIO(f) if isinstance(f, (bytes, bytearray)) else str(f)
+    with _force_lock:
+        old = os.environ.get(_FORCE)
+        os.environ[_FORCE] = "1"
+        try:
+            return torch.export.load(src)
+        except pickle.UnpicklingError as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            detail = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[0] if lines else "")
+            raise UsageError(f"{what}: it holds pickled objects other than tensors, which overdrive refuses to "
+                             f"unpickle (they could run code): {detail[:200]}; export the model again with "
+                             "torch.export.save, with tensor weights only") from exc
+        except (RuntimeError, ValueError, KeyError, EOFError, OSError) as exc:
+            import zipfile
+
+            if isinstance(exc, zipfile.BadZipFile) or "zip" in str(exc).lower() or "deserializ" in str(exc).lower():
+                raise UsageError(f"{what}: not a readable torch.export archive ({type(exc).__name__}: "
+                                 f"{str(exc)[:200]}); save it again with torch.export.save") from exc
+            raise
+        finally:
+            if old is None:
+                os.environ.pop(_FORCE, None)
+            else:
+                os.environ[_FORCE] = old
+
+
 def from_exported(path: str | Path) -> ModelSource:
     if not Path(path).is_file():
         raise UsageError(f"exported program {str(path)!r} does not exist")
-    ep = torch.export.load(str(path))
+    ep = load_exported(path, f"exported program {path}")
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     src = from_module(ep.module(), names)
     src.kind = "exported"

@@ -26,6 +26,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool | None = None, calib: str | None = None, timing_cache: str | None = None,
+                 trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
@@ -53,7 +54,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src = from_module(load_model(model).eval())
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot,
-                      timing_cache=timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
+                      timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     engine = Builder(cfg).build(src, calib=_calibration(calib), onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)

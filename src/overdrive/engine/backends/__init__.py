@@ -3,7 +3,11 @@
     NAME: str
     unavailable(device) -> str | None          # None when usable here, else why not
     build(src, example, cfg, device) -> (sections: dict[str, bytes], runner, meta: dict)
-    load(sections, header, device) -> runner   # runner(*tensors) -> list[torch.Tensor]
+    load(sections, header, device, trusted, native_ok) -> runner   # runner(*tensors) -> list[torch.Tensor]
+
+``trusted`` is False for an engine not signed with the user's key (and not loaded with --trust): the backend
+then loads nothing that can run code (no native library, no unpickling cache); ``native_ok`` is False when
+the engine was built on a CPU of another kind, whose native code may not run here.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,9 +24,12 @@ from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.files import atomic_write
+from overdrive._utils.signing import sign, signing_key, verify
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
-from overdrive.engine.sources import ModelSource, dynamic_shapes
+from overdrive.engine.sources import ModelSource, dynamic_shapes, load_exported
+
+CACHE_MAGIC = b"ODTCACH1"  # + the HMAC of the payload under the user's signing key (64 hex digits) + the payload
 
 NAME = "inductor"
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -350,11 +354,13 @@ def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, free
     return _Frozen(fn, freezing) if freezing else fn
 
 
-def load_timing_cache(path: str) -> dict[str, Any]:
+def load_timing_cache(path: str, trust: bool = False) -> dict[str, Any]:
     """Preload Inductor's compile cache from ``path`` (``--timing-cache``) if the file exists.
 
-    Returns what was done, for ``engine.info["timing_cache"]``. A file that is not a cache written by
-    ``torch.compiler.save_cache_artifacts`` raises UsageError naming it.
+    The cache is handed to ``torch.compiler.load_cache_artifacts``, which unpickles, so it is loaded only
+    when it carries this user's signature (written by :func:`save_timing_cache`) or ``trust`` is set; an
+    unsigned or foreign file raises UsageError (before the build, the file left as it is). Returns what was done, for ``engine.info["timing_cache"]``. A signed file whose payload is not a
+    cache written by ``torch.compiler.save_cache_artifacts`` raises UsageError naming it.
 
     Example:
         >>> # load_timing_cache("model.cache")  # {'path': 'model.cache', 'loaded': True, 'loaded_bytes': 51234, ...}
@@ -366,34 +372,57 @@ def load_timing_cache(path: str) -> dict[str, Any]:
     if not os.path.exists(path):
         return info
     try:
-        data = open(path, "rb").read()
+        raw = open(path, "rb").read()
     except OSError as exc:
         raise UsageError(f"--timing-cache {path}: cannot read it ({exc}); give a readable file or a new path") from exc
+    data, why = _verified_cache(raw)
+    if why is not None and not trust:  # refused before the build, and the file is left as it is
+        raise UsageError(f"--timing-cache {path}: {why}, and a cache unpickles when loaded, so only caches signed "
+                         "with your key load; delete the file (the next build writes a signed one), give another "
+                         "path, or pass --trust-timing-cache if you know where it came from")
+    if why is not None:  # trusted: the whole file, or the payload after a foreign signature
+        data = raw[len(CACHE_MAGIC) + 64:] if raw.startswith(CACHE_MAGIC) else raw
     cache_info = torch.compiler.load_cache_artifacts(data) if data else None
     if cache_info is None:  # torch returns None (and logs) when the bytes do not deserialize
         raise UsageError(f"--timing-cache {path}: the file is empty or not an Inductor compile cache "
                          f"(torch.compiler.save_cache_artifacts bytes from torch {torch.__version__}); delete it "
                          "or give a new path, and the next build writes a fresh one")
-    info.update(loaded=True, loaded_bytes=len(data),
+    info.update(loaded=True, loaded_bytes=len(raw),
                 loaded_artifacts=sum(len(v) for v in getattr(cache_info, "artifacts", {}).values()))
     return info
 
 
+def _verified_cache(raw: bytes) -> tuple[bytes, str | None]:
+    """(payload, None) when ``raw`` is a cache signed with this user's key, else (b"", why not)."""
+    if not raw.startswith(CACHE_MAGIC):
+        return b"", "it is not signed (written by an older overdrive or another tool)"
+    mac, payload = raw[len(CACHE_MAGIC):len(CACHE_MAGIC) + 64].decode("ascii", "replace"), raw[len(CACHE_MAGIC) + 64:]
+    key = signing_key(create=False)
+    if key is None:
+        return b"", "it is signed but there is no signing key here to check it with"
+    if not verify(payload, mac, key.key):
+        return b"", "its signature does not verify under your key (signed elsewhere, or changed)"
+    return payload, None
+
+
 def save_timing_cache(path: str, artifacts: bytes | None, info: dict[str, Any]) -> None:
-    """Write the compile cache to ``path`` atomically (temp file + rename); keeps the old file if there is nothing new."""
+    """Write the compile cache to ``path``, signed with the user's key, atomically (temp file + rename);
+    keeps the old file if there is nothing new."""
     if not artifacts:
         info["saved_bytes"] = 0
         return
+    key = signing_key(create=True)
     try:
-        atomic_write(path, artifacts)
+        blob = CACHE_MAGIC + sign(artifacts, key.key).encode("ascii") + artifacts
+        atomic_write(path, blob)
     except OSError as exc:
         raise UsageError(f"--timing-cache {path}: cannot write it ({exc}); give a path in a writable folder") from exc
-    info["saved_bytes"] = len(artifacts)
+    info["saved_bytes"] = len(blob)
 
 
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
           calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
-    cache_info = load_timing_cache(cfg.timing_cache) if cfg.timing_cache else None
+    cache_info = load_timing_cache(cfg.timing_cache, cfg.trust_timing_cache) if cfg.timing_cache else None
     module = prepare(src, cfg, device, calib or [example])
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
     fp32 = fp32_flags(cfg.precision)
@@ -510,16 +539,24 @@ def _load_aoti(package: bytes, fp32: dict[str, str]) -> Runner:
     return Runner(loaded, fp32, "default", "AOTInductor")
 
 
-def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device, trusted: bool = False,
+         native_ok: bool = True) -> Runner:
+    """The engine's runner. ``trusted`` (signed with the user's key, or --trust) lets the AOTInductor library
+    and the compile cache load; otherwise, or when the library was built for another CPU (``native_ok``
+    False), the runner is compiled again from the exported program, read weights-only."""
     meta = header.get("backend_meta", {})
     precision = header["precision"]
     # the flags the engine was built under; engines from before the header recorded them: derived from the precision
     fp32 = _check_fp32_flags(meta["fp32_precision"]) if "fp32_precision" in meta else fp32_flags(precision)
-    if "aoti_package" in sections and aoti_works():
+    if trusted and native_ok and "aoti_package" in sections and aoti_works():
         return _load_aoti(sections["aoti_package"], fp32)
-    if "compile_cache" in sections:
+    if trusted and native_ok and "compile_cache" in sections:
         torch.compiler.load_cache_artifacts(sections["compile_cache"])
-    ep = torch.export.load(io.BytesIO(sections["exported_program"]))
+    ep = load_exported(sections["exported_program"], "engine section 'exported_program'")
     mode = meta.get("compile_mode", "default")
-    fn = _compile(ep.module(), BuildConfig(precision=precision), mode, meta.get("dynamic", False), meta.get("freezing", False))
-    return Runner(fn, fp32, mode, "torch.compile (from cache)")
+    if not isinstance(mode, str) or mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        raise UsageError(f"engine header: backend_meta.compile_mode {mode!r} is not a torch.compile mode; rebuild the engine")
+    fn = _compile(ep.module(), BuildConfig(precision=precision), mode, bool(meta.get("dynamic", False)),
+                  bool(meta.get("freezing", False)))
+    how = "torch.compile (from cache)" if trusted and native_ok and "compile_cache" in sections else "torch.compile"
+    return Runner(fn, fp32, mode, how)

@@ -201,7 +201,10 @@ def _unfused_qdq(header: dict[str, Any]) -> bool:
     return meta.get("unfused_qdq", str(meta.get("int8_kernels", "")).startswith("not fused"))
 
 
-def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device) -> Runner:
+def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.device, trusted: bool = False,
+         native_ok: bool = True) -> Runner:
+    """The ONNX Runtime session (``trusted`` and ``native_ok`` change nothing: the section is a protobuf that
+    runs no code, and one pointing at external data files is refused)."""
     _refuse_external_data(sections["onnx"])
     return Runner(_session(sections["onnx"], device, unfused_qdq=_unfused_qdq(header)), device)
 
