@@ -20,6 +20,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive.amp.config import Policy
 from overdrive.amp.core import MixedPrecision, prepare
+from overdrive.amp.scaler import WARN_AFTER_SKIPS
 
 # Values are weak too: a MixedPrecision holds its optimizers, so a strong value would keep its own
 # key (and the model) alive forever. The optimizer's step hooks hold the MixedPrecision, which
@@ -57,6 +58,8 @@ def initialize(
     max_loss_scale: float = 2.0**24,
     *,
     dtype: torch.dtype | str | None = None,
+    on_nonfinite: str = "skip",
+    max_consecutive_skips: int | None = WARN_AFTER_SKIPS,
 ) -> Any:
     """apex.amp.initialize: cast models and wire optimizers for ``opt_level``.
 
@@ -64,7 +67,8 @@ def initialize(
     optimizer was given). ``dtype`` picks float16 (default on CUDA) or bfloat16 (default on CPU).
     The positional order is apex's. ``patch_torch_functions`` is O1's op-level casting (torch.autocast
     here, nothing is patched): it may be given, with its opt level's value. ``enabled=False`` changes
-    nothing, and ``scale_loss`` then yields the loss as it is.
+    nothing, and ``scale_loss`` then yields the loss as it is. ``on_nonfinite`` and ``max_consecutive_skips``
+    (keywords, not in apex) say what a step with inf/NaN gradients or loss does: see :class:`Policy`.
 
     Example:
         >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -90,7 +94,7 @@ def initialize(
         opt_level=opt_level, dtype=dtype, cast_model_type=cast_model_type,
         keep_batchnorm_fp32=_bool_arg(keep_batchnorm_fp32), master_weights=master_weights,
         loss_scale=loss_scale, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
-        cast_model_outputs=cast_model_outputs,
+        cast_model_outputs=cast_model_outputs, on_nonfinite=on_nonfinite, max_consecutive_skips=max_consecutive_skips,
     )
     for opt in opt_list:
         if _lookup(opt) is not None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
+from overdrive.amp.guard import ON_NONFINITE
+from overdrive.amp.scaler import WARN_AFTER_SKIPS
 
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
 _HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -45,6 +48,13 @@ class Policy(ConfigBase):
     | O2    | half, norms fp32 | half              | fp32 copies    | dynamic / 1              |
     | O3    | half             | half              | no             | 1 / 1                    |
 
+    Every level checks the gradients and the loss for inf/NaN before the optimizer steps. A step that
+    has them is never applied: ``on_nonfinite="skip"`` (the default) skips it, counts it and warns (once
+    per run of skipped steps, naming the step); ``"raise"`` raises an OverdriveError naming the step. A
+    dynamic scale's overflow is routine (it backs off and skips quietly) until the scale is at its floor
+    or the loss itself is inf/NaN. ``max_consecutive_skips`` skipped steps in a row (default 50, where the
+    dynamic scaler used to warn) raise "training diverged"; None lets the run go on.
+
     Example:
         >>> p = Policy(opt_level="O2", dtype=torch.bfloat16).resolve(torch.device("cpu"))
         >>> p.master_weights, p.keep_batchnorm_fp32, p.loss_scale
@@ -64,8 +74,14 @@ class Policy(ConfigBase):
     init_scale: float = 2.0**16
     growth_interval: int = 2000
     cast_model_outputs: torch.dtype | None = None  # None: float32 outputs when the model is cast
+    # inf/NaN gradients or loss at a step no loss scale explains (see the class docstring)
+    on_nonfinite: Literal["skip", "raise"] = "skip"
+    max_consecutive_skips: int | None = WARN_AFTER_SKIPS
 
     _JSON_SORT_KEYS = True  # the JSON form earlier versions wrote
+    # fields added since: to_json writes them only when not at their default, so that a policy which leaves
+    # them alone is written as before, and an earlier overdrive (which refuses unknown keys) still reads it
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_consecutive_skips")
 
     def __post_init__(self) -> None:
         if self.opt_level not in OPT_LEVELS:
@@ -93,8 +109,25 @@ class Policy(ConfigBase):
             raise UsageError(f"min_loss_scale={self.min_loss_scale} exceeds max_loss_scale={self.max_loss_scale}")
         if self.growth_interval < 1:
             raise UsageError(f"growth_interval={self.growth_interval} must be >= 1")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise UsageError(
+                f"on_nonfinite={self.on_nonfinite!r} is not one of {', '.join(map(repr, ON_NONFINITE))} (skip: skip "
+                "the step with inf/NaN gradients, count it and warn; raise: stop with an error naming the step)"
+            )
+        n = self.max_consecutive_skips
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise UsageError(f"max_consecutive_skips={n!r} must be an int >= 1 (skipped steps in a row before the run "
+                             "stops) or None (never stop)")
         if self.master_weights and self.opt_level == "O0":
             raise UsageError("master_weights=True needs a half model; O0 keeps fp32 weights (use O2)")
+
+    def to_json(self) -> str:
+        out = self.to_dict()
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in self._ADDED_FIELDS:
+            if out[name] == defaults[name]:
+                del out[name]
+        return json.dumps(out, indent=self._JSON_INDENT, sort_keys=self._JSON_SORT_KEYS)
 
     @classmethod
     def from_opt_level(cls, opt_level: str, **overrides: Any) -> Policy:

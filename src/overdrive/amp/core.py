@@ -13,14 +13,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive.amp import casting
 from overdrive.amp.config import Policy, dtype_name
+from overdrive.amp.guard import StepGuard, found_nonfinite, read_flags
 from overdrive.amp.scaler import LossScaler
+
+LOSS_WHY = "the loss is inf or NaN"
 
 
 class MixedPrecision:
     """Models and optimizers prepared for one :class:`Policy`; owns the loss scaler.
+
+    No optimizer step with inf/NaN gradients or loss is applied: it is skipped and counted
+    (:attr:`skipped_steps`), with a warning or an error as the policy's ``on_nonfinite`` says
+    (:mod:`overdrive.amp.guard`).
 
     Example:
         >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -48,7 +55,9 @@ class MixedPrecision:
         self.scaler = LossScaler(
             dynamic=p.dynamic, init_scale=p.init_scale if p.dynamic else float(p.loss_scale),
             growth_interval=p.growth_interval, min_scale=p.min_loss_scale, max_scale=p.max_loss_scale,
+            warn_after=None,  # the guard speaks for every skipped step, and stops a run that cannot recover
         )
+        self.guard = StepGuard(p.on_nonfinite, p.max_consecutive_skips, n_optimizers=len(self.optimizers))
         for opt in self.optimizers:
             if len(opt.state) > 0:
                 raise UsageError(
@@ -76,6 +85,8 @@ class MixedPrecision:
             if p.autocast and autocast_hooks:
                 self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
+        self._why: dict[int, str] = {}  # optimizer id -> why its pending skip is not a routine backoff
+        self._bad_loss: dict[int, torch.Tensor] = {}  # static scales: optimizer id -> inf/NaN loss flag (device)
         self._n_groups = {id(opt): len(opt.param_groups) for opt in self.optimizers}  # to see add_param_group
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_step))
@@ -143,13 +154,15 @@ class MixedPrecision:
         stash = [q.grad for q in direct]
         for q in direct:
             q.grad = None
+        # a 0-d bool on the loss's device, read with the gradient check (no host sync of its own)
+        loss_bad = torch.isfinite(loss.detach()).all().logical_not()
         try:
             yield loss * self.scaler.scale if self.scaler.scale != 1.0 else loss
         except BaseException:
             for q, g in zip(direct, stash):
                 q.grad = g
             raise
-        self._unscale_new_grads(direct, stash, optimizers)
+        self._unscale_new_grads(direct, stash, optimizers, loss_bad)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Scaled backward with the overflow check: ``with scale_loss(loss) as s: s.backward()``."""
@@ -161,13 +174,17 @@ class MixedPrecision:
         direct: list[nn.Parameter],
         stash: list[torch.Tensor | None],
         optimizers: Sequence[torch.optim.Optimizer] | None = None,
+        loss_bad: torch.Tensor | None = None,
     ) -> None:
         # O2: the half model grads are copied into fp32 buffers first, so all new gradients are
-        # unscaled and checked in one pass (one device sync when the scale is dynamic).
+        # unscaled and checked in one pass (one device sync when the scale is dynamic, which reads
+        # the loss's flag too). A static scale only unscales here: the step checks (_before_step).
         pairs, bufs, n_new = self._copy_half_grads()
         reached = casting.ids([q for q in direct if q.grad is not None] + [m for _, m in pairs])
         fresh = [q.grad for q in direct if q.grad is not None]
-        found = self.scaler.unscale_(fresh + bufs)
+        at_floor = self.scaler.scale <= self.scaler.min_scale
+        grad_flag = self.scaler.unscale_and_check_(fresh + bufs)
+        found, bad_loss = read_flags(grad_flag, loss_bad) if self.scaler.dynamic else (False, False)
         self._accumulate_masters(pairs, bufs, n_new)
         to_add = [(q.grad, s) for q, s in zip(direct, stash) if s is not None and q.grad is not None]
         if to_add:
@@ -176,14 +193,32 @@ class MixedPrecision:
             if q.grad is None and s is not None:
                 q.grad = s
         self.scaler.update(found)
-        if found:
+        if not self.scaler.dynamic:
+            if loss_bad is not None:  # kept on the device until the step reads it with the gradients' check
+                for key in self._for_this_loss(reached, optimizers):
+                    prev = self._bad_loss.get(key)
+                    self._bad_loss[key] = loss_bad if prev is None else prev | loss_bad.to(prev.device)
+        elif found or bad_loss:
             # Only the optimizers this loss is for, and those whose grads it touched: a GAN's
             # generator must not lose its next (clean) step to an overflow in the discriminator's loss.
-            named = casting.ids(self.optimizers if optimizers is None else optimizers)
-            self._skip.update(
-                id(opt) for opt in self.optimizers
-                if id(opt) in named or any(id(q) in reached for q in self.master_params(opt))
-            )
+            affected = self._for_this_loss(reached, optimizers)
+            self._skip.update(affected)
+            # backing off is routine; an inf/NaN loss, or an overflow at the floor scale, is not
+            why = LOSS_WHY if bad_loss else (
+                f"the gradients overflow (inf/NaN) even at the loss scale floor {self.scaler.min_scale:g}, so a "
+                "smaller scale cannot help" if at_floor else None)
+            if why is not None:
+                for key in affected:
+                    self._why.setdefault(key, why)
+
+    def _for_this_loss(self, reached: set[int], optimizers: Sequence[torch.optim.Optimizer] | None) -> set[int]:
+        """ids of the optimizers a backward's loss is for: those named (default: all), and any whose grads
+        it reached."""
+        named = casting.ids(self.optimizers if optimizers is None else optimizers)
+        return {
+            id(opt) for opt in self.optimizers
+            if id(opt) in named or any(id(q) in reached for q in self.master_params(opt))
+        }
 
     def _copy_half_grads(self) -> tuple[list[tuple[nn.Parameter, nn.Parameter]], list[torch.Tensor], int]:
         """O2: fp32 copies of the half model grads; fresh masters get theirs as ``.grad`` directly."""
@@ -213,10 +248,39 @@ class MixedPrecision:
     def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         self._adopt_added_groups()
         self._flush_pending()
-        if id(optimizer) in self._skip:
+        key = id(optimizer)
+        index = self.optimizers.index(optimizer)
+        why = self._why.pop(key, None)
+        if not self.scaler.dynamic:
+            # a dynamic scale checked each backward already; a static one (bf16's 1.0 too) checks here
+            why = self._nonfinite_at_step(optimizer) or why
+            if why is not None:
+                self._skip.add(key)
+        if key in self._skip:
+            try:
+                self.guard.step_skipped(index, why)  # counts; warns or raises as the policy says
+            except OverdriveError:
+                self._skip.discard(key)  # not applied (the error stops the step); the next one starts clean
+                raise
             # Skip the step: optimizers leave parameters whose grad is None untouched.
             for q in self.master_params(optimizer):
                 q.grad = None
+        else:
+            self.guard.step_taken(index)
+
+    def _nonfinite_at_step(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """Static scales: what is wrong with the step ``optimizer`` is about to take, or None. One fused
+        check over the gradients it would apply (after accumulation and clipping) and the flags of the
+        losses behind them: one host sync per step, none when it has no gradient."""
+        loss_flag = self._bad_loss.pop(id(optimizer), None)
+        grads = [q.grad for q in self.master_params(optimizer) if q.grad is not None]
+        bad_grads, bad_loss = read_flags(found_nonfinite(grads), loss_flag)
+        if bad_loss:
+            return LOSS_WHY
+        if bad_grads:
+            scale = self.scaler.scale
+            return "the gradients hold inf or NaN" + (f" (static loss scale {scale:g})" if scale != 1.0 else "")
+        return None
 
     def _after_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         skipped = id(optimizer) in self._skip
@@ -231,12 +295,24 @@ class MixedPrecision:
                 m.grad = None
 
     # --- conveniences for the native API ----------------------------------------------------
-    def step(self) -> bool:
-        """Step every optimizer; returns False when the step was skipped for an overflow."""
-        skipped = bool(self._skip)
+    def step(self, number: int | None = None) -> bool:
+        """Step every optimizer; returns False when a step was skipped (inf/NaN gradients or loss).
+
+        ``number`` is this step's number in your loop, which a warning or error about it names
+        (default: the optimizer's steps since prepare, from 0).
+        """
+        if number is not None:
+            for i in range(len(self.optimizers)):
+                self.guard.number(i, number)
+        before = self.guard.skipped
         for opt in self.optimizers:
             opt.step()
-        return not skipped
+        return self.guard.skipped == before
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for inf/NaN gradients or loss so far (all optimizers together)."""
+        return self.guard.skipped
 
     def pending_skips(self) -> set[int]:
         """ids of the optimizers whose next step will be skipped (an inf/NaN was found in their gradients);
@@ -253,6 +329,9 @@ class MixedPrecision:
             opt.zero_grad(set_to_none=True)
         for half, _ in self._pairs:
             half.grad = None
+        # what was found in the gradients just dropped goes with them (a pending overflow skip stays, as in apex)
+        self._bad_loss.clear()
+        self._why.clear()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip the (unscaled, fp32 under O2) gradients the optimizer will use."""
@@ -336,10 +415,16 @@ class MixedPrecision:
         def clone(g: torch.Tensor | None) -> torch.Tensor | None:
             return None if g is None else g.detach().clone()
 
+        why = {i: self._why[id(opt)] for i, opt in enumerate(self.optimizers) if id(opt) in self._why}
+        for i, opt in enumerate(self.optimizers):
+            flag = self._bad_loss.get(id(opt))
+            if flag is not None and bool(flag.item()):  # a checkpoint may sync
+                why.setdefault(i, LOSS_WHY)
         return {
             "grads": [clone(q.grad) for q in self.master_params()],
             "half_grads": [clone(h.grad) for h, _ in self._pairs],
             "skip": [i for i, opt in enumerate(self.optimizers) if id(opt) in self._skip],
+            "nonfinite": why,  # optimizer index -> what its next step will be skipped for (not a routine backoff)
         }
 
     def load_pending_state(self, state: dict[str, Any]) -> None:
@@ -357,6 +442,8 @@ class MixedPrecision:
                     raise UsageError(f"pending gradient of shape {tuple(g.shape)} != parameter shape {tuple(q.shape)}")
                 q.grad = None if g is None else g.to(device=q.device, dtype=q.dtype, copy=True)
         self._skip = {id(self.optimizers[i]) for i in state.get("skip", [])}
+        self._why = {id(self.optimizers[int(i)]): str(w) for i, w in state.get("nonfinite", {}).items()}
+        self._bad_loss = {}
 
     def remove(self) -> None:
         """Remove every hook this object installed (the model stays cast)."""

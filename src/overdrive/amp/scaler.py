@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive.amp.guard import found_nonfinite
 
 
 DEFAULT_MIN_SCALE = 1.0  # a dynamic scale backs off no lower than this unless min_scale says otherwise
@@ -19,11 +20,13 @@ class LossScaler:
     """Dynamic or static loss scale, with state that restores exactly.
 
     The scale lives on the host (as in apex): an overflow check costs one device sync per
-    backward, and only when the scale is dynamic. A static scale of 1.0 (bf16) checks nothing.
+    backward, and only when the scale is dynamic. A static scale (1.0 for bf16) checks nothing here:
+    :class:`~overdrive.amp.MixedPrecision` checks those gradients once per optimizer step.
     A dynamic scale never backs off below ``min_scale`` (default 1.0, or ``init_scale`` if that is
     lower): past that, gradients that overflow are not a scaling problem, and halving the scale
     for ever only hides it (it used to fall to 1e-10 and end in an overflow error). After
-    ``warn_after`` consecutive skipped steps a RuntimeWarning says so, once per run of skips.
+    ``warn_after`` consecutive skipped steps a RuntimeWarning says so, once per run of skips (None: never;
+    :class:`~overdrive.amp.MixedPrecision` passes None, its step guard warns and stops the run instead).
 
     Example:
         >>> s = LossScaler(dynamic=True, init_scale=2.0**16, growth_interval=2)
@@ -42,7 +45,7 @@ class LossScaler:
         growth_interval: int = 2000,
         min_scale: float | None = None,
         max_scale: float = 2.0**24,
-        warn_after: int = WARN_AFTER_SKIPS,
+        warn_after: int | None = WARN_AFTER_SKIPS,
     ) -> None:
         self.dynamic = dynamic
         self.scale = float(min(init_scale, max_scale)) if dynamic else float(init_scale)
@@ -59,21 +62,23 @@ class LossScaler:
     def unscale_(self, grads: Sequence[torch.Tensor]) -> bool:
         """Multiply ``grads`` by 1/scale in place; return True when any is inf or NaN.
 
-        With a static scale the finiteness check is skipped (no device sync).
+        With a static scale the finiteness check is skipped here (no device sync); the optimizer step
+        checks (:mod:`overdrive.amp.guard`).
         """
+        found = self.unscale_and_check_(grads)
+        return found is not None and bool(found.item() > 0)
+
+    def unscale_and_check_(self, grads: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """:meth:`unscale_` without the host sync: the inf/NaN flag as a (1,) device tensor (> 0: found),
+        for a caller that reads it together with other flags. None when nothing was checked (a static scale,
+        or no gradients)."""
         if not grads:
-            return False
+            return None
         if not self.dynamic:
             if self.scale != 1.0:
                 torch._foreach_mul_(list(grads), 1.0 / self.scale)
-            return False
-        found = None
-        for (device, _dtype), group in _group(grads).items():
-            found_inf = torch.zeros(1, device=device)
-            inv = torch.full((1,), 1.0 / self.scale, device=device)
-            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv)
-            found = found_inf if found is None else found + found_inf.to(found.device)
-        return bool(found.item() > 0)
+            return None
+        return found_nonfinite(grads, 1.0 / self.scale)
 
     def update(self, found_inf: bool) -> None:
         """Back off on overflow (and count a skipped step); grow after ``growth_interval`` clean steps."""
@@ -113,9 +118,3 @@ class LossScaler:
         self.unskipped = int(state["unskipped"])
         self.overflows = int(state.get("overflows", 0))
 
-
-def _group(tensors: Sequence[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
-    out: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for t in tensors:
-        out.setdefault((t.device, t.dtype), []).append(t)
-    return out

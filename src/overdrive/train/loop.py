@@ -133,7 +133,7 @@ class Trainer:
         self.channels_last = cfg.channels_last
         self.forward = torch.compile(model) if cfg.compile else model
         self.step_count = 0  # optimizer steps taken (skipped ones included)
-        self.skipped_steps = 0  # optimizer steps skipped for an inf/NaN gradient
+        self.skipped_steps = 0  # optimizer steps skipped for an inf/NaN gradient or loss
         # ReduceLROnPlateau needs a metric: fit steps it once per epoch, train_step never
         self._plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         self.epoch = 0
@@ -164,7 +164,13 @@ class Trainer:
         partial accumulation of k < ``accumulate`` micro-batches, on the mean of their gradients,
         so no gradient carries into the next epoch.
 
-        Returns the micro-batch loss as a detached tensor (no host sync).
+        An inf/NaN loss or gradient is reported by the call that steps (with ``accumulate`` > 1, the
+        one closing the micro-batch's accumulation), naming ``step_count``: that step is not applied;
+        the policy's ``on_nonfinite`` says whether it is skipped, counted in ``skipped_steps`` and warned
+        about ("skip", the default) or raises an OverdriveError ("raise"). The check is amp's (one host
+        sync per step, none more with a dynamic loss scale, which checks every backward).
+
+        Returns the micro-batch loss as a detached tensor (no host sync of its own).
         """
         x, y = batch
         x, y = self._to_device(x), y.to(self.device, non_blocking=True)
@@ -189,7 +195,7 @@ class Trainer:
                 self._micro += self.accumulate - k
             if self.grad_clip is not None:
                 self.mp.clip_grad_norm_(self.grad_clip)
-            if not self.mp.step():
+            if not self.mp.step(number=self.step_count):  # inf/NaN: not applied (warned or raised)
                 self.skipped_steps += 1
             self.mp.zero_grad()
             if self.scheduler is not None and not self._plateau:
@@ -218,6 +224,10 @@ class Trainer:
         Schedulers step once per optimizer step (in :meth:`train_step`), except
         ``ReduceLROnPlateau``, which needs a metric: it steps once at the end of each epoch, on the
         eval loss when ``eval_data`` is given and otherwise on the epoch's mean training loss.
+
+        A step with an inf/NaN loss or gradient is reported as it happens (see :meth:`train_step`); with
+        ``on_nonfinite="skip"`` it is skipped and the epoch's mean loss is over its finite losses. An epoch
+        with no finite loss raises "training diverged".
         """
         if epochs < 1:
             raise UsageError(f"epochs={epochs} must be >= 1")
@@ -243,11 +253,15 @@ class Trainer:
                 seconds = time.perf_counter() - t0
                 if not losses:
                     raise UsageError("the training data yielded no batch; check the dataset and batch size")
-                mean_loss = float(torch.stack(losses).float().mean())
+                # (n,): the steps with an inf/NaN loss were not applied (amp's guard skipped them), so
+                # the mean is over the finite ones
+                stacked = torch.stack(losses).float()
+                finite = torch.isfinite(stacked)
+                mean_loss = float(stacked[finite].mean()) if bool(finite.any()) else math.nan
                 if not math.isfinite(mean_loss):
                     raise OverdriveError(
-                        f"training diverged: mean loss {mean_loss} in epoch {self.epoch}; lower the learning rate or "
-                        "use a dynamic loss scale"
+                        f"training diverged: no finite loss in epoch {self.epoch}; lower the learning rate, check the "
+                        "data, or use a dynamic loss scale"
                     )
                 stats = EpochStats(self.epoch, mean_loss, samples, seconds, self.skipped_steps - skipped0)
                 if eval_data is not None:
