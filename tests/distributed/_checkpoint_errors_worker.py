@@ -7,6 +7,7 @@
 - The ``position`` dict (nested, with a generator-state tensor) comes back unchanged.
 - FSDP2 refuses a save mid-accumulation on every rank (no hang, nothing written).
 - A checkpoint that does not fit raises the UsageError on every rank.
+- A flipped byte in rank 1's shard (hashed by rank 1 only) raises the UsageError on every rank.
 
 Each rank writes ``$OUT/results_rank<r>.json``: a number or string per check, or the error it raised.
 """
@@ -126,6 +127,24 @@ def main() -> None:
             return str(exc)
 
     check("mismatch", mismatch)
+
+    def corrupt_shard() -> str:
+        # Rank 1's shard, hashed by rank 1 alone (the ranks split the hashing): every rank must raise.
+        path = odist.checkpoint.latest(out / "position")
+        dist.barrier()  # every rank has its path before the shard changes (latest would skip it after)
+        if rank == 0:
+            shard = path / "__1_0.distcp"
+            data = bytearray(shard.read_bytes())
+            data[len(data) // 2] ^= 0x40
+            shard.write_bytes(bytes(data))
+        dist.barrier()
+        try:
+            odist.checkpoint.load(path, mk("ddp", "O0"))
+            return "loaded"
+        except UsageError as exc:
+            return str(exc)
+
+    check("corrupt_shard", corrupt_shard)
 
     (out / f"results_rank{rank}.json").write_text(json.dumps(res))
     dist.barrier()

@@ -9,7 +9,9 @@
 4. a checkpoint saved under DDP loads under FSDP2 and back (the optimizer state is stored by
    parameter name for both), O2/O3 mismatches are refused naming both strategies before anything
    is loaded, and a save before the first step leaves the optimizer fresh; plus ``Trainer.fit``'s
-   partial accumulation at epoch end under both strategies (``_strategy_switch_worker.py``).
+   partial accumulation at epoch end under both strategies (``_strategy_switch_worker.py``);
+5. a flipped byte in one rank's shard is refused on every rank (the rest of issue 18's checks,
+   single-process, are in ``test_checkpoint_integrity.py``).
 
 Single-process checks run in a process group of one; the per-rank ones run 2 gloo ranks under
 torchrun (``_checkpoint_errors_worker.py``).
@@ -214,6 +216,12 @@ def test_two_ranks_fsdp_save_mid_accumulation_refused_on_every_rank(two_ranks: t
 def test_two_ranks_mismatch_raises_usage_error_on_every_rank(two_ranks: tuple[list[dict], Path]) -> None:
     for res in two_ranks[0]:
         assert "does not fit this trainer" in res["mismatch"] and "Traceback" not in res["mismatch"]
+
+
+def test_two_ranks_corrupt_shard_of_one_rank_is_refused_on_every_rank(two_ranks: tuple[list[dict], Path]) -> None:
+    # Loaded silently before (no checksums); rank 1 alone hashes its shard, and both ranks raise.
+    for res in two_ranks[0]:
+        assert "checksum mismatch in __1_0.distcp" in res["corrupt_shard"], res["corrupt_shard"]
 
 
 def test_mid_accumulation_checkpoint_needs_its_rank_count(two_ranks: tuple[list[dict], Path], group: None) -> None:

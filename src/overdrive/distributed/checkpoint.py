@@ -8,8 +8,11 @@ returned by :func:`load` as it was given. DCP re-shards on load, so a checkpoint
 loads with M ranks, and one written under DDP loads under FSDP2 and back (O0/O1: the optimizer
 state is stored by parameter name for both); RNG states are restored only where the rank existed.
 
-Layout: ``root/step_00000012/`` one DCP directory per save; DCP writes ``.metadata`` last, so a
-directory with it is complete, and :func:`latest` ignores half-written ones (a crash mid-save).
+Layout: ``root/step_00000012/`` one DCP directory per save: ``.metadata``, one ``__<rank>_0.distcp``
+shard file per rank, and ``overdrive.manifest.json`` (size and sha256 of every other file), written
+last, atomically, so its presence marks a complete save. :func:`load` checks every file against it
+before DCP reads anything, and never runs a pickle (see :mod:`overdrive.distributed.checkpoint_files`);
+:func:`latest` returns the newest folder that verifies, warning with the names of those it skips.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import io
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive.distributed import checkpoint_files as files
 
 if TYPE_CHECKING:
     from overdrive.train.loop import Trainer
@@ -33,8 +38,18 @@ if TYPE_CHECKING:
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def latest(root: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint directory under ``root`` (or None).
+def _steps(root: Path) -> list[tuple[int, Path]]:
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
+
+
+def latest(root: str | os.PathLike[str], check_hashes: bool = True, allow_unverified: bool = False) -> Path | None:
+    """The newest checkpoint directory under ``root`` that verifies (or None).
+
+    Newer ones that do not (a save that did not finish, a missing or truncated shard, a checksum
+    mismatch, no manifest) are skipped, with a RuntimeWarning naming each and why.
+    ``check_hashes=False`` checks that every file is there with its size, not its sha256 (fast on
+    large checkpoints; :func:`load` still checks every hash). ``allow_unverified=True`` also returns
+    a folder with no manifest (written by an overdrive before checksums), with a warning.
 
     Example:
         >>> latest("/nonexistent") is None
@@ -43,12 +58,32 @@ def latest(root: str | os.PathLike[str]) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         return None
-    done = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / ".metadata").is_file()]
-    return max(done)[1] if done else None
+    skipped, found, note = [], None, ""
+    for _, p in reversed(_steps(root)):
+        try:
+            files.verify(p, check_hashes=check_hashes, allow_unverified=allow_unverified, warn=False)
+        except files.CheckpointFolderError as exc:
+            skipped.append(f"{p.name} ({exc.problem})")
+            continue
+        found = p
+        if not (p / files.MANIFEST).is_file():
+            note = (f"; {p.name} has no {files.MANIFEST}: it is returned unverified, and corruption in it "
+                    "cannot be detected")
+        break
+    if skipped or note:
+        warnings.warn(f"checkpoint.latest({str(root)!r}): "
+                      + (f"skipped {'; '.join(skipped)}; " if skipped else "")
+                      + (f"returning {found.name}" if found is not None else "no checkpoint verifies") + note,
+                      RuntimeWarning, stacklevel=2)
+    return found
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -128,6 +163,19 @@ def _blob(obj: Any) -> bytes:
 
 def _unblob(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _entry(path: Path, key: str, data: Any) -> Any:
+    """A serialized entry of the checkpoint at ``path``, or the error that names it."""
+    try:
+        if not isinstance(data, bytes):
+            raise TypeError(f"a {type(data).__name__}, not the bytes overdrive stores")
+        return _unblob(data)
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, the finding is the same
+        raise files.CheckpointFolderError(
+            path, f"entry {key!r} is not what overdrive writes: torch.load(weights_only=True) refuses it "
+                  f"({type(exc).__name__}: {_first_line(exc)[:200]}), and nothing in it ran",
+            "load only checkpoints that your own runs wrote") from None
 
 
 def _mid_accumulation(trainer: Trainer) -> bool:
@@ -234,14 +282,85 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
     if dist.is_initialized():
         dist.barrier()
     dcp.save(state, checkpoint_id=str(path))
-    if _rank() == 0:
-        done = sorted(p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / ".metadata").is_file())
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    _seal(path, trainer.step_count, keep)
     return path
 
 
-def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = True) -> dict[str, Any]:
+def _seal(path: Path, step: int, keep: int) -> None:
+    """After DCP's save: the manifest (each rank hashes a share of the files, rank 0 writes it), then
+    rank 0 prunes; every rank returns once the manifest is there, or raises what rank 0 hit."""
+    rank, world = _rank(), _world()
+    names = files.data_files(path)  # every rank's shards are written once dcp.save has returned
+    mine = files.digests(path, names[rank::world])
+    shares: list[Any] = [mine]
+    if world > 1:
+        shares = [None] * world
+        dist.all_gather_object(shares, mine)
+    err = None
+    if rank == 0:
+        try:
+            done = {k: v for share in shares for k, v in share.items()}
+            done.update(files.digests(path, [n for n in names if n not in done]))  # a rank that listed fewer files
+            files.write_manifest(path, done)
+            _prune(path.parent, step, keep)
+        except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised here
+            err = f"checkpoint.save could not finish {str(path)!r} ({type(exc).__name__}: {exc})"
+            if world == 1:
+                raise OverdriveError(err + "; it stays incomplete, and checkpoint.latest skips it") from exc
+    if world > 1:
+        box = [err]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            raise OverdriveError(box[0] + "; it stays incomplete, and checkpoint.latest skips it")
+
+
+def _prune(root: Path, step: int, keep: int) -> None:
+    """Keep the folder just written and the ``keep - 1`` newest older ones that can load (a manifest, or
+    an older overdrive's ``.metadata``); remove older folders that cannot (a save that did not finish).
+    Newer folders are left alone (a run resumed from before them, e.g. because they were corrupt)."""
+    loadable = []
+    for s, p in _steps(root):
+        if s >= step:
+            continue
+        if (p / files.MANIFEST).is_file() or (p / files.METADATA).is_file():
+            loadable.append(p)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in loadable[: max(0, len(loadable) - (keep - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _verified(path: Path, allow_unverified: bool) -> bytes:
+    """:func:`files.verify` with the shards' hashing split between the ranks; every rank raises the
+    same error if any rank found one. Returns the checked bytes of ``.metadata``."""
+    rank, world = _rank(), _world()
+    err: files.CheckpointFolderError | None = None
+    data = b""
+    try:
+        data = files.verify(path, allow_unverified=allow_unverified, share=(rank, world))
+    except files.CheckpointFolderError as exc:
+        err = exc
+    if world > 1:
+        found: list[Any] = [None] * world
+        dist.all_gather_object(found, err)
+        err = next((e for e in found if e is not None), None)
+    if err is not None:
+        raise err
+    return data
+
+
+def _refused(exc: BaseException) -> files.RefusedEntry | None:
+    if isinstance(exc, files.RefusedEntry):
+        return exc
+    for failure in getattr(exc, "failures", {}).values():
+        err = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(err, files.RefusedEntry):
+            return err
+    return None
+
+
+def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = True,
+         allow_unverified: bool = False) -> dict[str, Any]:
     """Restore what :func:`save` wrote into ``trainer`` (any rank count); returns the ``position`` dict.
 
     Gradients ``trainer`` holds from before the load are dropped, and a checkpoint saved
@@ -251,17 +370,24 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
     parameter name); where it cannot (O2/O3, whose amp state differs between the strategies), a
     UsageError names both, before anything is loaded.
 
+    Before DCP reads anything, every file is checked against the folder's manifest (size and
+    sha256; the ranks split the hashing): a missing shard, a truncated file or a flipped byte raises
+    a UsageError naming the file. A folder without a manifest (an overdrive before checksums wrote
+    it) is refused unless ``allow_unverified=True``. No pickle in the folder runs: ``.metadata`` is
+    read by a restricted unpickler, the other entries with ``torch.load(weights_only=True)``.
+
     Example:
         >>> # ckpt = latest("ckpt"); position = load(ckpt, trainer) if ckpt else {}
     """
     import torch.distributed.checkpoint as dcp
 
+    if path is None:
+        raise UsageError("checkpoint.load(None, ...): no checkpoint to load (checkpoint.latest(root) returns None "
+                         "when no folder verifies; its warning names the ones it skipped)")
     path = Path(path)
-    if not (path / ".metadata").is_file():
-        raise UsageError(f"{str(path)!r} is not a complete DCP checkpoint (no .metadata); use checkpoint.latest(root)")
-    meta = dcp.FileSystemReader(str(path)).read_metadata()
-    keys = set(meta.state_dict_metadata)
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    meta_bytes = _verified(path, allow_unverified)
+    keys = set(files.read_metadata(path, meta_bytes).state_dict_metadata)
+    world = _world()
     pending_ranks = sorted(int(k[len("pending.rank"):]) for k in keys if k.startswith("pending.rank"))
     if pending_ranks and pending_ranks != list(range(world)):
         raise UsageError(
@@ -313,10 +439,10 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
             # half-restored. FSDP2 runs O2/O3 bf16 as FSDP mixed precision with amp at O0, so the amp
             # level differs between strategies there.
             head: dict[str, Any] = {"amp": {"opt_level": None}}
-            dcp.load(head, checkpoint_id=str(path))
+            dcp.load(head, storage_reader=files.SafeReader(path, meta_bytes), planner=files.SafePlanner())
             if head["amp"]["opt_level"] != trainer.mp.policy.opt_level:
                 raise _AmpMismatch(head["amp"]["opt_level"])
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, storage_reader=files.SafeReader(path, meta_bytes), planner=files.SafePlanner())
     except _AmpMismatch as exc:
         raise UsageError(
             f"checkpoint {str(path)!r} holds amp state at opt level {exc.args[0]!r} and this trainer "
@@ -324,10 +450,19 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
             "O2/O3 bf16 with amp at 'O0', strategy='ddp' with amp at O2/O3); resume it with the strategy and amp policy that saved it"
         ) from None
     except (CheckpointException, Exception) as exc:  # CheckpointException derives from BaseException
+        if (bad := _refused(exc)) is not None:
+            raise files.CheckpointFolderError(
+                path, f"entry {bad.key!r} is not what overdrive writes: torch.load(weights_only=True) refuses it "
+                      f"({bad.reason}), and nothing in it ran", "load only checkpoints that your own runs wrote"
+            ) from None
         raise UsageError(
             f"checkpoint {str(path)!r} does not fit this trainer ({_why(exc)}); load it into a Trainer built with "
             "the same model, optimizer, amp policy and strategy as the one that saved it"
         ) from exc
+    # The serialized entries, unpickled (weights_only) before anything but the model is restored.
+    optim_obj = None if saved_named else _entry(path, "optim", state["optim"])
+    pending = _entry(path, f"pending.{me}", state["pending"][me]) if pending_ranks else None
+    position = state["position"] if legacy_position else _entry(path, "position", state["position"])
     amp = state["amp"]
     if saved_named:
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -342,7 +477,7 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
             trainer.optimizer.state.clear()
     else:
         trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(_unblob(state["optim"]))
+        trainer.optimizer.load_state_dict(optim_obj)
     if "master_params" in amp:
         amp["master_params"] = [amp["master_params"][str(i)] for i in range(len(amp["master_params"]))]
     trainer.mp.load_state_dict(amp)
@@ -353,9 +488,7 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
     # Gradients (and a pending overflow skip) this trainer holds from before the load would leak into
     # the resumed step: drop them, then put back the checkpoint's own pending ones, if any.
     trainer.mp.zero_grad()
-    if pending_ranks:
-        pending = _unblob(state["pending"][me])
-    else:
+    if pending is None:
         pending = trainer.mp.pending_state()  # every gradient is None after zero_grad: nothing is copied
         pending["skip"] = []
     trainer.mp.load_pending_state(pending)
@@ -363,4 +496,4 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
         torch.set_rng_state(state["rng"][me]["cpu"])
         if "cuda" in state["rng"][me] and torch.cuda.is_available():
             torch.cuda.set_rng_state(state["rng"][me]["cuda"])
-    return state["position"] if legacy_position else _unblob(state["position"])
+    return position
