@@ -53,6 +53,10 @@ class ConfigBase:
     # json.dumps options of to_json (immutable class constants, not state)
     _JSON_INDENT: ClassVar[int | None] = None
     _JSON_SORT_KEYS: ClassVar[bool] = False
+    # fields added after configs were first written: to_json leaves them out at their defaults, so JSON an
+    # earlier version wrote is written again byte for byte, and earlier versions (which refuse unknown keys)
+    # can read what this one writes unless a new field is set
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     # --- per-field hooks ------------------------------------------------------------------------
     def _encode_field(self, name: str, value: Any) -> Any:
@@ -85,7 +89,12 @@ class ConfigBase:
         return cls(**{k: cls._decode_field(k, v, hints.get(k, Any)) for k, v in d.items()})
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=self._JSON_INDENT, sort_keys=self._JSON_SORT_KEYS)
+        out = self.to_dict()
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        for name in self._ADDED_FIELDS:
+            if out[name] == self._encode_field(name, defaults[name]):
+                del out[name]
+        return json.dumps(out, indent=self._JSON_INDENT, sort_keys=self._JSON_SORT_KEYS)
 
     @classmethod
     def from_json(cls: type[C], text: str | bytes) -> C:

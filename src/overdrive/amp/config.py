@@ -121,14 +121,6 @@ class Policy(ConfigBase):
         if self.master_weights and self.opt_level == "O0":
             raise UsageError("master_weights=True needs a half model; O0 keeps fp32 weights (use O2)")
 
-    def to_json(self) -> str:
-        out = self.to_dict()
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name in self._ADDED_FIELDS:
-            if out[name] == defaults[name]:
-                del out[name]
-        return json.dumps(out, indent=self._JSON_INDENT, sort_keys=self._JSON_SORT_KEYS)
-
     @classmethod
     def from_opt_level(cls, opt_level: str, **overrides: Any) -> Policy:
         """The preset for an apex opt level, with apex's keyword overrides."""

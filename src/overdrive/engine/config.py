@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from overdrive._utils.config import ConfigBase
 from overdrive._utils.errors import UsageError
@@ -177,6 +177,7 @@ class BuildConfig(ConfigBase):
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache",)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
