@@ -30,7 +30,8 @@ from overdrive.cli.common import check_json_target, json_option, write_json
 @click.option("--max-autotune", "--maxAutotune", "max_autotune", is_flag=True, help="Inductor max-autotune (minutes of tuning).")
 @click.option("--aot/--no-aot", default=None,
               help="Store an AOTInductor package (torch >= 2.12): the default for CPU builds there, opt-in on CUDA.")
-@click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (a tensor or list saved with torch.save).")
+@click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
+              "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor.")
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
               help="Inductor compile cache kept across builds: loaded first if FILE exists, rewritten after "
                    "(no effect on onnxruntime). Written signed with your key; an unsigned or foreign file is refused.")
@@ -86,6 +87,10 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
                         f"{info['precision']}, device {describe_device(info['device'])}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+        if info.get("accuracy"):
+            from overdrive.engine.accuracy import summary
+
+            click.echo(f"[I] accuracy {summary(info['accuracy'])}")
         best = info.get("best")
         if best:
             tried = ", ".join(f"{p} {v:.3f} ms" if isinstance(v, float) else f"{p} {v}" for p, v in best["candidates_ms"].items())

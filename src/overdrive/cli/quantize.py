@@ -12,7 +12,8 @@ from overdrive.cli.common import check_json_target, console, json_option, write_
               help="'digits' (the demo CNN, trained here in a few seconds), 'pkg.module:factory' (a callable "
                    "returning an nn.Module) or 'path/to/file.py:factory' (pickled models are refused: loading them runs code).")
 @click.option("--calib-data", default="digits", show_default=True,
-              help="'digits' or a .pt file holding a tensor (N, ...) or a list of batches.")
+              help="'digits' or a calibration file (the one format of build --calib): torch.save of a tensor (N, ...), "
+                   "a list of batches, [(input_ids, attention_mask), ...] or {'input_ids': ..., 'attention_mask': ...}.")
 @click.option("--config", "config_name", type=click.Choice(["int8", "fp8", "int8_attention"]), default="int8",
               show_default=True, help="int8_attention: int8 plus the attention matmuls (QK^T, PV).")
 @click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), default="max", show_default=True)

@@ -16,25 +16,12 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.inputs import ByName as _ByName
 from overdrive._utils.optional import require
 from overdrive.engine.config import ShapeProfile
 
 _ONNX_FLOAT = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torch.float64, 7: torch.int64,
                6: torch.int32, 5: torch.int16, 3: torch.int8, 2: torch.uint8, 9: torch.bool}  # ONNX elem_type -> torch
-
-
-class _ByName(nn.Module):
-    """Calls ``module`` with its inputs as keyword arguments (``module(input_ids=x0, attention_mask=x1)``).
-
-    The TorchScript ONNX exporter traces a positional call, which Hugging Face models (transformers 5)
-    reject: their forward wrappers inject keyword arguments (``use_cache``) that then collide."""
-
-    def __init__(self, module: nn.Module, names: list[str]) -> None:
-        super().__init__()
-        self.module, self.names = module, list(names)
-
-    def forward(self, *xs: torch.Tensor) -> Any:
-        return self.module(**dict(zip(self.names, xs)))
 
 
 def by_name(module: nn.Module, names: list[str]) -> nn.Module:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.inputs import ByName, default_input_names, forward_parameters, is_token_model, takes_names
 from overdrive._utils.optional import require
 from overdrive.quant.api import eval_mode, quantizers
 
@@ -99,31 +101,132 @@ def find_op_owner(model: nn.Module, example_inputs: tuple[Any, ...], op: str) ->
     return found[0] if found else None
 
 
-def export_onnx(model: nn.Module, example_inputs: tuple[Any, ...] | torch.Tensor, path: str | Path, opset: int | None = None,
-                input_names: tuple[str, ...] = ("input",), output_names: tuple[str, ...] = ("output",),
-                dynamic_batch: bool = True, check: bool = True) -> Path:
+def _named_example(model: nn.Module, example_inputs: Any,
+                   input_names: Sequence[str] | None) -> tuple[list[str], tuple[torch.Tensor, ...]]:
+    """(names, tensors): a dict's keys, ``input_names``, the tokenizer's order for a token model
+    (input_ids, attention_mask, token_type_ids), the forward's parameters for several inputs, else 'input'."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if isinstance(example_inputs, Mapping):
+        if input_names is not None and list(input_names) != list(example_inputs):
+            raise UsageError(f"input_names {list(input_names)} do not match the example dict's keys "
+                             f"{list(example_inputs)}; give one or the other")
+        names, xs = [str(k) for k in example_inputs], tuple(example_inputs.values())
+    else:
+        xs = tuple(example_inputs)
+        if input_names is not None:
+            names = list(input_names)
+        elif len(xs) == 1 and not is_token_model(model):
+            names = ["input"]
+        else:
+            names = default_input_names(model, len(xs)) or [f"input{i}" for i in range(len(xs))]
+    if len(names) != len(xs) or len(set(names)) != len(names):
+        raise UsageError(f"{len(xs)} example input(s) but input_names {names}; give one distinct name per input")
+    if isinstance(example_inputs, Mapping) and len(xs) > 1 and not takes_names(model, names):
+        raise UsageError(f"example inputs {names}: {type(model).__name__}.forward does not take all of them by name; "
+                         "pass a tuple in forward's order instead of a dict")
+    return names, xs
+
+
+def _outputs(out: Any, prefix: str = "output") -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) for each tensor the exporter flattens ``out`` into: a ModelOutput's / dict's keys (logits,
+    last_hidden_state, pooler_output), ``output`` for one tensor, ``output0``, ``output1`` ... for a tuple."""
+    if isinstance(out, torch.Tensor):
+        return [(prefix, out)]
+    if isinstance(out, Mapping):
+        return [o for k, v in out.items() if v is not None for o in _outputs(v, str(k))]
+    if isinstance(out, (tuple, list)):
+        parts = [v for v in out if v is not None]
+        if len(parts) == 1:
+            return _outputs(parts[0], prefix)
+        base = "output" if prefix == "output" else f"{prefix}."
+        return [o for i, v in enumerate(parts) for o in _outputs(v, f"{base}{i}")]
+    return []
+
+
+def _auto_axes(names: list[str], xs: tuple[torch.Tensor, ...], out_names: list[str], outs: list[torch.Tensor],
+               batch: bool) -> dict[str, dict[int, str]]:
+    """Dynamic batch (dim 0 of every input and output) and sequence (dim 1 of integer inputs of rank >= 2,
+    token ids and masks, and of rank >= 3 outputs whose dim 1 has the sequence's length)."""
+    axes: dict[str, dict[int, str]] = {}
+    seq = None
+    for n, x in zip(names, xs):
+        a = {0: "batch"} if batch and isinstance(x, torch.Tensor) and x.dim() >= 1 else {}
+        if isinstance(x, torch.Tensor) and x.dim() >= 2 and not x.is_floating_point() and not x.is_complex():
+            a[1], seq = "sequence", x.shape[1]
+        if a:
+            axes[n] = a
+    for n, o in zip(out_names, outs):
+        a = {0: "batch"} if batch and o.dim() >= 1 else {}
+        if seq is not None and o.dim() >= 3 and o.shape[1] == seq:
+            a[1] = "sequence"
+        if a:
+            axes[n] = a
+    return axes
+
+
+def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: int | None = None,
+                input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
+                dynamic_axes: Mapping[str, Any] | str | None = "auto", dynamic_batch: bool = True,
+                check: bool = True) -> Path:
     """Export a calibrated fake-quant model to ONNX with Q/DQ nodes; returns the path.
+
+    ``example_inputs``: a tensor, a tuple (in forward's order; for a token model, one whose forward takes
+    ``input_ids``, the tokenizer's order input_ids, attention_mask, token_type_ids) with optional
+    ``input_names``, or a dict of name -> tensor. The model is called by keyword whenever its forward takes
+    every name, so a Hugging Face model (``BertModel``, ``GPT2Model``, ``...ForSequenceClassification``)
+    exports as it is; one whose forward takes ``use_cache`` runs with ``use_cache=False`` (a KV cache is not a
+    graph output). Input names default to the dict's keys, the names above, or ``input`` for one input;
+    output names to the model output's keys (``last_hidden_state``, ``pooler_output``, ``logits``), else
+    ``output`` / ``output0``, ``output1``, ...
+
+    ``dynamic_axes``: ``"auto"`` (default) makes dim 0 of every input and output ``batch`` (unless
+    ``dynamic_batch=False``) and dim 1 of integer inputs of rank >= 2 (token ids, masks) ``sequence``, with
+    the matching dim of (batch, sequence, ...) outputs; a dict is passed to the exporter as it is
+    (``{"input_ids": {0: "batch", 1: "sequence"}}``); None exports the example's shapes. Export with a
+    sequence longer than 1 (a length-1 trace can fix broadcasts to it).
 
     ``opset`` defaults to 17 (int8) or 19 (fp8, the first opset with float8 Q/DQ). The model is
     exported in eval mode on its current device; ``onnx.checker`` runs when ``check``.
 
     Example:
         >>> # quant.export_onnx(model, (torch.randn(1, 3, 224, 224),), "resnet50_int8.onnx")
+        >>> # quant.export_onnx(bert, {"input_ids": ids, "attention_mask": mask}, "bert_int8.onnx")
     """
     onnx = require("onnx", extra="onnx", feature="ONNX export")
     fmt = _check_ready(model)
     opset = check_opset(opset, fmt)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
+    names, xs = _named_example(model, example_inputs, input_names)
+    params = forward_parameters(model) or {}
+    extra = {"use_cache": False} if "use_cache" in params and "use_cache" not in names else {}
+    traced: nn.Module = ByName(model, names, extra) if takes_names(model, names) else model
+    with eval_mode(model), torch.no_grad():
+        try:
+            out = traced(*xs)
+        except Exception as exc:  # noqa: BLE001 - name the call that failed before the exporter hides it
+            who = type(model.module if isinstance(model, ByName) else model).__name__
+            raise UsageError(f"{who} does not run on the example inputs {names}: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+    named = _outputs(out)
+    flat = [t for _, t in named]
+    outs = list(output_names) if output_names is not None else [n for n, _ in named]
+    if dynamic_axes == "auto":
+        dyn: Mapping[str, Any] | None = _auto_axes(names, xs, outs, flat, dynamic_batch) or None
+    elif isinstance(dynamic_axes, str):
+        raise UsageError(f"dynamic_axes={dynamic_axes!r}: give 'auto', None, or a dict such as "
+                         "{'input_ids': {0: 'batch', 1: 'sequence'}}")
+    else:
+        dyn = dict(dynamic_axes) if dynamic_axes else None
+        unknown = sorted(set(dyn or {}) - set(names) - set(outs))
+        if unknown:
+            raise UsageError(f"dynamic_axes names {unknown}, which are neither inputs {names} nor outputs {outs}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    dyn = {n: {0: "batch"} for n in (*input_names, *output_names)} if dynamic_batch else None
     try:
         with eval_mode(model), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, tuple(example_inputs), str(path), opset_version=opset, dynamo=False,
-                              input_names=list(input_names), output_names=list(output_names), dynamic_axes=dyn,
-                              do_constant_folding=True)
+            torch.onnx.export(traced, xs, str(path), opset_version=opset, dynamo=False,
+                              input_names=names, output_names=outs, dynamic_axes=dyn, do_constant_folding=True)
     except Exception as exc:  # noqa: BLE001 - turn exporter failures into a message naming op and module
         msg = str(exc)
         m = re.search(r"aten::(\w+)", msg) or re.search(r"operator '?(\w+)'?", msg)
@@ -131,7 +234,9 @@ def export_onnx(model: nn.Module, example_inputs: tuple[Any, ...] | torch.Tensor
             raise OverdriveError(f"ONNX export failed: {msg.splitlines()[0] if msg else type(exc).__name__}") from exc
         op = m.group(1)
         with eval_mode(model):  # as exported: no dropout, no BatchNorm statistics updates
-            owner = find_op_owner(model, tuple(example_inputs), op)
+            owner = find_op_owner(traced, xs, op)
+        if owner is not None and traced is not model:
+            owner = owner.removeprefix("module.").removeprefix("module") or "<root>"
         raise OverdriveError(
             f"ONNX (opset {opset}) cannot express op '{op}' used in module '{owner or '?'}': "
             f"{msg.splitlines()[0][:300]}; replace that op, keep the module out of the export, or try another opset"

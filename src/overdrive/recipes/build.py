@@ -10,15 +10,16 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive.engine.api import Builder, Engine
 from overdrive.engine.config import BuildConfig, parse_io_formats, profiles_from_shapes
-from overdrive.engine.sources import from_exported, from_module, from_onnx, from_torchscript
+from overdrive.engine.sources import ModelSource, from_exported, from_module, from_onnx, from_torchscript
 
 
-def _calibration(path: str | None) -> list[tuple[torch.Tensor, ...]] | None:
+def _calibration(path: str | None, src: ModelSource) -> list[tuple[torch.Tensor, ...]] | None:
+    """--calib batches in the order of the model's inputs (the format: :mod:`overdrive.recipes.calibration`)."""
     if path is None:
         return None
-    from overdrive.recipes.model_spec import load_calibration
+    from overdrive.recipes.calibration import load_calibration
 
-    return load_calibration(path, "--calib")
+    return load_calibration(path, "--calib", model=src.module, input_names=src.input_names).batches
 
 
 def build_engine(onnx: str | None = None, model: str | None = None, torchscript: str | None = None,
@@ -56,6 +57,12 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       compile_mode="max-autotune" if max_autotune else None, aot=aot,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
-    engine = Builder(cfg).build(src, calib=_calibration(calib), onnx_path=str(Path(save_engine).with_suffix(".onnx")))
+    batches = _calibration(calib, src)
+    if batches and src.module is not None and not src.input_dtypes:
+        # a module does not say its input dtypes: the calibration data does (int64 token ids, not random floats)
+        src.input_dtypes = {n: x.dtype for n, x in zip(src.input_names, batches[0])}
+        if len(profiles) == 1 == len(batches[0]):
+            src.input_dtypes[profiles[0].name] = batches[0][0].dtype
+    engine = Builder(cfg).build(src, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
     return engine

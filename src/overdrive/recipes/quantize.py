@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.inputs import is_token_model
 from overdrive.quant.api import print_summary, quantize, summary
 from overdrive.quant.config import get_preset
+from overdrive.recipes.calibration import Calibration, load_calibration
 
 
 def load_model(spec: str) -> tuple[nn.Module, Any]:
@@ -35,28 +37,17 @@ def load_model(spec: str) -> tuple[nn.Module, Any]:
     return _load(spec).eval(), None
 
 
-def load_calib(spec: str, digits: Any, n: int, batch_size: int) -> list[tuple[torch.Tensor, ...]]:
-    """'digits' (the dataset's training images), or a file :func:`overdrive.recipes.model_spec.load_calibration`
-    reads (weights_only: a data file never runs code) -> up to ``n`` batches of input tuples."""
+def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module | None = None) -> Calibration:
+    """'digits' (the dataset's training images), or a calibration file (any format
+    :mod:`overdrive.recipes.calibration` describes; weights_only: a data file never runs code) -> up to ``n``
+    batches, named after ``model``'s inputs where it has names for them."""
     if spec == "digits":
         if digits is None:
             from overdrive.recipes.data import load_digits
 
             digits = load_digits()
-        return [(b,) for b in digits.calibration_batches(n=n, batch_size=batch_size)]
-    from overdrive.recipes.model_spec import load_calibration
-
-    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n)
-
-
-def _n_inputs(model: nn.Module) -> int | None:
-    """How many positional inputs ``model.forward`` takes (None when it takes *args)."""
-    import inspect
-
-    params = list(inspect.signature(model.forward).parameters.values())
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return None
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+        return Calibration("digits", None, [(b,) for b in digits.calibration_batches(n=n, batch_size=batch_size)])
+    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n, model=model)
 
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
@@ -71,17 +62,12 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
 
         check_opset(opset, cfg.input.format)
     model, digits = load_model(model_spec)
-    batches = load_calib(calib_data, digits, calib_batches, batch_size)
-    n_in = _n_inputs(model)
-    wrong = next((b for b in batches if n_in is not None and len(b) != n_in), None)
-    if wrong is not None:
-        raise UsageError(f"--calib-data {calib_data!r}: a batch holds {len(wrong)} tensors but the model's forward takes "
-                         f"{n_in} input(s); save the inputs only (no labels), e.g. torch.save([x for x, _ in loader], path)")
+    calib = load_calib(calib_data, digits, calib_batches, batch_size, model)
     result: dict[str, Any] = {"model": model_spec, "config": cfg.to_dict()}
     if digits is not None:
         with torch.no_grad():
             result["fp32_accuracy"] = float((model(digits.x_test).argmax(1) == digits.y_test).float().mean())
-    qmodel = quantize(model, cfg, forward_loop=lambda m: [m(*b) for b in batches])
+    qmodel = quantize(model, cfg, forward_loop=calib.forward_loop())
     if digits is not None:
         with torch.no_grad():
             result["quantized_accuracy"] = float((qmodel(digits.x_test).argmax(1) == digits.y_test).float().mean())
@@ -96,7 +82,10 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
     if export_path:
         from overdrive.quant.export import export_onnx, qdq_counts
 
-        path = export_onnx(qmodel, tuple(t[:1] for t in batches[0]), export_path, opset=opset)
+        example = calib.example(2)
+        if isinstance(example, dict) and len(example) == 1 and not is_token_model(model):
+            example = tuple(example.values())  # one input keeps the name 'input', as from the digits
+        path = export_onnx(qmodel, example, export_path, opset=opset)  # by name; dynamic batch (and sequence)
         result["onnx"] = {"path": str(path), "ops": qdq_counts(path)}
         if console is not None:
             console.print(f"wrote {path} ({result['onnx']['ops'].get('QuantizeLinear', 0)} QuantizeLinear nodes)")

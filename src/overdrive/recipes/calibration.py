@@ -1,0 +1,284 @@
+"""Calibration files: one format for every verb (``overdrive build --calib``, ``overdrive quantize
+--calib-data``, :func:`overdrive.recipes.build.build_engine`, :func:`overdrive.recipes.quantize.run_quantize`),
+read by one function, :func:`load_calibration`.
+
+A calibration file is written with ``torch.save`` and read with ``torch.load(weights_only=True)`` (a data
+file never runs code). It holds the model's inputs only, no labels, as one of:
+
+==============================================  ===================================================
+``tensor`` (N, ...)                             one input; split along dim 0 into batches of ``--batch-size``
+``[tensor, ...]``                               one input; each tensor is one batch
+``[(input_ids, attention_mask), ...]``          several inputs; one tuple per batch, in forward's order
+                                                (a token model's: input_ids, attention_mask, token_type_ids)
+``{"input_ids": (N, T), "attention_mask": ...}``  inputs by name; each split along dim 0 into batches
+``[{"input_ids": ..., "attention_mask": ...}]``   inputs by name; one dict per batch
+==============================================  ===================================================
+
+Inputs by name are passed to the model by keyword and must be parameters of its forward (for an engine
+built from ONNX, the model's input names). A top-level tuple of tensors is a list of batches, not one
+batch of several inputs: save ``[(ids, mask)]`` or a dict for that.
+
+Padding: when the batches give ``input_ids`` but no ``attention_mask`` and the model takes one, the mask is
+derived from the model's padding id (``model.config.pad_token_id``): ``attention_mask = input_ids !=
+pad_token_id``, with a warning naming how many tokens were padding, so padding never enters the ranges
+unnoticed. A model whose config has no pad_token_id (GPT-2) attends to every token; save the tokenizer's
+attention_mask with the ids when such batches are padded.
+
+Example:
+    >>> import os, tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "calib.pt")
+    >>> torch.save({"input_ids": torch.ones(4, 8, dtype=torch.long)}, path)
+    >>> calib = load_calibration(path, batch_size=2)
+    >>> calib.names, len(calib), tuple(calib.batches[0][0].shape)
+    (('input_ids',), 2, (2, 8))
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.inputs import (call, default_input_names, forward_parameters, pad_token_id, positional_range,
+                                     takes_names)
+
+FORMAT = ("save the model's inputs only (no labels) with torch.save: a tensor (N, ...), a list of batch tensors, "
+          "a list of per-batch tuples [(input_ids, attention_mask), ...], or a dict of name -> tensor (N, ...) / a "
+          "list of such dicts")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Calibration batches from one file: ``batches[k]`` holds one tensor per input, in the order of ``names``
+    (None: by position, the names are not known)."""
+
+    path: str
+    names: tuple[str, ...] | None
+    batches: list[tuple[torch.Tensor, ...]]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        return iter(self.batches)
+
+    def forward_loop(self) -> Callable[[nn.Module], None]:
+        """A ``forward_loop`` for :func:`overdrive.quant.quantize`: every batch through the model, by keyword
+        where its forward takes the names (a Hugging Face model), else by position."""
+
+        def loop(model: nn.Module) -> None:
+            dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+            with torch.no_grad():
+                for batch in self.batches:
+                    call(model, self.names, [x.to(dev) for x in batch])
+
+        return loop
+
+    def example(self, n: int = 2) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]:
+        """The first ``n`` samples of the first batch: a dict by name where names are known, else a tuple."""
+        first = tuple(x[:n] for x in self.batches[0])
+        return dict(zip(self.names, first)) if self.names is not None else first
+
+
+def _what(data: Any) -> str:
+    """A short description of what a file holds, for error messages."""
+    if isinstance(data, torch.Tensor):
+        return f"a tensor of shape {tuple(data.shape)}"
+    if isinstance(data, Mapping):
+        kinds = sorted({type(v).__name__ for v in data.values()})
+        return f"a dict with keys {list(data)[:5]} (values: {', '.join(kinds)})"
+    if isinstance(data, (list, tuple)):
+        if not data:
+            return f"an empty {type(data).__name__}"
+        return f"a {type(data).__name__} of {len(data)} ({', '.join(sorted({type(b).__name__ for b in data}))})"
+    return f"a {type(data).__name__}"
+
+
+def _split(path: str, flag: str, t: torch.Tensor, batch_size: int, name: str = "the tensor") -> list[torch.Tensor]:
+    if t.dim() == 0 or len(t) == 0:
+        raise UsageError(f"{flag} {path!r}: {name} has shape {tuple(t.shape)}, no samples along dim 0; {FORMAT}")
+    return list(t.split(batch_size))
+
+
+Batch = tuple[torch.Tensor, ...] | dict[str, torch.Tensor]
+
+
+def _is_named(b: Any) -> bool:
+    return isinstance(b, Mapping) and bool(b) and all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                                      for k, t in b.items())
+
+
+def _records(path: str, flag: str, data: Any, batch_size: int) -> list[Batch]:
+    """The file's contents as batches: tuples (by position) or dicts (by name)."""
+    bad = UsageError(f"{flag} {path!r} holds {_what(data)}; expected the calibration format: {FORMAT}")
+    if isinstance(data, torch.Tensor):
+        return [(b,) for b in _split(path, flag, data, batch_size)]
+    if isinstance(data, Mapping):
+        if not _is_named(data):
+            raise bad
+        parts = {k: _split(path, flag, v, batch_size, f"input {k!r}") for k, v in data.items()}
+        sizes = {k: len(v) for k, v in data.items()}
+        if len(set(sizes.values())) > 1:
+            raise UsageError(f"{flag} {path!r}: the inputs hold different numbers of samples {sizes}; give every "
+                             "input the same length along dim 0")
+        return [dict(zip(parts, bs)) for bs in zip(*parts.values())]
+    if not isinstance(data, (list, tuple)) or not data:
+        raise bad
+    if all(isinstance(b, torch.Tensor) for b in data):
+        return [(b,) for b in data]
+    if all(isinstance(b, (list, tuple)) and b and all(isinstance(t, torch.Tensor) for t in b) for b in data):
+        return [tuple(b) for b in data]
+    if all(_is_named(b) for b in data):
+        keys = list(data[0])
+        odd = next((k for k, b in enumerate(data) if set(b) != set(keys)), None)
+        if odd is not None:
+            raise UsageError(f"{flag} {path!r}: batch {odd} has inputs {sorted(data[odd])}, batch 0 {sorted(keys)}; "
+                             "give every batch the same inputs")
+        return [{k: b[k] for k in keys} for b in data]
+    raise bad
+
+
+def _order(path: str, flag: str, names: list[str], wanted: list[str]) -> list[str]:
+    """Check that the file's input names are the model's (a lone input may carry any name)."""
+    if len(names) == 1 == len(wanted):
+        return wanted
+    missing, unknown = [n for n in wanted if n not in names], [n for n in names if n not in wanted]
+    if missing or unknown:
+        raise UsageError(f"{flag} {path!r} holds inputs {names} but the model takes {wanted} (missing {missing}, "
+                         f"unknown {unknown}); save one tensor per model input, by those names")
+    return wanted
+
+
+def _with_mask(path: str, flag: str, model: nn.Module | None, names: list[str], batches: list[dict[str, torch.Tensor]],
+               wanted: Sequence[str] | None) -> list[str]:
+    """Add ``attention_mask`` (input_ids != pad_token_id) when the model takes one and the file has none."""
+    if "input_ids" not in names or "attention_mask" in names:
+        return names
+    if wanted is not None:
+        needs = "attention_mask" in wanted  # an engine's input: it must be given
+    else:
+        needs = model is not None and takes_names(model, ["attention_mask"])
+    if not needs:
+        return names
+    pad = pad_token_id(model) if model is not None else None
+    if pad is None:
+        if wanted is None:  # the model's own default (no mask) attends to every token, as the file says
+            return names
+        warnings.warn(f"{flag} {path}: input_ids without attention_mask and no pad_token_id known (no model config); "
+                      "calibrating with a mask of ones, every token attended: save the tokenizer's attention_mask "
+                      "with the ids if the batches are padded", UserWarning, stacklevel=3)
+        for b in batches:
+            b["attention_mask"] = torch.ones_like(b["input_ids"])
+        return [*names, "attention_mask"]
+    padded = total = 0
+    for b in batches:
+        ids = b["input_ids"]
+        mask = (ids != pad).to(ids.dtype)
+        if mask.dim() >= 2:  # a row of padding only would leave softmax nothing: keep its first token
+            empty = mask.sum(-1) == 0
+            mask[..., 0] = torch.where(empty, torch.ones_like(mask[..., 0]), mask[..., 0])
+        padded, total = padded + int((ids == pad).sum()), total + ids.numel()
+        b["attention_mask"] = mask
+    if padded:
+        warnings.warn(f"{flag} {path}: input_ids without attention_mask; {padded} of {total} tokens equal "
+                      f"pad_token_id={pad} (the model's config) and are masked out (attention_mask = input_ids != "
+                      f"{pad}); save the tokenizer's attention_mask with the ids to choose the mask yourself",
+                      UserWarning, stacklevel=3)
+    return [*names, "attention_mask"]
+
+
+def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max_batches: int | None = None,
+                     model: nn.Module | None = None, input_names: Sequence[str] | None = None) -> Calibration:
+    """Read a calibration file (the formats in this module's docstring) -> :class:`Calibration`.
+
+    ``input_names``: the model's inputs in order (an engine's); the batches come back in that order and must
+    hold each one. ``model``: the module the batches will be fed to; its forward's parameters name tuple
+    batches (a token model's tuple is input_ids, attention_mask, token_type_ids), dict keys are checked
+    against them, and its ``config.pad_token_id`` gives a missing attention_mask. ``max_batches``: keep
+    the first batches only. Every problem is a one-line :class:`UsageError` naming the file, what it holds,
+    and the format expected.
+
+    Example:
+        >>> # calib = load_calibration("calib.pt", "--calib-data", model=bert)
+        >>> # quant.quantize(bert, quant.INT8_DEFAULT, forward_loop=calib.forward_loop())
+    """
+    if not Path(path).is_file():
+        raise UsageError(f"{flag} {path!r} does not exist; {FORMAT}")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a pickle of objects weights_only refuses, or not a torch file
+        raise UsageError(f"{flag} {path!r} is not a tensor file overdrive can read safely ({type(exc).__name__}); "
+                         f"{FORMAT}") from exc
+    records = _records(path, flag, data, batch_size)
+    if max_batches is not None:
+        records = records[:max_batches]
+    wanted = list(input_names) if input_names is not None else None
+    if isinstance(records[0], dict):
+        names = list(records[0])
+        if wanted is None and model is not None and len(names) > 1 and not takes_names(model, names):
+            params = [n for n in (forward_parameters(model) or {}) if n not in ("self", "args", "kwargs")]
+            unknown = [n for n in names if n not in params]
+            raise UsageError(f"{flag} {path!r} holds inputs {names} but {type(model).__name__}.forward takes no "
+                             f"{unknown} (its parameters: {params[:8]}); name the tensors after them")
+        if wanted is None and model is not None and takes_names(model, names):
+            order = list(forward_parameters(model) or {})
+            names = sorted(names, key=order.index)  # forward's order, whatever order the file has
+        dicts = [dict(r) for r in records]  # type: ignore[arg-type]
+    else:
+        n = len(records[0])
+        odd = next((k for k, r in enumerate(records) if len(r) != n), None)
+        if odd is not None:
+            raise UsageError(f"{flag} {path!r}: batch 0 holds {n} tensor(s), batch {odd} {len(records[odd])}; give "
+                             "every batch the same inputs")
+        if wanted is not None:
+            if n != len(wanted):
+                raise UsageError(f"{flag} {path!r}: a batch holds {n} tensor{'s' * (n != 1)} but the model takes inputs {wanted}"
+                                 f"{_hint(n, len(wanted))}; {FORMAT}")
+            names = wanted
+        else:
+            names = _tuple_names(path, flag, model, n)
+        if names is None:
+            return Calibration(path, None, [tuple(r) for r in records])  # type: ignore[arg-type]
+        dicts = [dict(zip(names, r)) for r in records]
+    if wanted is not None and len(wanted) > 1 and any(n not in wanted for n in names):
+        _order(path, flag, names, wanted)  # raises: an input the model does not take
+    if wanted is None or len(wanted) > 1:
+        names = _with_mask(path, flag, model, names, dicts, wanted)
+    if wanted is not None:
+        names = _order(path, flag, names, wanted)
+        if len(wanted) == 1:  # a lone input under another name
+            dicts = [{wanted[0]: next(iter(d.values()))} for d in dicts]
+    for k, d in enumerate(dicts):
+        sizes = {n: len(t) if t.dim() else 0 for n, t in d.items()}
+        if len(set(sizes.values())) > 1:
+            raise UsageError(f"{flag} {path!r}: batch {k} holds inputs of different batch sizes {sizes}; each batch "
+                             "needs the same number of samples in every input")
+    return Calibration(path, tuple(names), [tuple(d[n] for n in names) for d in dicts])
+
+
+def _hint(n: int, want: int) -> str:
+    if n == 1 and want > 1:
+        return (" (a top-level tuple of tensors is read as a list of batches: save [(input_ids, attention_mask)] "
+                "for one batch of several inputs, or a dict by name)")
+    if n == want + 1:
+        return " (labels included? save the inputs only)"
+    return ""
+
+
+def _tuple_names(path: str, flag: str, model: nn.Module | None, n: int) -> list[str] | None:
+    """The names a tuple of ``n`` inputs stands for, checked against the model's forward."""
+    if model is None:
+        return None
+    lo, hi = positional_range(model)
+    names = default_input_names(model, n)
+    if n < lo or (hi is not None and n > hi and names is None):
+        want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None else f"at least {lo}"
+        raise UsageError(f"{flag} {path!r}: a batch holds {n} tensor{'s' * (n != 1)} but the model's forward takes "
+                         f"{want} input(s) ({type(model).__name__}){_hint(n, lo)}; {FORMAT}")
+    return names
