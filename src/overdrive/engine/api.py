@@ -18,7 +18,7 @@ from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
 from overdrive._utils.files import atomic_write
 from overdrive._utils.signing import signing_key
-from overdrive.engine import backends, format as fmt
+from overdrive.engine import accuracy, backends, format as fmt
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive.engine.sources import ModelSource, to_source
 
@@ -66,7 +66,24 @@ def _has_qdq(onnx_bytes: bytes) -> bool:
     return has_qdq(onnx_bytes)
 
 
-def _warn_uncalibrated(src: ModelSource, precision: str, calib: list[tuple[torch.Tensor, ...]] | None) -> None:
+def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
+    """What an int8/fp8 engine built from ``src`` is compared with, and its label: the float model (``fp32``);
+    for a model quantized already, that model as given (``qdq``: the Q/DQ ONNX model through ONNX Runtime,
+    ``fake-quant``: a quantized PyTorch module)."""
+    if src.onnx_bytes is not None:
+        return accuracy.onnx_reference(src.onnx_bytes), "qdq" if _has_qdq(src.onnx_bytes) else "fp32"
+    quantized = False
+    try:
+        from overdrive import quant
+
+        quantized = any(True for _ in quant.quantizers(src.module))
+    except ImportError:
+        pass
+    return accuracy.module_reference(src.module), "fake-quant" if quantized else "fp32"
+
+
+def _warn_uncalibrated(src: ModelSource, precision: str, calib: list[tuple[torch.Tensor, ...]] | None,
+                       stacklevel: int = 3) -> None:
     """int8/fp8 from a float model without calibration data calibrates on the example (random) inputs, as
     ``trtexec --int8`` without ``--calib`` uses placeholder ranges: fine for timing, not for accuracy."""
     if calib:
@@ -83,7 +100,7 @@ def _warn_uncalibrated(src: ModelSource, precision: str, calib: list[tuple[torch
             return
     warnings.warn(f"--precision {precision} without calibration data (--calib): the ranges come from the example "
                   "inputs (random unless given), so the engine is fit for timing, not for accuracy; pass --calib "
-                  "with real batches", UserWarning, stacklevel=3)
+                  "with real batches", UserWarning, stacklevel=stacklevel)
 
 
 def best_candidates(device: torch.device, calibrated: bool) -> list[str]:
@@ -119,8 +136,10 @@ class Builder:
         >>> # engine.save("resnet50.engine")
     """
 
-    def __init__(self, config: BuildConfig | None = None, **overrides: Any) -> None:
+    def __init__(self, config: BuildConfig | None = None, *, min_cosine: float | None = None, **overrides: Any) -> None:
         self.config = (config if config is not None else BuildConfig()).replace(**overrides)  # unknown key: UsageError
+        # the output cosine to the float model an int8/fp8 engine must reach (engine/accuracy.py)
+        self.min_cosine = accuracy.check_min_cosine(min_cosine)
 
     def build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None = None,
               input_names: list[str] | None = None, calib: list[tuple[torch.Tensor, ...]] | None = None,
@@ -129,9 +148,17 @@ class Builder:
 
         ``precision="best"`` builds every candidate precision (:func:`best_candidates`), times each on the
         example inputs and returns the fastest; ``engine.header["best"]`` lists the candidates' median times.
+
+        An int8/fp8 engine is compared with the float model on up to four ``calib`` batches (the example inputs
+        without them); ``engine.info["accuracy"]`` holds the result, and a cosine below ``min_cosine`` warns.
         """
         if self.config.precision == "best":
             return self._build_best(model, example_inputs, input_names, calib, onnx_path)
+        return self._build(model, example_inputs, input_names, calib, onnx_path, warn=True)
+
+    def _build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None,
+               input_names: list[str] | None, calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None,
+               warn: bool) -> Engine:
         cfg = self.config  # frozen: the build below works on replaced copies
         device = resolve_device(cfg.device)
         cfg = cfg.replace(device=str(device))
@@ -145,9 +172,9 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg = cfg.replace(precision=precision)
-        calibration = None
+        calibration, given = None, src
         if precision in ("int8", "fp8"):
-            _warn_uncalibrated(src, precision, calib)
+            _warn_uncalibrated(src, precision, calib, stacklevel=4)
             if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes):  # float ONNX: calibrate it into Q/DQ
                 from overdrive.engine.onnx import quantize_onnx
 
@@ -190,7 +217,13 @@ class Builder:
             "outputs": [{"name": n, "dtype": str(o.dtype).removeprefix("torch."), "opt_shape": list(o.shape)}
                         for n, o in zip(_output_names(src, len(outs)), outs)],
         }
-        return Engine(header, sections, runner, device, build_s=build_s)
+        engine = Engine(header, sections, runner, device, build_s=build_s)
+        if precision in ("int8", "fp8"):
+            reference, vs = _reference(given)
+            header["accuracy"] = record = accuracy.measure(engine, reference, vs, calib, example, self.min_cosine)
+            if warn and record["passed"] is False:
+                warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=3)
+        return engine
 
     def _build_best(self, model: Any, example_inputs: Any, input_names: list[str] | None,
                     calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None) -> Engine:
@@ -199,11 +232,20 @@ class Builder:
         t0 = time.perf_counter()
         times: dict[str, float | str] = {}
         best: tuple[float, Engine] | None = None
+        rejected: dict[str, str] = {}
         for prec in candidates:
             try:
-                eng = Builder(self.config, precision=prec).build(model, example_inputs, input_names, calib, onnx_path)
+                eng = Builder(self.config, precision=prec, min_cosine=self.min_cosine)._build(
+                    model, example_inputs, input_names, calib, onnx_path, warn=False)
             except UsageError as exc:  # e.g. an ONNX model without Q/DQ nodes cannot be int8: skip, say why
                 times[prec] = f"not built: {exc}"
+                continue
+            acc = eng.header.get("accuracy")
+            if acc is not None and not acc["passed"]:  # a wrong engine must not win on speed
+                rejected[prec] = ("accuracy not measured: " + acc["skipped"] if acc["passed"] is None
+                                  else f"cosine {acc['cosine']:.4f} to the {acc['vs']} model < {acc['min_cosine']}")
+                times[prec] = f"rejected: {rejected[prec]}"
+                del eng
                 continue
             given = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
             sec = _time_engine(eng, tuple(eng.check_inputs(tuple(given) if given else eng.random_inputs(), {})))
@@ -217,7 +259,7 @@ class Builder:
         engine = best[1]
         skipped = [p for p in best_candidates(device, calibrated=True) if p not in candidates]
         engine.header["best"] = {"candidates_ms": times, "chosen": engine.header["precision"],
-                                 "not_tried": {p: "no calibration data (--calib)" for p in skipped}}
+                                 "not_tried": {p: "no calibration data (--calib)" for p in skipped}, "rejected": rejected}
         engine.header["build_s"] = time.perf_counter() - t0
         return engine
 
@@ -362,7 +404,8 @@ class Engine:
                 "inputs": h["inputs"], "outputs": h["outputs"], "build_s": h.get("build_s"), "load_s": self.load_s,
                 "load_compile": self.load_compile,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
-                "timing_cache": h.get("timing_cache"), "best": h.get("best"), "trust": self.trust}
+                "timing_cache": h.get("timing_cache"), "best": h.get("best"), "accuracy": h.get("accuracy"),
+                "trust": self.trust}
 
     def save(self, path: str | Path) -> None:
         """Write the engine atomically, signed with the user's key (overdrive._utils.signing; the default key

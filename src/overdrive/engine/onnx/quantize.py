@@ -2,11 +2,20 @@
 quantization (``onnxruntime.quantization.quantize_static``), the way ``trtexec --int8 --calib`` calibrates
 an ONNX model.
 
-The Q/DQ layout follows ``overdrive.quant``'s defaults, so an ONNX model and the PyTorch model it came
-from get the same kind of engine: weights per output channel and activations per tensor, both symmetric;
-max calibration for int8 (``INT8_DEFAULT``); ONNX Runtime's distribution calibration for fp8 e4m3 (the
-only method it has for fp8). Quantized: Conv, ConvTranspose, Gemm, and MatMul with a constant weight
-(activation x activation MatMuls, attention's, stay float as in ``INT8_DEFAULT``).
+The Q/DQ layout is ``overdrive.quant``'s (and TensorRT's), whatever made the ONNX model: Q/DQ on the inputs of
+Conv, ConvTranspose, Gemm and MatMul with a constant weight, never on their outputs; weights per output
+channel and activations per tensor, both symmetric; max calibration for int8 (``INT8_DEFAULT``); ONNX Runtime's
+distribution calibration for fp8 e4m3 (the only method it has for fp8). Activation x activation MatMuls
+(attention's) stay float, as in ``INT8_DEFAULT``. Each quantized input gets its own Q/DQ pair, so the other
+readers of that tensor (a residual add, a pooling, a graph output) keep the float values.
+
+ONNX Runtime's defaults do otherwise: they also quantize every quantized op's output (a per-tensor scale set by
+a feed-forward's outlier channels erases the other channels: issue 21's pretrained MiniLM), and a tensor that
+one quantized op reads is replaced by its Q/DQ copy for every reader (the residual stream quantized).
+``quantize_onnx`` turns the first off (``OpTypesToExcludeOutputQuantization``) and avoids the second by giving
+each quantized input a private ``Identity`` copy to calibrate and quantize, removed again afterwards.
+The residual-add quantizers of ``overdrive.quant`` (``residual_add``, for TensorRT's conv+add fusion) are not
+made: neither backend here fuses them, and they cost accuracy.
 """
 
 from __future__ import annotations
@@ -24,25 +33,65 @@ from overdrive._utils.optional import require
 
 _NP = {1: np.float32, 10: np.float16, 11: np.float64, 7: np.int64, 6: np.int32, 5: np.int16, 3: np.int8, 2: np.uint8,
        9: np.bool_}  # ONNX elem_type -> numpy
+QUANTIZED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_COPY = "/overdrive_qin"  # suffix of the Identity nodes and tensors that carry one quantized input each
 
 
 def quantizable_nodes(model: object) -> list[str]:
-    """Names of the nodes to quantize in an ``onnx.ModelProto``: Conv, ConvTranspose, Gemm, and MatMul with an
-    initializer (weight) input. Unnamed nodes are named in place (ONNX Runtime selects nodes by name).
+    """Names of the nodes to quantize in an ``onnx.ModelProto``: Conv, ConvTranspose and Gemm whose weight (input
+    1) is an initializer, and MatMul ``x @ W`` with a 2-D initializer ``W`` (a Linear). Unnamed nodes are named in
+    place (ONNX Runtime selects nodes by name).
 
     Example:
         >>> # quantizable_nodes(onnx.load("model.onnx"))  # ['/conv1/Conv', '/fc/Gemm']
     """
     graph = model.graph  # type: ignore[attr-defined]
-    consts = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    inits = {t.name: t for t in graph.initializer}
     names = []
     for i, node in enumerate(graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{i}"
-        weight_matmul = node.op_type == "MatMul" and any(x in consts for x in node.input)
-        if node.op_type in ("Conv", "ConvTranspose", "Gemm") or weight_matmul:
-            names.append(node.name)
+        if node.op_type not in QUANTIZED_OPS or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        if node.op_type == "MatMul" and len(inits[node.input[1]].dims) != 2:
+            continue  # a batched constant: no output-channel axis for per-channel scales
+        if node.input[0] in inits:
+            continue  # constant x constant: folded by ONNX Runtime, nothing to calibrate
+        names.append(node.name)
     return names
+
+
+def _private_inputs(model: object, nodes: list[str]) -> None:
+    """Give input 0 of each node in ``nodes`` its own tensor, an Identity copy (in place): ONNX Runtime then
+    calibrates and quantizes that copy, and the tensor's other readers keep the float values."""
+    from onnx import helper
+
+    graph = model.graph  # type: ignore[attr-defined]
+    chosen, out = set(nodes), []
+    for node in graph.node:
+        if node.name in chosen:
+            copy = node.name + _COPY
+            out.append(helper.make_node("Identity", [node.input[0]], [copy], name=copy))
+            node.input[0] = copy
+        out.append(node)
+    del graph.node[:]
+    graph.node.extend(out)
+
+
+def _drop_copies(model: object) -> None:
+    """Remove the Identity copies of :func:`_private_inputs` again (in place): what read a copy (its Q node, or
+    the node itself where ONNX Runtime left it float) reads the original tensor."""
+    graph = model.graph  # type: ignore[attr-defined]
+    source = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.name.endswith(_COPY)}
+    keep = [n for n in graph.node if not (n.op_type == "Identity" and n.name.endswith(_COPY))]
+    for node in keep:
+        for k, name in enumerate(node.input):
+            if name in source:
+                node.input[k] = source[name]
+    del graph.node[:]
+    graph.node.extend(keep)
+    for vi in [v for v in graph.value_info if v.name in source]:
+        graph.value_info.remove(vi)
 
 
 def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], precision: str = "int8") -> bytes:
@@ -70,7 +119,8 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
     nodes = quantizable_nodes(model)
     if not nodes:
         raise UsageError(f"--precision {precision}: the ONNX model has no Conv, ConvTranspose, Gemm or weight MatMul "
-                         "to quantize; build it in fp32/fp16 instead")
+                         "(a constant weight, as a Linear exports) to quantize; build it in fp32/fp16 instead")
+    _private_inputs(model, nodes)
 
     class _Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -82,6 +132,8 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
 
     qtype = QuantType.QInt8 if precision == "int8" else QuantType.QFLOAT8E4M3FN
     method = CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution
+    options = {"ActivationSymmetric": True, "WeightSymmetric": True,
+               "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS)}  # inputs only, as overdrive.quant
     root = logging.getLogger()  # quantize_static logs "consider pre-processing" on the root logger
     level = root.level
     root.setLevel(logging.ERROR)
@@ -91,13 +143,14 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
             try:
                 quantize_static(model, out, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                                 activation_type=qtype, weight_type=qtype, nodes_to_quantize=nodes,
-                                calibrate_method=method,
-                                extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+                                op_types_to_quantize=list(QUANTIZED_OPS), calibrate_method=method, extra_options=options)
             except UsageError:
                 raise
             except Exception as exc:
                 raise UsageError(f"ONNX Runtime could not calibrate the model to {precision}: {type(exc).__name__}: "
                                  f"{exc}; build from the PyTorch model with --calib, or from a Q/DQ ONNX model") from exc
-            return open(out, "rb").read()
+            qdq = onnx.load(out)
     finally:
         root.setLevel(level)
+    _drop_copies(qdq)
+    return qdq.SerializeToString()

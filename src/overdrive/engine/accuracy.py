@@ -1,0 +1,246 @@
+"""How close an int8/fp8 engine is to the float model it was built from, measured at build time.
+
+The float reference (the fp32 ONNX model through ONNX Runtime, or the PyTorch module) and the built engine run on
+up to :data:`MAX_BATCHES` calibration batches (the example inputs when there are none); the record goes into the
+engine header (``header["accuracy"]``). Metrics, per float output, then the worst over outputs:
+
+- ``cosine``: the mean over samples (dim 0) of the cosine similarity between the flattened reference and engine
+  outputs of one sample (a 0-d or 1-d output counts as one sample).
+- ``rel_max_err``: max |engine - reference| over the range (max - min) of the reference output.
+- ``top1``: for one 2-D output (a classifier's logits, shape (B, C)), the fraction of samples whose argmax agrees.
+
+A build whose ``cosine`` is below ``min_cosine`` (:data:`DEFAULT_MIN_COSINE` unless given) warns, and ``--best``
+refuses it. The cosine is measured on the data the engine was calibrated with, so it catches a wrong Q/DQ layout
+or a broken kernel, not calibration data that is unlike the real inputs.
+
+Example:
+    >>> a = [[torch.tensor([[1.0, 0.0], [0.0, 2.0]])]]
+    >>> r = compare_outputs(a, a, ["logits"])
+    >>> r["cosine"], r["rel_max_err"], r["top1"]
+    (1.0, 0.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+
+DEFAULT_MIN_COSINE = 0.99
+"""The output cosine an int8/fp8 engine must reach: about a 14% relative RMS error (1 - cos ~ err**2 / 2)."""
+MAX_BATCHES = 4
+"""Calibration batches the float reference and the engine run on at build time."""
+
+Reference = Callable[[tuple[torch.Tensor, ...]], list[torch.Tensor]]
+
+
+def check_min_cosine(value: float | None) -> float:
+    """``value`` checked (a number in [-1, 1]), or :data:`DEFAULT_MIN_COSINE` for None.
+
+    Example:
+        >>> check_min_cosine(None), check_min_cosine(0.95)
+        (0.99, 0.95)
+    """
+    if value is None:
+        return DEFAULT_MIN_COSINE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1.0 <= float(value) <= 1.0:
+        raise UsageError(f"min_cosine={value!r} must be a number in [-1, 1] (e.g. 0.99; -1 turns the check off)")
+    return float(value)
+
+
+@contextlib.contextmanager
+def _eval(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` in eval mode inside the block (no dropout in the reference); each submodule's flag put back."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, tuple, dict, Hugging Face ModelOutput), in pytree order: the
+    order in which torch.export and the ONNX exporters flatten them."""
+    import torch.utils._pytree as pytree
+
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def module_reference(module: nn.Module) -> Reference:
+    """Runs ``module`` as given (eval mode, no grad, on its own device)."""
+    dev = next((p.device for p in module.parameters()), torch.device("cpu"))
+
+    def run(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        with torch.no_grad(), _eval(module):
+            return [t.detach().cpu() for t in _tensors(module(*(x.to(dev) for x in batch)))]
+
+    return run
+
+
+_ORT_NP = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+           "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+           "tensor(bool)": "bool"}
+
+
+def onnx_reference(onnx_bytes: bytes) -> Reference:
+    """Runs an ONNX model with ONNX Runtime's CPU provider at ORT_ENABLE_BASIC (no fused approximations; Q/DQ
+    pairs computed as written), or with overdrive's importer in eager PyTorch where onnxruntime is missing."""
+    from overdrive._utils.optional import is_available
+
+    if not is_available("onnxruntime"):
+        from overdrive.engine.onnx import import_onnx
+
+        return module_reference(import_onnx(onnx_bytes))
+    import numpy as np
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.log_severity_level = 3
+    session = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+    feeds = [(i.name, _ORT_NP.get(i.type, "float32")) for i in session.get_inputs()]
+
+    def run(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        xs = {}
+        for (n, dt), x in zip(feeds, batch):
+            x = x.detach().cpu()
+            xs[n] = (x.float() if x.is_floating_point() else x).numpy().astype(dt)  # numpy has no bfloat16
+        return [torch.from_numpy(np.asarray(o)) for o in session.run(None, xs)]
+
+    return run
+
+
+def _sample_cosines(ref: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """(N,) cosine per sample; a sample where both are zero agrees (1), a non-finite engine value disagrees (0)."""
+    a = ref.reshape(ref.shape[0], -1) if ref.dim() >= 2 else ref.reshape(1, -1)
+    b = out.reshape(a.shape)
+    bad = ~torch.isfinite(b).all(dim=1)
+    b = torch.nan_to_num(b, nan=0.0, posinf=0.0, neginf=0.0)
+    na, nb = a.norm(dim=1), b.norm(dim=1)
+    cos = (a * b).sum(dim=1) / (na * nb).clamp_min(1e-300)
+    cos = torch.where((na == 0) & (nb == 0), torch.ones_like(cos), cos)
+    return torch.where(bad, torch.zeros_like(cos), cos.clamp(-1.0, 1.0))
+
+
+def compare_outputs(refs: Sequence[Sequence[torch.Tensor]], outs: Sequence[Sequence[torch.Tensor]],
+                    names: Sequence[str]) -> dict[str, Any]:
+    """Cosine, relative max error and (one 2-D output) top-1 agreement of ``outs`` against ``refs``: one list of
+    output tensors per batch each. Integer and bool outputs are left out; outputs whose shapes differ are named.
+
+    Example:
+        >>> compare_outputs([[torch.ones(2, 3)]], [[2 * torch.ones(2, 3)]], ["y"])["cosine"]
+        1.0
+    """
+    per: dict[str, dict[str, Any]] = {}
+    cos: dict[str, list[torch.Tensor]] = {}
+    err: dict[str, float] = {}
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    agree = [0, 0]
+    floats = [i for i, r in enumerate(refs[0]) if r.is_floating_point()] if refs else []
+    one_2d = len(floats) == 1 and refs[0][floats[0]].dim() == 2 and refs[0][floats[0]].shape[1] >= 2
+    for ref_b, out_b in zip(refs, outs):
+        for i in floats:
+            name = names[i] if i < len(names) else f"output{i}"
+            r, o = ref_b[i].detach().cpu().double(), out_b[i].detach().cpu().double()
+            if tuple(r.shape) != tuple(o.shape):
+                per[name] = {"error": f"shape {tuple(o.shape)}, the reference's is {tuple(r.shape)}"}
+                continue
+            cos.setdefault(name, []).append(_sample_cosines(r, o))
+            diff = (o - r).abs()
+            e = float(diff.max()) if diff.numel() else 0.0
+            err[name] = max(err.get(name, 0.0), e if math.isfinite(e) else math.inf)
+            if r.numel():
+                lo[name], hi[name] = min(lo.get(name, math.inf), float(r.min())), max(hi.get(name, -math.inf), float(r.max()))
+            if one_2d:
+                agree[0] += int((r.argmax(dim=1) == o.argmax(dim=1)).sum())
+                agree[1] += r.shape[0]
+    for name, cs in cos.items():
+        span = hi.get(name, 0.0) - lo.get(name, 0.0)
+        span = span if span > 0 else max(abs(hi.get(name, 0.0)), abs(lo.get(name, 0.0)), 1.0)
+        rel = err[name] / span
+        per[name] = {"cosine": round(float(torch.cat(cs).mean()), 6), "rel_max_err": round(rel, 6) if math.isfinite(rel) else 1e9}
+    measured = [p for p in per.values() if "cosine" in p]
+    cosine = min(p["cosine"] for p in measured) if measured else None
+    if any("error" in p for p in per.values()):
+        cosine = 0.0  # an output of another shape than the model's: the engine is wrong
+    return {"cosine": cosine, "rel_max_err": max(p["rel_max_err"] for p in measured) if measured else None,
+            "top1": round(agree[0] / agree[1], 6) if agree[1] else None, "outputs": per}
+
+
+def measure(engine: Any, reference: Reference, vs: str, calib: Sequence[tuple[torch.Tensor, ...]] | None,
+            example: tuple[torch.Tensor, ...], min_cosine: float) -> dict[str, Any]:
+    """The accuracy record of ``engine`` (an :class:`overdrive.engine.Engine`) against ``reference``, on up to
+    :data:`MAX_BATCHES` of ``calib`` that fit the engine's profiles (else on ``example``).
+
+    ``passed`` is True or False against ``min_cosine``, and None (with ``skipped``, the reason) when nothing
+    could be compared."""
+    t0 = time.perf_counter()
+    on = "calibration data"
+    batches = [b for b in (calib or []) if _fits(engine, b)][:MAX_BATCHES]
+    if not batches:
+        on = "example inputs" if not calib else "example inputs (no calibration batch fits the engine's shapes)"
+        batches = [tuple(x.detach().cpu() for x in example)]
+    record: dict[str, Any] = {"vs": vs, "on": on, "batches": len(batches), "min_cosine": min_cosine}
+    refs, outs = [], []
+    for batch in batches:
+        ref = reference(batch)
+        out = [o.detach().cpu() for o in engine.run(*batch)]
+        if len(ref) != len(out):
+            record.update(passed=None, skipped=f"the reference gives {len(ref)} output(s), the engine {len(out)}")
+            return record
+        refs.append(ref)
+        outs.append(out)
+    record.update(compare_outputs(refs, outs, [o["name"] for o in engine.header["outputs"]]))
+    record["s"] = round(time.perf_counter() - t0, 3)
+    if record["cosine"] is None:
+        record.update(passed=None, skipped="the model has no floating-point output to compare")
+    else:
+        record["passed"] = bool(record["cosine"] >= min_cosine)
+    return record
+
+
+def _fits(engine: Any, batch: tuple[torch.Tensor, ...]) -> bool:
+    try:
+        engine.check_inputs(tuple(batch), move=False)
+    except UsageError:
+        return False
+    return True
+
+
+def summary(record: dict[str, Any]) -> str:
+    """One line for ``overdrive build``: what was compared and how close it came.
+
+    Example:
+        >>> summary({"vs": "fp32", "on": "calibration data", "batches": 4, "cosine": 0.99991, "rel_max_err": 0.0123,
+        ...          "top1": 1.0, "min_cosine": 0.99, "passed": True})
+        'vs fp32 on 4 batch(es) of calibration data: cosine 0.99991, max abs error 1.23% of the output range, top-1 agreement 100.0% (tolerance: cosine >= 0.99)'
+    """
+    if record.get("passed") is None or record.get("rel_max_err") is None:
+        return f"vs {record['vs']}: not measured ({record.get('skipped', 'outputs of other shapes')})"
+    top1 = f", top-1 agreement {record['top1']:.1%}" if record.get("top1") is not None else ""
+    below = "; BELOW the tolerance" if not record["passed"] else ""
+    return (f"vs {record['vs']} on {record['batches']} batch(es) of {record['on']}: cosine {record['cosine']:.5f}, max abs "
+            f"error {record['rel_max_err']:.2%} of the output range{top1} (tolerance: cosine >= {record['min_cosine']}{below})")
+
+
+def warning(record: dict[str, Any], precision: str) -> str:
+    """The warning for an engine below the tolerance: the numbers, and what to try."""
+    worst = min(((n, p["cosine"]) for n, p in record["outputs"].items() if "cosine" in p), key=lambda t: t[1], default=None)
+    where = f" (worst output {worst[0]!r})" if worst and len(record["outputs"]) > 1 else ""
+    return (f"the {precision} engine's outputs have cosine {record['cosine']:.4f} to the {record['vs']} model{where} on "
+            f"{record['batches']} batch(es) of {record['on']}, below the tolerance {record['min_cosine']} (max abs error "
+            f"{record['rel_max_err']:.1%} of the output range): it is likely wrong for this model. Try more or other "
+            "calibration batches (--calib), per-channel weight scales (a Q/DQ model made elsewhere), keeping the "
+            "layers with outliers in float (overdrive.quant with QuantConfig(exclude=...), then build from that "
+            "model), fp16/bf16 instead, or --best (which refuses engines below the tolerance); "
+            "Builder(min_cosine=...) sets the tolerance")
