@@ -39,10 +39,18 @@ def found_nonfinite(tensors: Sequence[torch.Tensor], inv_scale: float = 1.0) -> 
         t = t._values() if t.is_sparse else t  # the stored values are what can be inf
         groups.setdefault((t.device, t.dtype), []).append(t)
     found = None
-    for (device, _dtype), group in groups.items():
-        flag = torch.zeros(1, device=device)
-        inv = torch.full((1,), inv_scale, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv)
+    for (device, dtype), group in groups.items():
+        if device.type == "cuda" and dtype not in (torch.float32, torch.float16):
+            # the fused kernel has no bf16 CUDA variant (O3 bf16 weights have bf16 gradients): the inf-norm of
+            # each tensor is inf or NaN exactly when one of its elements is, in one foreach kernel as well
+            if inv_scale != 1.0:
+                torch._foreach_mul_(group, inv_scale)
+            norms = torch.stack(torch._foreach_norm(group, float("inf")))
+            flag = (~torch.isfinite(norms)).any().float().reshape(1)
+        else:
+            flag = torch.zeros(1, device=device)
+            inv = torch.full((1,), inv_scale, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv)
         found = flag if found is None else found + flag.to(found.device)
     return found
 
