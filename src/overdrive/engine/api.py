@@ -20,7 +20,8 @@ from overdrive._utils.files import atomic_write
 from overdrive._utils.signing import signing_key
 from overdrive.engine import accuracy, backends, format as fmt
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
-from overdrive.engine.sources import ModelSource, to_source
+from overdrive._utils.inputs import takes_names
+from overdrive.engine.sources import ModelSource, integer_dtypes, to_source
 
 _DT = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
        "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
@@ -167,6 +168,12 @@ class Builder:
             example_inputs = (example_inputs,)
         cfg = cfg.replace(profiles=_profiles(cfg.profiles, src, example_inputs))
         _check_onnx_dims(cfg.profiles, src)
+        if not example_inputs and cfg.input_io_formats:  # --inputIOFormats int64:chw: the binding holds integers
+            fmts = cfg.input_io_formats
+            for i, n in enumerate(src.input_names):
+                dt = getattr(torch, IO_DTYPES[(fmts[i] if len(fmts) > 1 else fmts[0]).split(":")[0]])
+                if not dt.is_floating_point and (len(fmts) > 1 or n not in src.input_dtypes):
+                    src.input_dtypes = {**src.input_dtypes, n: dt}
         example = tuple(x.to(device) for x in example_inputs) if example_inputs else _random_inputs(cfg.profiles, src, device)
         if len(example) != len(src.input_names):
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
@@ -330,6 +337,11 @@ def _profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[tor
     if profiles:
         if src.onnx_bytes is None and len(names) == 1 == len(profiles) and profiles[0].name != names[0]:
             src.input_names = names = [profiles[0].name]  # a module's one input takes the profile's name
+        elif (src.module is not None and {p.name for p in profiles} != set(names)
+              and takes_names(src.module, [p.name for p in profiles])):
+            # a module that takes the profiles' names (input_ids, attention_mask, ...) is called by those names
+            src.input_names = names = [p.name for p in profiles]
+            src.input_dtypes = {**integer_dtypes(names), **{k: v for k, v in src.input_dtypes.items() if k in names}}
         given = {p.name for p in profiles}
         fixed = {n: s for n, s in (src.onnx_shapes or {}).items() if n in names and n not in given and s and all(s)}
         if fixed:  # as trtexec: inputs whose dims the ONNX model fixes need no shapes
@@ -363,14 +375,30 @@ def _check_onnx_dims(profiles: list[ShapeProfile], src: ModelSource) -> None:
                                  f"{lo}..{hi}; use {v} there, or re-export the model with that dim dynamic")
 
 
+def _random_input(name: str, shape: tuple[int, ...], dt: torch.dtype, g: torch.Generator,
+                  vocab: int | None = None) -> torch.Tensor:
+    """One input for timing or a warm-up: floats from N(0, 1); integer inputs as their names say (masks all
+    ones, token types zeros, positions 0..n-1, token ids in the vocabulary when known, else 0/1)."""
+    if dt.is_floating_point:
+        return torch.randn(shape, generator=g)
+    if name.endswith("attention_mask") or name == "pixel_mask":
+        return torch.ones(shape, dtype=torch.int64)  # every token attended to
+    if name == "token_type_ids":
+        return torch.zeros(shape, dtype=torch.int64)
+    if name == "position_ids" and shape:
+        return torch.arange(shape[-1]).expand(shape).contiguous()
+    return torch.randint(0, vocab if isinstance(vocab, int) and vocab > 0 else 2, shape, generator=g)
+
+
 def _random_inputs(profiles: list[ShapeProfile], src: ModelSource, device: torch.device, which: str = "opt",
                    seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
+    vocab = getattr(getattr(src.module, "config", None), "vocab_size", None)
     out = []
     for p in _ordered(profiles, src.input_names):
         dt = src.input_dtypes.get(p.name, torch.float32)
         shape = getattr(p, which)
-        x = torch.randn(shape, generator=g) if dt.is_floating_point else torch.randint(0, 2, shape, generator=g)
+        x = _random_input(p.name, tuple(shape), dt, g, vocab)
         out.append(x.to(dt).to(device))
     return tuple(out)
 
@@ -506,6 +534,11 @@ class Engine:
             if x.is_floating_point() != dt.is_floating_point:
                 raise UsageError(f"input {p.name!r} is {x.dtype} but the engine expects {dt}")
             out.append(x.to(self.device, dt) if move else x.to(dtype=dt))
+        for group in self.header.get("backend_meta", {}).get("shared_dims", []):  # dims the program needs equal
+            sizes = {f"{n}[{d}]": out[self.input_names.index(n)].shape[d] for n, d in group if n in self.input_names}
+            if len(set(sizes.values())) > 1:
+                raise UsageError(f"inputs {', '.join(f'{k}={v}' for k, v in sizes.items())} must be equal: the model "
+                                 "uses one size for these dims (e.g. the sequence length of input_ids and attention_mask)")
         return out
 
     def run(self, *inputs: torch.Tensor, **named: torch.Tensor) -> list[torch.Tensor]:
@@ -528,8 +561,7 @@ class Engine:
         out = []
         for p, dt, layout in zip(self.profiles, self.input_dtypes, self.input_layouts):
             shape = tuple((shapes or {}).get(p.name, p.opt))
-            x = torch.randn(shape, generator=g) if dt.is_floating_point else torch.randint(0, 2, shape, generator=g)
-            x = x.to(dt)
+            x = _random_input(p.name, shape, dt, g).to(dt)
             out.append(x.contiguous(memory_format=torch.channels_last) if layout == "hwc" and x.dim() == 4 else x)
         return tuple(out)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive._utils.inputs import ByName as _ByName
+from overdrive._utils.inputs import is_token_model, takes_names
 from overdrive._utils.optional import require
 from overdrive.engine.config import ShapeProfile
 
@@ -35,9 +36,12 @@ def by_name(module: nn.Module, names: list[str]) -> nn.Module:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         return module
-    if len(names) < 2 or not all(n in params for n in names):
+    if not all(n in params for n in names) or len(names) < 2 and "use_cache" not in params:
         return module
-    return _ByName(module, names)
+    # a Hugging Face decoder would return its key/value cache, which neither exporter nor engine takes
+    w = _ByName(module, names, {"use_cache": False} if "use_cache" in params else None)
+    w.train(module.training)  # the exporters put the wrapper's mode back on the module afterwards
+    return w
 
 
 @dataclass
@@ -73,28 +77,72 @@ class ModelSource:
 
             axes = {p.name: {d: f"{p.name}_d{d}" for d in p.dynamic_dims()} for p in profiles} if dynamic else None
             buf = io.BytesIO()
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(by_name(self.module, self.input_names), example, buf, dynamo=False,
-                                  input_names=self.input_names, dynamic_axes=axes, opset_version=min(opset, 17))
+            wrapped = by_name(self.module, self.input_names)
+            modes = [(mod, mod.training) for mod in self.module.modules()]
+            # the exporter puts the module it is given back in that module's mode, recursively: a by-name wrapper
+            # made here is in training mode, which would leave the user's model training (dropout on) afterwards
+            wrapped.train(self.module.training)
+            try:
+                with warnings.catch_warnings(), torch.no_grad():
+                    warnings.simplefilter("ignore")
+                    torch.onnx.export(wrapped, example, buf, dynamo=False,
+                                      input_names=self.input_names, dynamic_axes=axes, opset_version=min(opset, 17))
+            finally:
+                for mod, mode in modes:
+                    mod.training = mode
             return buf.getvalue()
         except Exception:  # noqa: BLE001 - fall through to the dynamo exporter, which raises its own error
             pass
         require("onnxscript", "onnx", "ONNX export")
         dyn = _dynamic_shapes(profiles, self.input_names) if dynamic else None
         with torch.no_grad():
-            prog = torch.onnx.export(self.module, example, dynamo=True, input_names=self.input_names,
-                                     dynamic_shapes=dyn, opset_version=opset, verbose=False)
+            prog = torch.onnx.export(by_name(self.module, self.input_names), example, dynamo=True,
+                                     input_names=self.input_names, dynamic_shapes=dyn, opset_version=opset,
+                                     verbose=False)
         return prog.model_proto.SerializeToString()
 
 
 def _dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict[int, Any], ...]:
+    """One ``Dim.DYNAMIC`` hint with the profile's range per dynamic dim: torch.export then infers which dims
+    of different inputs must be equal (input_ids and attention_mask share the sequence length) instead of
+    failing because two independently named dims turned out equal. :func:`check_exported_dims` afterwards
+    refuses a dim the model fixed and reports the shared ones."""
     by = {p.name: p for p in profiles}
     out = []
     for n in names:
         p = by[n]
-        out.append({d: torch.export.Dim(f"{n}_d{d}", min=p.min[d], max=p.max[d]) for d in p.dynamic_dims()})
+        # torch.export cannot keep a dim dynamic whose traced range is one value: it treats sizes 0 and 1 as
+        # special, so a 1..2 batch is traced as 2..2 and refused; the program is exported for sizes up to 3 at
+        # least (the engine's own profile check still holds inputs to 1..2)
+        out.append({d: torch.export.Dim.DYNAMIC(min=p.min[d], max=max(p.max[d], 3)) for d in p.dynamic_dims()})
     return tuple(out)
+
+
+def check_exported_dims(ep: Any, profiles: list[ShapeProfile], names: list[str]) -> list[list[list[Any]]]:
+    """After ``torch.export`` with :func:`dynamic_shapes`: raise UsageError for a dim the profile lets vary but
+    the model fixed (export specializes it silently), and return the groups of input dims that share one size,
+    ``[[["input_ids", 1], ["attention_mask", 1]], ...]`` (engines check them at run time).
+
+    Example:
+        >>> # check_exported_dims(ep, profiles, ["input_ids", "attention_mask"])  # [[['input_ids', 1], ['attention_mask', 1]], ...]
+    """
+    user = list(ep.graph_signature.user_inputs)
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    by = {p.name: p for p in profiles}
+    groups: dict[str, list[list[Any]]] = {}
+    for name, node_name in zip(names, user):
+        val = nodes[node_name].meta.get("val")
+        p = by.get(name)
+        if val is None or p is None:
+            continue
+        for d in p.dynamic_dims():
+            size = val.shape[d]
+            if isinstance(size, int):
+                raise UsageError(f"input {name!r} dim {d}: the shape profile lets it vary ({p.min[d]}..{p.max[d]}) but "
+                                 f"the model fixes it at {size} (torch.export specialized it); make that dim {size} in "
+                                 "--min/--opt/--max-shapes, or change the model")
+            groups.setdefault(str(size), []).append([name, d])
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict[int, Any], ...] | None:
@@ -102,8 +150,25 @@ def dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict
     return _dynamic_shapes(profiles, names) if any(not p.static for p in profiles) else None
 
 
+# inputs that hold token ids, masks or positions when a model takes them by these names: made as int64
+INTEGER_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "decoder_input_ids",
+                  "decoder_attention_mask", "labels", "pixel_mask")
+
+
+def integer_dtypes(names: list[str]) -> dict[str, torch.dtype]:
+    """int64 for the inputs whose names say they hold token ids, masks or positions.
+
+    Example:
+        >>> integer_dtypes(["input_ids", "pixel_values"])
+        {'input_ids': torch.int64}
+    """
+    return {n: torch.int64 for n in names if n in INTEGER_INPUTS}
+
+
 def from_module(module: nn.Module, input_names: list[str] | None = None) -> ModelSource:
     fwd = getattr(module, "forward", module)
+    if input_names is None and is_token_model(module):
+        input_names = ["input_ids", "attention_mask"] if takes_names(module, ["attention_mask"]) else ["input_ids"]
     if input_names is None:
         try:
             params = [p for p in inspect.signature(fwd).parameters.values()
@@ -111,7 +176,8 @@ def from_module(module: nn.Module, input_names: list[str] | None = None) -> Mode
             input_names = [p.name for p in params] or ["input"]
         except (TypeError, ValueError):
             input_names = ["input"]
-    return ModelSource(module=module, input_names=list(input_names), kind="module")
+    return ModelSource(module=module, input_names=list(input_names), input_dtypes=integer_dtypes(list(input_names)),
+                       kind="module")
 
 
 def external_data_names(proto: Any) -> list[str]:

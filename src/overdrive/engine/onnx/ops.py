@@ -170,6 +170,11 @@ def _slice(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     starts, ends = _ints(ins[1]), _ints(ins[2])
     axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
     steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    if isinstance(x, np.ndarray) and x.dtype != object and any(isinstance(v, torch.SymInt) for v in starts + ends):
+        # a host constant (position ids) cut at a symbolic length: numpy would read the SymInt as an int and fix
+        # the sequence length at the traced one, so the constant becomes a tensor on the module's device
+        dev = next(iter(m.buffers()), torch.empty(0)).device
+        x = _tensor(x).to(dev)
     index = [slice(None)] * len(x.shape)
     big = 2**62
     for s, e, ax, st in zip(starts, ends, axes, steps):
