@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, json_option, write_json
 
 
 @click.command("build")
@@ -65,13 +65,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     from overdrive.recipes.build import build_engine
 
     check_json_target(json_path)
-    from pathlib import Path
-
-    from overdrive._utils.errors import UsageError
-
-    if not Path(save_engine).parent.is_dir():  # refuse now, not after the build
-        raise UsageError(f"--save-engine {save_engine}: folder {str(Path(save_engine).parent)!r} does not exist; "
-                         "create it or give another path")
+    check_output("--save-engine", save_engine)  # refuse now, not after the build
+    check_output("--timing-cache", timing_cache)
     from overdrive._utils.signing import signing_key
 
     signing_key(create=True)  # a bad OVERDRIVE_SIGNING_KEY fails now, not after the build

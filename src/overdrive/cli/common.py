@@ -57,10 +57,39 @@ def write_json(data: Any, target: str | None) -> None:
         atomic_write(target, text + "\n")
 
 
-def check_json_target(target: str | None) -> None:
-    """Refuse a ``--json FILE`` whose folder does not exist before the work, not after it."""
-    if target not in (None, "-") and not Path(target).parent.is_dir():
-        from overdrive._utils.errors import UsageError
+def check_output(flag: str, target: str | None, folder: bool = False) -> None:
+    """Refuse an output path before any work, not after it: the folder it goes in must exist and be writable,
+    so nothing is created outside the path named (``/nonexistent/x.onnx`` is refused, never made). A file
+    output must not be an existing folder; a ``folder=True`` output (``demo --report DIR``) must not be a file.
 
-        raise UsageError(f"--json {target}: folder {str(Path(target).parent)!r} does not exist; create it or give "
-                         "another path ('-' for stdout)")
+    Example:
+        >>> check_output("--export", "/nonexistent/x.onnx")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --export /nonexistent/x.onnx: parent folder does not exist ('/nonexistent'); create it first or give a path in an existing folder
+    """
+    if target is None:
+        return
+    import os
+
+    from overdrive._utils.errors import UsageError
+
+    path = Path(target)
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {target}: parent folder does not exist ({str(parent)!r}); create it first or give "
+                         "a path in an existing folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {target}: folder {str(parent)!r} is not writable; give a path in a folder you "
+                         "can write to")
+    if folder:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {target}: exists and is not a folder; give a folder path")
+    elif path.is_dir():
+        raise UsageError(f"{flag} {target}: is a folder; give a file path such as {str(path / 'out')!r}")
+
+
+def check_json_target(target: str | None) -> None:
+    """Refuse a ``--json FILE`` whose folder does not exist before the work, not after it ('-' is stdout)."""
+    if target != "-":
+        check_output("--json", target)

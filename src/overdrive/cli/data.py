@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, console, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
 
 
 @click.group("data")
@@ -72,6 +72,7 @@ def make_dataset(root: str, n: int, classes: int, width: int, height: int, quali
     Example:
       overdrive data make-dataset /tmp/imgs -n 5000 --processes 16
     """
+    check_output("ROOT", root, folder=True)  # ROOT is made, but no folder above it
     from overdrive.data import make_sample_dataset
 
     path = make_sample_dataset(root, n=n, classes=classes, size=(width, height), quality=quality, seed=seed,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, console, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
 
 
 @click.command("demo")
@@ -48,18 +48,11 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
     from overdrive.demo import run_demo, summary
 
     check_json_target(json_path)
-    if report_dir is not None:  # refuse before the work: a missing matplotlib or an unwritable folder
-        from pathlib import Path
-
-        from overdrive._utils.errors import UsageError
+    check_output("--report", report_dir, folder=True)  # refuse before the work: a missing or unwritable folder
+    if report_dir is not None:  # or a missing matplotlib
         from overdrive._utils.optional import require
 
         require("matplotlib", extra="plot", feature="overdrive demo --report")
-        target = Path(report_dir)
-        if target.exists() and not target.is_dir():
-            raise UsageError(f"--report {report_dir}: exists and is not a folder; give a folder path")
-        if not (target if target.exists() else target.parent if str(target.parent) else Path(".")).exists():
-            raise UsageError(f"--report {report_dir}: its parent folder does not exist; create it first")
     out = console()
     tables = run_demo(
         device=device, opt_levels=opt_levels or OPT_LEVELS, epochs=epochs, batch_size=batch_size, dtype=dtype,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, json_option, write_json
 
 
 @click.command("exec")
@@ -45,6 +45,8 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     from overdrive.engine.benchmark import check_percentiles, format_summary
 
     check_json_target(json_path)
+    check_output("--export-times", export_times)  # before the load, which can take a compile
+    check_output("--export-profile", export_profile)
     try:
         pct = tuple(float(p) for p in percentile.split(",") if p.strip())
     except ValueError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, console, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
 
 
 @click.command("quantize")
@@ -21,22 +21,28 @@ from overdrive.cli.common import check_json_target, console, json_option, write_
 @click.option("--calib-batches", default=8, show_default=True, type=int, help="Batches used for calibration.")
 @click.option("--batch-size", default=64, show_default=True, type=int)
 @click.option("--export", "export_path", default=None, metavar="FILE.onnx", help="Write an ONNX model with Q/DQ nodes.")
+@click.option("--save", "save_path", default=None, metavar="FILE.pt",
+              help="Save the quantized PyTorch model (state dict with every amax, config and model spec; written "
+                   "atomically); reload it with overdrive.recipes.quantize.load_quantized(FILE).")
 @click.option("--opset", default=None, type=int, help="ONNX opset (default 17 for int8, 19 for fp8).")
 @json_option("the summary")
 def command(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
-            batch_size: int, export_path: str | None, opset: int | None, json_path: str | None) -> None:
-    """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX.
+            batch_size: int, export_path: str | None, save_path: str | None, opset: int | None, json_path: str | None) -> None:
+    """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX
+    (--export) and save the quantized PyTorch model (--save).
 
     \b
     Examples:
-      overdrive quantize --config int8 --method entropy --export digits_int8.onnx
+      overdrive quantize --config int8 --method entropy --export digits_int8.onnx --save digits_int8.pt
       overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx
     """
     check_json_target(json_path)
+    check_output("--export", export_path)  # before the model is trained and calibrated
+    check_output("--save", save_path)
     from overdrive.recipes.quantize import run_quantize
 
     out = console()
     result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,
-                          export_path, opset, console=None if json_path == "-" else out)
+                          export_path, opset, console=None if json_path == "-" else out, save_path=save_path)
     if json_path is not None:
         write_json(result, json_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, console, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
 
 
 @click.command("sparsify")
@@ -27,6 +27,7 @@ def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: 
       overdrive sparsify --model digits --checkpoint digits.pt --out digits.sparse24.pt --input-shape 1,1,8,8
     """
     check_json_target(json_path)
+    check_output("--out", out)
     from overdrive._utils.errors import UsageError
     from overdrive.sparsity import SparsityConfig as Config
     from overdrive.recipes.sparsify import sparsify_checkpoint

@@ -10,7 +10,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive._utils.inputs import is_token_model
 from overdrive.quant.api import print_summary, quantize, summary
-from overdrive.quant.config import get_preset
+from overdrive.quant.config import QuantConfig, get_preset
 from overdrive.recipes.calibration import Calibration, load_calibration
 
 
@@ -52,8 +52,9 @@ def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
                  calib_batches: int, batch_size: int, export_path: str | None, opset: int | None,
-                 console: Any = None) -> dict[str, Any]:
-    """Load, calibrate, summarize, (for the digits model) evaluate, and optionally export."""
+                 console: Any = None, save_path: str | None = None) -> dict[str, Any]:
+    """Load, calibrate, summarize, (for the digits model) evaluate, and optionally export ONNX
+    (``export_path``) and save the quantized model (``save_path``, see :func:`save_quantized`)."""
     if calib_batches < 1 or batch_size < 1:
         raise UsageError(f"--calib-batches {calib_batches} and --batch-size {batch_size} must be >= 1")
     cfg = get_preset(config_name).replace(method=method, percentile=percentile)
@@ -79,6 +80,11 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
         if "fp32_accuracy" in result:
             console.print(f"digits test accuracy: fp32 {result['fp32_accuracy']:.4f}, "
                           f"{config_name} {method} {result['quantized_accuracy']:.4f}")
+    if save_path:
+        save_quantized(qmodel, cfg, model_spec, save_path)
+        result["saved"] = str(save_path)
+        if console is not None:
+            console.print(f"wrote {save_path} (reload: overdrive.recipes.quantize.load_quantized({str(save_path)!r}))")
     if export_path:
         from overdrive.quant.export import export_onnx, qdq_counts
 
@@ -90,3 +96,44 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
         if console is not None:
             console.print(f"wrote {path} ({result['onnx']['ops'].get('QuantizeLinear', 0)} QuantizeLinear nodes)")
     return result
+
+
+SAVE_FORMAT = "overdrive.quantized"
+
+
+def save_quantized(qmodel: nn.Module, config: QuantConfig, model_spec: str, path: str) -> None:
+    """Write a quantized model as ``{'format', 'model', 'config', 'state_dict'}``, atomically. The state dict
+    holds the float weights and every quantizer's amax; it loads into ``quant.quantize(float_model, config)``
+    (no forward_loop), which :func:`load_quantized` does. The whole model is not pickled (its traced
+    classes are made at run time, and loading a pickle runs code)."""
+    from overdrive._utils.files import atomic_torch_save
+
+    state = {k: v.detach().cpu() for k, v in qmodel.state_dict().items()}
+    atomic_torch_save({"format": SAVE_FORMAT, "model": model_spec, "config": config.to_dict(), "state_dict": state},
+                      path)
+
+
+def load_quantized(path: str, model: nn.Module | None = None) -> nn.Module:
+    """The model ``overdrive quantize --save FILE`` wrote, quantized and calibrated, in eval mode. ``model``:
+    the float model to quantize again (default: built from the spec saved in FILE).
+
+    Example:
+        >>> # m = load_quantized("digits_int8.pt"); m(torch.randn(1, 1, 8, 8))
+    """
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise UsageError(f"quantized model {str(path)!r} does not exist; write one with overdrive quantize --save FILE")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    if not (isinstance(payload, dict) and payload.get("format") == SAVE_FORMAT):
+        raise UsageError(f"{path} is not a file written by overdrive quantize --save (no format {SAVE_FORMAT!r})")
+    if model is None:
+        from overdrive.recipes.model_spec import load_model as _load
+
+        model = _load(payload["model"])
+    qmodel = quantize(model.eval(), QuantConfig.from_dict(payload["config"]))
+    try:
+        qmodel.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise UsageError(f"{path} does not fit the model: {str(exc).splitlines()[0]}") from exc
+    return qmodel.eval()
