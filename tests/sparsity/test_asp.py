@@ -89,3 +89,20 @@ def test_whitelist_subclass_selects_only_its_instances() -> None:
 def test_string_layer_names_are_refused() -> None:
     with pytest.raises(UsageError, match="disallowed_layer_names='2' is a string"):
         ASP.init_model_for_pruning(_mlp(), verbosity=0, disallowed_layer_names="2")
+
+
+def test_torch_save_whole_model_after_asp() -> None:
+    import io
+
+    model = _mlp()
+    ASP.prune_trained_model(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    x = torch.randn(3, 32)
+    assert torch.equal(loaded(x), model(x))  # tolerance 0: same weights, same masks
+    bad = {k: v.clone() for k, v in model.state_dict().items()}
+    bad["0.weight"].fill_(1.0)  # nonzero where the mask prunes: the loaded copy still checks
+    with pytest.raises(UsageError, match="nonzero where its mask prunes"):
+        loaded.load_state_dict(bad)

@@ -90,12 +90,24 @@ def cast_model(
     return pairs
 
 
+class CastHook:
+    """A forward pre-hook (``where="inputs"``) or forward hook (``"outputs"``) that casts floating tensors to
+    ``dtype``. A class, not a closure: the hooks live on the model, and ``torch.save(model)`` pickles them."""
+
+    def __init__(self, dtype: torch.dtype, where: str) -> None:
+        self.dtype, self.where = dtype, where
+
+    def __call__(self, _m: nn.Module, args: Any, *rest: Any) -> Any:
+        if self.where == "inputs":  # registered with_kwargs=True: (module, args, kwargs)
+            return cast_floating(args, self.dtype), cast_floating(rest[0], self.dtype)
+        if self.where == "args":  # a plain pre-hook: (module, args)
+            return cast_floating(args, self.dtype)
+        return cast_floating(rest[-1], self.dtype)  # a forward hook: (module, args, output)
+
+
 def add_io_cast_hooks(model: nn.Module, input_dtype: torch.dtype, output_dtype: torch.dtype | None) -> list[Any]:
     """Cast floating inputs to ``input_dtype`` on entry and outputs to ``output_dtype`` on exit."""
-    handles = [model.register_forward_pre_hook(
-        lambda _m, args, kwargs: (cast_floating(args, input_dtype), cast_floating(kwargs, input_dtype)),
-        with_kwargs=True,
-    )]
+    handles = [model.register_forward_pre_hook(CastHook(input_dtype, "inputs"), with_kwargs=True)]
     if output_dtype is not None:
         handles += add_output_cast_hook(model, output_dtype)
     return handles
@@ -103,7 +115,7 @@ def add_io_cast_hooks(model: nn.Module, input_dtype: torch.dtype, output_dtype: 
 
 def add_output_cast_hook(model: nn.Module, dtype: torch.dtype) -> list[Any]:
     """Cast ``model``'s floating outputs to ``dtype`` (apex's ``cast_model_outputs``)."""
-    return [model.register_forward_hook(lambda _m, _args, out: cast_floating(out, dtype))]
+    return [model.register_forward_hook(CastHook(dtype, "outputs"))]
 
 
 def add_norm_fp32_hooks(model: nn.Module, half: torch.dtype) -> list[Any]:
@@ -111,34 +123,88 @@ def add_norm_fp32_hooks(model: nn.Module, half: torch.dtype) -> list[Any]:
     handles = []
     for module in model.modules():
         if isinstance(module, NORM_TYPES) and not isinstance(module, _NATIVE_MIXED):
-            handles.append(module.register_forward_pre_hook(lambda _m, args: cast_floating(args, torch.float32)))
-            handles.append(module.register_forward_hook(lambda _m, _a, out: cast_floating(out, half)))
+            handles.append(module.register_forward_pre_hook(CastHook(torch.float32, "args")))
+            handles.append(module.register_forward_hook(CastHook(half, "outputs")))
     return handles
 
 
-def add_autocast_hooks(model: nn.Module, device_type: str, dtype: torch.dtype) -> list[Any]:
-    """Run ``model``'s forward under torch.autocast (apex O1 without patching torch).
+class AutocastRegion:
+    """torch.autocast entered by a model's forward pre-hook and left by its forward hook (apex O1 without
+    patching torch). Several models (and nested calls) share one region: it is entered once, by the
+    outermost forward, and left when that forward ends.
 
-    The exit hook is registered with ``always_call=True``, so an exception in forward still
-    leaves autocast as it was.
+    ``scope="step"`` (the apex surface) keeps it open after a training forward (module in training mode,
+    grad enabled), so the loss and any other function the training step calls between the forward and
+    ``scale_loss`` run under it too, as under apex's patched torch; :meth:`close` (``scale_loss``, the
+    optimizer step, ``zero_grad``) leaves it. An eval or no-grad forward leaves it at its end. Picklable:
+    ``torch.save(model)`` saves the hooks with no region open.
     """
-    stack: list[torch.autocast] = []
+
+    def __init__(self, device_type: str, dtype: torch.dtype, scope: str = "forward") -> None:
+        if scope not in ("forward", "step"):
+            raise UsageError(f"autocast scope {scope!r} is not 'forward' or 'step'")
+        self.device_type, self.dtype, self.scope = device_type, dtype, scope
+        self._open: list[torch.autocast] = []
+        self._depth = 0  # forwards in flight
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"device_type": self.device_type, "dtype": self.dtype, "scope": self.scope}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     # The hooks run eagerly even inside torch.compile: Dynamo cannot trace an autocast context that
     # is entered in one hook and left in another, but it compiles the forward under the autocast
     # state the hooks set, as it would under a ``with torch.autocast(...)`` around the call.
     @torch._dynamo.disable
-    def enter(_m: nn.Module, _args: Any) -> None:
-        ctx = torch.autocast(device_type=device_type, dtype=dtype)
-        ctx.__enter__()
-        stack.append(ctx)
+    def enter(self, _m: nn.Module, _args: Any) -> None:
+        if not self._open:
+            ctx = torch.autocast(device_type=self.device_type, dtype=self.dtype)
+            ctx.__enter__()
+            self._open.append(ctx)
+        self._depth += 1
 
     @torch._dynamo.disable
-    def leave(_m: nn.Module, _args: Any, _out: Any) -> None:
-        if stack:
-            stack.pop().__exit__(None, None, None)
+    def leave(self, module: nn.Module, _args: Any, out: Any) -> None:
+        self._depth = max(self._depth - 1, 0)
+        if self._depth:
+            return
+        training_step = self.scope == "step" and module.training and torch.is_grad_enabled() and out is not None
+        if not training_step:
+            self.close()
 
-    return [model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True)]
+    @torch._dynamo.disable
+    def close(self) -> None:
+        """Leave the region if it is open (autocast as it was before the forward)."""
+        self._depth = 0
+        while self._open:
+            self._open.pop().__exit__(None, None, None)
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self._open)
+
+
+class _RegionHook:
+    """The forward (pre-)hook that calls one side of an :class:`AutocastRegion`; picklable."""
+
+    def __init__(self, region: AutocastRegion, side: str) -> None:
+        self.region, self.side = region, side
+
+    def __call__(self, *args: Any) -> None:
+        getattr(self.region, self.side)(*args)
+
+
+def add_autocast_hooks(model: nn.Module, device_type: str, dtype: torch.dtype,
+                       region: AutocastRegion | None = None) -> list[Any]:
+    """Run ``model``'s forward under torch.autocast (apex O1 without patching torch).
+
+    The exit hook is registered with ``always_call=True``, so an exception in forward still
+    leaves autocast as it was. Pass one ``region`` to several models to share it (see :class:`AutocastRegion`).
+    """
+    region = region or AutocastRegion(device_type, dtype)
+    return [model.register_forward_pre_hook(_RegionHook(region, "enter")),
+            model.register_forward_hook(_RegionHook(region, "leave"), always_call=True)]
 
 
 def add_master_sync_on_load(model: nn.Module, pairs: list[tuple[nn.Parameter, nn.Parameter]]) -> list[Any]:
@@ -152,12 +218,26 @@ def add_master_sync_on_load(model: nn.Module, pairs: list[tuple[nn.Parameter, nn
     with more bits. The hooks hold the parameters, not the :class:`MixedPrecision`; ``pairs`` is read
     at load time, so pairs added later (param groups added after prepare) are covered.
     """
-    pending: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}  # id(module) -> (master, value)
+    sync = _MasterSyncOnLoad(pairs)
+    return [model.register_load_state_dict_pre_hook(sync.before), model.register_load_state_dict_post_hook(sync.after)]
 
-    def before(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+
+class _MasterSyncOnLoad:
+    """The two load-state-dict hooks of :func:`add_master_sync_on_load`. A class, not closures, so that
+    ``torch.save(model)`` can pickle the model: the pickled hooks hold no pairs (a model loaded from the
+    file has no optimizer, so no fp32 masters to keep in step)."""
+
+    def __init__(self, pairs: list[tuple[nn.Parameter, nn.Parameter]]) -> None:
+        self.pairs = pairs
+        self.pending: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}  # id(module) -> (master, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"pairs": [], "pending": {}}
+
+    def before(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
                *_: Any) -> None:
-        master_of = {id(h): (h, m) for h, m in pairs}
-        if local_metadata.get("assign_to_params_buffers"):
+        master_of = {id(h): (h, m) for h, m in self.pairs}
+        if master_of and local_metadata.get("assign_to_params_buffers"):
             raise UsageError(
                 "load_state_dict(..., assign=True) on a model prepared at O2 would replace the half parameters "
                 "that amp pairs with fp32 masters; call load_state_dict without assign=True"
@@ -173,14 +253,12 @@ def add_master_sync_on_load(model: nn.Module, pairs: list[tuple[nn.Parameter, nn
                 todo.pop(id(param), None)
             else:
                 todo[id(param)] = (master, value)
-        pending[id(module)] = list(todo.values())
+        self.pending[id(module)] = list(todo.values())
 
-    def after(module: nn.Module, _incompatible: Any) -> None:
+    def after(self, module: nn.Module, _incompatible: Any) -> None:
         with torch.no_grad():
-            for master, value in pending.pop(id(module), []):
+            for master, value in self.pending.pop(id(module), []):
                 master.copy_(value)  # to the master's fp32 and device
-
-    return [model.register_load_state_dict_pre_hook(before), model.register_load_state_dict_post_hook(after)]
 
 
 def param_dtypes(model: nn.Module) -> dict[str, torch.dtype]:

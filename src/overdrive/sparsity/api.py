@@ -71,8 +71,7 @@ class SparseHandle:
         self._hooks: list[Any] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._permutation_pending = config.permutation
-        self._load_hooks = [m.register_load_state_dict_post_hook(self._check_loaded)
-                            for m in {id(layer.module): layer.module for layer in layers}.values()]
+        self._load_hooks = _add_load_checks(layers)
 
     @property
     def model(self) -> nn.Module:
@@ -220,8 +219,7 @@ class SparseHandle:
             layer.module = module
             if layer.original is old:  # no amp master: the original is the module's weight itself
                 layer.original = layer.weight
-        self._load_hooks = [m.register_load_state_dict_post_hook(self._check_loaded)
-                            for m in {id(m): m for m in found}.values()]
+        self._load_hooks = _add_load_checks(self.layers)
         self._model = weakref.ref(model)
         if self._strong is not None:
             self._strong = model
@@ -294,10 +292,27 @@ class SparseHandle:
 
         return to_semi_structured(self.model, self, **kwargs)
 
-    def _check_loaded(self, module: nn.Module, _incompatible: Any) -> None:
-        for layer in self.layers:
-            if layer.module is module:
-                _check_layer(layer)
+
+
+class _LoadCheck:
+    """The load-state-dict post-hook on a pruned module: the loaded masks are 2:4 and the loaded weights
+    zero where they prune. It holds names only, not the handle (whose weak reference to the model cannot
+    be pickled), so ``torch.save(model)`` works on a pruned model and the loaded model keeps the check."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names  # param name on the module -> the layer's name in the model
+
+    def __call__(self, module: nn.Module, _incompatible: Any) -> None:
+        for param_name, name in self.names.items():
+            if hasattr(module, param_name + MASK_SUFFIX):
+                _check_layer(PrunedLayer(name, module, param_name, "", getattr(module, param_name)))
+
+
+def _add_load_checks(layers: list[PrunedLayer]) -> list[Any]:
+    by_module: dict[int, tuple[nn.Module, dict[str, str]]] = {}
+    for layer in layers:
+        by_module.setdefault(id(layer.module), (layer.module, {}))[1][layer.param_name] = layer.name
+    return [m.register_load_state_dict_post_hook(_LoadCheck(names)) for m, names in by_module.values()]
 
 
 def _is_semi_structured(t: torch.Tensor) -> bool:
