@@ -138,8 +138,9 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     if not isinstance(config, QuantConfig):
         raise UsageError(f"config must be a quant.QuantConfig (e.g. quant.INT8_DEFAULT), got {type(config).__name__}")
     if any(True for _ in quantizers(model)):
-        raise UsageError("this model already has quantizers; call quantize() on the float model, or use "
-                         "quant.calibrate(model, forward_loop) to recalibrate")
+        raise UsageError("this model already has quantizers (from an earlier quantize() or placed by hand); call "
+                         "quantize() on the float model, or quant.calibrate(model, forward_loop) to calibrate the "
+                         "quantizers it has")
     skipped: dict[str, str] = {}
     cls = QUANT_MODULES.get(type(model))
     if cls is not None:  # a bare layer
@@ -169,9 +170,11 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     return model
 
 
-def _calibrate_weights(model: nn.Module) -> None:
+def _calibrate_weights(model: nn.Module, missing_only: bool = False) -> None:
+    """Weight amax = max |weight| (per channel where configured); ``missing_only``: uncalibrated ones only."""
     for m in model.modules():
-        if isinstance(m, _QuantMixin) and m.weight_quantizer.enabled:
+        if (isinstance(m, _QuantMixin) and m.weight_quantizer.enabled
+                and not (missing_only and m.weight_quantizer.is_calibrated)):
             w = m.weight.detach()
             if not bool(torch.isfinite(w).all()):
                 raise UsageError(f"the weight of {m.weight_quantizer.name.rsplit('.', 1)[0]} has NaN/inf values; "
@@ -208,7 +211,13 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
     alone: they observe nothing and keep their amax and statistics. With no enabled activation
     quantizer (weight-only configs) there is nothing to calibrate and ``forward_loop`` is not run.
     Histograms are kept, so :func:`load_calib_amax` can switch method later without data.
+    Quantizers placed by hand (quantized layers built directly, a ``TensorQuantizer`` in a module's own
+    forward) are calibrated too: unnamed ones get their module name, and uncalibrated weight quantizers of
+    quantized layers get max |weight|.
     """
+    for name, q in quantizers(model):
+        q.name = q.name or name
+    _calibrate_weights(model, missing_only=True)
     acts = _activation_quantizers(model)
     if not acts:
         raise UsageError("the model has no activation quantizers; call quant.quantize(model, config) first")

@@ -75,7 +75,8 @@ class _QuantMixin:
 
     def to_float(self) -> nn.Module:
         """The plain float layer (same parameters), quantizers dropped."""
-        base = type(self).__mro__[2]  # (QuantX, _QuantMixin, nn.X, ...)
+        # the float class in the MRO: (QuantX, _QuantMixin, nn.X, ...), also for subclasses of QuantX
+        base = next(b for b in type(self).__mro__ if b in QUANT_MODULES)
         new = base.__new__(base)
         new.__dict__.update(self.__dict__)
         new._modules = {k: v for k, v in self._modules.items() if k not in ("input_quantizer", "weight_quantizer")}

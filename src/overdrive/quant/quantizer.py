@@ -96,15 +96,53 @@ class TensorQuantizer(nn.Module):
         self.histogram = histogram and self.axis is None
         self.enabled = config.enabled
         self.calibrating = False
+        self.quant_enabled = True  # False: pass values through (pytorch-quantization's disable_quant)
         self.register_buffer("amax", None)
         self.calibrator: MaxCalibrator | HistogramCalibrator | None = None
         self.name = ""  # set by quantize(): used in error messages and the summary
 
     # --- modes ------------------------------------------------------------------------------
+    def new_calibrator(self) -> MaxCalibrator | HistogramCalibrator:
+        """An empty calibrator of this quantizer's kind (histogram for per-tensor activations, else max)."""
+        return HistogramCalibrator(self.num_bins, self.config.bound) if self.histogram else MaxCalibrator(self.axis)
+
     def start_calibration(self) -> None:
+        """Observe from now on with fresh statistics (what quant.calibrate does)."""
         self.calibrating = True
-        self.calibrator = (HistogramCalibrator(self.num_bins, self.config.bound) if self.histogram
-                           else MaxCalibrator(self.axis))
+        self.calibrator = self.new_calibrator()
+
+    # --- pytorch-quantization's switches, for hand-placed quantizers and the TensorRT samples' loop:
+    # disable_quant(); enable_calib(); <run data>; load_calib_amax(...); enable_quant(); disable_calib()
+    def enable_calib(self) -> None:
+        """Observe inputs, adding to the statistics collected so far (none yet: a fresh calibrator).
+        While observing, values pass through unquantized."""
+        if self.calibrator is None:
+            self.calibrator = self.new_calibrator()
+        self.calibrating = True
+
+    def disable_calib(self) -> None:
+        self.calibrating = False
+
+    def enable_quant(self) -> None:
+        self.quant_enabled = True
+
+    def disable_quant(self) -> None:
+        self.quant_enabled = False
+
+    def enable(self) -> None:
+        self.enabled = True
+
+    def disable(self) -> None:
+        """Identity: neither observe nor quantize."""
+        self.enabled = False
+
+    @property
+    def _calibrator(self) -> MaxCalibrator | HistogramCalibrator:
+        """pytorch-quantization's name for :attr:`calibrator`; made empty on first use, as pytorch-quantization
+        makes one with every quantizer (the TensorRT samples test ``_calibrator is not None``)."""
+        if self.calibrator is None:
+            self.calibrator = self.new_calibrator()
+        return self.calibrator
 
     def finish_calibration(self, method: str = "max", percentile: float | None = None) -> None:
         self.calibrating = False
@@ -179,6 +217,8 @@ class TensorQuantizer(nn.Module):
             self.calibrator.collect(x, where=self.name or "a quantizer")  # type: ignore[union-attr]
             self._calib_device = x.device  # where amax goes: the histogram calibrator keeps its counts on the CPU
             return x
+        if not self.quant_enabled:
+            return x
         scale = self.scale().to(x.device)
         if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
             scale = torch.tensor(scale.tolist(), dtype=torch.float32, device=x.device)
@@ -230,6 +270,8 @@ class TensorQuantizer(nn.Module):
     def extra_repr(self) -> str:
         if not self.enabled:
             return "disabled"
+        if not self.quant_enabled:
+            return "quantization off (disable_quant)" + (", calibrating" if self.calibrating else "")
         amax = "uncalibrated" if self.amax is None else (
             f"amax={float(self.amax):.4g}" if self.amax.dim() == 0 else
             f"amax=[{float(self.amax.min()):.4g}, {float(self.amax.max()):.4g}] ({self.amax.numel()} channels)")
