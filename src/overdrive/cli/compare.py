@@ -14,20 +14,29 @@ from overdrive.cli.common import check_json_target, json_option, write_json
               help="Absolute tolerance: an element passes when |a - b| <= atol + rtol * |b| (torch.allclose's test; "
                    "polygraphy passes it when either |a - b| <= atol or |a - b| / |b| <= rtol).")
 @click.option("--rtol", default=1e-3, show_default=True, type=float, help="Relative tolerance, against B (see --atol).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs (at the engine's opt shapes).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
+@click.option("--shapes", default=None, metavar="NAME:AxBxC,...",
+              help="Shapes of the random inputs, e.g. input:4x1x8x8 (default: an engine's opt shapes or an ONNX "
+                   "model's fixed ones); needed for dynamic ONNX inputs and for two PyTorch models.")
+@click.option("--inputs", "inputs_path", default=None, metavar="FILE",
+              help="Run these inputs instead of random ones: a .pt (torch.save of a tensor, a list of tensors or a dict "
+                   "name -> tensor; read with weights_only) or an .npz of named arrays.")
 @json_option("the report")
-def command(a: str, b: str, atol: float, rtol: float, seed: int, json_path: str | None) -> None:
+def command(a: str, b: str, atol: float, rtol: float, seed: int, shapes: str | None, inputs_path: str | None,
+            json_path: str | None) -> None:
     """Compare outputs of A against reference B; exit 1 when any output FAILED.
 
     \b
     Examples:
       overdrive compare model_fp16.engine model.onnx --atol 1e-2 --rtol 1e-2
-      overdrive compare model.engine mypkg.models:make_model
+      overdrive compare model.engine mypkg.models:make_model --shapes input:32x3x224x224
+      overdrive compare model.onnx model_int8.onnx --shapes input:4x3x224x224 --atol 1e-1
+      overdrive compare a.onnx b.onnx --inputs batch.npz   # or batch.pt: a tensor, a list or a dict name -> tensor
     """
-    from overdrive.engine import compare, format_compare
+    from overdrive.engine import compare, format_compare, parse_shapes
 
     check_json_target(json_path)
-    report = compare(a, b, atol=atol, rtol=rtol, seed=seed)
+    report = compare(a, b, inputs=inputs_path, atol=atol, rtol=rtol, seed=seed, shapes=parse_shapes(shapes) or None)
     if json_path is not None:
         write_json(report, json_path)
     if json_path != "-":

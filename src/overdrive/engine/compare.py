@@ -20,7 +20,13 @@ class _OrtReference:
         ort = require("onnxruntime", "onnx", "comparing against ONNX")
         if isinstance(model, str) and not Path(model).is_file():
             raise UsageError(f"ONNX file {model!r} does not exist")
-        self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own classes: INVALID_PROTOBUF, INVALID_GRAPH, ...
+            what = repr(model) if isinstance(model, str) else "the in-memory ONNX model"
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"ONNX file {what} cannot be loaded by ONNX Runtime ({detail[:300]}); is it a whole "
+                             ".onnx model? export or download it again") from exc
 
     _TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
               "tensor(int64)": torch.int64, "tensor(int32)": torch.int32, "tensor(int16)": torch.int16,
@@ -34,7 +40,7 @@ class _OrtReference:
             if len(fixed) != x.dim() or any(f is not None and f != n for f, n in zip(fixed, x.shape)):
                 want = "x".join("?" if f is None else str(f) for f in fixed)
                 raise UsageError(f"the ONNX model's input {i.name!r} is fixed at {want}, but the comparison runs "
-                                 f"{'x'.join(map(str, x.shape))} (the engine's opt shapes unless inputs are given); "
+                                 f"{'x'.join(map(str, x.shape))}; "
                                  "export the ONNX model with that batch or a dynamic one, or compare at its shape")
             feeds[i.name] = (x.to(dt) if dt is not None else x).contiguous().cpu().numpy()
         return [torch.from_numpy(o) for o in self.session.run(None, feeds)]
@@ -98,24 +104,120 @@ def _names(fn: Any, n: int) -> list[str] | None:
     return names if len(names) == n else None
 
 
-def compare(a: Any, b: Any, inputs: tuple[torch.Tensor, ...] | None = None, atol: float = 1e-3, rtol: float = 1e-3,
-            seed: int = 0) -> dict[str, Any]:
-    """Run ``a`` and ``b`` on the same inputs; ``b`` is the reference for relative error.
+def load_inputs(path: str) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]:
+    """``compare --inputs FILE``: a ``.npz`` of named arrays, or a ``.pt`` read with
+    ``torch.load(weights_only=True)`` (a data file never runs code) holding a tensor, a list/tuple of tensors
+    (in input order) or a dict of input name -> tensor.
+
+    Example:
+        >>> # torch.save({"input": torch.randn(4, 1, 8, 8)}, "in.pt"); load_inputs("in.pt")["input"].shape
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--inputs {path!r} does not exist; give a .pt (torch.save of a tensor, a list of tensors or "
+                         "a dict name -> tensor) or an .npz of named arrays")
+    try:
+        if p.suffix == ".npz":
+            import numpy as np
+
+            with np.load(p, allow_pickle=False) as z:
+                data: Any = {k: torch.from_numpy(z[k]) for k in z.files}
+        else:
+            data = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a torn zip, a pickle of code, an object array
+        raise UsageError(f"--inputs {path}: cannot read it ({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); "
+                         "expected a .pt of tensors (torch.save) or an .npz of named arrays") from exc
+    if isinstance(data, torch.Tensor):
+        return (data,)
+    if isinstance(data, (list, tuple)) and data and all(isinstance(x, torch.Tensor) for x in data):
+        return tuple(data)
+    if isinstance(data, dict) and data and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()):
+        return dict(data)
+    raise UsageError(f"--inputs {path} holds a {type(data).__name__}, not tensors; save a tensor, a list of tensors "
+                     "or a dict of input name -> tensor")
+
+
+def _input_specs(fa: Any, fb: Any) -> list[tuple[str, list[int | None], torch.dtype]] | None:
+    """(name, shape with None for a dynamic dim, dtype) of each input, from an engine or an ONNX model."""
+    from overdrive.engine.api import Engine
+
+    for f in (fa, fb):
+        if isinstance(f, Engine):
+            return [(p.name, list(p.opt), dt) for p, dt in zip(f.profiles, f.input_dtypes)]
+    for f in (fa, fb):
+        if isinstance(f, _OrtReference):
+            return [(i.name, [d if isinstance(d, int) else None for d in i.shape],
+                     _OrtReference._TYPES.get(i.type, torch.float32)) for i in f.session.get_inputs()]
+    return None
+
+
+def _make_inputs(fa: Any, fb: Any, shapes: dict[str, tuple[int, ...]] | None,
+                 named: dict[str, torch.Tensor] | None, seed: int) -> tuple[torch.Tensor, ...]:
+    """The inputs both sides run: ``named`` tensors or random ones at ``shapes`` (default: an engine's opt
+    shapes or an ONNX model's fixed shapes), in the order of the engine's / ONNX model's inputs."""
+    from overdrive.engine.api import Engine, _random_input
+
+    specs = _input_specs(fa, fb)
+    given = named if named is not None else shapes or {}
+    flag = "--inputs" if named is not None else "--shapes"
+    if specs is None:  # two PyTorch models: the order given
+        if not given:
+            raise UsageError("compare needs --shapes (name:1x3x8x8,...) or --inputs FILE when neither side is an "
+                             "engine or an ONNX model (which give the input names and shapes)")
+        if named is not None:
+            return tuple(named.values())
+        g = torch.Generator().manual_seed(seed)
+        return tuple(torch.randn(s, generator=g) for s in given.values())
+    names = [n for n, _, _ in specs]
+    unknown = sorted(set(given) - set(names))
+    if unknown:  # a misspelt name would otherwise run silently at the default shape
+        raise UsageError(f"{flag} names input {', '.join(map(repr, unknown))}, which the model does not have; its "
+                         f"inputs are {', '.join(map(repr, names))}")
+    eng = fa if isinstance(fa, Engine) else fb if isinstance(fb, Engine) else None
+    if named is None and eng is not None:
+        return eng.random_inputs(shapes or None, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for name, shape, dt in specs:
+        if named is not None:
+            if name not in named:
+                raise UsageError(f"--inputs has no tensor {name!r}; it holds {', '.join(map(repr, named))} and the "
+                                 f"model's inputs are {', '.join(map(repr, names))}")
+            out.append(named[name])
+            continue
+        s = given.get(name)
+        if s is None:
+            if any(d is None for d in shape):
+                raise UsageError(f"input {name!r} has dynamic dims ({'x'.join('?' if d is None else str(d) for d in shape)}); "
+                                 f"give its shape, e.g. --shapes {name}:{'x'.join('1' if d is None else str(d) for d in shape)}")
+            s = tuple(shape)  # type: ignore[arg-type]
+        out.append(_random_input(name, tuple(s), dt, g).to(dt))
+    return tuple(out)
+
+
+def compare(a: Any, b: Any, inputs: Any = None, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0,
+            shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """Run ``a`` and ``b`` on the same inputs; ``b`` is the reference for relative error. ``inputs``: a tuple of
+    tensors in input order, a dict of input name -> tensor, or a file :func:`load_inputs` reads; else random
+    inputs at ``shapes`` ({name: shape}; default: an engine's opt shapes or an ONNX model's fixed shapes).
 
     Example:
         >>> # r = compare("model_fp16.engine", "model.onnx", atol=1e-2); r["passed"]
+        >>> # r = compare("a.onnx", "b.onnx", shapes={"input": (4, 1, 8, 8)})
     """
     if not (atol >= 0 and rtol >= 0):  # NaN fails too
         raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be >= 0 (for example --atol 1e-3 --rtol 1e-3)")
+    if inputs is not None and shapes:
+        raise UsageError("give --inputs or --shapes, not both (the inputs' own shapes are the ones run)")
+    if isinstance(inputs, (str, Path)):
+        inputs = load_inputs(str(inputs))
+    elif isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
     fa, la = _runnable(a)
     fb, lb = _runnable(b)
-    if inputs is None:
-        from overdrive.engine.api import Engine
-
-        eng = fa if isinstance(fa, Engine) else fb if isinstance(fb, Engine) else None
-        if eng is None:
-            raise UsageError("compare needs inputs when neither side is an engine (its profile gives the shapes)")
-        inputs = eng.random_inputs(seed=seed)
+    if inputs is None or isinstance(inputs, dict):
+        inputs = _make_inputs(fa, fb, shapes, inputs, seed)
+    inputs = tuple(inputs)
     oa, ob = _outputs(fa, inputs), _outputs(fb, inputs)
     if len(oa) != len(ob):
         raise UsageError(f"{la} has {len(oa)} outputs but {lb} has {len(ob)}")

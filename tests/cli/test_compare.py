@@ -1,0 +1,100 @@
+"""``overdrive compare --shapes / --inputs``: engine vs engine at another batch, ONNX vs ONNX, a corrupt
+ONNX file as one line naming it (it was ORT's raw ``[ONNXRuntimeError] : 7 : INVALID_PROTOBUF``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from overdrive.cli.main import main
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    path = tmp_path_factory.mktemp("cmp") / "lin.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (torch.randn(2, 4),), str(path), input_names=["input"], output_names=["out"],
+                          dynamic_axes={"input": {0: "b"}}, dynamo=False)
+    return path
+
+
+def test_corrupt_onnx_is_one_line_naming_the_file(tmp_path: Path, onnx_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf")
+    code, _, err = _cli("compare", str(bad), str(onnx_path))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "bad.onnx" in lines[0] and "cannot be loaded" in lines[0], err
+
+
+def test_onnx_vs_onnx_with_shapes(onnx_path: Path) -> None:
+    code, out, _ = _cli("compare", str(onnx_path), str(onnx_path), "--shapes", "input:5x4", "--json", "-")
+    r = json.loads(out)
+    assert code == 0 and r["passed"] and r["outputs"][0]["shape"] == [5, 3]
+    code, _, err = _cli("compare", str(onnx_path), str(onnx_path))  # a dynamic batch: the fix is named
+    assert code == 2 and "--shapes input:1x4" in err
+    code, _, err = _cli("compare", str(onnx_path), str(onnx_path), "--shapes", "inpt:5x4")
+    assert code == 2 and "'inpt'" in err and "'input'" in err
+
+
+@pytest.mark.parametrize("kind", ["pt-dict", "pt-tuple", "pt-tensor", "npz"])
+def test_inputs_file(tmp_path: Path, onnx_path: Path, kind: str) -> None:
+    x = torch.randn(7, 4)
+    f = tmp_path / ("in.npz" if kind == "npz" else "in.pt")
+    if kind == "npz":
+        np.savez(f, input=x.numpy())
+    else:
+        torch.save({"pt-dict": {"input": x}, "pt-tuple": (x,), "pt-tensor": x}[kind], f)
+    code, out, err = _cli("compare", str(onnx_path), str(onnx_path), "--inputs", str(f), "--json", "-")
+    assert code == 0, err
+    assert json.loads(out)["outputs"][0]["shape"] == [7, 3]
+
+
+def test_inputs_file_errors(tmp_path: Path, onnx_path: Path) -> None:
+    torch.save({"x": torch.randn(2, 4)}, tmp_path / "wrong.pt")
+    code, _, err = _cli("compare", str(onnx_path), str(onnx_path), "--inputs", str(tmp_path / "wrong.pt"))
+    assert code == 2 and "'x'" in err and "'input'" in err
+    code, _, err = _cli("compare", str(onnx_path), str(onnx_path), "--inputs", str(tmp_path / "none.pt"))
+    assert code == 2 and "does not exist" in err
+    code, _, err = _cli("compare", str(onnx_path), str(onnx_path), "--inputs", str(tmp_path / "wrong.pt"),
+                        "--shapes", "input:2x4")
+    assert code == 2 and "not both" in err
+    torch.save({"input": [1, 2]}, tmp_path / "obj.pt")
+    code, _, err = _cli("compare", str(onnx_path), str(onnx_path), "--inputs", str(tmp_path / "obj.pt"))
+    assert code == 2 and "not tensors" in err
+
+
+def test_two_pytorch_models_need_shapes() -> None:
+    code, _, err = _cli("compare", "overdrive.recipes.models:DigitsCNN", "overdrive.recipes.models:DigitsCNN")
+    assert code == 2 and "--shapes" in err and "--inputs" in err
+    code, out, _ = _cli("compare", "overdrive.recipes.models:DigitsCNN", "overdrive.recipes.models:DigitsCNN",
+                        "--shapes", "x:3x1x8x8", "--json", "-")
+    assert json.loads(out)["outputs"][0]["shape"] == [3, 10]
+
+
+def test_engine_vs_engine_at_another_batch(tmp_path: Path, onnx_path: Path) -> None:
+    eng = tmp_path / "lin.engine"
+    code, _, err = _cli("build", "--onnx", str(onnx_path), "--backend", "onnxruntime", "--save-engine", str(eng),
+                        "--min-shapes", "input:1x4", "--opt-shapes", "input:2x4", "--max-shapes", "input:8x4")
+    assert code == 0, err
+    code, out, err = _cli("compare", str(eng), str(eng), "--shapes", "input:6x4", "--json", "-")
+    assert code == 0, err
+    assert json.loads(out)["outputs"][0]["shape"] == [6, 3]
+    code, _, err = _cli("compare", str(eng), str(onnx_path), "--shapes", "input:9x4")
+    assert code == 2 and "outside the engine's profile" in err
