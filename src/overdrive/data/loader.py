@@ -113,6 +113,23 @@ class _BatchDataset(torch.utils.data.Dataset):
         return finish(torch.stack(outs), cfg), torch.tensor(labels, dtype=torch.long), bad
 
 
+def reader_context() -> Any:
+    """How the GPU pipeline starts its reader processes: forked, unless CUDA is initialized in this process
+    (a model on the GPU, earlier training), where a forked reader inherits CUDA state it cannot use and died
+    with cudaErrorInitializationError on the H200; then from a forkserver (started once, without CUDA; the
+    readers fork from it, so later epochs start as fast as fork).
+
+    Example:
+        >>> reader_context() is None or reader_context().get_start_method() == "forkserver"
+        True
+    """
+    import multiprocessing as mp
+
+    if torch.cuda.is_initialized() and "forkserver" in mp.get_all_start_methods():
+        return mp.get_context("forkserver")
+    return None
+
+
 class _BytesDataset(torch.utils.data.Dataset):
     """Item i = batch ``order[i]`` of one epoch as read, undecoded: the GPU pipeline's reader.
 
@@ -273,7 +290,8 @@ class ImageLoader:
         readers = []
         for t in range(T):  # workers fork here, in the calling thread, before any producer thread starts
             ds = _BytesDataset(self.samples, batches, list(range(t, len(batches), T)))
-            kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch + 1} if workers else {}
+            kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch + 1,
+                                  "multiprocessing_context": reader_context()} if workers else {}
             readers.append(iter(torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=workers, **kw)))
 
         def put(q: queue.Queue, item: Any) -> bool:
