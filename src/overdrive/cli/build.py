@@ -21,7 +21,8 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
 @click.option("--best", "flag_best", is_flag=True,
               help="Same as --precision best: build fp16 and bf16 (CUDA) or fp32 (CPU), plus int8/fp8 with --calib, "
                    "time each and keep the fastest.")
-@click.option("--shapes", default=None, help="Static shapes, e.g. input:8x3x224x224.")
+@click.option("--shapes", default=None,
+              help="Static shapes, e.g. input:8x3x224x224 (--exported: default the archive's example inputs).")
 @click.option("--min-shapes", "--minShapes", "min_shapes", default=None, help="Dynamic profile minimum shapes.")
 @click.option("--opt-shapes", "--optShapes", "opt_shapes", default=None, help="Dynamic profile optimal shapes.")
 @click.option("--max-shapes", "--maxShapes", "max_shapes", default=None, help="Dynamic profile maximum shapes.")

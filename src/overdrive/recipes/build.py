@@ -22,6 +22,21 @@ def _calibration(path: str | None, src: ModelSource) -> list[tuple[torch.Tensor,
     return load_calibration(path, "--calib", model=src.module, input_names=src.input_names).batches
 
 
+def _exported_example(path: str, src: ModelSource) -> tuple[torch.Tensor, ...]:
+    """The example inputs a torch.export archive holds (``torch.export.save`` stores the ones it was exported
+    with): the engine is built at their shapes when no --shapes are given."""
+    from overdrive.engine.sources import load_exported
+
+    stored = getattr(load_exported(path, f"exported program {path}"), "example_inputs", None)
+    args, kwargs = stored if isinstance(stored, tuple) and len(stored) == 2 else ((), {})
+    xs = [*args, *(kwargs or {}).values()]
+    if not xs or len(xs) != len(src.input_names) or not all(isinstance(x, torch.Tensor) for x in xs):
+        raise UsageError(f"--exported {path} holds no example input tensors for its inputs {src.input_names}; give "
+                         f"--shapes {src.input_names[0] if src.input_names else 'x'}:AxBxC (or --min/--opt/--max-shapes)")
+    src.input_dtypes = {**{n: x.dtype for n, x in zip(src.input_names, xs)}, **src.input_dtypes}
+    return tuple(x.detach().cpu() for x in xs)
+
+
 def build_engine(onnx: str | None = None, model: str | None = None, torchscript: str | None = None,
                  exported: str | None = None, save_engine: str = "model.engine", precision: str = "fp32",
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
@@ -39,6 +54,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
     if len(given) != 1:
         raise UsageError(f"give exactly one of --onnx, --model, --torchscript, --exported (got {given or 'none'})")
     profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+    example: tuple[torch.Tensor, ...] | None = None
     if torchscript:
         if not profiles:
             raise UsageError("--torchscript needs --shapes (TorchScript files do not record input shapes)")
@@ -49,6 +65,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src = from_onnx(onnx)
     elif exported:
         src = from_exported(exported)
+        if not profiles:
+            example = _exported_example(exported, src)
     else:
         from overdrive.recipes.model_spec import load_model
 
@@ -63,6 +81,6 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src.input_dtypes = {n: x.dtype for n, x in zip(src.input_names, batches[0])}
         if len(profiles) == 1 == len(batches[0]):
             src.input_dtypes[profiles[0].name] = batches[0][0].dtype
-    engine = Builder(cfg).build(src, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
+    engine = Builder(cfg).build(src, example, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
     return engine
