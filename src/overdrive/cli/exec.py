@@ -14,7 +14,8 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
 @click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=float, help="Warm-up time in ms.")
 @click.option("--duration", default=3.0, show_default=True, type=float, help="Run at least this many seconds.")
 @click.option("--use-cuda-graph", "--useCudaGraph", "use_cuda_graph", is_flag=True,
-              help="Accepted for trtexec compatibility: static CUDA engines already replay CUDA graphs.")
+              help="As trtexec's: inductor engines on CUDA replay CUDA graphs always, so this only checks that "
+              "this engine does (refused on CPU and on backends that record none).")
 @click.option("--no-data-transfers", "--noDataTransfers", "no_data_transfers", is_flag=True, help="Skip H2D/D2H copies.")
 @click.option("--percentile", default="90,95,99", show_default=True, help="Comma-separated latency percentiles.")
 @click.option("--device", default=None, help="Device to load on (default: the one it was built for).")
@@ -42,7 +43,7 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     """
     from overdrive._utils.errors import UsageError
     from overdrive.engine import Engine, parse_shapes
-    from overdrive.engine.benchmark import check_percentiles, format_summary
+    from overdrive.engine.benchmark import check_cuda_graph, check_percentiles, format_summary
 
     check_json_target(json_path)
     check_output("--export-times", export_times)  # before the load, which can take a compile
@@ -53,6 +54,8 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         raise UsageError(f"--percentile {percentile!r} must be numbers separated by commas, like 90,95,99") from exc
     check_percentiles(pct)  # before the load, which can take a compile
     engine = Engine.load(load_engine, device=device, precision=precision, trust=trust)
+    if use_cuda_graph:
+        check_cuda_graph(engine.device.type, engine.header["backend"])
     summary = engine.benchmark(shapes=parse_shapes(shapes) or None, iterations=iterations, warmup_ms=warm_up,
                                duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
                                export_times=export_times, export_profile=export_profile)
@@ -67,4 +70,6 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         tr = engine.trust
         click.echo(f"[I] loaded {load_engine} ({engine.info['runtime']}) in {engine.load_s:.2f} s{cache}; "
                    f"signature: {tr['signature']}, {tr['mode']} load")
+        if use_cuda_graph:
+            click.echo("[I] CUDA graphs: on (inductor engines on CUDA replay one recorded graph per input shape)")
         click.echo(format_summary(summary))

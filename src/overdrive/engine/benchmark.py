@@ -2,7 +2,7 @@
 in trtexec's layout, and the raw times / per-kernel profile as JSON.
 
 On CUDA the copies and the compute are timed with CUDA events around each stage (inputs live in pinned
-host memory, like trtexec); on CPU the copies are zero and compute is the wall time of one call.
+host memory, like trtexec); on CPU there are no copies (the summary prints n/a, the JSON 0) and compute is the wall time of one call.
 Inputs rotate over several distinct random sets so caches do not hold one batch.
 """
 
@@ -37,6 +37,17 @@ def check_percentiles(percentiles: tuple[float, ...]) -> None:
     if bad:
         raise UsageError(f"--percentile {', '.join(f'{p:g}' for p in bad)}: percentiles must be between 0 and 100 "
                          "(for example 50,90,99)")
+
+
+def check_cuda_graph(device_type: str, backend: str) -> None:
+    """trtexec's --useCudaGraph: inductor engines on CUDA always replay CUDA graphs; anywhere else there
+    are none to turn on, which is refused rather than accepted and ignored."""
+    if device_type != "cuda":
+        raise UsageError(f"--use-cuda-graph: this engine runs on {device_type}; CUDA graphs exist on CUDA devices "
+                         "only (drop the flag, or load a CUDA engine with --device cuda)")
+    if backend != "inductor":
+        raise UsageError(f"--use-cuda-graph: the {backend} backend records no CUDA graphs; inductor engines on "
+                         "CUDA replay them always (build with --backend inductor)")
 
 
 def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
@@ -174,7 +185,22 @@ def _with_percentages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    """The summary in trtexec's text layout."""
+    """The summary in trtexec's text layout. What was not measured reads n/a: on CPU there are no
+    host-device copies (inputs are read where they lie) and compute is host wall time, not GPU time;
+    with --no-data-transfers the copies are skipped on CUDA too.
+
+    Example:
+        >>> st = {k: 1.0 for k in ("min", "max", "mean", "median")}
+        >>> s = {"throughput_qps": 1.0, "throughput_samples_s": 1.0, "batch": 1, "total_host_walltime_s": 1.0,
+        ...      "total_gpu_compute_time_s": 1.0, "iterations": 1, "backend": "inductor", "precision": "fp32",
+        ...      "device": "cpu", **{f"{k}_ms": st for k in ("latency", "enqueue", "h2d", "compute", "d2h")}}
+        >>> [ln for ln in format_summary(s).splitlines() if "H2D" in ln]
+        ['[I] H2D Latency: n/a (cpu: no host-device copies)']
+    """
+    cuda = s["device"].startswith("cuda")
+    copies = cuda and not s.get("no_data_transfers", False)
+    why = "skipped (--no-data-transfers)" if cuda else f"n/a ({s['device']}: no host-device copies)"
+
     def line(label: str, key: str) -> str:
         st = s[f"{key}_ms"]
         pct = ", ".join(f"percentile({k[1:]}%) = {v:.5g} ms" for k, v in st.items() if k.startswith("p"))
@@ -184,9 +210,12 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join([
         "[I] === Performance summary ===",
         f"[I] Throughput: {s['throughput_qps']:.5g} qps ({s['throughput_samples_s']:.5g} samples/s at batch {s['batch']})",
-        line("Latency", "latency"), line("Enqueue Time", "enqueue"), line("H2D Latency", "h2d"),
-        line("GPU Compute Time" if s["device"].startswith("cuda") else "Compute Time", "compute"), line("D2H Latency", "d2h"),
+        line("Latency", "latency"), line("Enqueue Time", "enqueue"),
+        line("H2D Latency", "h2d") if copies else f"[I] H2D Latency: {why}",
+        line("GPU Compute Time", "compute") if cuda else line("Compute Time (host wall time, CPU)", "compute"),
+        line("D2H Latency", "d2h") if copies else f"[I] D2H Latency: {why}",
         f"[I] Total Host Walltime: {s['total_host_walltime_s']:.5g} s",
-        f"[I] Total GPU Compute Time: {s['total_gpu_compute_time_s']:.5g} s",
+        f"[I] Total GPU Compute Time: {s['total_gpu_compute_time_s']:.5g} s" if cuda else
+        f"[I] Total Compute Time (CPU): {s['total_gpu_compute_time_s']:.5g} s",
         f"[I] Iterations: {s['iterations']}, backend {s['backend']}, precision {s['precision']}, device {s['device']}",
     ])
