@@ -1,7 +1,8 @@
 """Entry point: ``overdrive <verb>``. Verbs are the modules of this package that define ``command``.
 
 Errors become one line on stderr and an exit code: 2 for bad arguments or input, 1 for failures.
-``--verbose`` (anywhere on the line) shows the traceback too.
+``--verbose`` (anywhere on the line) shows the traceback too. Warnings print as one line,
+``warning: <message>``, unless ``--verbose`` (then Python's own format, with the source file and line).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+import warnings
 from typing import Any
 
 import click
@@ -67,6 +69,27 @@ def main(argv: list[str] | None = None) -> int:
 
     common.VERBOSE = verbose
     code = 0
+    with warnings.catch_warnings():  # restores showwarning when the verb returns (tests call main() in-process)
+        if not verbose:
+            warnings.showwarning = _show_warning
+        code = _run(args, verbose)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one line, ``warning: <message>``, without the source path and line that Python
+    prints (which name overdrive's or torch's files, not anything the user typed); --verbose shows them."""
+    from rich.console import Console
+
+    text = " ".join(str(message).split())
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/] {_escape(text)}", markup=True)
+
+
+def _run(args: list[str], verbose: bool) -> int:
+    code = 0
     try:
         rv: Any = cli.main(args=args, prog_name="overdrive", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -98,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error(_escape(f"{type(exc).__name__}: {exc}") + "  (run with --verbose for the traceback)")
         code = 1
-    if argv is None:
-        sys.exit(code)
     return code
 
 
