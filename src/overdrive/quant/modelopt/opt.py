@@ -1,0 +1,94 @@
+"""ModelOpt's ``modelopt.torch.opt`` save / restore for quantized models: ``import overdrive.quant.modelopt.opt as mto``.
+
+``mto.save(model, path)`` writes the quantization recipe (the QuantConfig and every quantizer's settings) with
+the state_dict; ``mto.restore(fresh_model, path)`` quantizes a freshly built float model the same way and loads
+the weights and amax, so no calibration data is needed. The file holds only plain Python values and tensors
+(``torch.load(path, weights_only=True)`` reads it) and is written atomically.
+
+Example:
+    >>> import os, tempfile, torch
+    >>> import overdrive.quant.modelopt as mtq, overdrive.quant.modelopt.opt as mto
+    >>> make = lambda: torch.nn.Sequential(torch.nn.Linear(8, 4))
+    >>> model = mtq.quantize(make(), mtq.INT8_DEFAULT_CFG, forward_loop=lambda m: m(torch.randn(16, 8)))
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.pth"); mto.save(model, path)
+    >>> restored = mto.restore(make(), path)
+    >>> bool(restored[0].input_quantizer.amax == model[0].input_quantizer.amax)
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.files import atomic_torch_save
+from overdrive.quant import api
+from overdrive.quant.config import QuantConfig, QuantizerConfig
+from overdrive.quant.modelopt import _owners, _reconfigure
+
+_VERSION = "overdrive.quant/1"
+
+
+def modelopt_state(model: nn.Module) -> dict[str, Any]:
+    """The recipe that rebuilds ``model``'s quantizers on a fresh float model (no tensors, no weights)."""
+    meta = getattr(model, "_overdrive_quant", None)
+    if meta is None:
+        return {"modelopt_state_dict": [], "modelopt_version": _VERSION}
+    quantizers = {}
+    for name, q in api.quantizers(model):
+        quantizers[name] = {**q.config.to_dict(), "axis": q.axis, "histogram": q.histogram,
+                            "quant_enabled": q.quant_enabled}
+    return {"modelopt_state_dict": [("quantize", {"config": meta["config"].to_dict(), "quantizers": quantizers})],
+            "modelopt_version": _VERSION}
+
+
+def restore_from_modelopt_state(model: nn.Module, modelopt_state: dict[str, Any]) -> nn.Module:
+    """Quantize the float ``model`` as the state says (weights max-calibrated, activations uncalibrated until
+    their amax is loaded); returns the model."""
+    if not isinstance(modelopt_state, dict) or "modelopt_state_dict" not in modelopt_state:
+        raise UsageError("modelopt_state must be the dict mto.modelopt_state(model) returns")
+    for mode, state in modelopt_state["modelopt_state_dict"]:
+        if mode != "quantize":
+            raise UsageError(f"mode {mode!r} in the saved state is not supported; only 'quantize' is")
+        model = api.quantize(model, QuantConfig.from_dict(state["config"]))
+        owners = _owners(model)
+        missing = sorted(set(state["quantizers"]) - set(owners))
+        if missing:
+            raise UsageError(f"the saved state has quantizers {missing[:5]} that this model does not get; restore "
+                             "onto a model built like the saved one")
+        for name, saved in state["quantizers"].items():
+            owner, _ = owners[name]
+            q = getattr(owner, name.rsplit(".", 1)[-1])
+            keys = set(QuantizerConfig.__dataclass_fields__)
+            _reconfigure(q, QuantizerConfig.from_dict({k: v for k, v in saved.items() if k in keys}), saved["axis"])
+            q.histogram, q.quant_enabled = saved["histogram"], saved["quant_enabled"]
+        api._calibrate_weights(model, missing_only=True)
+    return model
+
+
+def save(model: nn.Module, f: str | os.PathLike[str]) -> None:
+    """Write ``{"modelopt_state": ..., "model_state_dict": ...}`` to ``f`` atomically."""
+    atomic_torch_save({"modelopt_state": modelopt_state(model), "model_state_dict": model.state_dict()}, f)
+
+
+def restore(model: nn.Module, f: str | os.PathLike[str]) -> nn.Module:
+    """Rebuild the saved quantization on the freshly built float ``model`` and load its weights and amax."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    ckpt = torch.load(f, map_location=device, weights_only=True)
+    if not isinstance(ckpt, dict) or "modelopt_state" not in ckpt:
+        raise UsageError(f"{os.fspath(f)} is not a file written by mto.save (no 'modelopt_state'); a plain "
+                         "state_dict loads with model.load_state_dict(torch.load(path, weights_only=True))")
+    model = restore_from_modelopt_state(model, ckpt["modelopt_state"])
+    sd = ckpt["model_state_dict"]
+    for name, q in api.quantizers(model):  # uncalibrated when saved (a disabled quantizer): no amax to expect
+        if q.amax is not None and f"{name}.amax" not in sd:
+            q.amax = None
+    model.load_state_dict(sd)
+    return model
+
+
+__all__ = ["save", "restore", "modelopt_state", "restore_from_modelopt_state"]

@@ -1,0 +1,159 @@
+"""ModelOpt scripts with only the import changed (issue 20), checked against the native overdrive.quant path.
+
+Each test is written as a ModelOpt user script (the shape of ModelOpt's PTQ docs: deep-copy a preset, edit
+its wildcard patterns, ``mtq.quantize(model, config, forward_loop)``, ``mto.save`` / ``mto.restore``) and
+compares amax and outputs with ``quant.quantize`` under the matching QuantConfig. Tolerance: exact equality
+(the same quantizers see the same tensors, so there is nothing to round differently).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import overdrive.quant.modelopt as mtq  # was: import modelopt.torch.quantization as mtq
+import overdrive.quant.modelopt.opt as mto  # was: import modelopt.torch.opt as mto
+from overdrive import quant
+from overdrive._utils.errors import UsageError
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int = 32, d: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.Sequential(Block(d), Block(d))
+        self.lm_head = nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.blocks(self.embed(ids)))
+
+
+def make_model(seed: int = 0) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM().eval()
+
+
+CALIB = [torch.randint(0, 32, (4, 12), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+TEST = torch.randint(0, 32, (3, 12), generator=torch.Generator().manual_seed(99))
+
+
+def forward_loop(model: nn.Module) -> None:
+    for batch in CALIB:
+        model(batch)
+
+
+def amaxes(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: q.amax for n, q in quant.quantizers(model) if q.enabled}
+
+
+def assert_same(ported: nn.Module, native: nn.Module) -> None:
+    a, b = amaxes(ported), amaxes(native)
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+    with torch.no_grad():
+        assert torch.equal(ported(TEST), native(TEST))
+
+
+def test_int8_script_with_edited_patterns_matches_native(capsys):
+    model = make_model()
+    native = quant.quantize(copy.deepcopy(model), quant.INT8_DEFAULT.replace(
+        residual_add=False, exclude=("lm_head", "blocks.1.fc2")), forward_loop)
+
+    # --- the ModelOpt script ---
+    config = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    config["quant_cfg"]["*blocks.1.fc2*"] = {"enable": False}  # keep a sensitive layer in float
+    model = mtq.quantize(model, config, forward_loop)
+    mtq.print_quant_summary(model)
+    # ---
+    out = capsys.readouterr().out
+    assert "blocks.0.fc1.input_quantizer" in out and "10 TensorQuantizers found in model" in out
+    assert not model.lm_head.input_quantizer.enabled and not model.blocks[1].fc2.weight_quantizer.enabled
+    assert_same(model, native)
+
+
+def test_the_literal_dict_config_of_the_docs_runs():
+    cfg = {"quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0},
+                         "*input_quantizer": {"num_bits": 8, "axis": None},
+                         "*lm_head*": {"enable": False}, "default": {"enable": False}},
+           "algorithm": "max"}
+    model = mtq.quantize(make_model(), cfg, forward_loop)
+    native = quant.quantize(make_model(), quant.INT8_DEFAULT.replace(residual_add=False, exclude=("lm_head",)),
+                            forward_loop)
+    assert_same(model, native)
+
+
+def test_fp8_script_matches_native_per_tensor_fp8():
+    model = mtq.quantize(make_model(), mtq.FP8_DEFAULT_CFG, forward_loop)
+    fp8_per_tensor = quant.QuantConfig(input=quant.QuantizerConfig(format="fp8_e4m3"),
+                                       weight=quant.QuantizerConfig(format="fp8_e4m3"),
+                                       residual_add=False, exclude=("lm_head",))
+    native = quant.quantize(make_model(), fp8_per_tensor, forward_loop)
+    assert model.blocks[0].fc1.weight_quantizer.amax.dim() == 0  # ModelOpt's fp8 preset: per-tensor weights
+    assert_same(model, native)
+
+
+def test_disable_and_enable_quantizer_by_pattern():
+    model = mtq.quantize(make_model(), mtq.INT8_DEFAULT_CFG, forward_loop)
+    native = quant.quantize(make_model(), quant.INT8_DEFAULT.replace(residual_add=False, exclude=("lm_head",)),
+                            forward_loop)
+    mtq.disable_quantizer(model, "*fc1.input_quantizer")
+    assert [n for n, q in quant.quantizers(model) if n.endswith("fc1.input_quantizer") and q.enabled] == []
+    native.blocks[0].fc1.input_quantizer.enabled = native.blocks[1].fc1.input_quantizer.enabled = False
+    with torch.no_grad():
+        assert torch.equal(model(TEST), native(TEST))
+    mtq.enable_quantizer(model, lambda name: name.endswith("fc1.input_quantizer"))
+    native.blocks[0].fc1.input_quantizer.enabled = native.blocks[1].fc1.input_quantizer.enabled = True
+    assert_same(model, native)
+
+
+def test_save_and_restore_on_a_fresh_model(tmp_path):
+    model = mtq.quantize(make_model(), mtq.INT8_DEFAULT_CFG, forward_loop)
+    mto.save(model, tmp_path / "modelopt_quantized.pth")
+
+    restored = mto.restore(make_model(seed=1), tmp_path / "modelopt_quantized.pth")  # other weights: all replaced
+    assert_same(restored, model)
+    assert not restored.lm_head.input_quantizer.enabled
+    ckpt = torch.load(tmp_path / "modelopt_quantized.pth", weights_only=True)
+    assert ckpt["modelopt_state"] == mto.modelopt_state(model)
+
+
+def test_save_and_restore_a_natively_quantized_model_with_residual_adds(tmp_path):
+    native = quant.quantize(make_model(), quant.INT8_DEFAULT, forward_loop)
+    assert any(n.endswith("residual_quantizer") for n, _ in quant.quantizers(native))
+    mto.save(native, tmp_path / "m.pth")
+    assert_same(mto.restore(make_model(seed=3), tmp_path / "m.pth"), native)
+
+
+def test_presets_are_read_only_and_copies_are_plain_dicts():
+    with pytest.raises(UsageError, match="deepcopy"):
+        mtq.INT8_DEFAULT_CFG["quant_cfg"]["*lm_head*"] = {"enable": True}
+    cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    assert type(cfg) is dict and type(cfg["quant_cfg"]) is dict
+
+
+def test_smoothquant_and_unsupported_attributes_teach():
+    with pytest.raises(UsageError, match="SmoothQuant .*is not implemented.*INT8_DEFAULT_CFG"):
+        mtq.quantize(make_model(), mtq.INT8_SMOOTHQUANT_CFG, forward_loop)
+    cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    cfg["quant_cfg"]["*input_quantizer"]["axis"] = -1
+    with pytest.raises(UsageError, match="per tensor"):
+        mtq.quantize(make_model(), cfg, forward_loop)
+    cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+    cfg["quant_cfg"]["*weight_quantizer"] = {"num_bits": 4, "block_sizes": {-1: 128}}
+    model = make_model()
+    with pytest.raises(UsageError, match="weight_only"):
+        mtq.quantize(model, cfg, forward_loop)
+    assert type(model.lm_head) is nn.Linear  # refused before the model was touched
