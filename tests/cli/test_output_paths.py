@@ -54,7 +54,7 @@ def test_output_that_is_a_folder_is_refused(tmp_path: Path) -> None:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = main(["quantize", "--export", str(tmp_path)])
-    assert code == 2 and "is a folder" in err.getvalue()
+    assert code == 2 and "is a directory" in err.getvalue()
     (tmp_path / "f").write_text("")
     with contextlib.redirect_stderr(err):
         code = main(["demo", "--quick", "--report", str(tmp_path / "f")])

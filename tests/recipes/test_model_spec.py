@@ -45,7 +45,7 @@ def test_file_factory_for_every_verb(tmp_path: Path, model_py: Path) -> None:
     torch.save(torch.rand(16, 1, 8, 8), calib)
     code, err = _run(["quantize", "--model", spec, "--calib-data", str(calib), "--calib-batches", "1"])
     assert code == 0, err
-    code, err = _run(["sparsify", "--model", spec, "--out", str(tmp_path / "s.pt")])
+    code, err = _run(["sparsify", "--model", spec, "--allow-untrained", "--out", str(tmp_path / "s.pt")])
     assert code == 0, err
     code, err = _run(["build", "--model", spec, "--shapes", "x:4x1x8x8", "--save-engine", str(tmp_path / "m.engine")])
     assert code == 0, err

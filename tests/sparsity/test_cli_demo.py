@@ -45,7 +45,7 @@ def test_sparsify_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "does not exist" in capsys.readouterr().err
     f = tmp_path / "tiny.py"
     f.write_text("import torch\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(6, 3))\n")
-    assert main(["sparsify", "--model", f"{f}:make", "--out", str(tmp_path / "o.pt")]) == 2
+    assert main(["sparsify", "--model", f"{f}:make", "--allow-untrained", "--out", str(tmp_path / "o.pt")]) == 2
     assert "no prunable layer" in capsys.readouterr().err
 
 
@@ -104,6 +104,16 @@ def test_sparsify_cli_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.Captur
     out = str(tmp_path / "o.pt")
     if args == ["--out-dir"]:
         args, out = [], str(tmp_path)
-    assert main(["sparsify", "--model", "digits", "--out", out, *args]) == 2
+    assert main(["sparsify", "--model", "digits", "--allow-untrained", "--out", out, *args]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert message in err and "Traceback" not in err
+
+
+def test_sparsify_refuses_untrained_weights_without_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `sparsify --model digits` pruned the random initial weights silently
+    out = tmp_path / "o.pt"
+    assert main(["sparsify", "--model", "digits", "--out", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "untrained" in err and "--checkpoint FILE" in err and "--allow-untrained" in err and not out.exists()
+    assert main(["sparsify", "--model", "digits", "--allow-untrained", "--out", str(out), "--input-shape", "1,1,8,8"]) == 0
+    assert out.is_file()

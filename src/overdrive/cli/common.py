@@ -27,10 +27,20 @@ def json_option(what: str) -> Any:
                         help=f"Write {what} as JSON: to FILE, or to stdout instead of the tables with a bare --json.")
 
 
+PIPED_WIDTH = 200  # columns of a table printed to a pipe or file (rich's 80 cut the demo's tables mid-column)
+
+
 def console() -> Any:
+    """stdout's rich console: the terminal's width on a TTY; piped or redirected, ``$COLUMNS`` when set,
+    else :data:`PIPED_WIDTH`, so tables written to a file or ``| less`` keep their columns whole."""
+    import os
+    import sys
+
     from rich.console import Console
 
-    return Console(highlight=False)
+    tty = hasattr(sys.stdout, "isatty") and sys.stdout.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else PIPED_WIDTH
+    return Console(highlight=False, width=width)
 
 
 def _clean(obj: Any) -> Any:
@@ -86,7 +96,7 @@ def check_output(flag: str, target: str | None, folder: bool = False) -> None:
         if path.exists() and not path.is_dir():
             raise UsageError(f"{flag} {target}: exists and is not a folder; give a folder path")
     elif path.is_dir():
-        raise UsageError(f"{flag} {target}: is a folder; give a file path such as {str(path / 'out')!r}")
+        raise UsageError(f"{flag} {target}: is a directory; give a file path such as {str(path / 'out')!r}")
 
 
 def check_json_target(target: str | None) -> None:

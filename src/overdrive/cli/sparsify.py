@@ -11,6 +11,9 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
 @click.option("--model", "model_spec", required=True,
               help="'pkg.module:Factory', 'file.py:Factory', or an alias: digits, docstrings.")
 @click.option("--checkpoint", default=None, help="Trained weights: a state_dict (a pruned one with its masks too) or an overdrive Trainer checkpoint.")
+@click.option("--allow-untrained", is_flag=True,
+              help="Prune the model's initial (random) weights when no --checkpoint is given: for trying the format "
+                   "and the report only, the accuracy of such a model means nothing.")
 @click.option("--out", required=True, help="Where to write the compressed 2:4 checkpoint.")
 @click.option("--mask-calculator", default="m4n2_1d", show_default=True,
               type=click.Choice(["m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best"]))
@@ -18,13 +21,15 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
 @click.option("--exclude", "exclude", multiple=True, help="Module name to keep dense (repeatable).")
 @click.option("--input-shape", default=None, help="Example input shape, e.g. 1,1,8,8, to report FLOPs pruned.")
 @json_option("the report")
-def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: str, permute: bool,
+def command(model_spec: str, checkpoint: str | None, allow_untrained: bool, out: str, mask_calculator: str, permute: bool,
             exclude: tuple[str, ...], input_shape: str | None, json_path: str | None) -> None:
     """Prune a model to 2:4 structured sparsity and save it compressed (values + 2-bit indices).
 
     \b
-    Example:
-      overdrive sparsify --model digits --checkpoint digits.pt --out digits.sparse24.pt --input-shape 1,1,8,8
+    \b
+    Examples:
+      overdrive sparsify --model digits --allow-untrained --out digits.sparse24.pt --input-shape 1,1,8,8
+      overdrive sparsify --model mypkg.models:build --checkpoint trained.pt --out model.sparse24.pt
     """
     check_json_target(json_path)
     check_output("--out", out)
@@ -39,7 +44,7 @@ def command(model_spec: str, checkpoint: str | None, out: str, mask_calculator: 
         except ValueError as exc:
             raise UsageError(f"--input-shape {input_shape!r} must be comma-separated integers like 1,3,224,224") from exc
     cfg = Config(mask_calculator=mask_calculator, permutation=permute, disallowed_layer_names=exclude)
-    report, stats = sparsify_checkpoint(model_spec, checkpoint, out, cfg, shape)
+    report, stats = sparsify_checkpoint(model_spec, checkpoint, out, cfg, shape, allow_untrained=allow_untrained)
     if json_path is not None:
         write_json({"report": report.to_dict(), "storage": stats, "out": out}, json_path)
         if json_path == "-":

@@ -58,8 +58,10 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
 
 
 def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, config: Config,
-                        example_shape: tuple[int, ...] | None = None) -> tuple[SparsityReport, dict[str, Any]]:
-    """Build, load, prune to 2:4 and save compressed; returns the report and byte counts."""
+                        example_shape: tuple[int, ...] | None = None,
+                        allow_untrained: bool = False) -> tuple[SparsityReport, dict[str, Any]]:
+    """Build, load, prune to 2:4 and save compressed; returns the report and byte counts. Without a
+    ``checkpoint`` the model's random initial weights are refused unless ``allow_untrained``."""
     if example_shape is not None and (not example_shape or any(d < 1 for d in example_shape)):
         raise UsageError(f"--input-shape {','.join(map(str, example_shape))} must be positive integers like 1,3,224,224")
     if Path(out).is_dir():
@@ -71,6 +73,10 @@ def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, confi
         known = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
         raise UsageError(f"--exclude {unknown[0]!r} is not a module of {type(model).__name__}; "
                          f"use module names such as {known[:4]}")
+    if not checkpoint and not allow_untrained:  # 2:4 masks of random weights: a report that means nothing
+        raise UsageError(f"--model {model_spec} without --checkpoint would prune its random, untrained weights; give "
+                         "trained weights with --checkpoint FILE (torch.save(model.state_dict(), FILE) after training, "
+                         "or an overdrive Trainer checkpoint), or pass --allow-untrained to try the format anyway")
     if checkpoint:
         load_weights(model, checkpoint)
     model.eval()
