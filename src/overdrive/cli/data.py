@@ -22,7 +22,7 @@ def command() -> None:
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--batch-size", default=256, show_default=True)
 @click.option("--size", default=224, show_default=True, help="Output side in pixels.")
-@click.option("--workers", "workers", multiple=True, type=int, help="CPU worker counts to try (repeatable; default 0 and 4).")
+@click.option("--workers", "workers", multiple=True, type=int, help="CPU worker counts to try (repeatable; default 0 and 4, capped at the usable cores).")
 @click.option("--batches", default=5, show_default=True,
               help="Timed batches per pipeline, rounded up to a multiple of its workers / GPU threads "
                    "(after one discarded warm-up batch per worker / thread).")
@@ -39,8 +39,9 @@ def bench(source: str, batch_size: int, size: int, workers: tuple[int, ...], bat
     """
     check_json_target(json_path)
     from overdrive.data import bench as run_bench
+    from overdrive.data.config import default_workers
 
-    rows = run_bench(source, batch_size=batch_size, size=size, workers=workers or (0, 4), batches=batches,
+    rows = run_bench(source, batch_size=batch_size, size=size, workers=workers or (0, default_workers()), batches=batches,
                      device=device, train=not eval_mode)
     if json_path is not None:
         write_json(rows, json_path)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +28,25 @@ def parse_out_dtype(value: torch.dtype | str) -> torch.dtype:
     if key not in _DTYPES:
         raise UsageError(f"dtype={value!r} is not one of {sorted(_DTYPES)}")
     return _DTYPES[key]
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_workers(wanted: int = 4) -> int:
+    """A default worker count: ``wanted``, capped at the usable cores (4 DataLoader workers on 2 cores only
+    oversubscribe them, and torch warns about it).
+
+    Example:
+        >>> 1 <= default_workers() <= 4
+        True
+    """
+    return min(wanted, usable_cpus())
 
 
 _INT_FIELDS = ("batch_size", "size", "seed", "shard_id", "num_shards", "num_workers", "read_workers", "gpu_threads",
@@ -62,7 +82,8 @@ class LoaderConfig(ConfigBase):
     seed: int = 0
     shard_id: int = 0
     num_shards: int = 1
-    num_workers: int = 4  # CPU pipeline: decode/augment processes (0: in the calling process)
+    num_workers: int = field(default_factory=default_workers)  # CPU pipeline: decode/augment processes, 4 capped
+    #                                                            at the usable cores (0: in the calling process)
     read_workers: int = 12  # GPU pipeline: processes that read and pack each batch's file bytes (0: the decoding thread reads)
     gpu_threads: int = 4  # GPU pipeline: batches decoded concurrently (each its own thread and CUDA stream)
     fused: bool = False  # GPU pipeline: crop/resize/normalize as one torch.compile'd kernel (compiles once, ~10-20 s;
