@@ -2,7 +2,10 @@
 build time and the optimized model stored in the engine, so a load skips them. Runs fp32 and int8
 Q/DQ models: ORT fuses QuantizeLinear/DequantizeLinear around Conv/MatMul into integer kernels where
 they are exact (ARM; x86 with VNNI). On x86 without VNNI those kernels saturate, so the Q/DQ graph runs
-as dequantize + fp32 there (``engine.info["backend_meta"]["int8_kernels"]`` says which)."""
+as dequantize + fp32 there (``engine.info["backend_meta"]["int8_kernels"]`` says which). int8 with dynamic
+activations (``int8_activations="dynamic"``) is ONNX Runtime's ``quantize_dynamic`` of the fp32 model: no Q/DQ pairs,
+per-token activation scales computed in the integer MatMul kernels. For both modes ``backend_meta["int8_ops"]``
+counts the integer kernels of the optimized graph by op type: an int8 engine whose GEMMs run in float shows ``{}``."""
 
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from overdrive.engine.sources import ModelSource
 
 NAME = "onnxruntime"
 PRECISIONS = ("fp32", "tf32", "int8")
+INTEGER_KERNELS = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm",
+                   "QLinearConv", "ConvInteger", "QAttention", "DynamicQuantizeLSTM")
+"""ONNX Runtime ops that compute a MatMul, Gemm, convolution or attention on int8/uint8 operands."""
 
 
 def unavailable(device: torch.device) -> str | None:
@@ -36,6 +42,29 @@ def unavailable(device: torch.device) -> str | None:
 
 def _providers(device: torch.device) -> list[str]:
     return ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]
+
+
+def int8_dynamic_unavailable(src: ModelSource, device: torch.device) -> str | None:
+    """None when this backend builds int8 with dynamic activations for ``src`` on ``device``, else why not."""
+    if device.type == "cuda":
+        return "dynamic int8 runs on ONNX Runtime's CPU provider; on CUDA build static int8 (--calib)"
+    return None
+
+
+def integer_ops(model_bytes: bytes) -> dict[str, int]:
+    """How many nodes of each :data:`INTEGER_KERNELS` type the (optimized) model has, e.g.
+    ``{"DynamicQuantizeMatMul": 7, "MatMulIntegerToFloat": 6}``.
+
+    Example:
+        >>> # integer_ops(engine.sections["onnx"])
+    """
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load_from_string(model_bytes).graph.node:
+        if node.op_type in INTEGER_KERNELS:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def has_qdq(onnx_bytes: bytes) -> bool:
@@ -70,7 +99,8 @@ def int8_kernels_exact() -> tuple[bool, str]:
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
         return True, f"{platform.machine()}: integer dot-product kernels without saturation"
     try:
-        flags = set(open("/proc/cpuinfo").read().split())
+        with open("/proc/cpuinfo") as fh:
+            flags = set(fh.read().split())
     except OSError:
         return False, "cannot read the CPU flags; assuming no VNNI"
     found = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
@@ -107,14 +137,27 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         raise UsageError(f"the onnxruntime backend runs {', '.join(PRECISIONS)} (int8 from a Q/DQ model), not "
                          f"{cfg.precision}; use --backend inductor for {cfg.precision}")
     t0 = time.perf_counter()
-    if cfg.precision == "int8" and src.onnx_bytes is None:
+    dynamic = cfg.precision == "int8" and cfg.int8_activations == "dynamic"
+    meta: dict[str, Any] = {}
+    if dynamic:
+        why = int8_dynamic_unavailable(src, device)
+        if why:
+            raise UsageError(f"--int8-activations dynamic: {why}")
+        from overdrive.engine.onnx import quantize_onnx_dynamic
+
+        # the u8s8 kernels saturate on x86 without VNNI: 7-bit weights there (reduce_range), as ORT advises
+        exact, why = int8_kernels_exact() if device.type == "cpu" else (True, "")
+        model_bytes = quantize_onnx_dynamic(src.as_onnx(example, cfg.profiles, cfg.opset), reduce_range=not exact)
+        meta["int8_kernels"] = "dynamic int8: " + ("8-bit weights, " if exact else "7-bit weights (reduce_range), ") + why
+        meta["reduce_range"] = not exact
+    elif cfg.precision == "int8" and src.onnx_bytes is None:
         model_bytes = _quantized_onnx(src, example, calib or [example])
     else:
         model_bytes = src.as_onnx(example, cfg.profiles, cfg.opset)
-    qdq = has_qdq(model_bytes)  # parsed once, here: loads read the decision from the header
+    qdq = not dynamic and has_qdq(model_bytes)  # parsed once, here: loads read the decision from the header
     exact, why = int8_kernels_exact() if qdq and device.type == "cpu" else (True, "")
     unfused = not exact
-    if cfg.precision == "int8" and not qdq:
+    if cfg.precision == "int8" and not qdq and not dynamic:
         raise UsageError("--precision int8 with an ONNX model needs QuantizeLinear/DequantizeLinear nodes in it; "
                          "quantize it with overdrive.quant (export_onnx) or build from the PyTorch model")
     t_export = time.perf_counter() - t0
@@ -126,12 +169,15 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
             raise
         except Exception as exc:
             raise UsageError(f"onnxruntime could not load the model: {exc}") from exc
-        optimized = open(path, "rb").read()
+        with open(path, "rb") as fh:
+            optimized = fh.read()
     runner = Runner(_session(optimized, device, unfused_qdq=unfused), device)
-    meta: dict[str, Any] = {"export_s": t_export, "providers": _providers(device)}
+    meta.update(export_s=t_export, providers=_providers(device))
     if qdq and device.type == "cpu":
         meta["int8_kernels"] = ("fused int8 kernels: " if exact else "not fused: ") + why
         meta["unfused_qdq"] = unfused
+    if cfg.precision == "int8":
+        meta["int8_ops"] = integer_ops(optimized)  # {} : labelled int8, computed in float
     return {"onnx": optimized}, runner, meta
 
 
@@ -165,7 +211,8 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
 
         names = tuple(src.input_names) if len(src.input_names) == len(example) else ("input",)
         quant.export_onnx(by_name(model, list(names)), example, path, input_names=names)
-        return open(path, "rb").read()
+        with open(path, "rb") as fh:
+            return fh.read()
 
 
 def profile_nodes(model_bytes: bytes, header: dict[str, Any], device: torch.device, xs: list[torch.Tensor],
@@ -184,7 +231,8 @@ def profile_nodes(model_bytes: bytes, header: dict[str, Any], device: torch.devi
         session.run(None, feeds)  # warm-up: its first-run allocations are left out below
         for _ in range(iterations):
             session.run(None, feeds)
-        events = json.loads(open(session.end_profiling()).read())
+        with open(session.end_profiling()) as fh:
+            events = json.loads(fh.read())
     runs = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"])
     warm_end = runs[0]["ts"] + runs[0]["dur"] if runs else float("-inf")
     nodes: dict[str, dict[str, Any]] = {}
