@@ -26,7 +26,9 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
 @click.option("--min-shapes", "--minShapes", "min_shapes", default=None, help="Dynamic profile minimum shapes.")
 @click.option("--opt-shapes", "--optShapes", "opt_shapes", default=None, help="Dynamic profile optimal shapes.")
 @click.option("--max-shapes", "--maxShapes", "max_shapes", default=None, help="Dynamic profile maximum shapes.")
-@click.option("--backend", default="auto", show_default=True, help="auto, inductor, onnxruntime or tensorrt.")
+@click.option("--backend", default="auto", show_default=True,
+              help="auto, inductor or onnxruntime build an engine. tensorrt builds none: it writes the ONNX file and "
+                   "exits with the trtexec command that builds the TensorRT plan from it.")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--max-autotune", "--maxAutotune", "max_autotune", is_flag=True, help="Inductor max-autotune (minutes of tuning).")
 @click.option("--aot/--no-aot", default=None,
