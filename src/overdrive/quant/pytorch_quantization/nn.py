@@ -1,0 +1,136 @@
+"""pytorch-quantization's ``nn``: ``TensorQuantizer`` and the quantized layers, built from QuantDescriptors.
+
+The layers subclass overdrive.quant's (``QuantLinear`` here is a ``quant.QuantLinear``), so their quantizers
+are ``input_quantizer`` / ``weight_quantizer``; ``_input_quantizer`` / ``_weight_quantizer`` are the same
+objects under pytorch-quantization's names.
+
+Example:
+    >>> import torch
+    >>> conv = QuantConv2d(3, 8, 3, padding=1)
+    >>> type(conv._weight_quantizer._calibrator).__name__, conv._weight_quantizer.axis
+    ('MaxCalibrator', 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.quant import modules as _modules
+from overdrive.quant import quantizer as _quantizer
+from overdrive.quant.pytorch_quantization.tensor_quant import (
+    QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW,
+    QUANT_DESC_8BIT_PER_TENSOR,
+    QuantDescriptor,
+)
+
+
+class _AnyTensorQuantizer(type(torch.nn.Module)):
+    """``isinstance(q, quant_nn.TensorQuantizer)`` holds for every overdrive quantizer, also those that
+    ``overdrive.quant.quantize`` placed, so the TensorRT samples' loops reach all of them."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        if cls is TensorQuantizer:
+            return isinstance(obj, _quantizer.TensorQuantizer)
+        return super().__instancecheck__(obj)
+
+
+class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer):
+    """overdrive.quant's TensorQuantizer built from a QuantDescriptor, with pytorch-quantization's flags.
+
+    ``_calibrator`` is made with the quantizer (MaxCalibrator, or HistogramCalibrator for
+    ``calib_method="histogram"``); ``enable_calib`` / ``disable_quant`` / ``load_calib_amax`` are
+    overdrive.quant's own methods. While calibrating, values pass through unquantized.
+    """
+
+    def __init__(self, quant_desc: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR, disabled: bool = False,
+                 if_quant: bool = True, if_calib: bool = False) -> None:
+        if not isinstance(quant_desc, QuantDescriptor):
+            raise UsageError(f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}")
+        super().__init__(quant_desc.quantizer_config(), axis=quant_desc.per_channel_axis,
+                         histogram=quant_desc.calib_method == "histogram")
+        self.calibrator = self.new_calibrator()
+        if quant_desc.amax is not None:
+            self.set_amax(torch.tensor(quant_desc.amax))
+        if disabled:
+            self.disable()
+        if not if_quant:
+            self.disable_quant()
+        if if_calib:
+            self.enable_calib()
+
+
+class _QuantDescLayer:
+    """pytorch-quantization's layer constructor: the float layer's arguments plus ``quant_desc_input`` /
+    ``quant_desc_weight`` (default: the class's defaults, changed with ``set_default_quant_desc_*``)."""
+
+    default_quant_desc_input: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    default_quant_desc_weight: QuantDescriptor = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
+    weight_axis: int
+
+    def __init__(self, *args: Any, quant_desc_input: QuantDescriptor | None = None,
+                 quant_desc_weight: QuantDescriptor | None = None, **kwargs: Any) -> None:
+        # the float class captured by overdrive.quant at import: torch.nn.Linear may be patched by initialize()
+        base = next(b for b in type(self).__mro__ if b in _modules.QUANT_MODULES)
+        base.__init__(self, *args, **kwargs)
+        din = quant_desc_input or type(self).default_quant_desc_input
+        dw = quant_desc_weight or type(self).default_quant_desc_weight
+        if din.axis is not None:
+            raise UsageError(f"{type(self).__name__}: quant_desc_input axis={din.axis} is not supported; layer "
+                             "inputs are quantized per tensor (axis=None)")
+        if dw.axis is not None and dw.per_channel_axis != self.weight_axis:
+            raise UsageError(f"{type(self).__name__}: quant_desc_weight axis={dw.axis} is not supported; weights "
+                             f"are per output channel along axis ({self.weight_axis},) or per tensor (axis=None)")
+        self.input_quantizer = TensorQuantizer(din)
+        self.weight_quantizer = TensorQuantizer(dw)
+
+    @classmethod
+    def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
+        """Quantize the inputs of every layer of this class built from now on with ``value``."""
+        if not isinstance(value, QuantDescriptor):
+            raise UsageError(f"expected a QuantDescriptor, got {type(value).__name__}")
+        cls.default_quant_desc_input = value
+
+    @classmethod
+    def set_default_quant_desc_weight(cls, value: QuantDescriptor) -> None:
+        """Quantize the weights of every layer of this class built from now on with ``value``."""
+        if not isinstance(value, QuantDescriptor):
+            raise UsageError(f"expected a QuantDescriptor, got {type(value).__name__}")
+        cls.default_quant_desc_weight = value
+
+    @property
+    def _input_quantizer(self) -> _quantizer.TensorQuantizer:
+        return self.input_quantizer  # type: ignore[attr-defined]
+
+    @property
+    def _weight_quantizer(self) -> _quantizer.TensorQuantizer:
+        return self.weight_quantizer  # type: ignore[attr-defined]
+
+
+class QuantLinear(_QuantDescLayer, _modules.QuantLinear):
+    default_quant_desc_weight = QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW
+
+
+class QuantConv1d(_QuantDescLayer, _modules.QuantConv1d):
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL
+
+
+class QuantConv2d(_QuantDescLayer, _modules.QuantConv2d):
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL
+
+
+class QuantConv3d(_QuantDescLayer, _modules.QuantConv3d):
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
+
+
+class QuantConvTranspose2d(_QuantDescLayer, _modules.QuantConvTranspose2d):
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
+
+
+__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d"]

@@ -1,0 +1,224 @@
+"""pytorch-quantization scripts with only the import changed (issue 20), checked against overdrive.quant.
+
+The scripts follow the TensorRT samples' shape (``quant_modules.initialize()`` before building the model,
+``QuantDescriptor(calib_method="histogram")`` as the default input descriptor, ``collect_stats`` /
+``compute_amax`` loops over ``quant_nn.TensorQuantizer`` modules) and are compared with ``quant.quantize``
+under the matching QuantConfig: exact equality of amax and outputs (the same calibrators see the same tensors).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive import quant
+from overdrive._utils.errors import UsageError
+# was: from pytorch_quantization import quant_modules, nn as quant_nn, calib, tensor_quant
+from overdrive.quant.pytorch_quantization import calib, quant_modules, tensor_quant
+from overdrive.quant.pytorch_quantization import nn as quant_nn
+from overdrive.quant.pytorch_quantization.tensor_quant import QuantDescriptor
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        return self.fc(torch.relu(self.conv2(x)).flatten(1))
+
+
+DATA = [(torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(i)), None) for i in range(3)]
+TEST = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(42))
+# pytorch-quantization's numerics: inputs and weights in [-128, 127], weights per output channel
+NATIVE = quant.QuantConfig(weight=quant.QuantizerConfig(per_channel=True), residual_add=False,
+                           method="percentile", percentile=99.99)
+
+
+@pytest.fixture(autouse=True)
+def restore_class_defaults():
+    """set_default_quant_desc_* changes a class for the whole process, as in pytorch-quantization."""
+    saved = {c: (c.default_quant_desc_input, c.default_quant_desc_weight)
+             for c in (quant_nn.QuantLinear, quant_nn.QuantConv2d)}
+    yield
+    quant_modules.deactivate()
+    for c, (i, w) in saved.items():
+        c.default_quant_desc_input, c.default_quant_desc_weight = i, w
+
+
+def collect_stats(model: nn.Module, data_loader, num_batches: int) -> None:
+    """The TensorRT samples' calibration pass, as written there."""
+    for name, module in model.named_modules():
+        if isinstance(module, quant_nn.TensorQuantizer):
+            if module._calibrator is not None:
+                module.disable_quant()
+                module.enable_calib()
+            else:
+                module.disable()
+    for i, (image, _) in enumerate(data_loader):
+        model(image)
+        if i >= num_batches:
+            break
+    for name, module in model.named_modules():
+        if isinstance(module, quant_nn.TensorQuantizer):
+            if module._calibrator is not None:
+                module.enable_quant()
+                module.disable_calib()
+            else:
+                module.enable()
+
+
+def compute_amax(model: nn.Module, **kwargs) -> None:
+    for name, module in model.named_modules():
+        if isinstance(module, quant_nn.TensorQuantizer):
+            if module._calibrator is not None:
+                if isinstance(module._calibrator, calib.MaxCalibrator):
+                    module.load_calib_amax()
+                else:
+                    module.load_calib_amax(**kwargs)
+
+
+def build_with_quant_modules() -> nn.Module:
+    quant_desc_input = QuantDescriptor(calib_method="histogram")
+    quant_nn.QuantConv2d.set_default_quant_desc_input(quant_desc_input)
+    quant_nn.QuantLinear.set_default_quant_desc_input(quant_desc_input)
+    quant_modules.initialize()
+    torch.manual_seed(0)
+    model = SmallCNN()
+    quant_modules.deactivate()
+    return model.eval()
+
+
+def native_model() -> nn.Module:
+    """quant.quantize + quant.calibrate with float weights during the pass: the TensorRT loop turns every
+    quantizer's quantization off while calibrating, where quant.calibrate keeps the weights fake-quantized."""
+    torch.manual_seed(0)
+    model = quant.quantize(SmallCNN().eval(), NATIVE)
+    weights = [q for n, q in quant.quantizers(model) if n.endswith("weight_quantizer")]
+    for q in weights:
+        q.enabled = False
+    quant.calibrate(model, lambda m: [m(x) for x, _ in DATA], method=NATIVE.method, percentile=NATIVE.percentile)
+    for q in weights:
+        q.enabled = True
+    return model
+
+
+def assert_same(ported: nn.Module, native: nn.Module) -> None:
+    a = {n: q.amax for n, q in quant.quantizers(ported)}
+    b = {n: q.amax for n, q in quant.quantizers(native)}
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.equal(a[n], b[n]), n
+    with torch.no_grad():
+        assert torch.equal(ported(TEST), native(TEST))
+
+
+def test_trt_sample_calibration_matches_native():
+    model = build_with_quant_modules()
+    assert type(model.conv1) is quant_nn.QuantConv2d and type(model.fc) is quant_nn.QuantLinear
+    assert nn.Conv2d is not quant_nn.QuantConv2d  # deactivate() put torch.nn back
+    with torch.no_grad():
+        collect_stats(model, DATA, num_batches=len(DATA))
+        compute_amax(model, method="percentile", percentile=99.99)
+    native = native_model()
+    assert_same(model, native)
+    # other methods from the stored histograms, without data, as quant.load_calib_amax
+    compute_amax(model, method="mse")
+    quant.load_calib_amax(native, "mse")
+    assert_same(model, native)
+
+
+def test_trt_loop_reaches_natively_placed_quantizers():
+    torch.manual_seed(0)
+    model = quant.quantize(SmallCNN().eval(), NATIVE)  # activations not calibrated yet
+    assert all(isinstance(q, quant_nn.TensorQuantizer) for _, q in quant.quantizers(model))
+    with torch.no_grad():
+        collect_stats(model, DATA, num_batches=len(DATA))
+        compute_amax(model, method="percentile", percentile=99.99)
+    assert_same(model, native_model())
+
+
+def test_hand_placed_layers_calibrate_with_quant_calibrate():
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = quant_nn.QuantLinear(16, 16, quant_desc_input=QuantDescriptor(calib_method="histogram"))
+            self.fc2 = quant_nn.QuantLinear(16, 4, quant_desc_weight=QuantDescriptor(axis=(0,)))
+            self.residual_quantizer = quant_nn.TensorQuantizer(QuantDescriptor(calib_method="histogram"))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.residual_quantizer(x) + torch.relu(self.fc1(x)))
+
+    torch.manual_seed(0)
+    model = Residual()
+    data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    # what quant.calibrate does, by hand: weight amax = max |w| per row, then the activations observed with
+    # the weights fake-quantized (the TensorRT loop would observe them with float weights)
+    reference = copy.deepcopy(model)
+    for fc in (reference.fc1, reference.fc2):
+        fc._weight_quantizer.set_amax(fc.weight.detach().abs().amax(1))
+    acts = [q for n, q in reference.named_modules()
+            if isinstance(q, quant_nn.TensorQuantizer) and not n.endswith("weight_quantizer")]
+    with torch.no_grad():
+        for q in acts:
+            q.disable_quant()
+            q.enable_calib()
+        for x in data:
+            reference(x)
+        for q in acts:
+            q.load_calib_amax()
+            q.enable_quant()
+            q.disable_calib()
+    with pytest.raises(UsageError, match="quant.calibrate"):
+        quant.quantize(model, quant.INT8_DEFAULT)
+    quant.calibrate(model, lambda m: [m(x) for x in data])  # weights get max |w|, activations max
+    assert model.fc1.weight_quantizer.amax.shape == (16,) and model.fc1._input_quantizer.name == "fc1.input_quantizer"
+    for (n, q), (_, r) in zip(quant.quantizers(model), quant.quantizers(reference)):
+        assert torch.equal(q.amax, r.amax), n
+    with torch.no_grad():
+        assert torch.equal(model(data[0]), reference(data[0]))
+
+
+def test_quant_desc_arguments_and_class_defaults():
+    fc = quant_nn.QuantLinear(8, 4, bias=False, quant_desc_input=QuantDescriptor(num_bits=8, calib_method="histogram"),
+                              quant_desc_weight=QuantDescriptor(num_bits=8, axis=(0,)))
+    assert fc.bias is None and fc._input_quantizer is fc.input_quantizer
+    assert isinstance(fc._input_quantizer._calibrator, calib.HistogramCalibrator)
+    assert isinstance(fc._weight_quantizer._calibrator, calib.MaxCalibrator) and fc._weight_quantizer.axis == 0
+    quant_nn.QuantLinear.set_default_quant_desc_weight(QuantDescriptor(axis=None))
+    assert quant_nn.QuantLinear(8, 4)._weight_quantizer.axis is None
+    assert quant_nn.QuantConv2d(1, 2, 3)._weight_quantizer.axis == 0  # other classes keep their own default
+    with pytest.raises(UsageError, match="weight_only"):
+        QuantDescriptor(num_bits=4)
+    with pytest.raises(UsageError, match="per tensor"):
+        quant_nn.QuantLinear(8, 4, quant_desc_input=QuantDescriptor(axis=(1,)))
+
+
+def test_fake_tensor_quant_matches_the_pytorch_quantization_formula():
+    torch.manual_seed(0)
+    x = torch.randn(6, 32, requires_grad=True)
+    for amax in (torch.tensor(1.5), x.detach().abs().amax(1, keepdim=True) * 0.8):  # per tensor, per row (6, 1)
+        # pytorch-quantization: round(x * 127 / amax) clamped to [-127, 127] (narrow range default), / scale
+        scale = 127.0 / amax
+        ref = torch.clamp(torch.round(x.detach() * scale), -127, 127) / scale
+        out = tensor_quant.fake_tensor_quant(x, amax)
+        assert (out - ref).abs().max().item() <= 1e-6  # fp32: x / (amax/127) vs x * (127/amax) differ by an ulp
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert torch.equal(grad, (x.detach().abs() <= amax).float())  # straight-through, clipped at amax
+        q, s = tensor_quant.tensor_quant(x.detach(), amax)
+        assert torch.equal(q, torch.round(q)) and torch.allclose(q / s, out.detach(), atol=1e-6)
+
+
+def test_initialize_and_deactivate():
+    with quant_modules.enabled(float_module_list=["Linear"]):
+        assert nn.Conv2d is quant_nn.QuantConv2d and nn.Linear is not quant_nn.QuantLinear
+        model = SmallCNN()
+    assert type(model.fc) is nn.Linear and isinstance(model.conv1, nn.Conv2d)
+    assert nn.Conv2d.__module__ == "torch.nn.modules.conv"
