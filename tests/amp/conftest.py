@@ -29,3 +29,11 @@ def net() -> Net:
 def batch(n: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 3, 6, 6, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+@pytest.fixture(autouse=True)
+def _no_autocast_left_on():
+    """apex's O1 keeps autocast on from a training forward until scale_loss, the optimizer step, or the
+    forward's outputs being freed; none may outlive the test that ran it."""
+    yield
+    assert not torch.is_autocast_enabled("cpu"), "a test left torch.autocast on"

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive.amp.apex_state import AmpStash, AmpState
 from overdrive.amp.config import Policy
 from overdrive.amp.core import MixedPrecision, prepare
 from overdrive.amp.scaler import WARN_AFTER_SKIPS
@@ -65,7 +66,12 @@ def initialize(
 
     Returns ``(models, optimizers)`` in the structure given (or only ``models`` when no
     optimizer was given). ``dtype`` picks float16 (default on CUDA) or bfloat16 (default on CPU).
-    The positional order is apex's. ``patch_torch_functions`` is O1's op-level casting (torch.autocast
+    The positional order is apex's. ``num_losses`` gives each loss its own scaler (``scale_loss(...,
+    loss_id=i)``), as apex's GAN examples use. O1's autocast covers the training step, as apex's patched torch
+    did: from a training forward of the models until ``scale_loss`` (the loss and any function called between
+    them run under it; see :class:`~overdrive.amp.casting.AutocastRegion`). ``optimizer._amp_stash`` and
+    ``amp._amp_state.loss_scalers`` are views apex scripts read (:mod:`overdrive.amp.apex_state`).
+    ``patch_torch_functions`` is O1's op-level casting (torch.autocast
     here, nothing is patched): it may be given, with its opt level's value. ``enabled=False`` changes
     nothing, and ``scale_loss`` then yields the loss as it is. ``on_nonfinite`` and ``max_consecutive_skips``
     (keywords, not in apex) say what a step with inf/NaN gradients or loss does: see :class:`Policy`.
@@ -88,8 +94,6 @@ def initialize(
             "(torch.autocast here) is what O1 is, and only O1; use opt_level='O1' for it, or another level "
             "without it, and leave patch_torch_functions unset"
         )
-    if num_losses != 1:
-        raise UsageError(f"num_losses={num_losses} is not supported; call initialize once per loss/optimizer set")
     policy = Policy(
         opt_level=opt_level, dtype=dtype, cast_model_type=cast_model_type,
         keep_batchnorm_fp32=_bool_arg(keep_batchnorm_fp32), master_weights=master_weights,
@@ -99,10 +103,12 @@ def initialize(
     for opt in opt_list:
         if _lookup(opt) is not None:
             raise UsageError("this optimizer was already passed to amp.initialize; call initialize once per optimizer")
-    mp = prepare(models, opt_list, policy)
+    mp = prepare(models, opt_list, policy, num_losses=num_losses, autocast_scope="step")
     for opt in opt_list:
         _by_optimizer[opt] = weakref.ref(mp)
         _disabled.discard(opt)
+        # a data attribute apex scripts read (DLE BERT, ViT-pytorch), not a patched method
+        opt._amp_stash = AmpStash(mp, opt)  # type: ignore[attr-defined]
     _in_order.append(weakref.ref(mp))
     return models if optimizers is None else (models, optimizers)
 
@@ -141,14 +147,14 @@ def scale_loss(
     """apex.amp.scale_loss: yield the scaled loss; on exit unscale the gradients, check overflow.
 
     ``delay_unscale`` is accepted for compatibility and unnecessary: accumulation over several
-    ``scale_loss`` blocks is exact here.
+    ``scale_loss`` blocks is exact here. ``loss_id`` picks the scaler of ``initialize(..., num_losses=N)``.
     """
     handle = _handle(optimizers)
     if handle is None:  # amp.initialize(..., enabled=False): apex yields the loss unchanged
         yield loss
         return
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
-    with handle.scale_loss(loss, opts) as scaled:
+    with handle.scale_loss(loss, opts, loss_id=loss_id) as scaled:
         yield scaled
 
 
@@ -171,15 +177,22 @@ def _live() -> list[MixedPrecision]:
     return [h for h in alive if h is not None]
 
 
+_amp_state = AmpState(_live)  # apex's module attribute: a view over the live initialize calls, no state of its own
+
+
 def state_dict(destination: dict[str, Any] | None = None) -> dict[str, Any]:
-    """apex.amp.state_dict: one ``loss_scaler<i>`` entry per initialize call, in order.
+    """apex.amp.state_dict: one ``loss_scaler<i>`` entry per loss of each initialize call, in order.
 
     Each entry has apex's keys ``loss_scale`` and ``unskipped`` at its top level (code that reads
-    ``amp.state_dict()['loss_scaler0']['loss_scale']`` keeps working), plus overdrive's own state.
+    ``amp.state_dict()['loss_scaler0']['loss_scale']`` keeps working); the first entry of each call
+    carries overdrive's own state too (masters, and every scaler of a ``num_losses`` call).
     """
     out: dict[str, Any] = {} if destination is None else destination
-    for i, h in enumerate(_live()):
-        out[f"loss_scaler{i}"] = {"loss_scale": h.scaler.scale, "unskipped": h.scaler.unskipped, **h.state_dict()}
+    i = 0
+    for h in _live():
+        for k, s in enumerate(h.scalers):
+            out[f"loss_scaler{i}"] = {"loss_scale": s.scale, "unskipped": s.unskipped, **(h.state_dict() if k == 0 else {})}
+            i += 1
     return out
 
 
@@ -189,11 +202,19 @@ def load_state_dict(state: dict[str, Any]) -> None:
     Also reads checkpoints written by NVIDIA apex (``{'loss_scaler0': {'loss_scale', 'unskipped'}}``).
     """
     handles = _live()
-    keys = sorted(k for k in state if k.startswith("loss_scaler"))
-    if len(keys) != len(handles):
+    keys = sorted((k for k in state if k.startswith("loss_scaler")), key=lambda k: int(k.removeprefix("loss_scaler")))
+    n = sum(len(h.scalers) for h in handles)
+    if len(keys) != n:
         raise UsageError(
-            f"amp state has {len(keys)} loss scaler(s) but {len(handles)} amp.initialize call(s) are live; "
-            "call amp.initialize the same way as in the saved run before amp.load_state_dict"
+            f"amp state has {len(keys)} loss scaler(s) but the {len(handles)} live amp.initialize call(s) have {n}; "
+            "call amp.initialize the same way as in the saved run (num_losses too) before amp.load_state_dict"
         )
-    for i, h in enumerate(handles):
-        h.load_state_dict(state[f"loss_scaler{i}"])
+    i = 0
+    for h in handles:
+        entries = [state[k] for k in keys[i:i + len(h.scalers)]]
+        i += len(h.scalers)
+        h.load_state_dict(entries[0])  # overdrive's format holds every scaler of the call; apex's, the first
+        if "opt_level" not in entries[0]:
+            for s, entry in zip(h.scalers[1:], entries[1:]):
+                if s.dynamic:  # apex's entries restore a dynamic scale; a static one is this run's policy
+                    s.load_state_dict({"loss_scale": entry["loss_scale"], "unskipped": entry["unskipped"]})

@@ -6,12 +6,13 @@ cast by forward hooks. No torch function, optimizer method or ``forward`` is pat
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from overdrive._utils.errors import UsageError
 
@@ -134,10 +135,11 @@ class AutocastRegion:
     outermost forward, and left when that forward ends.
 
     ``scope="step"`` (the apex surface) keeps it open after a training forward (module in training mode,
-    grad enabled), so the loss and any other function the training step calls between the forward and
-    ``scale_loss`` run under it too, as under apex's patched torch; :meth:`close` (``scale_loss``, the
-    optimizer step, ``zero_grad``) leaves it. An eval or no-grad forward leaves it at its end. Picklable:
-    ``torch.save(model)`` saves the hooks with no region open.
+    grad enabled) while the forward's outputs are alive, so the loss and any other function the training
+    step calls on them before ``scale_loss`` run under it too, as under apex's patched torch. It is left by
+    :meth:`close` (``scale_loss``, the optimizer step), or when the last output of the step's forwards is
+    freed (``model(x).dtype`` does not leave autocast on), whichever comes first. An eval or no-grad forward
+    leaves it at its end. Picklable: ``torch.save(model)`` saves the hooks with no region open.
     """
 
     def __init__(self, device_type: str, dtype: torch.dtype, scope: str = "forward") -> None:
@@ -146,6 +148,8 @@ class AutocastRegion:
         self.device_type, self.dtype, self.scope = device_type, dtype, scope
         self._open: list[torch.autocast] = []
         self._depth = 0  # forwards in flight
+        self._outputs = 0  # outputs of this step's training forwards still alive
+        self._generation = 0  # bumped by close(): finalizers of outputs from an earlier step do nothing
 
     def __getstate__(self) -> dict[str, Any]:
         return {"device_type": self.device_type, "dtype": self.dtype, "scope": self.scope}
@@ -169,14 +173,27 @@ class AutocastRegion:
         self._depth = max(self._depth - 1, 0)
         if self._depth:
             return
-        training_step = self.scope == "step" and module.training and torch.is_grad_enabled() and out is not None
-        if not training_step:
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)] if out is not None else []
+        if not (self.scope == "step" and module.training and torch.is_grad_enabled() and outputs):
+            self.close()
+            return
+        for t in outputs:
+            self._outputs += 1
+            weakref.finalize(t, self._output_freed, self._generation)
+
+    def _output_freed(self, generation: int) -> None:
+        if generation != self._generation:
+            return
+        self._outputs -= 1
+        if self._outputs <= 0 and self._depth == 0:
             self.close()
 
     @torch._dynamo.disable
     def close(self) -> None:
         """Leave the region if it is open (autocast as it was before the forward)."""
         self._depth = 0
+        self._outputs = 0
+        self._generation += 1
         while self._open:
             self._open.pop().__exit__(None, None, None)
 

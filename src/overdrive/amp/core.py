@@ -46,17 +46,23 @@ class MixedPrecision:
         policy: Policy,
         device: torch.device,
         autocast_hooks: bool = True,
+        num_losses: int = 1,
+        autocast_scope: str = "forward",
     ) -> None:
         self.models = list(models)
         self.optimizers = list(optimizers)
         self.policy = policy.resolve(device)
         self.device = device
         p = self.policy
-        self.scaler = LossScaler(
+        if isinstance(num_losses, bool) or not isinstance(num_losses, int) or num_losses < 1:
+            raise UsageError(f"num_losses={num_losses!r} must be an int >= 1 (one loss scaler per loss)")
+        # one scaler per loss (apex's num_losses): a GAN's discriminator loss backs off its own scale only
+        self.scalers = [LossScaler(
             dynamic=p.dynamic, init_scale=p.init_scale if p.dynamic else float(p.loss_scale),
             growth_interval=p.growth_interval, min_scale=p.min_loss_scale, max_scale=p.max_loss_scale,
             warn_after=None,  # the guard speaks for every skipped step, and stops a run that cannot recover
-        )
+        ) for _ in range(num_losses)]
+        self.region = casting.AutocastRegion(device.type, p.dtype, autocast_scope) if p.autocast else None
         self.guard = StepGuard(p.on_nonfinite, p.max_consecutive_skips, n_optimizers=len(self.optimizers))
         for opt in self.optimizers:
             if len(opt.state) > 0:
@@ -82,8 +88,8 @@ class MixedPrecision:
             elif p.cast_model_outputs is not None:
                 # apex casts outputs at every opt level when asked to, not only for a cast model
                 self._hooks += casting.add_output_cast_hook(model, p.cast_model_outputs)
-            if p.autocast and autocast_hooks:
-                self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype)
+            if self.region is not None and autocast_hooks:
+                self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype, self.region)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
         self._why: dict[int, str] = {}  # optimizer id -> why its pending skip is not a routine backoff
         self._bad_loss: dict[int, torch.Tensor] = {}  # static scales: optimizer id -> inf/NaN loss flag (device)
@@ -92,7 +98,21 @@ class MixedPrecision:
             self._hooks.append(opt.register_step_pre_hook(self._before_step))
             self._hooks.append(opt.register_step_post_hook(self._after_step))
 
+    @property
+    def scaler(self) -> LossScaler:
+        """The loss scaler of loss 0 (the only one unless ``num_losses`` > 1)."""
+        return self.scalers[0]
+
     # --- parameters -------------------------------------------------------------------------
+    def master_pairs(self, optimizer: torch.optim.Optimizer | None = None) -> list[tuple[nn.Parameter, nn.Parameter]]:
+        """O2: (half model parameter, fp32 master) pairs, those ``optimizer`` steps (default: all); empty at
+        other levels."""
+        self._adopt_added_groups()
+        if optimizer is None:
+            return list(self._pairs)
+        mine = casting.ids(self.master_params(optimizer))
+        return [(h, m) for h, m in self._pairs if id(m) in mine]
+
     def master_params(self, optimizer: torch.optim.Optimizer | None = None) -> Iterator[nn.Parameter]:
         """The parameters the optimizer steps (fp32 masters under O2), for clipping and inspection."""
         for opt in [optimizer] if optimizer is not None else self.optimizers:
@@ -139,7 +159,7 @@ class MixedPrecision:
 
     @contextlib.contextmanager
     def scale_loss(
-        self, loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer] | None = None
+        self, loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer] | None = None, loss_id: int = 0
     ) -> Iterator[torch.Tensor]:
         """Yield ``loss * scale``; on exit unscale the new gradients and check them for inf/NaN.
 
@@ -147,7 +167,13 @@ class MixedPrecision:
         gradient accumulation over several ``scale_loss`` blocks is exact. On an overflow the next
         step of ``optimizers`` (default: all of this object's) is skipped, and that of any other
         optimizer whose parameters this backward reached (as apex skips the ones passed to it).
+        ``loss_id`` picks the loss scaler (``num_losses`` > 1).
         """
+        self.close_autocast()  # the loss is computed: backward runs outside O1's training-step region
+        if not 0 <= loss_id < len(self.scalers):
+            raise UsageError(f"loss_id={loss_id} but there are {len(self.scalers)} loss scaler(s); pass "
+                             f"num_losses={loss_id + 1} or more to initialize/prepare")
+        scaler = self.scalers[loss_id]
         self._adopt_added_groups()
         self._flush_pending()
         direct = self._direct_params()
@@ -157,12 +183,12 @@ class MixedPrecision:
         # a 0-d bool on the loss's device, read with the gradient check (no host sync of its own)
         loss_bad = torch.isfinite(loss.detach()).all().logical_not()
         try:
-            yield loss * self.scaler.scale if self.scaler.scale != 1.0 else loss
+            yield loss * scaler.scale if scaler.scale != 1.0 else loss
         except BaseException:
             for q, g in zip(direct, stash):
                 q.grad = g
             raise
-        self._unscale_new_grads(direct, stash, optimizers, loss_bad)
+        self._unscale_new_grads(direct, stash, optimizers, loss_bad, scaler)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Scaled backward with the overflow check: ``with scale_loss(loss) as s: s.backward()``."""
@@ -175,16 +201,18 @@ class MixedPrecision:
         stash: list[torch.Tensor | None],
         optimizers: Sequence[torch.optim.Optimizer] | None = None,
         loss_bad: torch.Tensor | None = None,
+        scaler: LossScaler | None = None,
     ) -> None:
+        scaler = scaler or self.scaler
         # O2: the half model grads are copied into fp32 buffers first, so all new gradients are
         # unscaled and checked in one pass (one device sync when the scale is dynamic, which reads
         # the loss's flag too). A static scale only unscales here: the step checks (_before_step).
         pairs, bufs, n_new = self._copy_half_grads()
         reached = casting.ids([q for q in direct if q.grad is not None] + [m for _, m in pairs])
         fresh = [q.grad for q in direct if q.grad is not None]
-        at_floor = self.scaler.scale <= self.scaler.min_scale
-        grad_flag = self.scaler.unscale_and_check_(fresh + bufs)
-        found, bad_loss = read_flags(grad_flag, loss_bad) if self.scaler.dynamic else (False, False)
+        at_floor = scaler.scale <= scaler.min_scale
+        grad_flag = scaler.unscale_and_check_(fresh + bufs)
+        found, bad_loss = read_flags(grad_flag, loss_bad) if scaler.dynamic else (False, False)
         self._accumulate_masters(pairs, bufs, n_new)
         to_add = [(q.grad, s) for q, s in zip(direct, stash) if s is not None and q.grad is not None]
         if to_add:
@@ -192,8 +220,8 @@ class MixedPrecision:
         for q, s in zip(direct, stash):
             if q.grad is None and s is not None:
                 q.grad = s
-        self.scaler.update(found)
-        if not self.scaler.dynamic:
+        scaler.update(found)
+        if not scaler.dynamic:
             if loss_bad is not None:  # kept on the device until the step reads it with the gradients' check
                 for key in self._for_this_loss(reached, optimizers):
                     prev = self._bad_loss.get(key)
@@ -205,7 +233,7 @@ class MixedPrecision:
             self._skip.update(affected)
             # backing off is routine; an inf/NaN loss, or an overflow at the floor scale, is not
             why = LOSS_WHY if bad_loss else (
-                f"the gradients overflow (inf/NaN) even at the loss scale floor {self.scaler.min_scale:g}, so a "
+                f"the gradients overflow (inf/NaN) even at the loss scale floor {scaler.min_scale:g}, so a "
                 "smaller scale cannot help" if at_floor else None)
             if why is not None:
                 for key in affected:
@@ -246,6 +274,7 @@ class MixedPrecision:
 
     # --- optimizer step hooks ---------------------------------------------------------------
     def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        self.close_autocast()
         self._adopt_added_groups()
         self._flush_pending()
         key = id(optimizer)
@@ -324,6 +353,11 @@ class MixedPrecision:
         """Restore what :meth:`pending_skips` returned."""
         self._skip = set(ids)
 
+    def close_autocast(self) -> None:
+        """Leave O1's autocast region if a training forward left it open (``autocast_scope="step"``)."""
+        if self.region is not None:
+            self.region.close()
+
     def zero_grad(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
@@ -359,6 +393,8 @@ class MixedPrecision:
         }
         if self.policy.master_weights:
             state["master_params"] = [m.detach().clone() for _, m in self._pairs]
+        if len(self.scalers) > 1:
+            state["extra_loss_scalers"] = [s.state_dict() for s in self.scalers[1:]]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -386,7 +422,12 @@ class MixedPrecision:
                 f"amp state was saved with dtype {state.get('dtype')!r} but this run uses "
                 f"{dtype_name(self._half_dtype())!r}; initialize with the same dtype"
             )
-        self.scaler.load_state_dict(state["loss_scaler"])
+        extra = state.get("extra_loss_scalers", [])
+        if len(extra) != len(self.scalers) - 1:
+            raise UsageError(f"amp state holds {len(extra) + 1} loss scaler(s) but this run has {len(self.scalers)}; "
+                             f"initialize with num_losses={len(extra) + 1}")
+        for scaler, saved in zip(self.scalers, [state["loss_scaler"], *extra]):
+            scaler.load_state_dict(saved)
         if self.policy.master_weights:
             masters = state.get("master_params")
             if masters is None or len(masters) != len(self._pairs):
@@ -458,11 +499,17 @@ def prepare(
     policy: Policy | str = "O1",
     device: torch.device | str | None = None,
     autocast_hooks: bool = True,
+    num_losses: int = 1,
+    autocast_scope: str = "forward",
 ) -> MixedPrecision:
     """Prepare models and optimizers for mixed precision under ``policy``.
 
     ``autocast_hooks=False`` leaves O1's autocast to you (``with mp.autocast():``), which is what
-    a compiled training step wants.
+    a compiled training step wants. ``num_losses`` gives each loss its own scaler (``scale_loss(...,
+    loss_id=i)``). ``autocast_scope="step"`` keeps O1's autocast on from a training forward until
+    ``scale_loss`` (or the optimizer step), so the loss and other functions called outside the model run
+    under it too, as under apex's O1 (the apex surface's choice); the default ``"forward"`` covers the
+    model's forward only.
 
     Example:
         >>> mp = prepare(nn.Linear(4, 2), policy="O0")
@@ -482,4 +529,5 @@ def prepare(
     if device is None:
         first = next((q for m in models_l for q in m.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-    return MixedPrecision(models_l, opts_l, policy, torch.device(device), autocast_hooks=autocast_hooks)
+    return MixedPrecision(models_l, opts_l, policy, torch.device(device), autocast_hooks=autocast_hooks,
+                          num_losses=num_losses, autocast_scope=autocast_scope)

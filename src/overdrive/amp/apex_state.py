@@ -1,0 +1,165 @@
+"""Views that apex scripts read and write: ``amp._amp_state.loss_scalers[i]`` and ``optimizer._amp_stash``.
+
+Both are views over the :class:`~overdrive.amp.MixedPrecision` that ``amp.initialize`` made, not copies:
+setting ``amp._amp_state.loss_scalers[0]._loss_scale = 2**20`` (DeepLearningExamples BERT's initial scale)
+sets the scale the next ``scale_loss`` uses, and ``optimizer._amp_stash.all_fp32_from_fp16_params`` are the
+fp32 masters the optimizer steps. They hold weak references and pickle to an empty view.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive.amp.core import MixedPrecision
+from overdrive.amp.scaler import LossScaler
+
+
+class ApexLossScaler:
+    """apex.amp.scaler.LossScaler's names over a :class:`LossScaler`.
+
+    ``loss_scale()``, ``_loss_scale`` (read and write), ``cur_scale`` (the FP16_Optimizer/DeepSpeed name,
+    read and write), ``dynamic``, ``_unskipped``, ``_max_loss_scale``, ``_min_loss_scale``, ``_scale_seq_len``
+    (the growth interval) and ``_has_overflow`` (True when the last update backed off).
+
+    Example:
+        >>> view = ApexLossScaler(LossScaler(init_scale=2.0**16))
+        >>> view._loss_scale = 2.0**20; view.loss_scale()
+        1048576.0
+    """
+
+    def __init__(self, scaler: LossScaler) -> None:
+        self.scaler = scaler
+
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    @property
+    def _loss_scale(self) -> float:
+        return self.scaler.scale
+
+    @_loss_scale.setter
+    def _loss_scale(self, value: float) -> None:
+        self.scaler.scale = float(value)
+
+    cur_scale = _loss_scale
+
+    @property
+    def dynamic(self) -> bool:
+        return self.scaler.dynamic
+
+    @property
+    def _unskipped(self) -> int:
+        return self.scaler.unskipped
+
+    @_unskipped.setter
+    def _unskipped(self, value: int) -> None:
+        self.scaler.unskipped = int(value)
+
+    @property
+    def _has_overflow(self) -> bool:
+        return self.scaler.consecutive_skips > 0
+
+    @property
+    def _max_loss_scale(self) -> float:
+        return self.scaler.max_scale
+
+    @property
+    def _min_loss_scale(self) -> float:
+        return self.scaler.min_scale
+
+    @property
+    def _scale_seq_len(self) -> int:
+        return self.scaler.growth_interval
+
+    def __repr__(self) -> str:
+        return f"ApexLossScaler(loss_scale={self.scaler.scale:g}, dynamic={self.scaler.dynamic})"
+
+
+class AmpState:
+    """``amp._amp_state``: ``loss_scalers`` (every live ``initialize`` call's, in order, one per loss) and
+    ``opt_properties`` (the latest call's resolved options, apex's attribute names)."""
+
+    def __init__(self, live: Callable[[], list[MixedPrecision]]) -> None:
+        self._live = live
+
+    @property
+    def loss_scalers(self) -> list[ApexLossScaler]:
+        return [ApexLossScaler(s) for h in self._live() for s in h.scalers]
+
+    @property
+    def opt_properties(self) -> SimpleNamespace | None:
+        handles = self._live()
+        if not handles:
+            return None
+        p = handles[-1].policy
+        return SimpleNamespace(
+            enabled=True, opt_level=p.opt_level, cast_model_type=p.cast_model_type, patch_torch_functions=p.autocast,
+            keep_batchnorm_fp32=p.keep_batchnorm_fp32, master_weights=p.master_weights, loss_scale=p.loss_scale,
+        )
+
+
+class AmpStash:
+    """``optimizer._amp_stash``: apex's grouping of the optimizer's parameters.
+
+    ``fp16_groups`` / ``all_fp16_params``: the half model parameters O2 pairs with masters;
+    ``fp32_from_fp16_groups`` / ``all_fp32_from_fp16_params``: those masters (what the optimizer steps);
+    ``fp32_from_fp32_groups`` / ``all_fp32_from_fp32_params``: the other parameters it steps (fp32 norms
+    under O2, everything at O0/O1/O3). One list per param group, read when asked (groups added later count).
+    """
+
+    lazy_init_called = True
+    already_patched = False
+    params_have_scaled_gradients = False
+
+    def __init__(self, handle: MixedPrecision, optimizer: torch.optim.Optimizer) -> None:
+        self._handle = weakref.ref(handle)
+        self._optimizer = weakref.ref(optimizer)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, _state: dict[str, Any]) -> None:  # a copied optimizer has no amp behind it
+        self._handle = self._optimizer = lambda: None  # type: ignore[assignment]
+
+    def _groups(self) -> tuple[list[list[nn.Parameter]], list[list[nn.Parameter]], list[list[nn.Parameter]]]:
+        handle, opt = self._handle(), self._optimizer()
+        if handle is None or opt is None:
+            return [], [], []
+        half_of = {id(m): h for h, m in handle.master_pairs(opt)}
+        fp16, from16, fp32 = [], [], []
+        for group in opt.param_groups:
+            masters = [q for q in group["params"] if id(q) in half_of]
+            fp16.append([half_of[id(q)] for q in masters])
+            from16.append(masters)
+            fp32.append([q for q in group["params"] if id(q) not in half_of])
+        return fp16, from16, fp32
+
+    @property
+    def fp16_groups(self) -> list[list[nn.Parameter]]:
+        return self._groups()[0]
+
+    @property
+    def fp32_from_fp16_groups(self) -> list[list[nn.Parameter]]:
+        return self._groups()[1]
+
+    @property
+    def fp32_from_fp32_groups(self) -> list[list[nn.Parameter]]:
+        return self._groups()[2]
+
+    @property
+    def all_fp16_params(self) -> list[nn.Parameter]:
+        return [q for g in self.fp16_groups for q in g]
+
+    @property
+    def all_fp32_from_fp16_params(self) -> list[nn.Parameter]:
+        return [q for g in self.fp32_from_fp16_groups for q in g]
+
+    @property
+    def all_fp32_from_fp32_params(self) -> list[nn.Parameter]:
+        return [q for g in self.fp32_from_fp32_groups for q in g]
