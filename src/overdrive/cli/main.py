@@ -8,7 +8,9 @@ Errors become one line on stderr and an exit code: 2 for bad arguments or input,
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
+import re
 import sys
 import warnings
 from typing import Any
@@ -19,6 +21,10 @@ import overdrive
 from overdrive._utils.errors import OverdriveError, UsageError
 
 _NOT_VERBS = {"main", "common"}
+# torch loggers that print a traceback for what the CLI reports as one line: fake_tensor logs ~30 lines when
+# torch.export meets a wrong --shapes (the error that follows names the mismatch); --verbose keeps them
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor",)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 class _Verbs(click.Group):
@@ -69,13 +75,25 @@ def main(argv: list[str] | None = None) -> int:
 
     common.VERBOSE = verbose
     code = 0
+    # a filter, not a level: torch's logging set-up resets these loggers' levels when torch._dynamo loads
+    quiet = [] if verbose else [logging.getLogger(n) for n in _NOISY_LOGGERS]
     with warnings.catch_warnings():  # restores showwarning when the verb returns (tests call main() in-process)
         if not verbose:
             warnings.showwarning = _show_warning
-        code = _run(args, verbose)
+        for logger in quiet:
+            logger.addFilter(_drop)
+        try:
+            code = _run(args, verbose)
+        finally:
+            for logger in quiet:
+                logger.removeFilter(_drop)
     if argv is None:
         sys.exit(code)
     return code
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -147,7 +165,7 @@ def _own_args(args: list[str]) -> int:
 def _escape(text: str) -> str:
     from rich.markup import escape
 
-    return escape(" ".join(text.split()))
+    return escape(" ".join(_ANSI.sub("", text).split()))  # torch's messages can carry terminal colour codes
 
 
 if __name__ == "__main__":  # python -m overdrive.cli.main
