@@ -121,7 +121,7 @@ def test_missing_dependency_error_survives_a_worker_process() -> None:
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is MissingDependencyError
     assert str(back) == str(err) == ("the sample dataset needs the optional package 'skimage.data', which is not "
-                                     "installed; run: pip install 'overdrive[vision]'")
+                                     "installed; run: pip install -e '.[vision]' in a clone of overdrive")
     assert (back.package, back.extra) == ("skimage.data", "vision")
 
 

@@ -26,7 +26,8 @@ class MissingDependencyError(OverdriveError, ImportError):
     """An optional package is needed for this feature but is not installed."""
 
     def __init__(self, package: str, extra: str | None = None, feature: str = "this feature") -> None:
-        hint = f"pip install 'overdrive[{extra}]'" if extra else f"pip install {package}"
+        # overdrive is not on PyPI: its extras install from a clone (pip install 'overdrive[x]' finds nothing)
+        hint = f"pip install -e '.[{extra}]' in a clone of overdrive" if extra else f"pip install {package}"
         super().__init__(f"{feature} needs the optional package '{package}', which is not installed; run: {hint}")
         self.package = package
         self.extra = extra

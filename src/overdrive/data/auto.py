@@ -98,7 +98,7 @@ def choose_pipeline(loader: ImageLoader, batches: int = 3) -> tuple[str, str]:
     if loader.device.type != "cuda":
         reason = "auto chose cpu: the target device is the CPU"
     elif not is_available("torchvision"):
-        reason = "auto chose cpu: torchvision (nvJPEG decode) is not installed; pip install 'overdrive[vision]'"
+        reason = "auto chose cpu: torchvision (nvJPEG decode) is not installed; pip install -e '.[vision]' in a clone of overdrive"
     else:
         cfg = loader.config
         try:
