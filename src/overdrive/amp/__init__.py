@@ -10,7 +10,8 @@ Example (native):
     >>> mp = amp.prepare(torch.nn.Linear(4, 2), policy=amp.Policy(opt_level="O1", dtype=torch.bfloat16))
 """
 
-from overdrive.amp.apex import _amp_state, initialize, load_state_dict, master_params, scale_loss, state_dict
+from overdrive.amp.apex import (_amp_state, initialize, load_state_dict, master_params, mixed_precision_of, scale_loss,
+                                state_dict)
 from overdrive.amp.casting import NORM_TYPES, param_dtypes
 from overdrive.amp.config import OPT_LEVELS, Policy
 from overdrive.amp.core import MixedPrecision, prepare
@@ -22,7 +23,7 @@ __all__ = [
     # native
     "Policy", "OPT_LEVELS", "prepare", "MixedPrecision", "LossScaler",
     # apex-compatible
-    "initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
+    "initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "mixed_precision_of",
     "half_function", "float_function", "promote_function",
     "register_half_function", "register_float_function", "register_promote_function",
     # helpers

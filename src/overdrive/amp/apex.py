@@ -119,6 +119,12 @@ def _lookup(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:
     return None if ref is None else ref()
 
 
+def mixed_precision_of(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:
+    """The :class:`MixedPrecision` that ``amp.initialize`` made for ``optimizer`` (None if none is alive), for
+    code that composes with an apex-style run (ASP after O2 finds the fp32 masters through it)."""
+    return _lookup(optimizer)
+
+
 def _handle(optimizers: Any) -> MixedPrecision | None:
     """The MixedPrecision that owns ``optimizers``; None when initialize had ``enabled=False``."""
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]

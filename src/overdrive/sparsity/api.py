@@ -71,7 +71,10 @@ class SparseHandle:
         self._hooks: list[Any] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._permutation_pending = config.permutation
-        self._load_hooks = _add_load_checks(layers)
+        # apex ASP's callable mask_calculator (weight -> mask); not part of the JSON config
+        self.mask_fn: Any = None
+        self._masters: dict[int, torch.Tensor] = {}  # amp O2 after sparsify: id(model param) -> fp32 master
+        self._load_hooks = _add_load_checks(layers, self)
 
     @property
     def model(self) -> nn.Module:
@@ -95,7 +98,7 @@ class SparseHandle:
             for layer in self.layers:
                 self._put_back_pruned(layer)
                 w = layer.weight
-                mask = M.compute_mask(w, self.config.mask_calculator)
+                mask = self._mask_of(layer, w)
                 layer.mask.copy_(mask)
                 layer.retained = M.retained_magnitude(w, mask)
                 layer.magnitude = float(w.detach().abs().float().sum())
@@ -103,6 +106,26 @@ class SparseHandle:
                     src = layer.original  # the fp32 master under amp O2: the most precise copy
                     layer.pruned = (src.detach() * ~mask.to(src.device)).to("cpu", copy=True)
         self.apply_masks()
+
+    def _mask_of(self, layer: PrunedLayer, w: torch.Tensor) -> torch.Tensor:
+        if self.mask_fn is None:
+            return M.compute_mask(w, self.config.mask_calculator)
+        mask = self.mask_fn(w.detach())
+        if not isinstance(mask, torch.Tensor) or mask.shape != w.shape:
+            raise UsageError(f"mask_calculator returned {type(mask).__name__} of shape "
+                             f"{tuple(getattr(mask, 'shape', ()))} for {layer.name} {tuple(w.shape)}; it must return a "
+                             "tensor of the weight's shape (1/True keeps, 0/False prunes)")
+        return mask.to(device=layer.mask.device).bool()
+
+    def use_masters(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Under amp O2, point each pruned layer at the fp32 master of its half weight (``(half, master)``
+        pairs, :meth:`overdrive.amp.MixedPrecision.master_pairs`), so that masks reach what the optimizer
+        steps. Pruning after O2 initialize then works as pruning before it."""
+        master_of = {id(h): m for h, m in pairs}
+        self._masters = master_of
+        for layer in self.layers:
+            if id(layer.weight) in master_of:
+                layer.original = master_of[id(layer.weight)]
 
     def _put_back_pruned(self, layer: PrunedLayer) -> None:
         """Add the values the current mask removed back into the model weight and its master."""
@@ -121,7 +144,8 @@ class SparseHandle:
             w = layer.weight
             layer.retained_unpermuted = M.retained_magnitude(w, M.compute_mask(w, self.config.mask_calculator))
         self.permutation = permute_for_sparsity(
-            self.model, [layer.module for layer in self.layers if layer.param_name == "weight"], self.config)
+            self.model, [layer.module for layer in self.layers if layer.param_name == "weight"], self.config,
+            self._masters)
 
     def apply_masks(self) -> None:
         """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2)."""
@@ -219,7 +243,7 @@ class SparseHandle:
             layer.module = module
             if layer.original is old:  # no amp master: the original is the module's weight itself
                 layer.original = layer.weight
-        self._load_hooks = _add_load_checks(self.layers)
+        self._load_hooks = _add_load_checks(self.layers, self)
         self._model = weakref.ref(model)
         if self._strong is not None:
             self._strong = model
@@ -308,11 +332,61 @@ class _LoadCheck:
                 _check_layer(PrunedLayer(name, module, param_name, "", getattr(module, param_name)))
 
 
-def _add_load_checks(layers: list[PrunedLayer]) -> list[Any]:
+PRUNED_SUFFIX = "_sparse_pruned"  # allow_recompute_mask: the pruned values, in the checkpoint (apex: __w_mma_pruned_p)
+
+
+class _CheckpointNames:
+    """A pruned module's state-dict hooks: saves the values its masks removed (``<param>_sparse_pruned``,
+    with ``allow_recompute_mask``) so that ``restore_pruned_weights()`` works after a resume, and reads
+    checkpoints written by apex ASP, whose buffers are ``__<param>_mma_mask`` (a float mask) and
+    ``__<param>_mma_pruned_p``. Holds the handle weakly; a pickled model's hooks hold none."""
+
+    def __init__(self, handle: SparseHandle, param_names: tuple[str, ...]) -> None:
+        self.handle = weakref.ref(handle)
+        self.param_names = param_names
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"param_names": self.param_names}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.param_names = state["param_names"]
+        self.handle = lambda: None  # type: ignore[assignment]
+
+    def _layers(self, module: nn.Module) -> dict[str, PrunedLayer]:
+        handle = self.handle()
+        return {} if handle is None else {ly.param_name: ly for ly in handle.layers if ly.module is module}
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, _meta: Any) -> None:
+        """The state-dict post-hook (a callable object: torch marks the hook with an attribute)."""
+        for name, layer in self._layers(module).items():
+            if layer.pruned is not None:
+                state_dict[prefix + name + PRUNED_SUFFIX] = layer.pruned.clone()
+
+    def load(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+        layers = self._layers(module)
+        for name in self.param_names:
+            apex_mask = state_dict.pop(f"{prefix}__{name}_mma_mask", None)
+            if apex_mask is not None:
+                state_dict.setdefault(prefix + name + MASK_SUFFIX, apex_mask.bool())
+            pruned = state_dict.pop(prefix + name + PRUNED_SUFFIX, None)
+            apex_pruned = state_dict.pop(f"{prefix}__{name}_mma_pruned_p", None)
+            pruned = pruned if pruned is not None else apex_pruned
+            layer, handle = layers.get(name), self.handle()
+            if layer is not None and handle is not None and handle.config.allow_recompute_mask and pruned is not None:
+                layer.pruned = pruned.detach().to("cpu", copy=True)
+
+
+def _add_load_checks(layers: list[PrunedLayer], handle: SparseHandle) -> list[Any]:
     by_module: dict[int, tuple[nn.Module, dict[str, str]]] = {}
     for layer in layers:
         by_module.setdefault(id(layer.module), (layer.module, {}))[1][layer.param_name] = layer.name
-    return [m.register_load_state_dict_post_hook(_LoadCheck(names)) for m, names in by_module.values()]
+    hooks = []
+    for m, names in by_module.values():
+        names_hook = _CheckpointNames(handle, tuple(names))
+        hooks += [m.register_load_state_dict_pre_hook(names_hook.load),
+                  m.register_state_dict_post_hook(names_hook),
+                  m.register_load_state_dict_post_hook(_LoadCheck(names))]
+    return hooks
 
 
 def _is_semi_structured(t: torch.Tensor) -> bool:

@@ -9,7 +9,7 @@ and ask for ``model=`` when there are several.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ class ASP:
     @staticmethod
     def init_model_for_pruning(
         model: nn.Module,
-        mask_calculator: str = "m4n2_1d",
+        mask_calculator: str | Callable[[torch.Tensor], torch.Tensor] = "m4n2_1d",
         verbosity: int = 3,
         whitelist: Sequence[type[nn.Module]] = _DEFAULT_WHITELIST,
         allowed_layer_names: Sequence[str] | None = None,
@@ -56,13 +56,17 @@ class ASP:
         custom_layer_dict: dict | None = None,
         allow_permutation: bool = True,
     ) -> SparseHandle:
-        """Install all-ones masks on the prunable layers; masks are computed by compute_sparse_masks()."""
+        """Install all-ones masks on the prunable layers; masks are computed by compute_sparse_masks().
+
+        ``mask_calculator`` is a name (``"m4n2_1d"``, ``"m4n2_2d_best"``, ...) or, as in apex, a callable
+        ``weight -> mask`` of the weight's shape (nonzero keeps)."""
         if custom_layer_dict:
             raise UsageError("custom_layer_dict is not supported; subclasses of Linear/Conv/MHA are found automatically")
         if model in _HANDLES:
             raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
         # SparsityConfig refuses a bare string (tuple("head") would be its characters), so pass the names as given
-        cfg = SparsityConfig(mask_calculator=mask_calculator, layer_types=_type_names(whitelist),
+        mask_fn = mask_calculator if callable(mask_calculator) else None
+        cfg = SparsityConfig(mask_calculator="m4n2_1d" if mask_fn else mask_calculator, layer_types=_type_names(whitelist),
                      allowed_layer_names=allowed_layer_names, disallowed_layer_names=disallowed_layer_names,
                      allow_recompute_mask=allow_recompute_mask, permutation=allow_permutation)
         if any(cls not in _TYPES.values() for cls in whitelist):
@@ -72,6 +76,7 @@ class ASP:
                           and (cfg.allowed_layer_names is None or n in cfg.allowed_layer_names))
             cfg = cfg.replace(allowed_layer_names=names)
         handle = sparsify(model, cfg, compute_masks=False)
+        handle.mask_fn = mask_fn
         handle._strong = None  # the registry value must not keep its key alive
         _HANDLES[model] = handle
         if verbosity >= 3:
@@ -80,7 +85,16 @@ class ASP:
 
     @staticmethod
     def init_optimizer_for_pruning(optimizer: torch.optim.Optimizer) -> None:
-        """Keep masks applied after every ``optimizer.step()`` (a step post-hook, no patching)."""
+        """Keep masks applied after every ``optimizer.step()`` (a step post-hook, no patching).
+
+        After ``amp.initialize(..., opt_level="O2")`` the optimizer steps fp32 masters of the model's half
+        weights; the masks are then applied to both (pruning after O2 works as pruning before it)."""
+        from overdrive.amp import mixed_precision_of
+
+        mp = mixed_precision_of(optimizer)
+        if mp is not None:
+            for h in _HANDLES.values():
+                h.use_masters(mp.master_pairs(optimizer))
         held = {id(q) for g in optimizer.param_groups for q in g["params"]}
         owners = [h for h in _HANDLES.values() if any(id(layer.original) in held or id(layer.weight) in held for layer in h.layers)]
         if not owners:
@@ -108,8 +122,20 @@ class ASP:
         return any(not bool(layer.mask.all()) for layer in ASP._handle(model).layers)
 
     @staticmethod
-    def already_init_asp_model(model: nn.Module) -> bool:
+    def already_init_asp_model(model: nn.Module | None = None) -> bool:
+        """Whether ``model`` (apex's form, no argument: any model in this process) was initialized for pruning."""
+        if model is None:
+            return len(_HANDLES) > 0
         return model in _HANDLES
+
+    @staticmethod
+    def set_permutation_saving_params(allow_permutation: bool = True, save_permutation_graph: bool = False,
+                                      permutation_output_dir: str = ".") -> None:
+        """Accepted for apex scripts; nothing to set. The permutation is switched per model
+        (``init_model_for_pruning(..., allow_permutation=)``) and reported in ``ASP.handle(model).report()``;
+        overdrive writes no permutation graph files."""
+        if not isinstance(allow_permutation, bool) or not isinstance(save_permutation_graph, bool):
+            raise UsageError("set_permutation_saving_params takes booleans allow_permutation and save_permutation_graph")
 
     @staticmethod
     def handle(model: nn.Module | None = None) -> SparseHandle:

@@ -29,7 +29,8 @@ class SparsityConfig(ConfigBase):
         allowed_layer_names: prune only these module names (None: all of ``layer_types``).
         disallowed_layer_names: never prune these module names (e.g. the classifier head).
         permutation: search an input-channel permutation (torch.fx) that raises kept magnitude.
-        permutation_budget_s: seconds the permutation search may spend per channel group.
+        permutation_budget_s: about how many seconds the permutation search may spend per channel group,
+            counted as work (weights scored), not time, so that the result is deterministic.
         allow_recompute_mask: keep the pruned weight values aside (apex ASP) so masks can be recomputed
             later; a recompute puts them back and keeps the trained values of the other weights.
 

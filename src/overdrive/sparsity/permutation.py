@@ -11,7 +11,6 @@ permuting them would change what those users see.
 from __future__ import annotations
 
 import operator
-import time
 from typing import Any
 
 import torch
@@ -44,12 +43,20 @@ def group_score(cols: torch.Tensor) -> torch.Tensor:
     return cols.topk(2, dim=-1).values.sum(dim=(-1, -2))
 
 
+# The search's budget is counted in work (weights scored), not seconds, so that the result depends on the
+# weights alone: the same on every rank and every run, however loaded the machine. About what one CPU core
+# scores in a second.
+WORK_PER_SECOND = 2e8
+
+
 def search_permutation(matrix: torch.Tensor, budget_s: float = 2.0) -> torch.Tensor:
     """A permutation of ``matrix``'s columns (rows, C) that raises the 2:4 kept magnitude.
 
     Greedy channel swaps between groups of 4: for each group, try every swap with every other
     group (16 per pair, vectorized) and take the best improving one; repeat until no swap helps
-    or ``budget_s`` runs out. Never returns a permutation worse than the identity.
+    or the budget is spent. The budget is ``budget_s * WORK_PER_SECOND`` weights scored, a count, not a
+    clock: the result is deterministic (ties go to the lowest group and channel index). Never returns a
+    permutation worse than the identity.
     """
     mag = matrix.detach().abs().float()
     rows, c = mag.shape
@@ -57,13 +64,16 @@ def search_permutation(matrix: torch.Tensor, budget_s: float = 2.0) -> torch.Ten
     perm = torch.arange(c)
     cur = mag.clone()
     scores = group_score(cur.reshape(rows, g, 4).permute(1, 0, 2))  # (g,)
-    deadline = time.perf_counter() + budget_s
+    budget = budget_s * WORK_PER_SECOND
+    per_group = 16 * g * rows * 4  # weights scored to try every swap of one group
+    work = 0.0
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and work < budget:
         improved = False
         for a in range(g):
-            if time.perf_counter() > deadline:
+            if work >= budget:
                 break
+            work += per_group
             ca = cur[:, 4 * a:4 * a + 4]  # (rows, 4)
             others = cur.reshape(rows, g, 4).permute(1, 0, 2)  # (g, rows, 4)
             # Swap channel i of group a with channel j of group b, for all b, i, j: (g, 4, 4) gains.
@@ -165,27 +175,39 @@ def find_groups(model: nn.Module) -> tuple[list[dict[str, Any]], list[str]]:
     return groups, notes
 
 
-def apply_permutation(model: nn.Module, group: dict[str, Any], perm: torch.Tensor) -> None:
+def apply_permutation(model: nn.Module, group: dict[str, Any], perm: torch.Tensor,
+                      masters: dict[int, torch.Tensor] | None = None) -> None:
     """Reorder the producer's output channels (weight rows, bias), BatchNorm stats/affine on the
-    path, and the consumers' input channels, all by ``perm``."""
+    path, and the consumers' input channels, all by ``perm``. ``masters`` (id of a model parameter -> its
+    fp32 master under amp O2) are reordered with their parameters, or the next step would copy them back."""
+    masters = masters or {}
+
+    def rows(t: torch.Tensor) -> None:
+        for x in (t, masters.get(id(t))):
+            if x is not None:
+                x.copy_(x[p.to(x.device)])
+
     with torch.no_grad():
         prod = model.get_submodule(group["producer"])
         p = perm.to(prod.weight.device)
-        prod.weight.copy_(prod.weight[p])
+        rows(prod.weight)
         if prod.bias is not None:
-            prod.bias.copy_(prod.bias[p])
+            rows(prod.bias)
         for name in group["channelwise"]:
             mod = model.get_submodule(name)
             if isinstance(mod, nn.modules.batchnorm._BatchNorm):
                 for t in (mod.weight, mod.bias, mod.running_mean, mod.running_var):
                     if t is not None:
-                        t.copy_(t[p])
+                        rows(t)
         for name in group["consumers"]:
             cons = model.get_submodule(name)
-            cons.weight.copy_(cons.weight[:, p])
+            for x in (cons.weight, masters.get(id(cons.weight))):
+                if x is not None:
+                    x.copy_(x[:, p.to(x.device)])
 
 
-def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], config: SparsityConfig) -> dict[str, Any]:
+def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], config: SparsityConfig,
+                         masters: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
     """Search and apply input-channel permutations for the groups whose consumers include a sparse
     module; returns {"groups": n, "details": [...], "notes": [...]}."""
     groups, notes = find_groups(model)
@@ -200,6 +222,6 @@ def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], conf
         perm = search_permutation(mat, config.permutation_budget_s)
         after = float(group_score(mat[:, perm].abs().float().reshape(mat.shape[0], -1, 4).permute(1, 0, 2)).sum())
         if after > before:
-            apply_permutation(model, grp, perm)
+            apply_permutation(model, grp, perm, masters)
             details.append({**grp, "kept_before": before, "kept_after": after})
     return {"groups": len(details), "details": details, "notes": notes}
