@@ -1,5 +1,5 @@
 """The library's imports point one way:
-``_utils`` <- ``amp``, ``quant``, ``data`` <- ``sparsity``, ``engine``, ``distributed`` <- ``train`` <- ``recipes``
+``_utils`` <- ``amp``, ``quant``, ``data`` <- ``sparsity``, ``engine``, ``distributed`` <- ``train``, ``apex`` <- ``recipes``
 <- ``demo`` <- ``cli``. Checked on the source (every import statement, module level or inside a function;
 ``if TYPE_CHECKING:`` blocks, which never run, are left out), so that a technique package can never again
 import the demo, the recipes or the CLI. Deprecated aliases of moved names live in modules named
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "overdrive"
-RANK = {"_utils": 0, "amp": 1, "quant": 1, "data": 1, "sparsity": 2, "engine": 2, "distributed": 2, "train": 3,
+RANK = {"_utils": 0, "amp": 1, "quant": 1, "data": 1, "sparsity": 2, "engine": 2, "distributed": 2, "train": 3, "apex": 3,
         "recipes": 4, "demo": 5, "cli": 6}
 # siblings of one rank that may import each other: none
 SIBLINGS: set[tuple[str, str]] = set()

@@ -1,0 +1,1 @@
+"""apex.contrib: ``from overdrive.apex.contrib.sparsity import ASP``."""
