@@ -122,7 +122,9 @@ class SparseHandle:
         pairs, :meth:`overdrive.amp.MixedPrecision.master_pairs`), so that masks reach what the optimizer
         steps. Pruning after O2 initialize then works as pruning before it."""
         master_of = {id(h): m for h, m in pairs}
-        self._masters = master_of
+        if not any(id(layer.weight) in master_of for layer in self.layers):
+            return  # another model's run
+        self._masters.update(master_of)
         for layer in self.layers:
             if id(layer.weight) in master_of:
                 layer.original = master_of[id(layer.weight)]
