@@ -27,9 +27,12 @@ STAGES: dict[str, str] = {
     "quant": "overdrive.demo.quant_stage",
     "sparsity": "overdrive.demo.sparsity_stage",
     "engine": "overdrive.demo.engine_stage",
+    "transformer": "overdrive.demo.transformer_stage",
     "data": "overdrive.demo.data_stage",
     "distributed": "overdrive.demo.distributed_stage",
 }
+# Stages that bring their own model: run alone, they need no O0-trained digits model from amp first.
+STANDALONE: frozenset[str] = frozenset({"transformer"})
 
 
 def run_demo(
@@ -69,7 +72,7 @@ def run_demo(
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown demo stage(s) {unknown}; choose from {list(STAGES)}")
-    if chosen and chosen[0] != "amp" and "amp" not in chosen:
+    if "amp" not in chosen and any(s not in STANDALONE for s in chosen):
         chosen = ["amp", *chosen]  # later stages start from the O0-trained model
     workload = choose_workload(dev, quick, batch_size, epochs)
     ctx = DemoContext(device=dev, dtype=half, digits=load_digits(seed=seed), epochs=workload.epochs,

@@ -3,7 +3,8 @@
 ``--quick`` keeps the tiny digits CNN on 8x8 images (seconds on a laptop; what CI runs). By default a GPU
 gets ResNet-18 on the digits upscaled to 224x224, where mixed precision, engines and int8/fp8 have enough
 arithmetic to pay; a CPU gets a small ResNet on 32x32 digits, sized so the whole demo stays within a few
-minutes on two cores.
+minutes on two cores. The transformer stage has its own sizes (:func:`choose_transformer`): a tiny BERT with
+``--quick``, MiniLM sizes on a CPU, BERT-base on a GPU.
 
 Example:
     >>> w = choose_workload(torch.device("cpu"), quick=True)
@@ -44,6 +45,11 @@ class Workload:
     def input_shape(self) -> tuple[int, int, int]:
         return (1, self.image_size, self.image_size)
 
+    @property
+    def quick(self) -> bool:
+        """True for the ``--quick`` workload (the digits CNN)."""
+        return self.width is None
+
 
 def choose_workload(device: torch.device, quick: bool, batch_size: int | None = None,
                     epochs: int | None = None) -> Workload:
@@ -56,6 +62,55 @@ def choose_workload(device: torch.device, quick: bool, batch_size: int | None = 
         w = Workload("ResNet (width 16) on digits upscaled to 32x32", 32, batch_size or 64, 128, epochs or 4,
                      width=16, depths=(1, 1, 1, 1), stem="small")
     return w
+
+
+@dataclass(frozen=True)
+class TransformerWorkload:
+    """The transformer stage's encoder and shapes: a Hugging Face ``BertModel`` built from a config (random
+    weights: nothing is downloaded), run on ``batch`` rows at each of ``seqs`` tokens.
+
+    Example:
+        >>> w = choose_transformer(torch.device("cpu"), quick=True)
+        >>> w.hidden, w.layers, w.max_seq
+        (64, 2, 32)
+    """
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int  # the CPU sizes keep it small: the embedding's size is build time (export, quantization), not speed
+    batch: int
+    seqs: tuple[int, ...]
+    calib_batches: int  # int8/fp8 calibration batches of (batch, max_seq) tokens
+    held_out: int  # batches per sequence length for the accuracy check
+    repeat: int  # timed calls per row
+
+    @property
+    def max_seq(self) -> int:
+        return max(self.seqs)
+
+    def make_model(self, seed: int = 0) -> nn.Module:
+        """The fp32 encoder in eval mode, on the CPU, the same for one seed (the global RNG is left as it was)."""
+        import transformers
+
+        cfg = transformers.BertConfig(hidden_size=self.hidden, num_hidden_layers=self.layers,
+                                      num_attention_heads=self.heads, intermediate_size=4 * self.hidden,
+                                      vocab_size=self.vocab, max_position_embeddings=512)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return transformers.BertModel(cfg).eval()
+
+
+def choose_transformer(device: torch.device, quick: bool) -> TransformerWorkload:
+    """The transformer stage's sizes: tiny with ``quick``; MiniLM-L6 sizes on a CPU (its int8 build and
+    ``torch.compile`` fit in about a minute on two cores); BERT-base at batch 8 and up to 128 tokens on a GPU."""
+    if quick:
+        return TransformerWorkload("tiny BERT (hidden 64, 2 layers)", 64, 2, 2, 1000, 4, (8, 32), 2, 2, 30)
+    if device.type == "cuda":
+        return TransformerWorkload("BERT-base (hidden 768, 12 layers)", 768, 12, 12, 30522, 8, (16, 64, 128), 8, 4, 30)
+    return TransformerWorkload("MiniLM-sized BERT (hidden 384, 6 layers, vocab 8192)", 384, 6, 12, 8192, 4, (16, 64),
+                               2, 2, 5)
 
 
 def resize(x: torch.Tensor, size: int) -> torch.Tensor:
