@@ -49,6 +49,7 @@ EXAMPLES: dict[str, ConfigBase] = {
     "engine:BF16_CUDA": BF16_CUDA,
     "BuildConfig(profiles)": BuildConfig(precision="fp16", profiles=[DYN, ShapeProfile.fixed("m", (4, 8))],
                                          input_io_formats="fp16:hwc", output_io_formats=["fp32"], aot=False),
+    "BuildConfig(int8 dynamic)": BuildConfig(precision="int8", int8_activations="dynamic"),
     **{f"distributed:{n}": c for n, c in STRATEGY_PRESETS.items()},
     "Strategy(fsdp blocks)": Strategy(kind="fsdp", fsdp_blocks=["Block"], reshard_after_forward=False),
     "LaunchConfig()": LaunchConfig(),

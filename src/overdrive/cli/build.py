@@ -33,6 +33,10 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
 @click.option("--max-autotune", "--maxAutotune", "max_autotune", is_flag=True, help="Inductor max-autotune (minutes of tuning).")
 @click.option("--aot/--no-aot", default=None,
               help="Store an AOTInductor package (torch >= 2.12): the default for CPU builds there, opt-in on CUDA.")
+@click.option("--int8-activations", "int8_activations", type=click.Choice(["static", "dynamic"]), default=None,
+              help="int8 activation scales: static (calibrated per tensor on --calib) or dynamic (per token at run "
+                   "time, no --calib; CPU). Default: dynamic on CPU without --calib for models of Linear layers, "
+                   "else static.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
               "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor.")
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
@@ -53,7 +57,8 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
-            device: str, max_autotune: bool, aot: bool | None, calib: str | None, timing_cache: str | None,
+            device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, calib: str | None,
+            timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
@@ -61,6 +66,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     \b
     Examples:
       overdrive build --onnx model.onnx --save-engine model.engine --shapes input:1x3x224x224
+      overdrive build --onnx bert.onnx --int8 --int8-activations dynamic --save-engine bert_int8.engine \\
+          --min-shapes input_ids:1x1,attention_mask:1x1 --max-shapes input_ids:8x128,attention_mask:8x128
       overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
           --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
     """
@@ -77,7 +84,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
                           opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                          max_autotune=max_autotune, aot=aot, calib=calib, timing_cache=timing_cache,
+                          max_autotune=max_autotune, aot=aot, int8_activations=int8_activations, calib=calib,
+                          timing_cache=timing_cache,
                           trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu)
     info = engine.info
     if json_path is not None:
@@ -85,6 +93,10 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
                         f"{info['precision']}, device {describe_device(info['device'])}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+        if info.get("int8"):
+            from overdrive.engine.int8 import summary as int8_summary
+
+            click.echo(f"[I] {int8_summary(info['int8'])}")
         if info.get("accuracy"):
             from overdrive.engine.accuracy import summary
 

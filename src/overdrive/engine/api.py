@@ -19,6 +19,7 @@ from overdrive._utils.errors import UsageError
 from overdrive._utils.files import atomic_write
 from overdrive._utils.signing import signing_key
 from overdrive.engine import accuracy, backends, format as fmt
+from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive._utils.inputs import takes_names
 from overdrive.engine.sources import ModelSource, integer_dtypes, to_source
@@ -179,16 +180,6 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg = cfg.replace(precision=precision)
-        calibration, given = None, src
-        if precision in ("int8", "fp8"):
-            _warn_uncalibrated(src, precision, calib, stacklevel=4)
-            if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes):  # float ONNX: calibrate it into Q/DQ
-                from overdrive.engine.onnx import quantize_onnx
-
-                batches, t_cal = calib or [tuple(x.cpu() for x in example)], time.perf_counter()
-                src = replace(src, onnx_bytes=quantize_onnx(src.onnx_bytes, batches, precision))
-                calibration = (f"ONNX Runtime quantize_static ({precision} Q/DQ) on {len(batches)} batch(es) in "
-                               f"{time.perf_counter() - t_cal:.1f} s")
         needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
                                  ("--gemm-gelu", cfg.gemm_gelu is True)) if on]
         forced = needs and cfg.backend == "auto"
@@ -197,8 +188,22 @@ class Builder:
         name, reason = choose_backend(cfg.backend, device, precision, src)
         if forced:
             reason = f"auto: {', '.join(needs)} need(s) the inductor backend"
-        example = _apply_io_formats(example, cfg, src, name)
         backend = backends.get(name)
+        calibration, given, int8 = None, src, None
+        if precision == "int8":  # static (calibrated) or dynamic (per-token) activation scales: engine/int8.py
+            mode, why = int8_mode.resolve(cfg.int8_activations, backend, device, src, calib)
+            cfg = cfg.replace(int8_activations=mode)
+            int8 = {"activations": mode, "why": why}
+        if precision in ("int8", "fp8") and cfg.int8_activations != "dynamic":  # dynamic scales need no calibration
+            _warn_uncalibrated(src, precision, calib, stacklevel=4)
+            if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes):  # float ONNX: calibrate it into Q/DQ
+                from overdrive.engine.onnx import quantize_onnx
+
+                batches, t_cal = calib or [tuple(x.cpu() for x in example)], time.perf_counter()
+                src = replace(src, onnx_bytes=quantize_onnx(src.onnx_bytes, batches, precision))
+                calibration = (f"ONNX Runtime quantize_static ({precision} Q/DQ) on {len(batches)} batch(es) in "
+                               f"{time.perf_counter() - t_cal:.1f} s")
+        example = _apply_io_formats(example, cfg, src, name)
         if cfg.gemm_gelu is True and name != "inductor":
             raise UsageError(f"--gemm-gelu rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                              "use --backend inductor, or drop --gemm-gelu")
@@ -218,6 +223,7 @@ class Builder:
             "device": device_facts(device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
             "timing_cache": meta.get("timing_cache"), **({"calibration": calibration} if calibration else {}),
+            **({"int8": {**int8, "ops": meta.get("int8_ops")}} if int8 else {}),
             "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch."),
                         "layout": "hwc" if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else "chw"}
                        for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
@@ -235,14 +241,17 @@ class Builder:
     def _build_best(self, model: Any, example_inputs: Any, input_names: list[str] | None,
                     calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None) -> Engine:
         device = resolve_device(self.config.device)
-        candidates = best_candidates(device, calibrated=bool(calib))
+        # dynamic int8 needs no calibration data: asked for, it is a candidate without --calib
+        dynamic = self.config.int8_activations == "dynamic" and device.type == "cpu"
+        candidates = best_candidates(device, calibrated=bool(calib) or dynamic)
         t0 = time.perf_counter()
         times: dict[str, float | str] = {}
         best: tuple[float, Engine] | None = None
         rejected: dict[str, str] = {}
         for prec in candidates:
             try:
-                eng = Builder(self.config, precision=prec, min_cosine=self.min_cosine)._build(
+                acts = self.config.int8_activations if prec == "int8" else None
+                eng = Builder(self.config, precision=prec, int8_activations=acts, min_cosine=self.min_cosine)._build(
                     model, example_inputs, input_names, calib, onnx_path, warn=False)
             except UsageError as exc:  # e.g. an ONNX model without Q/DQ nodes cannot be int8: skip, say why
                 times[prec] = f"not built: {exc}"
@@ -433,7 +442,7 @@ class Engine:
                 "load_compile": self.load_compile,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
                 "timing_cache": h.get("timing_cache"), "best": h.get("best"), "accuracy": h.get("accuracy"),
-                "trust": self.trust}
+                "int8": h.get("int8"), "trust": self.trust}
 
     def save(self, path: str | Path) -> None:
         """Write the engine atomically, signed with the user's key (overdrive._utils.signing; the default key

@@ -18,6 +18,7 @@ IO_LAYOUTS = ("chw", "hwc", "hwc8")  # hwc / hwc8: channels_last for 4-D tensors
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "best")
 BACKENDS = ("auto", "inductor", "onnxruntime", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+INT8_ACTIVATIONS = ("static", "dynamic")  # int8 activation scales: calibrated once, or per token at run time
 _BINDING_KEYS = ("dtype", "layout")  # what an engine header's "inputs" entry adds to its profile
 
 
@@ -150,6 +151,11 @@ class BuildConfig(ConfigBase):
 
     ``precision`` is the compute precision (inputs and outputs stay float32, like trtexec's default I/O);
     ``compile_mode`` is Inductor's mode ("reduce-overhead" = CUDA graphs, used for static profiles on CUDA).
+    ``int8_activations`` (int8 only) says where the activation scales come from: ``"static"``, one scale per
+    tensor calibrated on ``calib`` batches (Q/DQ); ``"dynamic"``, one scale per token (row) computed at run time,
+    weights int8 per output channel, no calibration needed (CPU: onnxruntime's ``quantize_dynamic``, or per-row
+    ``torch._int_mm`` on the inductor backend); None: dynamic for a CPU build without calibration data, static
+    otherwise. The engine header's ``config`` holds the mode chosen.
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
     effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
@@ -177,7 +183,8 @@ class BuildConfig(ConfigBase):
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
-    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache",)
+    int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations")
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -186,6 +193,17 @@ class BuildConfig(ConfigBase):
             raise UsageError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise UsageError(f"compile mode {self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        if self.int8_activations is not None:
+            if self.int8_activations not in INT8_ACTIVATIONS:
+                raise UsageError(f"int8_activations {self.int8_activations!r} is not one of {', '.join(INT8_ACTIVATIONS)} "
+                                 "(or None: dynamic without calibration data on CPU, else static)")
+            if self.precision == "fp8" and self.int8_activations == "dynamic":
+                raise UsageError("int8_activations='dynamic' (--int8-activations dynamic) is for --precision int8: fp8 "
+                                 "engines use calibrated per-tensor scales; drop the flag, or build int8")
+            if self.precision not in ("int8", "best"):
+                raise UsageError(f"int8_activations={self.int8_activations!r} (--int8-activations) applies to int8 "
+                                 f"engines, but the precision is {self.precision}; give --precision int8 (or best), or "
+                                 "drop the flag")
         profiles = tuple(p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in self.profiles)
         object.__setattr__(self, "profiles", profiles)
         object.__setattr__(self, "input_io_formats", tuple(parse_io_formats(self.input_io_formats)))

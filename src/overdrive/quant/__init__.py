@@ -47,7 +47,7 @@ from overdrive.quant.modules import (
     QuantSDPA,
 )
 from overdrive.quant.quantizer import TensorQuantizer
-from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, to_real, weight_only
+from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, dynamic_int8, to_real, weight_only
 
 __all__ = [
     # configs
@@ -60,5 +60,5 @@ __all__ = [
     "TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d", "QuantAdd",
     "QuantMatmul", "QuantSDPA",
     # export and real low precision
-    "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "weight_only", "WeightOnlyLinear",
+    "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "weight_only", "WeightOnlyLinear", "dynamic_int8",
 ]

@@ -37,6 +37,12 @@ def _quantize_int8(x: torch.Tensor, scale: torch.Tensor, qmin: int = -128) -> to
     return torch.clamp(torch.round(x.float() / scale), qmin, 127).to(torch.int8)
 
 
+def _quantize_int8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-row (per-token) symmetric int8: scales amax / 127, (M, 1), and the quantized rows in [-127, 127]."""
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 127.0
+    return torch.clamp(torch.round(x.float() / scale), -127, 127).to(torch.int8), scale
+
+
 def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """fp8 e4m3 with a per-tensor scale (or an (M, 1) per-row one)."""
     return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -160,9 +166,13 @@ class _LowPrecisionGemm(nn.Module):
         # w_q is (N, K) contiguous, so w_q.t() is the column-major (K, N) operand cuBLAS(Lt) takes as is
         # ("TN" layout, required by _scaled_mm and int8 IMMA): no weight copy per call
         if self.fmt == "int8":
-            xq = _FUSED(_quantize_int8, x2, self.x_scale, self.x_qmin)
+            if self.rowwise:  # dynamic per-token scales (M, 1) times per-channel weight scales (N,)
+                xq, xs = _FUSED(_quantize_int8_rowwise, x2)
+            else:
+                xs = self.x_scale
+                xq = _FUSED(_quantize_int8, x2, xs, self.x_qmin)
             acc = torch._int_mm(xq, self.w_q.t())  # (M, N) int32
-            y = _FUSED(_int8_epilogue, acc, self.x_scale, self.w_scale, self.bias, out_dtype)
+            y = _FUSED(_int8_epilogue, acc, xs, self.w_scale, self.bias, out_dtype)
         else:
             if self.rowwise:  # dynamic per-token scales
                 xq, xs = _FUSED(_quantize_fp8_rowwise, x2)
@@ -183,6 +193,20 @@ class Int8Linear(_LowPrecisionGemm):
     """Linear on int8 tensor cores (``torch._int_mm``), from a calibrated QuantLinear."""
 
     fmt = "int8"
+
+    @classmethod
+    def dynamic(cls, linear: nn.Linear) -> Int8Linear:
+        """An int8 Linear with dynamic activations, from a float one (no calibration): each input row (token) gets
+        its own scale, amax / 127, at run time; weights int8 per output channel.
+
+        Example:
+            >>> lin = torch.nn.Linear(64, 32)
+            >>> x = torch.randn(4, 64)
+            >>> bool(torch.nn.functional.cosine_similarity(Int8Linear.dynamic(lin)(x), lin(x)).min() > 0.999)
+            True
+        """
+        w = linear.weight.detach()
+        return cls(w, w.float().abs().amax(dim=1), torch.ones(()), linear.bias, rowwise=True, x_qmin=-127)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
@@ -213,6 +237,32 @@ class Int8Conv1x1(_LowPrecisionGemm):
 
 class Fp8Conv1x1(Int8Conv1x1):
     fmt = "fp8"
+
+
+def dynamic_int8(model: nn.Module, exclude: tuple[str, ...] | list[str] = ()) -> nn.Module:
+    """Swap every float ``nn.Linear`` (name matching no ``exclude`` fnmatch pattern) for :meth:`Int8Linear.dynamic`:
+    int8 GEMMs (``torch._int_mm``) with per-token activation scales computed at run time, no calibration. In place;
+    ``model._overdrive_real`` lists the layers converted. The scale and rescale steps are elementwise passes around
+    each GEMM: compile the model (``torch.compile``, an overdrive engine) to fuse them into their neighbours.
+
+    Example:
+        >>> m = dynamic_int8(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)))
+        >>> m._overdrive_real
+        {'0': 'int8 dynamic (per-token)', '2': 'int8 dynamic (per-token)'}
+    """
+    import fnmatch
+
+    if type(model) is nn.Linear:
+        new = Int8Linear.dynamic(model)
+        new._overdrive_real = {"": "int8 dynamic (per-token)"}
+        return new
+    report: dict[str, str] = {}
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.Linear and not any(fnmatch.fnmatch(name, p) for p in exclude):
+            _set(model, name, Int8Linear.dynamic(m))
+            report[name] = "int8 dynamic (per-token)"
+    model._overdrive_real = report
+    return model
 
 
 def _gemm_ok(k: int, n: int, fmt: str) -> str | None:
@@ -268,13 +318,14 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
             reason = _gemm_ok(m.in_features, m.out_features, fmt)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
-                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise, **ranges)
+                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", **ranges)
         elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
                 and m.stride[0] == m.stride[1]:
             reason = _gemm_ok(m.in_channels, m.out_channels, fmt)
             if reason is None:
                 cls = Fp8Conv1x1 if fmt == "fp8" else Int8Conv1x1
-                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise, stride=m.stride[0], **ranges)
+                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", stride=m.stride[0],
+                          **ranges)
         else:
             reason = f"{type(m).__name__} {getattr(m, 'kernel_size', '')} has no low-precision kernel here (float)"
         if new is None:

@@ -41,7 +41,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  exported: str | None = None, save_engine: str = "model.engine", precision: str = "fp32",
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
-                 aot: bool | None = None, calib: str | None = None, timing_cache: str | None = None,
+                 aot: bool | None = None, int8_activations: str | None = None, calib: str | None = None,
+                 timing_cache: str | None = None,
                  trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None) -> Engine:
@@ -72,7 +73,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
 
         src = from_module(load_model(model).eval())
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
-                      compile_mode="max-autotune" if max_autotune else None, aot=aot,
+                      compile_mode="max-autotune" if max_autotune else None, aot=aot, int8_activations=int8_activations,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     batches = _calibration(calib, src)

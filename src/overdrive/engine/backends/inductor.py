@@ -214,6 +214,35 @@ def precision_flags(flags: dict[str, str]) -> Iterator[None]:
             _set_fp32(*slot, value)
 
 
+def int8_dynamic_unavailable(src: ModelSource, device: torch.device) -> str | None:
+    """None when this backend builds int8 with dynamic activations for ``src`` on ``device``, else why not: it
+    swaps the PyTorch model's Linear layers for per-token ``torch._int_mm`` ones (``quant.dynamic_int8``), on CPU."""
+    if device.type == "cuda":
+        return ("dynamic int8 is built for CPU engines (the onnxruntime backend, or inductor on CPU); on CUDA build "
+                "static int8 (--calib)")
+    if src.module is None:
+        return ("dynamic int8 from an ONNX model is built by the onnxruntime backend (--backend onnxruntime); the "
+                "inductor backend builds it from the PyTorch model")
+    return None
+
+
+def _dynamic_int8(model: nn.Module) -> nn.Module:
+    try:
+        from overdrive import quant
+    except ImportError as exc:
+        raise OverdriveError("--int8-activations dynamic on the inductor backend needs overdrive.quant, which is not "
+                             "installed in this overdrive; use --backend onnxruntime") from exc
+    return quant.dynamic_int8(model)
+
+
+def int8_gemms(module: nn.Module) -> dict[str, int]:
+    """The int8 GEMM layers of a prepared module, by kernel: ``{"torch._int_mm": 13}`` ({} when none)."""
+    from overdrive.quant.real import Int8Conv1x1, Int8Linear
+
+    n = sum(isinstance(m, (Int8Linear, Int8Conv1x1)) and m.fmt == "int8" for m in module.modules())
+    return {"torch._int_mm": n} if n else {}
+
+
 def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
     try:
         from overdrive import quant
@@ -279,7 +308,9 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
         p.requires_grad_(False)
     dtype = _HALF.get(cfg.precision)
     if cfg.precision in ("int8", "fp8"):
-        if src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already (its Q/DQ graph runs as imported)
+        if src.onnx_bytes is None and cfg.int8_activations == "dynamic":  # per-token scales, no calibration
+            model = _dynamic_int8(model)
+        elif src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already (its Q/DQ graph runs as imported)
             model = _quantize(model, cfg.precision, calib)
             dtype = remainder_dtype(cfg.precision, device)
             if dtype is not None:
@@ -457,6 +488,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
+    if cfg.precision == "int8":  # {}: an imported Q/DQ graph, computed as fake-quant float arithmetic
+        meta["int8_ops"] = int8_gemms(module)
     if aot_by_default(cfg, device):  # CPU: the AOTInductor package alone (loads about 2x faster than a recompile)
         t0 = time.perf_counter()
         sections["aoti_package"] = _aoti_package(ep, fp32, freezing)

@@ -151,7 +151,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         meta["int8_kernels"] = "dynamic int8: " + ("8-bit weights, " if exact else "7-bit weights (reduce_range), ") + why
         meta["reduce_range"] = not exact
     elif cfg.precision == "int8" and src.onnx_bytes is None:
-        model_bytes = _quantized_onnx(src, example, calib or [example])
+        model_bytes = _quantized_onnx(src, example, calib or [example], cfg.profiles, cfg.opset)
     else:
         model_bytes = src.as_onnx(example, cfg.profiles, cfg.opset)
     qdq = not dynamic and has_qdq(model_bytes)  # parsed once, here: loads read the decision from the header
@@ -181,9 +181,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     return {"onnx": optimized}, runner, meta
 
 
-def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]]) -> bytes:
-    import copy
-
+def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]],
+                    profiles: Any = (), opset: int = 18) -> bytes:
+    """The int8 Q/DQ ONNX model of a PyTorch module, calibrated on ``calib``."""
     try:
         from overdrive import quant
     except ImportError as exc:
@@ -192,19 +192,20 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
         raise OverdriveError("--precision int8 from a float model needs overdrive.quant, which is not installed in "
                              "this overdrive; build from a Q/DQ ONNX model instead") from exc
 
-    def forward_loop(m: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for batch in calib:
-                m(*batch)
-
     fmts = {q.config.format for _, q in quant.quantizers(src.module) if q.enabled}
     if fmts and fmts != {"int8"}:
         raise UsageError(f"the model is quantized already to {sorted(fmts)}, not int8; the onnxruntime backend runs int8 "
                          "Q/DQ models: quantize the float model with quant.INT8_DEFAULT")
-    if any(True for _ in quant.quantizers(src.module)):  # quantized already (QAT, sparse-quantized): as calibrated
-        model = src.module
-    else:
-        model = quant.quantize(copy.deepcopy(src.module).eval(), quant.INT8_DEFAULT, forward_loop)
+    if not any(True for _ in quant.quantizers(src.module)):
+        # a float model: its fp32 export calibrated by quantize_onnx, in overdrive.quant's layout without the
+        # residual-add quantizers. Those share their Q/DQ pair with the next layer's GEMM inputs (one tensor, one
+        # scale), and a DequantizeLinear read by an Add as well does not fuse into MatMulIntegerToFloat: a 2-layer
+        # BERT got 4 integer GEMMs of 13 that way, 12 this way (the pooler's Gemm stays float)
+        from overdrive.engine.onnx import quantize_onnx
+
+        fp32 = src.as_onnx(example, profiles, opset)
+        return quantize_onnx(fp32, [tuple(x.detach().cpu() for x in batch) for batch in calib], "int8")
+    model = src.module  # quantized already (QAT, sparse-quantized): exported as calibrated
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "qdq.onnx")
         from overdrive.engine.sources import by_name

@@ -1,9 +1,9 @@
 """overdrive.engine.onnx: overdrive's ONNX importer (an ONNX graph as an ``nn.Module`` that Inductor compiles) and
-the calibration of float ONNX models into Q/DQ ones.
+the calibration of float ONNX models into Q/DQ ones, or their dynamic int8 quantization.
 
 Imports point one way: ``values`` (host/device values, the operator types) <- ``ops`` (one function per
 operator), ``qdq`` (QuantizeLinear, DequantizeLinear) <- ``importer`` (the op table, ``ONNXModule``,
-``import_onnx``); ``quantize`` (ONNX Runtime's static quantization) stands alone. Nothing here imports
+``import_onnx``); ``quantize`` (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports
 ``onnx`` or ``onnxruntime`` until a model is loaded or calibrated.
 
 Example:
@@ -14,6 +14,6 @@ Example:
 """
 
 from overdrive.engine.onnx.importer import SUPPORTED_OPS, ONNXModule, import_onnx
-from overdrive.engine.onnx.quantize import quantizable_nodes, quantize_onnx
+from overdrive.engine.onnx.quantize import quantizable_nodes, quantize_onnx, quantize_onnx_dynamic
 
-__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "quantize_onnx", "quantizable_nodes"]
+__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "quantize_onnx", "quantize_onnx_dynamic", "quantizable_nodes"]

@@ -1,6 +1,7 @@
 """int8/fp8 engines from a float ONNX model: calibrate it into a Q/DQ model with ONNX Runtime's static
 quantization (``onnxruntime.quantization.quantize_static``), the way ``trtexec --int8 --calib`` calibrates
-an ONNX model.
+an ONNX model; or, for int8 with dynamic activations, ONNX Runtime's ``quantize_dynamic``
+(:func:`quantize_onnx_dynamic`: no calibration).
 
 The Q/DQ layout is ``overdrive.quant``'s (and TensorRT's), whatever made the ONNX model: Q/DQ on the inputs of
 Conv, ConvTranspose, Gemm and MatMul with a constant weight, never on their outputs; weights per output
@@ -154,3 +155,53 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
         root.setLevel(level)
     _drop_copies(qdq)
     return qdq.SerializeToString()
+
+
+DYNAMIC_OPS = ("MatMul", "Attention")
+"""What :func:`quantize_onnx_dynamic` quantizes: MatMul with a constant weight (ONNX Runtime's dynamic mode rewrites
+each Gemm as MatMul + Add first) and the fused ``Attention`` contrib op. Convolutions stay float (ConvInteger is
+no faster than ONNX Runtime's fp32 convolutions; CNNs want static int8), and so do embedding lookups (``Gather``,
+which ONNX Runtime's default also quantizes: int8 tables save memory, not time, and cost accuracy)."""
+
+
+def quantize_onnx_dynamic(onnx_bytes: bytes, reduce_range: bool = False) -> bytes:
+    """An int8 copy of a float ONNX model with dynamic activations, ONNX Runtime's ``quantize_dynamic``: weights
+    int8 per output channel (symmetric), activations uint8 with a scale and zero point computed from each input
+    at run time (``DynamicQuantizeLinear``), so every weight MatMul becomes ``MatMulInteger`` (fused by ONNX
+    Runtime's optimizer into ``DynamicQuantizeMatMul`` / ``MatMulIntegerToFloat``). Activation x activation
+    MatMuls (attention's) stay float. ``reduce_range``: 7-bit weights, which keep the u8s8 kernels of x86 CPUs
+    without VNNI from saturating (ONNX Runtime's advice for them).
+
+    Example:
+        >>> # q = quantize_onnx_dynamic(open("bert.onnx", "rb").read())  # no calibration batches
+    """
+    onnx = require("onnx", "onnx", "dynamic int8 quantization")
+    require("onnxruntime", "onnxruntime", "dynamic int8 quantization")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load_from_string(onnx_bytes)
+    names = quantizable_nodes(model)  # names unnamed nodes too
+    ops = {n.name: n.op_type for n in model.graph.node}
+    if not any(ops[n] in ("MatMul", "Gemm") for n in names) and "Attention" not in ops.values():
+        raise UsageError("--int8-activations dynamic quantizes the weights of MatMul and Gemm layers (Linear), and "
+                         "this ONNX model has none; for a CNN build static int8: --int8-activations static --calib "
+                         "batches.pt")
+    root = logging.getLogger()  # quantize_dynamic logs "consider pre-processing" on the root logger
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "dynamic.onnx")
+            try:
+                quantize_dynamic(model, out, per_channel=True, weight_type=QuantType.QInt8, reduce_range=reduce_range,
+                                 op_types_to_quantize=list(DYNAMIC_OPS),
+                                 extra_options={"MatMulConstBOnly": True,  # weights only: attention's MatMuls stay float
+                                                "DefaultTensorType": onnx.TensorProto.FLOAT})  # contrib ops' outputs
+            except UsageError:
+                raise
+            except Exception as exc:
+                raise UsageError(f"ONNX Runtime could not quantize the model dynamically: {type(exc).__name__}: {exc}; "
+                                 "build static int8 with --calib instead") from exc
+            return onnx.load(out).SerializeToString()
+    finally:
+        root.setLevel(level)

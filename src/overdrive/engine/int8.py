@@ -1,0 +1,103 @@
+"""Where an int8 engine's activation scales come from, and what of it runs as integer kernels.
+
+Two modes (``BuildConfig.int8_activations``, ``overdrive build --int8-activations``):
+
+- ``static``: one scale per activation tensor, calibrated on ``calib`` batches (Q/DQ; today's trtexec ``--int8
+  --calib``). Without calibration data the ranges come from the example (random) inputs: fit for timing only.
+- ``dynamic``: one scale per token (row) computed from each input at run time, weights int8 per output channel;
+  no calibration. CPU only: ONNX Runtime's ``quantize_dynamic`` (onnxruntime backend) or per-row ``torch._int_mm``
+  (inductor backend, built from a PyTorch model). Only the weight GEMMs (Linear / MatMul / Gemm) become int8;
+  convolutions and attention's activation x activation MatMuls stay float.
+
+``None`` (auto) picks dynamic for a float model on CPU without calibration data when its backend can build it and
+the model's int8 work is GEMMs (it has Linear / weight-MatMul layers and no convolutions, which dynamic int8 would
+leave float), else static.
+
+Example:
+    >>> summary({"activations": "dynamic", "why": "asked for", "ops": {"MatMulIntegerToFloat": 6, "DynamicQuantizeMatMul": 7}})
+    'int8 activations dynamic (per-token scales at run time, int8 weights per channel; asked for): 13 integer kernel(s): DynamicQuantizeMatMul 7, MatMulIntegerToFloat 6'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine.sources import ModelSource
+
+_WHAT = {"static": "per-tensor scales calibrated at build", "dynamic": "per-token scales at run time, int8 weights per channel"}
+
+
+def is_quantized(src: ModelSource) -> bool:
+    """Whether ``src`` carries its own int8/fp8 scales: a Q/DQ ONNX model, or a module with overdrive.quant quantizers."""
+    if src.onnx_bytes is not None:
+        from overdrive.engine.backends.onnxruntime import has_qdq
+
+        return has_qdq(src.onnx_bytes)
+    try:
+        from overdrive import quant
+    except ImportError:
+        return False
+    return src.module is not None and any(True for _ in quant.quantizers(src.module))
+
+
+def gemm_model(src: ModelSource) -> bool:
+    """Whether the model's quantizable layers are GEMMs only: Linear (or a weight MatMul / Gemm in ONNX), no
+    convolution."""
+    if src.onnx_bytes is not None:
+        import onnx
+
+        from overdrive.engine.onnx import quantizable_nodes
+
+        model = onnx.load_from_string(src.onnx_bytes)
+        ops = {n.name: n.op_type for n in model.graph.node}
+        kinds = {ops.get(n) for n in quantizable_nodes(model)}
+        return bool(kinds & {"MatMul", "Gemm"}) and not kinds & {"Conv", "ConvTranspose"}
+    if src.module is None:
+        return False
+    mods = list(src.module.modules())
+    conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
+            torch.nn.ConvTranspose3d)
+    return any(isinstance(m, torch.nn.Linear) for m in mods) and not any(isinstance(m, conv) for m in mods)
+
+
+def resolve(requested: str | None, backend: Any, device: torch.device, src: ModelSource,
+            calib: list[tuple[torch.Tensor, ...]] | None) -> tuple[str, str]:
+    """The activation mode of an int8 build, ``("static" | "dynamic", why)``; a UsageError for a dynamic build
+    that cannot be made (a quantized model, CUDA, a backend or source without it)."""
+    quantized = is_quantized(src)
+    unavailable = getattr(backend, "int8_dynamic_unavailable", None)
+    why_not = unavailable(src, device) if unavailable else f"the {backend.NAME} backend has no dynamic int8"
+    if requested == "dynamic":
+        if quantized:
+            raise UsageError("--int8-activations dynamic: the model is quantized already (Q/DQ nodes or overdrive.quant "
+                             "quantizers), so its activation scales are static; build it without the flag, or build "
+                             "dynamic int8 from the float model")
+        if why_not:
+            raise UsageError(f"--int8-activations dynamic: {why_not}")
+        return "dynamic", "asked for"
+    if requested == "static":
+        return "static", "asked for"
+    if quantized:
+        return "static", "auto: the model is quantized already (its calibrated scales)"
+    if calib:
+        return "static", "auto: calibration data given (--calib)"
+    if why_not is None and gemm_model(src):
+        return "dynamic", "auto: no calibration data (--calib), and dynamic scales need none"
+    return "static", "auto: " + (why_not or "the model has convolutions, which dynamic int8 leaves float")
+
+
+def summary(record: dict[str, Any]) -> str:
+    """One line for ``overdrive build`` from ``engine.info["int8"]``: the mode, why, and the integer kernels."""
+    mode = record["activations"]
+    head = f"int8 activations {mode} ({_WHAT.get(mode, mode)}; {record.get('why', '')})"
+    ops = record.get("ops")
+    if ops is None:
+        return head
+    if not ops:
+        return head + (": no integer kernels, the int8 graph computes in float here (dequantize + fp32: no int8 "
+                       "speedup; backend_meta says why)")
+    listed = ", ".join(f"{k} {v}" for k, v in sorted(ops.items()))
+    return f"{head}: {sum(ops.values())} integer kernel(s): {listed}"
