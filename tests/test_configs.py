@@ -183,7 +183,8 @@ OLD_JSON: dict[str, tuple[ConfigBase, str]] = {
                     '"opt": [4, 3], "max": [8, 3]}], "compile_mode": null, "aot": null, "channels_last": true, '
                     '"opset": 18, "timing_cache": null, "input_io_formats": ["fp16:chw"], "output_io_formats": [], '
                     '"freezing": null, "gemm_gelu": null, "drop_constant_masks": true}'),
-    "LoaderConfig": (LoaderConfig(batch_size=64, dtype=torch.bfloat16),
+    # num_workers given: its default is 4 capped at this machine's cores; what old JSON says is kept
+    "LoaderConfig": (LoaderConfig(batch_size=64, dtype=torch.bfloat16, num_workers=4),
                      '{"batch_size": 64, "size": 224, "train": true, "scale": [0.08, 1.0], "ratio": [0.75, '
                      '1.3333333333333333], "flip": 0.5, "crop_fraction": 0.875, "mean": [0.485, 0.456, 0.406], "std": '
                      '[0.229, 0.224, 0.225], "dtype": "bfloat16", "channels_last": false, "drop_last": false, "seed": 0, '
