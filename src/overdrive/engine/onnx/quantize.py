@@ -95,6 +95,37 @@ def _drop_copies(model: object) -> None:
         graph.value_info.remove(vi)
 
 
+def fit_batches(calib: Sequence[tuple[torch.Tensor, ...]], shapes: list[list[int | None]], names: list[str]
+                ) -> list[tuple[torch.Tensor, ...]]:
+    """Calibration batches in the batch size a model with a fixed batch dim takes: all rows in order, cut
+    into batches of that size (a short tail dropped; fewer rows than one batch are repeated to fill it), so a
+    file of 8 rows calibrates an engine built for batch 4. Other fixed dims must match: a clear error if not.
+
+    Example:
+        >>> [b[0].shape[0] for b in fit_batches([(torch.zeros(8, 3),)], [[4, 3]], ["x"])]
+        [4, 4]
+    """
+    calib = [tuple(b) for b in calib]
+    for k, batch in enumerate(calib):
+        for x, shape, n in zip(batch, shapes, names):
+            for d, (got, want) in enumerate(zip(x.shape[1:], shape[1:]), start=1):
+                if want is not None and got != want:
+                    raise UsageError(f"calibration batch {k}: input {n!r} has shape {tuple(x.shape)} but the model "
+                                     f"fixes dim {d} at {want}; give calibration data of shape (N, "
+                                     f"{', '.join(str(v) for v in shape[1:])}) or build with a profile that lets "
+                                     "that dim vary")
+    b = shapes[0][0] if shapes and shapes[0] else None
+    if not calib or b is None or all(x.shape[0] == b for batch in calib for x in batch):
+        return calib
+    cols = [torch.cat([batch[i] for batch in calib]) for i in range(len(calib[0]))]
+    rows = cols[0].shape[0]
+    if rows < b:
+        reps = -(-b // rows)
+        cols = [c.repeat(reps, *([1] * (c.dim() - 1)))[:b] for c in cols]
+        rows = b
+    return [tuple(c[s:s + b] for c in cols) for s in range(0, rows - b + 1, b)]
+
+
 def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], precision: str = "int8") -> bytes:
     """A Q/DQ copy of a float ONNX model, calibrated on ``calib`` (batches, one tensor per model input).
 
@@ -117,6 +148,9 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
         if len(batch) != len(inputs):
             raise UsageError(f"calibration batch {k} has {len(batch)} tensor(s) but the ONNX model takes "
                              f"{len(inputs)} input(s) {[n for n, _ in inputs]}; give one tensor per input")
+    fixed = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+             for i in model.graph.input if i.name not in inits}
+    calib = fit_batches(calib, [fixed[n] for n, _ in inputs], [n for n, _ in inputs])
     nodes = quantizable_nodes(model)
     if not nodes:
         raise UsageError(f"--precision {precision}: the ONNX model has no Conv, ConvTranspose, Gemm or weight MatMul "
