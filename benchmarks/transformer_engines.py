@@ -2,21 +2,24 @@
 torch.compile in the same run, accuracy (cosine of last_hidden_state to the fp32 eager model) per precision.
 
 One engine per precision is built with a dynamic profile (batch 1..B, sequence 1..max), then run at each
-sequence length; the baselines run at the same shapes. On CPU, ONNX Runtime's dynamic int8 (per-channel
-weights, per-token activations; ``onnxruntime.quantization.quantize_dynamic``) of the same ONNX model runs
-beside the engines as the reference for CPU int8.
+sequence length; the baselines run at the same shapes. ``int8`` engines are static (calibrated on
+``--calib-batches`` batches), ``int8-dynamic`` ones have per-token activation scales computed at run time
+(``BuildConfig(int8_activations="dynamic")``, no calibration). On CPU, overdrive's onnxruntime engines (fp32,
+static int8, dynamic int8) run too, and so does ONNX Runtime's own dynamic int8 (per-channel weights, per-token
+activations; ``onnxruntime.quantization.quantize_dynamic``) of the same ONNX model, called directly: the
+reference for CPU int8 speed (``x_vs_ort_dyn``). The Python PTQ (``overdrive.quant.quantize`` with
+``INT8_DEFAULT``, fake-quant, calibrated on the same batches) is the reference for int8 accuracy.
 
 The model: a Hugging Face ``BertModel`` from a config (BERT-base sizes by default, random weights: no
 network here), or ``--pretrained DIR`` (a local ``from_pretrained`` folder).
 
-    python benchmarks/transformer_engines.py --device cpu --layers 4 --seqs 16,64,128
+    python benchmarks/transformer_engines.py --device cpu --hidden 384 --layers 6 --batch 8 --seqs 16,64,128
     python benchmarks/transformer_engines.py --device cuda --precisions fp16,int8,fp8
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import time
 import warnings
@@ -74,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seqs", default="16,64,128")
-    p.add_argument("--precisions", default=None, help="default: fp32,int8 on CPU; fp16,int8,fp8 on CUDA")
+    p.add_argument("--precisions", default=None,
+                   help="inductor engines; default: fp32,int8,int8-dynamic on CPU; fp16,int8,fp8 on CUDA")
+    p.add_argument("--ort-precisions", default="fp32,int8,int8-dynamic",
+                   help="overdrive onnxruntime engines (CPU only; '' for none)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--calib-batches", type=int, default=8)
+    p.add_argument("--paired-rounds", type=int, default=4,
+                   help="CPU: the int8 rows timed again in this many alternating rounds (0: off)")
     p.add_argument("--out", default=None, help="results name (default transformer_engines_<device>)")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -85,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     seqs = [int(s) for s in args.seqs.split(",")]
     args.max_seq = max(seqs)
-    precisions = (args.precisions or ("fp16,int8,fp8" if device.type == "cuda" else "fp32,int8")).split(",")
+    precisions = (args.precisions or ("fp16,int8,fp8" if device.type == "cuda" else "fp32,int8,int8-dynamic")).split(",")
+    ort_precisions = [p for p in args.ort_precisions.split(",") if p] if device.type == "cpu" else []
     model = _model(args)
     vocab = model.config.vocab_size
     ref_model = model.to(device)
@@ -103,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     base_ms: dict[int, float] = {}
 
-    def record(config: str, s: int, fn: Any, build_s: float | None = None) -> None:
+    def record(config: str, s: int, fn: Any, build_s: float | None = None, int8_ops: dict | None = None) -> None:
         xs = [tuple(t.to(device) for t in pair) for pair in tests[s]]
         with torch.no_grad():
             cos = min(_cos(_hidden(fn(*x)).cpu(), r, x[1].cpu()) for x, r in zip(xs, refs[s]))
@@ -112,20 +121,40 @@ def main(argv: list[str] | None = None) -> int:
             base_ms[s] = ms
         rows.append({"config": config, "seq": s, "ms": round(ms, 3),
                      "x_vs_eager": round(base_ms.get(s, float("nan")) / ms, 2), "min_cosine": round(cos, 5),
-                     "build_s": None if build_s is None else round(build_s, 1)})
+                     "build_s": None if build_s is None else round(build_s, 1),
+                     "int8_ops": None if int8_ops is None else " ".join(f"{k}:{v}" for k, v in int8_ops.items()) or "none"})
         print(rows[-1], flush=True)
 
     base = "fp32" if device.type == "cpu" else "fp16"
     name = args.out or f"transformer_engines_{device.type}"
     facts = device_facts(device)
     facts.update(model=args.pretrained or f"BertModel(hidden {args.hidden}, {args.layers} layers, random init)",
-                 batch=args.batch, seqs=seqs, precisions=precisions)
+                 batch=args.batch, seqs=seqs, precisions=precisions, ort_precisions=ort_precisions,
+                 threads=torch.get_num_threads())
 
     def flush() -> None:  # after every section: a run cut short keeps what it measured
-        write_results(name, facts, rows, ["config", "seq", "ms", "x_vs_eager", "min_cosine", "build_s", "error"],
-                      [f"x_vs_eager: against eager {base} at the same shape in this run; min_cosine: the lowest mean "
-                       "token cosine to eager fp32 over 4 held-out batches with padded rows",
-                       f"engines are built once with a dynamic profile (batch 1..{args.batch}, sequence 1..{max(seqs)})"])
+        for paired in (False, True):
+            label = ("paired " if paired else "") + "onnxruntime dynamic int8"
+            ort_dyn = {r["seq"]: r["ms"] for r in rows if r["config"] == label and r.get("ms")}
+            for r in rows:
+                if r.get("ms") and r["seq"] in ort_dyn and r["config"].startswith("paired ") == paired:
+                    r["x_vs_ort_dyn"] = round(ort_dyn[r["seq"]] / r["ms"], 2)
+        write_results(name, facts, rows, ["config", "seq", "ms", "x_vs_eager", "x_vs_ort_dyn", "min_cosine", "build_s",
+                                          "int8_ops", "error"],
+                      [f"x_vs_eager: against eager {base} at the same shape in this run; x_vs_ort_dyn: against ONNX "
+                       "Runtime's own dynamic int8 (quantize_dynamic, called directly) at the same shape in this run; "
+                       "min_cosine: the lowest mean token cosine to eager fp32 over 4 held-out batches with padded rows",
+                       f"engines are built once with a dynamic profile (batch 1..{args.batch}, sequence 1..{max(seqs)}); "
+                       f"static int8 is calibrated on {args.calib_batches} batches at sequence {max(seqs)}, dynamic "
+                       "int8 on none; int8_ops: the integer GEMM kernels in the engine (ONNX Runtime op types, or "
+                       "torch._int_mm layers)", "ms: median of --iters calls at batch "
+                       f"{args.batch}, after 5 warm-up calls; on a shared CPU compare rows of one run only",
+                       f"paired rows: the int8 configs timed again in {args.paired_rounds} rounds (in an order that "
+                       f"rotates each round) of "
+                       f"{max(1, args.iters // max(1, args.paired_rounds))} calls each after 3 warm-up calls, at every "
+                       "sequence length (the "
+                       "median over all rounds), so that load from other processes falls on all of them alike; "
+                       "x_vs_ort_dyn there is against the paired ONNX Runtime dynamic int8 row"])
 
     for s in seqs:
         record(f"eager {base}", s, lambda i, m: eager[base](input_ids=i, attention_mask=m))
@@ -139,32 +168,58 @@ def main(argv: list[str] | None = None) -> int:
         record(f"torch.compile {base}", s, lambda i, m: compiled(input_ids=i, attention_mask=m), time.perf_counter() - t0)
     flush()
     profiles = tuple(ShapeProfile(n, (1, 1), (args.batch, max(seqs)), (args.batch, max(seqs))) for n in NAMES)
-    for prec in precisions:
-        t0 = time.perf_counter()
-        try:
-            eng = Builder(BuildConfig(precision=prec, device=str(device), backend="inductor", profiles=profiles)).build(
-                model, input_names=NAMES, calib=calib if prec in ("int8", "fp8") else None)
-        except Exception as exc:  # noqa: BLE001 - a failed candidate is a row, not the end of the run
-            rows.append({"config": f"engine {prec}", "seq": None, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
-            print(rows[-1], flush=True)
-            continue
-        build_s = time.perf_counter() - t0
+    if "int8" in precisions + ort_precisions:  # the Python PTQ: the accuracy int8 engines are held to
+        import copy
+
+        from overdrive import quant
+
+        def loop(m: torch.nn.Module) -> None:
+            with torch.no_grad():
+                for i, msk in calib:
+                    m(input_ids=i.to(device), attention_mask=msk.to(device))
+
+        ptq = quant.quantize(copy.deepcopy(model), quant.INT8_DEFAULT, loop)
         for s in seqs:
-            record(f"engine inductor {prec}", s, lambda i, m: eng.runner(i, m), build_s)
+            record("python PTQ int8 (fake-quant)", s, lambda i, m: ptq(input_ids=i, attention_mask=m))
+        del ptq
         flush()
-    if device.type == "cpu":
+
+    def engines(backend: str, precs: list[str]) -> None:
+        for prec in precs:
+            dynamic = prec == "int8-dynamic"
+            cfg = BuildConfig(precision="int8" if dynamic else prec, device=str(device), backend=backend,
+                              profiles=profiles, int8_activations="dynamic" if dynamic else None)
+            t0 = time.perf_counter()
+            try:
+                eng = Builder(cfg).build(model, input_names=NAMES, calib=calib if prec in ("int8", "fp8") else None)
+            except Exception as exc:  # noqa: BLE001 - a failed candidate is a row, not the end of the run
+                rows.append({"config": f"engine {backend} {prec}", "seq": None,
+                             "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                print(rows[-1], flush=True)
+                continue
+            build_s = time.perf_counter() - t0
+            ops = (eng.info.get("int8") or {}).get("ops")
+            for s in seqs:
+                record(f"engine {backend} {prec}", s, lambda i, m: eng.runner(i, m), build_s, ops)
+            if prec.startswith("int8") and device.type == "cpu":
+                pair[f"engine {backend} {prec}"] = eng.runner
+            del eng
+            flush()
+
+    pair: dict[str, Any] = {}  # CPU int8 configs timed again side by side at the end
+
+    engines("inductor", precisions)
+    if device.type == "cpu":  # ONNX Runtime called directly, then overdrive's onnxruntime engines right after
+        import onnx as onnx_lib
         import onnxruntime as ort
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         from overdrive.engine.sources import from_module
 
-        onnx = from_module(model, NAMES).as_onnx(calib[0], list(profiles))
-        src, dst = io.BytesIO(onnx), io.BytesIO()
-        import onnx as onnx_lib
-
         tmp = Path(f"/tmp/od_bench_{time.time_ns()}")
         tmp.mkdir()
-        onnx_lib.save(onnx_lib.load_from_string(src.getvalue()), tmp / "m.onnx")
+        onnx_lib.save(onnx_lib.load_from_string(from_module(model, NAMES).as_onnx(calib[0], list(profiles))),
+                      tmp / "m.onnx")
         quantize_dynamic(tmp / "m.onnx", tmp / "q.onnx", per_channel=True, weight_type=QuantType.QInt8)
         for label, path in (("onnxruntime fp32", tmp / "m.onnx"), ("onnxruntime dynamic int8", tmp / "q.onnx")):
             sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -172,7 +227,27 @@ def main(argv: list[str] | None = None) -> int:
                                                                               "attention_mask": m.numpy()})[0]))(sess)
             for s in seqs:
                 record(label, s, run)
-        del dst
+            if "int8" in label:
+                pair[label] = run
+        flush()
+        engines("onnxruntime", ort_precisions)
+    if pair and args.paired_rounds > 0:
+        per_round = max(1, args.iters // args.paired_rounds)
+        for s in seqs:
+            x = tuple(t.to(device) for t in tests[s][0])
+            times: dict[str, list[float]] = {k: [] for k in pair}
+            with torch.no_grad():
+                labels = list(pair)
+                for r in range(args.paired_rounds):  # the order rotates: each config follows each other one
+                    for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+                        fn = pair[label]
+                        # 3 warm-up calls: the previous config's thread pool stops spinning first
+                        times[label] += time_steps(lambda: fn(*x), device, warmup=3, iters=per_round)
+            for label in pair:
+                rows.append({"config": f"paired {label}", "seq": s, "ms": round(1e3 * median(times[label]), 3),
+                             "x_vs_eager": round(base_ms.get(s, float("nan")) / (1e3 * median(times[label])), 2)})
+                print(rows[-1], flush=True)
+        flush()
     flush()
     return 0
 
