@@ -22,13 +22,11 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from overdrive import distributed as odist
@@ -46,16 +44,6 @@ import _checkpoint_errors_worker as cw  # noqa: E402
 import _numerics_worker as w  # noqa: E402
 
 POLICIES = {"O0": "O0", "O2_bf16": Policy(opt_level="O2", dtype=torch.bfloat16)}
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    """A process group of one in this process (what DCP expects), destroyed afterwards."""
-    odist.init(backend="gloo", device="cpu")
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _micro_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

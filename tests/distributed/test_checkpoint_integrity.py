@@ -25,13 +25,11 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from overdrive import distributed as odist
@@ -44,16 +42,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _checkpoint_errors_worker as cw  # noqa: E402
 
 POSITION = {"sampler": {"epoch": 1, "consumed": 24}, "seen": [1, 2]}
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    """A process group of one in this process (what DCP expects), destroyed afterwards."""
-    odist.init(backend="gloo", device="cpu")
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _touch(path: str) -> None:

@@ -21,6 +21,7 @@ made: neither backend here fuses them, and they cost accuracy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -93,6 +94,18 @@ def _drop_copies(model: object) -> None:
     graph.node.extend(keep)
     for vi in [v for v in graph.value_info if v.name in source]:
         graph.value_info.remove(vi)
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """ONNX Runtime's quantizers log "consider pre-processing" on the root logger: silenced for their call."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def fit_batches(calib: Sequence[tuple[torch.Tensor, ...]], shapes: list[list[int | None]], names: list[str]
@@ -169,24 +182,18 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
     method = CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution
     options = {"ActivationSymmetric": True, "WeightSymmetric": True,
                "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS)}  # inputs only, as overdrive.quant
-    root = logging.getLogger()  # quantize_static logs "consider pre-processing" on the root logger
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "qdq.onnx")
-            try:
-                quantize_static(model, out, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                                activation_type=qtype, weight_type=qtype, nodes_to_quantize=nodes,
-                                op_types_to_quantize=list(QUANTIZED_OPS), calibrate_method=method, extra_options=options)
-            except UsageError:
-                raise
-            except Exception as exc:
-                raise UsageError(f"ONNX Runtime could not calibrate the model to {precision}: {type(exc).__name__}: "
-                                 f"{exc}; build from the PyTorch model with --calib, or from a Q/DQ ONNX model") from exc
-            qdq = onnx.load(out)
-    finally:
-        root.setLevel(level)
+    with _quiet_root_logger(), tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "qdq.onnx")
+        try:
+            quantize_static(model, out, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=qtype, weight_type=qtype, nodes_to_quantize=nodes,
+                            op_types_to_quantize=list(QUANTIZED_OPS), calibrate_method=method, extra_options=options)
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"ONNX Runtime could not calibrate the model to {precision}: {type(exc).__name__}: "
+                             f"{exc}; build from the PyTorch model with --calib, or from a Q/DQ ONNX model") from exc
+        qdq = onnx.load(out)
     _drop_copies(qdq)
     return qdq.SerializeToString()
 
@@ -220,22 +227,16 @@ def quantize_onnx_dynamic(onnx_bytes: bytes, reduce_range: bool = False) -> byte
         raise UsageError("--int8-activations dynamic quantizes the weights of MatMul and Gemm layers (Linear), and "
                          "this ONNX model has none; for a CNN build static int8: --int8-activations static --calib "
                          "batches.pt")
-    root = logging.getLogger()  # quantize_dynamic logs "consider pre-processing" on the root logger
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "dynamic.onnx")
-            try:
-                quantize_dynamic(model, out, per_channel=True, weight_type=QuantType.QInt8, reduce_range=reduce_range,
-                                 op_types_to_quantize=list(DYNAMIC_OPS),
-                                 extra_options={"MatMulConstBOnly": True,  # weights only: attention's MatMuls stay float
-                                                "DefaultTensorType": onnx.TensorProto.FLOAT})  # contrib ops' outputs
-            except UsageError:
-                raise
-            except Exception as exc:
-                raise UsageError(f"ONNX Runtime could not quantize the model dynamically: {type(exc).__name__}: {exc}; "
-                                 "build static int8 with --calib instead") from exc
-            return onnx.load(out).SerializeToString()
-    finally:
-        root.setLevel(level)
+    with _quiet_root_logger(), tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "dynamic.onnx")
+        try:
+            quantize_dynamic(model, out, per_channel=True, weight_type=QuantType.QInt8, reduce_range=reduce_range,
+                             op_types_to_quantize=list(DYNAMIC_OPS),
+                             extra_options={"MatMulConstBOnly": True,  # weights only: attention's MatMuls stay float
+                                            "DefaultTensorType": onnx.TensorProto.FLOAT})  # contrib ops' outputs
+        except UsageError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"ONNX Runtime could not quantize the model dynamically: {type(exc).__name__}: {exc}; "
+                             "build static int8 with --calib instead") from exc
+        return onnx.load(out).SerializeToString()
