@@ -105,11 +105,13 @@ def test_dynamic_int8_bert_runs_every_length_with_integer_gemms(dynamic_engine: 
 
 
 def test_dynamic_int8_on_inductor_runs_int_mm_per_token() -> None:
-    """The inductor backend builds it from the PyTorch model: every Linear becomes a per-token torch._int_mm layer."""
+    """The inductor backend builds it from the PyTorch model: every Linear becomes a per-token torch._int_mm layer
+    (``layer_precision="all"``: the default timed choice may keep them float on a CPU without VNNI)."""
     model = _bert()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        eng = Builder(BuildConfig(precision="int8", backend="inductor", profiles=PROFILES)).build(model)  # auto
+        eng = Builder(BuildConfig(precision="int8", backend="inductor", profiles=PROFILES,
+                                  layer_precision="all")).build(model)  # auto
     assert eng.header["config"]["int8_activations"] == "dynamic"
     assert eng.info["int8"]["ops"] == {"torch._int_mm": _linears(model)}
     assert eng.info["accuracy"]["vs"] == "fp32" and eng.info["accuracy"]["passed"] is True

@@ -37,6 +37,10 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
               help="int8 activation scales: static (calibrated per tensor on --calib) or dynamic (per token at run "
                    "time, no --calib; CPU). Default: dynamic on CPU without --calib for models of Linear layers, "
                    "else static.")
+@click.option("--layer-precision", "layer_precision", type=click.Choice(["timed", "all"]), default="timed",
+              show_default=True,
+              help="int8/fp8 from a PyTorch model: timed keeps a layer float where its int8/fp8 GEMM is slower when "
+                   "timed at build (as TensorRT's tactic choice does); all keeps every supported layer low precision.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
               "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor.")
 @click.option("--timing-cache", "--timingCacheFile", "timing_cache", default=None, metavar="FILE",
@@ -57,8 +61,8 @@ from overdrive.cli.common import check_json_target, check_output, json_option, w
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
-            device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, calib: str | None,
-            timing_cache: str | None,
+            device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, layer_precision: str,
+            calib: str | None, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, json_path: str | None) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
@@ -84,7 +88,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
                           precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
                           opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                          max_autotune=max_autotune, aot=aot, int8_activations=int8_activations, calib=calib,
+                          max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
+                          layer_precision=layer_precision, calib=calib,
                           timing_cache=timing_cache,
                           trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu)
     info = engine.info

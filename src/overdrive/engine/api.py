@@ -84,6 +84,17 @@ def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
     return accuracy.module_reference(src.module), "fake-quant" if quantized else "fp32"
 
 
+def _all_float_warning(precision: str, kept: dict[str, str], device: torch.device) -> str:
+    """The one line a build prints when every int8/fp8 layer lost to float at build time and stayed float."""
+    worst = min(kept.values(), key=lambda why: float(why.split()[1].rstrip("x")))
+    hint = ("this CPU has no int8 dot-product instructions (VNNI/AMX) for torch._int_mm; --backend onnxruntime has "
+            "int8 kernels for it" if device.type == "cpu" and precision == "int8" else
+            "the layers are too small to gain; build fp16/bf16")
+    return (f"--precision {precision}: every {precision} layer ran slower than float when timed at build time "
+            f"(slowest: {worst}), so all {len(kept)} stay float and the engine computes in float; {hint} "
+            "(--layer-precision all keeps them {precision} anyway)").replace("{precision}", precision)
+
+
 def _warn_uncalibrated(src: ModelSource, precision: str, calib: list[tuple[torch.Tensor, ...]] | None,
                        stacklevel: int = 3) -> None:
     """int8/fp8 from a float model without calibration data calibrates on the example (random) inputs, as
@@ -223,7 +234,10 @@ class Builder:
             "device": device_facts(device), "torch": torch.__version__, "cuda": torch.version.cuda,
             "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
             "timing_cache": meta.get("timing_cache"), **({"calibration": calibration} if calibration else {}),
-            **({"int8": {**int8, "ops": meta.get("int8_ops")}} if int8 else {}),
+            **({"int8": {**int8, "ops": meta.get("int8_ops"),
+                         **({"kept_float": meta["layers_kept_float"]} if meta.get("layers_kept_float") else {})}}
+               if int8 else {}),
+            **({"layers_kept_float": meta["layers_kept_float"]} if meta.get("layers_kept_float") else {}),
             "inputs": [{**p.to_dict(), "dtype": str(x.dtype).removeprefix("torch."),
                         "layout": "hwc" if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else "chw"}
                        for p, x in zip(_ordered(cfg.profiles, src.input_names), example)],
@@ -231,6 +245,9 @@ class Builder:
                         for n, o in zip(_output_names(src, len(outs)), outs)],
         }
         engine = Engine(header, sections, runner, device, build_s=build_s)
+        kept = meta.get("layers_kept_float") or {}
+        if warn and kept and not meta.get("int8_ops") and precision in ("int8", "fp8") and src.onnx_bytes is None:
+            warnings.warn(_all_float_warning(precision, kept, device), UserWarning, stacklevel=3)
         if precision in ("int8", "fp8"):
             reference, vs = _reference(given)
             header["accuracy"] = record = accuracy.measure(engine, reference, vs, calib, example, self.min_cosine)

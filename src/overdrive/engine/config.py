@@ -18,6 +18,7 @@ IO_LAYOUTS = ("chw", "hwc", "hwc8")  # hwc / hwc8: channels_last for 4-D tensors
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "best")
 BACKENDS = ("auto", "inductor", "onnxruntime", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+LAYER_PRECISIONS = ("timed", "all")  # int8/fp8 layers: kept float where timed slower, or all low precision
 INT8_ACTIVATIONS = ("static", "dynamic")  # int8 activation scales: calibrated once, or per token at run time
 _BINDING_KEYS = ("dtype", "layout")  # what an engine header's "inputs" entry adds to its profile
 
@@ -156,6 +157,9 @@ class BuildConfig(ConfigBase):
     weights int8 per output channel, no calibration needed (CPU: onnxruntime's ``quantize_dynamic``, or per-row
     ``torch._int_mm`` on the inductor backend); None: dynamic for a CPU build without calibration data, static
     otherwise. The engine header's ``config`` holds the mode chosen.
+    ``layer_precision`` (int8/fp8 from a PyTorch model): ``"timed"`` times each int8/fp8 GEMM layer against its
+    float twin at build time and keeps the float one where it is faster, as TensorRT's tactic selection does
+    (``engine.info["layers_kept_float"]`` lists them and why); ``"all"`` keeps every supported layer low-precision.
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
     effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
@@ -184,7 +188,8 @@ class BuildConfig(ConfigBase):
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
     int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above
-    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations")
+    layer_precision: str = "timed"  # int8/fp8: "timed" (a layer whose low-precision GEMM loses stays float) or "all"
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations", "layer_precision")
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -193,6 +198,10 @@ class BuildConfig(ConfigBase):
             raise UsageError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
             raise UsageError(f"compile mode {self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+        if self.layer_precision not in LAYER_PRECISIONS:
+            raise UsageError(f"layer_precision {self.layer_precision!r} (--layer-precision) is not one of "
+                             f"{', '.join(LAYER_PRECISIONS)}: 'timed' keeps a layer float where its int8/fp8 GEMM is "
+                             "slower, 'all' runs every supported layer in the build precision")
         if self.int8_activations is not None:
             if self.int8_activations not in INT8_ACTIVATIONS:
                 raise UsageError(f"int8_activations {self.int8_activations!r} is not one of {', '.join(INT8_ACTIVATIONS)} "

@@ -96,8 +96,11 @@ def summary(record: dict[str, Any]) -> str:
     ops = record.get("ops")
     if ops is None:
         return head
+    kept = record.get("kept_float") or {}
+    tail = (f"; {len(kept)} layer(s) kept float, timed faster than their int8 GEMM (engine.info['layers_kept_float'])"
+            if kept else "")
     if not ops:
         return head + (": no integer kernels, the int8 graph computes in float here (dequantize + fp32: no int8 "
-                       "speedup; backend_meta says why)")
+                       "speedup; backend_meta says why)") + tail
     listed = ", ".join(f"{k} {v}" for k, v in sorted(ops.items()))
-    return f"{head}: {sum(ops.values())} integer kernel(s): {listed}"
+    return f"{head}: {sum(ops.values())} integer kernel(s): {listed}{tail}"

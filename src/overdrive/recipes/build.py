@@ -42,6 +42,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool | None = None, int8_activations: str | None = None, calib: str | None = None,
+                 layer_precision: str = "timed",
                  timing_cache: str | None = None,
                  trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
@@ -74,6 +75,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src = from_module(load_model(model).eval())
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot, int8_activations=int8_activations,
+                      layer_precision=layer_precision,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     batches = _calibration(calib, src)

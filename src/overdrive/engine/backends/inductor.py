@@ -315,6 +315,13 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             dtype = remainder_dtype(cfg.precision, device)
             if dtype is not None:
                 model = cast_float_remainder(model, dtype)
+        if src.onnx_bytes is None and cfg.layer_precision == "timed":  # a layer whose int8/fp8 GEMM loses stays float
+            from overdrive.engine.layer_choice import keep_float_where_faster
+
+            x = tuple(t.to(device) for t in calib[0])
+            x = tuple(t.to(dtype) if dtype is not None and t.is_floating_point() else t for t in x)
+            model, kept = keep_float_where_faster(model, x, device, dtype)
+            model._overdrive_kept_float = kept
     elif dtype is not None:
         model = model.to(dtype)
     cl = cfg.channels_last and device.type == "cuda"
@@ -490,6 +497,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
     if cfg.precision == "int8":  # {}: an imported Q/DQ graph, computed as fake-quant float arithmetic
         meta["int8_ops"] = int8_gemms(module)
+    kept = getattr(module.model, "_overdrive_kept_float", None)
+    if kept is not None:
+        meta["layers_kept_float"] = kept
     if aot_by_default(cfg, device):  # CPU: the AOTInductor package alone (loads about 2x faster than a recompile)
         t0 = time.perf_counter()
         sections["aoti_package"] = _aoti_package(ep, fp32, freezing)

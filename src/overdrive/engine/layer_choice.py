@@ -1,0 +1,137 @@
+"""Per-layer precision by measurement: a low-precision GEMM that loses to the float one stays float.
+
+TensorRT times every layer's candidate kernels at build time and keeps the fastest, so an int8 build still runs a
+layer in fp16 where its int8 kernel loses (small GEMMs, shapes the int8 kernels handle badly). This module does the
+same for the real int8/fp8 GEMM layers of ``overdrive.quant.real`` (``Int8Linear``, ``Fp8Linear``, the 1x1
+convolutions): each distinct layer shape is timed at the input shape it meets on the example batch, its quantize and
+rescale steps included, against the float layer in the build's float dtype; where the low-precision layer is slower
+by more than ``margin``, the layer goes back to a float ``nn.Linear`` / ``nn.Conv2d`` holding its dequantized weights
+(so the result keeps the weight rounding and drops the activation rounding: at least as accurate as the int8 layer).
+
+Where it matters most: ``torch._int_mm`` on a CPU without VNNI or AMX (AVX2 only) runs a reference loop about 30x
+slower than fp32 matmul; there every int8 layer stays float, and the build says so rather than ship an "int8"
+engine 30x slower than fp32.
+
+    >>> import torch.nn as nn
+    >>> from overdrive.quant.real import Int8Linear
+    >>> m = nn.Sequential(Int8Linear.dynamic(nn.Linear(64, 64)))
+    >>> m, kept = keep_float_where_faster(m, (torch.randn(8, 64),), torch.device("cpu"), margin=1e9)
+    >>> kept  # with a huge margin nothing is reverted
+    {}
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from overdrive._utils.timing import time_fn
+
+
+def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The float layer a low-precision GEMM module stands for, with its dequantized weights, in ``dtype``."""
+    from overdrive.quant.real import Int8Conv1x1
+
+    w = m.w_q.float() * (m.w_scale.view(-1, 1) if m.w_scale.dim() else m.w_scale)
+    bias = m.bias is not None
+    if isinstance(m, Int8Conv1x1):
+        twin: nn.Module = nn.Conv2d(m.in_features, m.out_features, 1, stride=m.stride, bias=bias)
+        twin.weight.data = w.view(m.out_features, m.in_features, 1, 1)
+    else:
+        twin = nn.Linear(m.in_features, m.out_features, bias=bias)
+        twin.weight.data = w
+    if bias:
+        twin.bias.data = m.bias.detach().float()
+    return twin.to(device=m.w_q.device, dtype=dtype).eval().requires_grad_(False)
+
+
+def _graphed(fn: Any, device: torch.device, calls: int = 10) -> Any:
+    """On CUDA, ``fn`` called ``calls`` times captured in one CUDA graph (the engine replays CUDA graphs, so a layer's
+    cost is its kernels' time, not their launches'); None where capture fails (then calls are timed as they are)."""
+    if device.type != "cuda":
+        return None
+    try:
+        fn()  # warm: compiled steps compile outside the capture
+        torch.cuda.synchronize(device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        return g.replay
+    except Exception:  # noqa: BLE001 - an op that cannot be captured: time the calls as launched
+        return None
+
+
+def _ms(fn: Any, device: torch.device, budget_s: float = 0.5) -> float:
+    """Median ms of ``fn``: one probe call sets how many calls fit ``budget_s`` (3..20), then those are timed."""
+    replay = _graphed(fn, device)
+    if replay is not None:
+        return 1e3 * statistics.median(time_fn(replay, device, warmup=2, repeat=10)) / 10
+    probe = time_fn(fn, device, warmup=1, repeat=1)[0]
+    n = max(3, min(20, int(budget_s / max(probe, 1e-6))))
+    return 1e3 * statistics.median(time_fn(fn, device, warmup=1, repeat=n))
+
+
+def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...], device: torch.device,
+                            float_dtype: torch.dtype | None = None, margin: float = 1.1
+                            ) -> tuple[nn.Module, dict[str, str]]:
+    """Time every distinct low-precision GEMM layer of ``model`` against its float twin at the input shape it meets on
+    ``example``; layers slower than ``margin`` x the float twin are replaced by it. In place.
+
+    Returns ``(model, kept)``: ``kept`` maps each layer left float to why (``"int8 0.03x fp32 at 1024x384->1536"``).
+    ``float_dtype``: the float layers' dtype (default: each layer's input dtype on the example).
+    """
+    from overdrive.quant.real import _LowPrecisionGemm
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _LowPrecisionGemm)]
+    if not layers:
+        return model, {}
+    seen: dict[str, tuple[torch.Size, torch.dtype, bool]] = {}
+
+    def record(n: str, x: torch.Tensor) -> None:
+        seen.setdefault(n, (x.shape, x.dtype, x.dim() == 4 and not x.is_contiguous()
+                            and x.is_contiguous(memory_format=torch.channels_last)))
+
+    hooks = [m.register_forward_pre_hook(lambda mod, args, n=n: record(n, args[0])) for n, m in layers if n]
+    try:
+        with torch.no_grad():
+            model(*example)
+    finally:
+        for h in hooks:
+            h.remove()
+    verdict: dict[tuple, tuple[bool, str]] = {}
+    kept: dict[str, str] = {}
+    for name, m in layers:
+        if name not in seen:  # not reached on the example: nothing to measure it on, keep it as built
+            continue
+        shape, dtype, nhwc = seen[name]
+        fdt = float_dtype or dtype
+        key = (type(m).__name__, tuple(shape), dtype, fdt, m.in_features, m.out_features, m.rowwise,
+               getattr(m, "stride", 1), nhwc)
+        if key not in verdict:
+            x = torch.randn(shape, device=device).to(dtype)
+            if nhwc:
+                x = x.contiguous(memory_format=torch.channels_last)
+            twin = _float_twin(m, fdt)
+            xf = x.to(fdt)
+            with torch.no_grad():
+                t_low = _ms(lambda: m(x), device)
+                t_float = _ms(lambda: twin(xf), device)
+            rows = shape.numel() // shape[-1] if getattr(m, "stride", None) is None else shape.numel() // shape[1]
+            verdict[key] = (t_low > margin * t_float,
+                            f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at "
+                            f"{rows}x{m.in_features}->{m.out_features}")
+        slower, why = verdict[key]
+        if slower:
+            kept[name] = why
+            _replace(model, name, _float_twin(m, fdt))
+    return model, kept
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)

@@ -1,0 +1,77 @@
+"""Per-layer precision by measurement (engine/layer_choice.py): a low-precision GEMM layer that times slower than its
+float twin at build goes back to float, with its dequantized weights; ``layer_precision="all"`` keeps every one.
+
+The reference: the float layer with the int8 layer's dequantized weights (the same weight rounding, no activation
+rounding), computed in fp32: a reverted layer must match it to 1e-5, and sit at least as close to the original float
+layer as the int8 one does. The margins used here (0 and 1e9) make the timing decision certain on any CPU."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from overdrive._utils.errors import UsageError
+from overdrive.engine import Builder, BuildConfig
+from overdrive.engine.layer_choice import keep_float_where_faster
+from overdrive.quant.real import Int8Linear, dynamic_int8
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
+
+
+def test_margin_zero_reverts_every_layer_to_its_dequantized_float_twin() -> None:
+    model = _mlp()
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        ref = model(x)
+        int8 = dynamic_int8(_mlp())
+        y_int8 = int8(x)
+        deq = _mlp()
+        for i in (0, 2):  # the reference: float layers holding the int8 weights, dequantized
+            q = int8[i]
+            deq[i].weight.data = q.w_q.float() * q.w_scale.view(-1, 1)
+        y_deq = deq(x)
+        reverted, kept = keep_float_where_faster(int8, (x,), torch.device("cpu"), margin=0.0)
+        y = reverted(x)
+    assert sorted(kept) == ["0", "2"] and all(why.startswith("int8 ") and "at 16x64->128" in kept["0"]
+                                              for why in kept.values())
+    assert not any(isinstance(m, Int8Linear) for m in reverted.modules())
+    torch.testing.assert_close(y, y_deq, rtol=1e-5, atol=1e-5)
+    assert (y - ref).abs().max() <= (y_int8 - ref).abs().max() + 1e-6
+
+
+def test_a_huge_margin_keeps_every_layer_low_precision() -> None:
+    model = dynamic_int8(_mlp())
+    _, kept = keep_float_where_faster(model, (torch.randn(16, 64),), torch.device("cpu"), margin=1e9)
+    assert kept == {} and sum(isinstance(m, Int8Linear) for m in model.modules()) == 2
+
+
+def test_layer_precision_is_checked_and_old_configs_load() -> None:
+    with pytest.raises(UsageError, match=r"layer_precision 'fastest' \(--layer-precision\) is not one of timed, all"):
+        BuildConfig(precision="int8", layer_precision="fastest")
+    old = BuildConfig(precision="int8").to_dict()
+    del old["layer_precision"]  # a config saved before the field existed
+    assert BuildConfig.from_dict(old).layer_precision == "timed"
+
+
+def test_engine_reports_each_layer_once_either_int8_or_kept_float() -> None:
+    """Whatever this CPU's int8 speed, every Linear ends up counted once: as an int8 kernel or as a layer kept float
+    (with why); with ``all`` every one is int8 and none is listed."""
+    model = _mlp()
+    x = torch.randn(8, 64)
+    for lp in ("timed", "all"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            eng = Builder(BuildConfig(precision="int8", backend="inductor", int8_activations="dynamic",
+                                      layer_precision=lp)).build(model, (x,))
+        ops = sum((eng.info["int8"]["ops"] or {}).values())
+        kept = eng.info["int8"].get("kept_float", {})
+        assert ops + len(kept) == 2, (lp, eng.info["int8"])
+        if lp == "all":
+            assert ops == 2 and kept == {}
+        torch.testing.assert_close(eng.runner(x)[0], model(x), rtol=0.05, atol=0.05)
