@@ -19,7 +19,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.amp.apex_state import AmpStash, AmpState
-from overdrive.amp.config import Policy
+from overdrive.amp.config import Fp8, Policy
 from overdrive.amp.core import MixedPrecision, prepare
 from overdrive.amp.scaler import WARN_AFTER_SKIPS
 
@@ -61,6 +61,7 @@ def initialize(
     dtype: torch.dtype | str | None = None,
     on_nonfinite: str = "skip",
     max_consecutive_skips: int | None = WARN_AFTER_SKIPS,
+    fp8: Fp8 | str | None = None,
 ) -> Any:
     """apex.amp.initialize: cast models and wire optimizers for ``opt_level``.
 
@@ -75,6 +76,8 @@ def initialize(
     here, nothing is patched): it may be given, with its opt level's value. ``enabled=False`` changes
     nothing, and ``scale_loss`` then yields the loss as it is. ``on_nonfinite`` and ``max_consecutive_skips``
     (keywords, not in apex) say what a step with inf/NaN gradients or loss does: see :class:`Policy`.
+    ``fp8`` (a keyword, not in apex: ``"tensorwise"``, ``"rowwise"`` or an :class:`~overdrive.amp.Fp8`) trains the
+    large Linear layers in fp8 on GPUs that have it (``amp.summary(model)`` lists them); compile the model after.
 
     Example:
         >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -99,6 +102,7 @@ def initialize(
         keep_batchnorm_fp32=_bool_arg(keep_batchnorm_fp32), master_weights=master_weights,
         loss_scale=loss_scale, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
         cast_model_outputs=cast_model_outputs, on_nonfinite=on_nonfinite, max_consecutive_skips=max_consecutive_skips,
+        fp8=fp8,
     )
     for opt in opt_list:
         if _lookup(opt) is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -18,6 +19,9 @@ _HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
 
 LossScale = float | Literal["dynamic"]
+FP8_RECIPES = ("tensorwise", "rowwise")
+# fp8 GEMMs need both matrix dims to be multiples of 16 (cuBLASLt's fp8 layout rule)
+FP8_ALIGN = 16
 
 
 def parse_dtype(value: torch.dtype | str | None, what: str = "dtype") -> torch.dtype | None:
@@ -37,6 +41,78 @@ def dtype_name(dtype: torch.dtype | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class Fp8(ConfigBase):
+    """fp8 training of the Linear layers big enough to gain; the rest of the model keeps the O-level's half dtype.
+
+    Chosen layers run their forward GEMM and both backward GEMMs in fp8 with dynamic scaling (a scale
+    from each tensor's current absolute maximum, every step), through torchao's float8 training:
+
+    - ``recipe="tensorwise"``: one scale per tensor; e4m3 for inputs and weights, e5m2 for gradients.
+      The fastest recipe.
+    - ``recipe="rowwise"``: one scale per row (per token for activations, per output channel for
+      weights), power-of-two scales, e4m3 everywhere. More accurate with outliers, somewhat slower.
+
+    Which Linear layers (by their name in ``model.named_modules()``) train in fp8, in this order:
+    a name matching an ``include`` pattern (fnmatch, e.g. ``"*.mlp.*"``) does, a name matching an
+    ``exclude`` pattern does not, and any other layer does when both its ``in_features`` and
+    ``out_features`` are at least ``min_features`` (a smaller GEMM loses more to the casts than
+    fp8's doubled tensor-core rate wins back; ``min_features=0`` turns the size rule off). In every
+    case both dims must be multiples of 16, which fp8 GEMMs require. ``exclude=("*",)`` with an
+    ``include`` list converts only the layers it names. ``amp.summary(model)`` lists the choice.
+
+    fp8 needs a CUDA GPU of compute capability 8.9+ (Ada, Hopper, Blackwell); ``emulate=True``
+    runs the same casts with the GEMMs in fp32 on any device, for checking numerics (it is not fast).
+
+    Example:
+        >>> f = Fp8(recipe="rowwise", exclude=["lm_head"])
+        >>> f.exclude, f.chooses("blocks.0.mlp.fc1", 4096, 4096), f.chooses("lm_head", 4096, 32000)
+        (('lm_head',), (True, 'fp8 (rowwise)'), (False, "excluded by pattern 'lm_head'"))
+        >>> Fp8.from_json(f.to_json()) == f
+        True
+    """
+
+    recipe: str = "tensorwise"
+    emulate: bool = False
+    min_features: int = 2048
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.recipe not in FP8_RECIPES:
+            raise UsageError(f"fp8 recipe {self.recipe!r} is not one of {', '.join(map(repr, FP8_RECIPES))} "
+                             "(tensorwise: one scale per tensor, fastest; rowwise: one scale per row, more accurate)")
+        if not isinstance(self.emulate, bool):
+            raise UsageError(f"Fp8(emulate={self.emulate!r}) must be True or False")
+        m = self.min_features
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise UsageError(f"Fp8(min_features={m!r}) must be an int >= 0 (0 converts every Linear whose dims are "
+                             f"multiples of {FP8_ALIGN})")
+        for what in ("include", "exclude"):
+            value = getattr(self, what)
+            patterns = (value,) if isinstance(value, str) else tuple(value)
+            if not all(isinstance(x, str) and x for x in patterns):
+                raise UsageError(f"Fp8({what}={value!r}) must be module-name patterns (fnmatch strings, e.g. 'lm_head' "
+                                 "or '*.mlp.*')")
+            object.__setattr__(self, what, patterns)
+
+    def chooses(self, name: str, in_features: int, out_features: int) -> tuple[bool, str]:
+        """Whether the Linear layer ``name`` of shape (in, out) trains in fp8 under this rule, and why."""
+        if in_features % FP8_ALIGN or out_features % FP8_ALIGN:
+            return False, f"{in_features}x{out_features}: fp8 GEMMs need both dims to be multiples of {FP8_ALIGN}"
+        hit = next((p for p in self.include if fnmatchcase(name, p)), None)
+        if hit is not None:
+            return True, f"fp8 ({self.recipe}; included by pattern {hit!r})"
+        hit = next((p for p in self.exclude if fnmatchcase(name, p)), None)
+        if hit is not None:
+            return False, f"excluded by pattern {hit!r}"
+        small = min(in_features, out_features)
+        if small < self.min_features:
+            side = "in_features" if in_features <= out_features else "out_features"
+            return False, f"{side} {small} < min_features {self.min_features} (too small a GEMM to gain)"
+        return True, f"fp8 ({self.recipe})"
+
+
+@dataclass(frozen=True)
 class Policy(ConfigBase):
     """What an opt level switches on, spelled out. Unset fields (None) take the opt level's default.
 
@@ -53,6 +129,9 @@ class Policy(ConfigBase):
     dynamic scale's overflow is routine (it backs off and skips quietly) until the scale is at its floor
     or the loss itself is inf/NaN. ``max_consecutive_skips`` skipped steps in a row (default 50, where the
     dynamic scaler used to warn) raise "training diverged"; None lets the run go on.
+
+    ``fp8`` (an :class:`Fp8`, or its recipe name ``"tensorwise"`` / ``"rowwise"``) trains the large
+    Linear layers in fp8 at O1-O3; the rest of the model runs as the level says.
 
     Example:
         >>> p = Policy(opt_level="O2", dtype=torch.bfloat16).resolve(torch.device("cpu"))
@@ -76,11 +155,12 @@ class Policy(ConfigBase):
     # inf/NaN gradients or loss at a step no loss scale explains (see the class docstring)
     on_nonfinite: Literal["skip", "raise"] = "skip"
     max_consecutive_skips: int | None = WARN_AFTER_SKIPS
+    fp8: Fp8 | None = None  # fp8 training of the large Linear layers (see Fp8)
 
     _JSON_SORT_KEYS = True  # the JSON form earlier versions wrote
     # fields added since: to_json writes them only when not at their default, so that a policy which leaves
     # them alone is written as before, and an earlier overdrive (which refuses unknown keys) still reads it
-    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_consecutive_skips")
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_consecutive_skips", "fp8")
 
     def __post_init__(self) -> None:
         if self.opt_level not in OPT_LEVELS:
@@ -119,6 +199,10 @@ class Policy(ConfigBase):
                              "stops) or None (never stop)")
         if self.master_weights and self.opt_level == "O0":
             raise UsageError("master_weights=True needs a half model; O0 keeps fp32 weights (use O2)")
+        object.__setattr__(self, "fp8", parse_fp8(self.fp8))
+        if self.fp8 is not None and self.opt_level == "O0":
+            raise UsageError("fp8 at opt_level 'O0' (pure fp32) mixes nothing; use opt_level='O2' with fp8, the "
+                             "usual pairing (fp8 Linear layers, the rest in the half dtype, fp32 masters)")
 
     @classmethod
     def from_opt_level(cls, opt_level: str, **overrides: Any) -> Policy:
@@ -140,6 +224,8 @@ class Policy(ConfigBase):
         cast = None if cast is torch.float32 else cast
         if cast is not None:
             _check_dtype_on_device(cast, device)
+        if self.fp8 is not None:
+            check_fp8_on_device(self.fp8, device)
         keep_bn = self.keep_batchnorm_fp32
         if keep_bn is None:
             keep_bn = lvl == "O2"
@@ -166,6 +252,34 @@ class Policy(ConfigBase):
     @property
     def dynamic(self) -> bool:
         return self.loss_scale == "dynamic"
+
+
+def parse_fp8(value: Fp8 | str | bool | dict[str, Any] | None) -> Fp8 | None:
+    """An :class:`Fp8` from itself, a recipe name, its dict form, True (the default rule) or None/False (off)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Fp8()
+    if isinstance(value, Fp8):
+        return value
+    if isinstance(value, str):
+        return Fp8(recipe=value.lower())
+    if isinstance(value, dict):
+        return Fp8.from_dict(value)
+    raise UsageError(f"fp8={value!r} is not an fp8 setting; use 'tensorwise', 'rowwise', amp.Fp8(...) or None")
+
+
+def check_fp8_on_device(fp8: Fp8, device: torch.device) -> None:
+    """Refuse fp8 where the device has no fp8 tensor cores, unless emulation was asked for."""
+    if fp8.emulate:
+        return
+    fix = "use amp.Fp8(..., emulate=True) to check numerics (slow), or run on a Hopper/Ada GPU (H100, H200, L40S)"
+    if device.type != "cuda":
+        raise UsageError(f"fp8 training needs a CUDA GPU of compute capability 8.9+, but the device is {device.type}; {fix}")
+    cc = torch.cuda.get_device_capability(device)
+    if cc < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise UsageError(f"fp8 training needs compute capability 8.9+, but {name} ({device}) has {cc[0]}.{cc[1]}; {fix}")
 
 
 def _parse_cast_type(value: torch.dtype | str | None, what: str = "cast_model_type") -> torch.dtype | None:

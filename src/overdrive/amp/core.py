@@ -7,6 +7,7 @@ loop both drive this class.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive.amp import casting
+from overdrive.amp import casting, fp8
 from overdrive.amp.config import Policy, dtype_name
 from overdrive.amp.guard import StepGuard, found_nonfinite, read_flags
 from overdrive.amp.scaler import LossScaler
@@ -70,6 +71,16 @@ class MixedPrecision:
                     "the optimizer already has state (it has stepped): prepare/initialize models and optimizers "
                     "before the first optimizer.step(), then load checkpoints"
                 )
+        # fp8: swap the chosen Linear layers first; they keep their Parameter objects, so the cast below
+        # (half copies, fp32 masters) treats them like any other layer
+        self.fp8_layers: list[fp8.LayerChoice] = []  # every Linear layer of every model, with the fp8 choice
+        self._compile_check: fp8.CompileCheck | None = None
+        if p.fp8 is not None:
+            for k, model in enumerate(self.models):
+                prefix = f"{k}:" if len(self.models) > 1 else ""
+                self.fp8_layers += [dataclasses.replace(c, name=prefix + c.name) for c in fp8.convert(model, p.fp8)]
+            self._compile_check = fp8.CompileCheck([m for model in self.models for m in fp8.fp8_modules(model)],
+                                                   warn=not p.fp8.emulate)
         opt_ids = casting.ids(q for opt in self.optimizers for g in opt.param_groups for q in g["params"])
         self._pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (model half, fp32 master)
         self._hooks: list[Any] = []
@@ -487,10 +498,12 @@ class MixedPrecision:
         self._bad_loss = {}
 
     def remove(self) -> None:
-        """Remove every hook this object installed (the model stays cast)."""
+        """Remove every hook this object installed (the model stays cast, and its fp8 layers fp8)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self._compile_check is not None:
+            self._compile_check.remove()
 
 
 def prepare(
