@@ -368,3 +368,15 @@ def test_importing_amp_does_not_import_torchao() -> None:
     code = "import sys, overdrive.amp, overdrive.amp.fp8; print('torchao' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_demo_amp_stage_says_why_there_is_no_fp8_row_on_cpu() -> None:
+    from types import SimpleNamespace
+
+    from overdrive._utils.table import Table
+    from overdrive.demo import amp_stage
+
+    table = Table("amp", ["run"])
+    amp_stage.fp8_row(SimpleNamespace(device=CPU), table)  # type: ignore[arg-type]
+    assert table.rows == [] and len(table.notes) == 1
+    assert table.notes[0].startswith("fp8 training (amp.Fp8): no row on cpu; it needs a CUDA GPU of compute capability 8.9+")

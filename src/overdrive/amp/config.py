@@ -275,11 +275,13 @@ def check_fp8_on_device(fp8: Fp8, device: torch.device) -> None:
         return
     fix = "use amp.Fp8(..., emulate=True) to check numerics (slow), or run on a Hopper/Ada GPU (H100, H200, L40S)"
     if device.type != "cuda":
-        raise UsageError(f"fp8 training needs a CUDA GPU of compute capability 8.9+, but the device is {device.type}; {fix}")
+        raise UsageError(
+            f"fp8 training needs a CUDA GPU of compute capability 8.9+, but the device is {device.type}; {fix}")
     cc = torch.cuda.get_device_capability(device)
     if cc < (8, 9):
         name = torch.cuda.get_device_name(device)
-        raise UsageError(f"fp8 training needs compute capability 8.9+, but {name} ({device}) has {cc[0]}.{cc[1]}; {fix}")
+        raise UsageError(
+            f"fp8 training needs compute capability 8.9+, but {name} ({device}) has {cc[0]}.{cc[1]}; {fix}")
 
 
 def _parse_cast_type(value: torch.dtype | str | None, what: str = "cast_model_type") -> torch.dtype | None:

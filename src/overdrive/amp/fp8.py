@@ -137,7 +137,8 @@ def plan(model: nn.Module, fp8: Fp8) -> list[LayerChoice]:
             out.append(LayerChoice(name, *shape, False, f"{type(mod).__name__} is an nn.Linear subclass with its own "
                                                         "forward"))
         elif name == "":
-            out.append(LayerChoice(name, *shape, False, "the model itself is a Linear (wrap it in a Module to swap it)"))
+            out.append(LayerChoice(name, *shape, False,
+                                   "the model itself is a Linear (wrap it in a Module to swap it)"))
         else:
             out.append(LayerChoice(name, *shape, *fp8.chooses(name, *shape)))
     return out

@@ -161,6 +161,7 @@ def run(ctx: DemoContext) -> Table:
         if vsh is not None and "channels_last" in r["run"]:
             table.add_speedup(r["run"], vsh, "hand-written autocast" + (" + compile" if cuda else ""),
                               None if hand is None or acc is None else 100 * (acc - hand["accuracy"]))
+    fp8_row(ctx, table)
     mem = "peak CUDA memory allocated" if cuda else "training state (params, grads, masters, optimizer state)"
     table.notes.append(f"memory: {mem}; samples/s excludes the first (warm-up, compile) epoch; every run starts from "
                        f"the same seed and sees the same batches; {ctx.epochs} epochs of {len(ctx.data.y_train)} images.")
@@ -177,3 +178,55 @@ def run(ctx: DemoContext) -> Table:
             "benchmarks/results/amp_train_resnet50.md). The channels_last rows skip torch.compile on CPU (minutes "
             "to compile the training graph on a few cores).")
     return table
+
+
+def fp8_row(ctx: DemoContext, table: Table) -> None:
+    """fp8 where the GPU has it: O2 + fp8 tensorwise against O2 bf16, both compiled, on a transformer-size MLP
+    block (two 4096x4096 Linear layers, 8,192 tokens, forward + backward + AdamW), since the workload's own Linear
+    layers are far too small for fp8 to gain; elsewhere a note says why there is no fp8 row."""
+    from overdrive import amp
+    from overdrive._utils.device import supports_fp8
+    from overdrive.amp import fp8 as fp8_mod
+
+    if not supports_fp8(ctx.device) or not fp8_mod.is_available():
+        where = ctx.device.type if ctx.device.type != "cuda" else torch.cuda.get_device_name(ctx.device)
+        missing = [] if supports_fp8(ctx.device) else ["a CUDA GPU of compute capability 8.9+ (H100, H200, L40S)"]
+        if not fp8_mod.is_available():
+            missing.append("torchao (pip install -e '.[fp8]')")
+        table.notes.append(f"fp8 training (amp.Fp8): no row on {where}; it needs {' and '.join(missing)}.")
+        return
+    n_small = sum(c.fp8 for c in fp8_mod.plan(ctx.workload.make_model(), amp.Fp8()))
+    d, tokens, steps = 4096, 8192, 20
+    speed: dict[str, float] = {}
+    for label, fp8 in (("bf16", None), ("fp8", amp.Fp8(recipe="tensorwise"))):
+        torch.manual_seed(ctx.seed)
+        block = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.GELU(), torch.nn.Linear(d, d)).to(ctx.device)
+        opt = torch.optim.AdamW(block.parameters(), lr=1e-4, fused=True)
+        mp = amp.prepare(block, opt, Policy(opt_level="O2", dtype=torch.bfloat16, fp8=fp8), autocast_hooks=False)
+        fwd = torch.compile(block)
+        x = torch.randn(tokens, d, device=ctx.device)
+
+        def step() -> None:
+            mp.backward(fwd(x).float().square().mean())
+            mp.step()
+            mp.zero_grad()
+
+        for _ in range(3):  # compile and warm up
+            step()
+        torch.cuda.synchronize(ctx.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(ctx.device)
+        speed[label] = steps * tokens / (time.perf_counter() - t0)
+        del block, opt, mp, fwd
+        torch._dynamo.reset()
+    ratio = speed["fp8"] / speed["bf16"]
+    name = "O2 + fp8 tensorwise + compile (MLP block)"
+    table.rows.append([name, None, None, None, None, None, None, None, None,
+                       f"{ratio:.2f}x O2 bf16 + compile on two {d}x{d} Linear layers, {tokens} tokens "
+                       f"({speed['fp8']:,.0f} vs {speed['bf16']:,.0f} tokens/s)"])
+    table.add_speedup(name, ratio, "O2 bf16 + compile (same MLP block)")
+    table.notes.append(f"fp8: the workload's own model has {n_small} Linear layer(s) that amp.Fp8's shape rule puts in "
+                       "fp8 (too small a GEMM gains nothing), so the fp8 row times a transformer-size MLP block; "
+                       "benchmarks/amp_fp8.py measures whole models.")
