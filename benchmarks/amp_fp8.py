@@ -13,7 +13,8 @@ Sections (each written to benchmarks/results/ as soon as it is measured, so a cu
   vocabulary 256, no tokenizer files), the final losses compared (within 1%?) and the curves as a PNG.
 
     python benchmarks/amp_fp8.py                              # sweep + llama1b + gpt2 on one H200 (~8 minutes)
-    python benchmarks/amp_fp8.py --models llama1b --sections speed
+    python benchmarks/amp_fp8.py --models llama1b --sections speed            # or split the run in parts:
+    python benchmarks/amp_fp8.py --models gpt2 --sections speed --append      # rows of the earlier parts kept
     python benchmarks/amp_fp8.py --convergence 1000 --curves bf16,tensorwise   # ~6 minutes; add rowwise later:
     python benchmarks/amp_fp8.py --convergence 1000 --curves rowwise           # merged with the curves saved
     python benchmarks/amp_fp8.py --quick                      # tiny models on CPU, fp8 emulated (< 1 minute)
@@ -382,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seq-conv", type=int, default=1024)
     ap.add_argument("--sentences", type=int, default=3000, help="sentences of text for --convergence")
     ap.add_argument("--name", default=None, help="results file name (default amp_fp8, or amp_fp8_quick)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of an earlier run in the same results file (split runs): models and shapes "
+                         "measured now replace theirs")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     from overdrive._utils.device import supports_fp8
@@ -404,6 +408,14 @@ def main(argv: list[str] | None = None) -> None:
     name = args.name or ("amp_fp8_quick" if args.quick else "amp_fp8")
     sweep_rows: list[dict[str, Any]] = []
     speed_rows: list[dict[str, Any]] = []
+    kept_speed: list[dict[str, Any]] = []
+    kept_sweep: list[dict[str, Any]] = []
+    saved = RESULTS / f"{name}.json"
+    sections = args.sections.split(",")
+    if args.append and saved.exists():
+        old = json.loads(saved.read_text())["results"]
+        kept_speed = [r for r in old.get("rows", []) if "speed" not in sections or r.get("model") not in args.models]
+        kept_sweep = [] if "sweep" in sections else old.get("sweep", [])
     notes = [
         "speed: median of timed steps (CUDA events) after warm-up (torch.compile included in warm-up); every row "
         "starts from the same seed, synthetic tokens, fused AdamW, loss inside the compiled region.",
@@ -427,11 +439,11 @@ def main(argv: list[str] | None = None) -> None:
                 "mfu_fp8_pct", "peak_mem_gib", "fp8_layers", "last_loss", "spread_pct", "error"]
         scols = ["M", "K (in)", "N (out)", "rule", "bf16_ms", "bf16_tflops"] + \
                 [f"{r}_{s}" for r in args.recipes for s in ("ms", "vs_bf16")]
-        body = ["## speed", ""] + _md(speed_rows, cols) + ["", "## sweep: one Linear layer, fwd + bwd", ""] + \
-            _md(sweep_rows, scols)
-        write_results(name, facts, speed_rows, cols, notes, extra={"sweep": sweep_rows}, body=body)
+        speed_all, sweep_all = kept_speed + speed_rows, kept_sweep + sweep_rows
+        body = ["## speed", ""] + _md(speed_all, cols) + ["", "## sweep: one Linear layer, fwd + bwd", ""] + \
+            _md(sweep_all, scols)
+        write_results(name, facts, speed_all, cols, notes, extra={"sweep": sweep_all}, body=body)
 
-    sections = args.sections.split(",")
     if "sweep" in sections:
         sweep(args, device, flush, sweep_rows)
     if "speed" in sections:
