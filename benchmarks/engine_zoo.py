@@ -118,9 +118,12 @@ def _text_rows(n: int, seq: int, vocab: int, offset: int, packed: bool) -> tuple
     mask = torch.zeros(n, seq, dtype=torch.int64)
     if packed:
         stream: list[int] = []
-        while len(stream) < n * seq:
-            stream += _bytes_ids(sentences(1, offset)[0] + " ", vocab)
-            offset += 1
+        while len(stream) < n * seq:  # 64 sentences at a time: sentences() parses the help topics on each call
+            for sent in sentences(64, offset):
+                offset += 1
+                stream += _bytes_ids(sent + " ", vocab)
+                if len(stream) >= n * seq:
+                    break
         ids[:] = torch.tensor(stream[:n * seq]).view(n, seq)
         mask[:] = 1
         return ids, mask, offset
@@ -200,7 +203,7 @@ def _budget(seconds: float) -> Iterator[None]:
         return
 
     def fire(*_: Any) -> None:
-        raise OverBudget(f"build over budget (> {seconds:.0f} s, --max-build-s)")
+        raise OverBudget(f"build over budget (> {seconds:g} s, --max-build-s)")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -303,8 +306,12 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
     ms_of: dict[str, float] = {}
     order = [c for c in ("compile_ro", "eager_fp16", "compile_default", "engine_fp16", "engine_int8", "engine_fp8")
              if c in args.configs]
+    done: dict[str, dict[str, Any]] = {}
     for cfg in order:
         row: dict[str, Any] = {**base, "config": cfg}
+        if args.budget_s and time.perf_counter() - args.t_start > args.budget_s:
+            emit({**row, "error": f"skipped: past --budget-s {args.budget_s:g} s of this run"})
+            continue
         try:
             t0 = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
@@ -331,8 +338,12 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
             if "engine_fp16" in ms:
                 row["x_vs_engine_fp16"] = round(ms["engine_fp16"] / ms[cfg], 3)
                 row["engine_fp16_paired_ms"] = round(ms["engine_fp16"], 4)
+            if cfg == "eager_fp16":  # the rows before it get their ratio now (written with the next row)
+                for r in done.values():
+                    r["x_vs_eager"] = round(ms[cfg] / r["ms"], 3)
             if "eager_fp16" in ms_of:
                 row["x_vs_eager"] = round(ms_of["eager_fp16"] / ms[cfg], 3)
+            done[cfg] = row
             if cfg in ("compile_ro", "engine_fp16"):
                 anchors[cfg] = step
             del step, acc_fn
@@ -457,7 +468,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines = []
-    for kind, s in summary["by_batch"].items():
+    kinds = summary["by_batch"]
+    for kind, s in kinds.items():
+        if kind != "all" and len(kinds) == 2:
+            continue  # one batch kind: its lines would repeat "all"
         for key, what in (("fp16_vs_ro", "engine fp16 / torch.compile reduce-overhead"),
                           ("lowp_vs_fp16", f"best int8/fp8 engine (cosine >= {TARGETS['min_cosine']}) / fp16 engine")):
             v = s[key]
@@ -504,6 +518,8 @@ NOTES = [
     "--calib-samples samples); build_s: seconds to build (and for compile rows: to compile and record), warm-up "
     "included; layers: low-precision layers kept float by the build's timing, and int8 kernels",
     "torch.compile: fp16 model (channels_last for images on CUDA), dynamic=False, a fresh copy per config",
+    "on CPU (--quick) the fp16 configs run in fp32 (eager, compile, and an fp32 engine), with one intra-op thread; "
+    "--quick models are tiny stand-ins (a small ResNet for every timm name, 2-layer BERT and Llama), batch 2",
 ]
 
 
@@ -512,8 +528,8 @@ def _merge(patterns: str, name: str, out_dir: Path) -> Path:
     rows, sources, meta = {}, [], {}
     for pat in patterns.split(","):
         for path in sorted(glob.glob(pat)):
-            if Path(path).stem == name:
-                continue  # the merged file itself
+            if Path(path).stem == name or Path(path).stem.endswith("_quick"):
+                continue  # the merged file itself, and CPU smoke runs
             data = json.loads(Path(path).read_text())
             meta = meta or data["meta"]
             sources.append(Path(path).name)
@@ -549,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="auto")
     p.add_argument("--engine-io", choices=("fp16", "fp32"), default="fp16", help="engine bindings' float type on CUDA")
     p.add_argument("--max-build-s", type=float, default=120.0, help="per build or compile (SIGALRM; 0: no limit)")
+    p.add_argument("--budget-s", type=float, default=0, help="skip configs that would start after this many seconds "
+                   "of the run (0: none); keeps a run inside a wall-clock limit")
     p.add_argument("--out", default=None, help="results name (default engine_zoo; --quick engine_zoo_quick)")
     p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--merge", default=None, help="comma list of globs of results JSON files to join into --out")
@@ -578,10 +596,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batches {args.batches!r}: give 'serving' and/or integers, like serving,1")
     facts = device_facts(device)
     facts.update(models=models, batches=kinds, configs=args.configs, iters=args.iters, rounds=args.rounds,
-                 engine_io=args.engine_io, max_build_s=args.max_build_s, quick=args.quick,
+                 engine_io=args.engine_io, max_build_s=args.max_build_s, budget_s=args.budget_s, quick=args.quick,
                  threads=torch.get_num_threads())
     rows: list[dict[str, Any]] = []
-    t_start = time.perf_counter()
+    t_start = args.t_start = time.perf_counter()
 
     def emit(row: dict[str, Any]) -> None:
         rows.append(row)
