@@ -108,7 +108,7 @@ def fp8_rule(recipe: str, args: argparse.Namespace) -> Fp8:
     if args.min_features is not None:
         kw["min_features"] = args.min_features
     elif args.quick:
-        kw["min_features"] = 0  # tiny layers: convert them all, to run the fp8 path end to end
+        kw.update(min_features=0, min_weight=0)  # tiny layers: convert them all, to run the fp8 path end to end
     if args.exclude:
         kw["exclude"] = tuple(args.exclude.split(","))
     return Fp8(**kw)
@@ -166,7 +166,7 @@ def sweep(args: argparse.Namespace, device: torch.device, flush: Callable[[], No
             torch.manual_seed(0)
             layer = nn.Sequential(nn.Linear(K, N, bias=False)).to(device, torch.bfloat16)
             if recipe:
-                fp8_mod.convert(layer, fp8_rule(recipe, args).replace(min_features=0))
+                fp8_mod.convert(layer, fp8_rule(recipe, args).replace(min_features=0, min_weight=0))
             fwd = torch.compile(layer) if device.type == "cuda" else layer
             x = torch.randn(M, K, device=device, dtype=torch.bfloat16, requires_grad=True)
             g = torch.randn(M, N, device=device, dtype=torch.bfloat16)
@@ -422,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
         "vs_o2_bf16: tokens/s over O2 bf16 + compile of the same model in this run. MFU: 6 x GEMM weights + "
         "12·L·d·T FLOPs per token against the dense peaks 989 TFLOP/s (bf16) and 1979 TFLOP/s (fp8) of an H200 SXM.",
         "fp8_layers: Linear layers training in fp8 / all Linear layers, by amp.Fp8's shape rule "
-        f"(min_features {fp8_rule('tensorwise', args).min_features}); the rest train in bf16.",
+        f"(min_features {fp8_rule('tensorwise', args).min_features}, min_weight {fp8_rule('tensorwise', args).min_weight}); "
+        "the rest train in bf16.",
         "sweep: one Linear layer forward + backward (3 GEMMs) at M tokens, compiled; rule: what amp.Fp8's default "
         "rule picks for that shape; *_vs_bf16 > 1: fp8 faster.",
     ]

@@ -27,7 +27,7 @@ needs_torchao = pytest.mark.skipif(not fp8_mod.is_available(), reason="needs tor
 
 
 def emulated(recipe: str = "tensorwise", **kw: object) -> Fp8:
-    return Fp8(recipe=recipe, emulate=True, **{"min_features": 0, **kw})
+    return Fp8(recipe=recipe, emulate=True, **{"min_features": 0, "min_weight": 0, **kw})
 
 
 class MLP(nn.Module):
@@ -143,8 +143,9 @@ def test_scales_follow_the_weights_every_step(recipe: str) -> None:
 class Mixed(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.big = nn.Linear(2048, 4096)
+        self.big = nn.Linear(2048, 8192)
         self.small = nn.Linear(512, 2048)
+        self.square = nn.Linear(2048, 2048)  # both dims large enough, the GEMM not (0.81x bf16 on the H200)
         self.odd = nn.Linear(2048, 2050)
         self.blocks = nn.ModuleList([nn.ModuleDict({"mlp": nn.Linear(4096, 4096), "attn": nn.Linear(4096, 4096)})])
         self.mha = nn.MultiheadAttention(32, 2)
@@ -155,7 +156,7 @@ class Mixed(nn.Module):
     ("rule", "fp8_layers"),
     [
         (Fp8(), {"big", "blocks.0.mlp", "blocks.0.attn", "lm_head"}),
-        (Fp8(min_features=512), {"big", "small", "blocks.0.mlp", "blocks.0.attn", "lm_head"}),
+        (Fp8(min_features=512, min_weight=0), {"big", "small", "square", "blocks.0.mlp", "blocks.0.attn", "lm_head"}),
         (Fp8(exclude=("lm_head", "*.attn")), {"big", "blocks.0.mlp"}),
         (Fp8(include=["small"], exclude=["*"]), {"small"}),
         (Fp8(include="odd"), {"big", "blocks.0.mlp", "blocks.0.attn", "lm_head"}),  # dims stay a hard rule
@@ -170,6 +171,7 @@ def test_shape_rule_and_filters(rule: Fp8, fp8_layers: set[str]) -> None:
     assert "own forward" in choices["mha.out_proj"].why  # MHA uses the weight directly
     if "small" not in fp8_layers and not rule.exclude:
         assert choices["small"].why == "in_features 512 < min_features 2048 (too small a GEMM to gain)"
+        assert choices["square"].why == "2048x2048 weight < min_weight 16777216 (too small a GEMM to gain)"
 
 
 def test_a_bare_linear_model_is_not_swapped() -> None:

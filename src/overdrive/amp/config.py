@@ -55,8 +55,11 @@ class Fp8(ConfigBase):
     Which Linear layers (by their name in ``model.named_modules()``) train in fp8, in this order:
     a name matching an ``include`` pattern (fnmatch, e.g. ``"*.mlp.*"``) does, a name matching an
     ``exclude`` pattern does not, and any other layer does when both its ``in_features`` and
-    ``out_features`` are at least ``min_features`` (a smaller GEMM loses more to the casts than
-    fp8's doubled tensor-core rate wins back; ``min_features=0`` turns the size rule off). In every
+    ``out_features`` are at least ``min_features`` and its weight has at least ``min_weight`` elements
+    (a smaller GEMM loses more to the casts than fp8's doubled tensor-core rate wins back; ``min_features=0,
+    min_weight=0`` turns the size rule off). The defaults are measured (benchmarks/amp_fp8.py, sweep, H200,
+    16k tokens, compiled fwd + bwd, tensorwise vs bf16): 2048x8192 1.18x, 4096x4096 1.21x, but 2048x2048
+    0.81x, 1024x4096 0.91x and 768x3072 0.52x, so a layer needs 2048 on its short side and 2^24 weights. In every
     case both dims must be multiples of 16, which fp8 GEMMs require. ``exclude=("*",)`` with an
     ``include`` list converts only the layers it names. ``amp.summary(model)`` lists the choice.
 
@@ -74,6 +77,7 @@ class Fp8(ConfigBase):
     recipe: str = "tensorwise"
     emulate: bool = False
     min_features: int = 2048
+    min_weight: int = 1 << 24  # in_features * out_features
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
 
@@ -87,6 +91,10 @@ class Fp8(ConfigBase):
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise UsageError(f"Fp8(min_features={m!r}) must be an int >= 0 (0 converts every Linear whose dims are "
                              f"multiples of {FP8_ALIGN})")
+        w = self.min_weight
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise UsageError(f"Fp8(min_weight={w!r}) must be an int >= 0 (in_features * out_features a layer needs "
+                             "to train in fp8; 0 turns this part of the size rule off)")
         for what in ("include", "exclude"):
             value = getattr(self, what)
             patterns = (value,) if isinstance(value, str) else tuple(value)
@@ -109,6 +117,9 @@ class Fp8(ConfigBase):
         if small < self.min_features:
             side = "in_features" if in_features <= out_features else "out_features"
             return False, f"{side} {small} < min_features {self.min_features} (too small a GEMM to gain)"
+        if in_features * out_features < self.min_weight:
+            return False, (f"{in_features}x{out_features} weight < min_weight {self.min_weight} (too small a GEMM to "
+                           "gain)")
         return True, f"fp8 ({self.recipe})"
 
 

@@ -48,6 +48,29 @@ def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
     return twin.to(device=m.w_q.device, dtype=dtype).eval().requires_grad_(False)
 
 
+_COMPILED: Any = None
+
+
+def _as_engine_runs(layer: nn.Module, x: torch.Tensor, device: torch.device) -> Any:
+    """``layer(x)`` as the engine runs it: on CUDA through torch.compile (one dynamic-shape compile shared by the
+    layers, so a quantize and rescale fuse into one kernel each as in the engine's program), else eager."""
+    global _COMPILED
+    if device.type != "cuda":
+        return lambda: layer(x)
+    if _COMPILED is None:
+        _COMPILED = torch.compile(lambda mod, t: mod(t), dynamic=True)
+    compiled = _COMPILED
+
+    def run() -> Any:
+        return compiled(layer, x)
+
+    try:
+        run()
+        return run
+    except Exception:  # noqa: BLE001 - a layer the compiler cannot take is timed eagerly
+        return lambda: layer(x)
+
+
 def _graphed(fn: Any, device: torch.device, calls: int = 10) -> Any:
     """On CUDA, ``fn`` called ``calls`` times captured in one CUDA graph (the engine replays CUDA graphs, so a layer's
     cost is its kernels' time, not their launches'); None where capture fails (then calls are timed as they are)."""
@@ -118,8 +141,8 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
             twin = _float_twin(m, fdt)
             xf = x.to(fdt)
             with torch.no_grad():
-                t_low = _ms(lambda: m(x), device)
-                t_float = _ms(lambda: twin(xf), device)
+                t_low = _ms(_as_engine_runs(m, x, device), device)
+                t_float = _ms(_as_engine_runs(twin, xf, device), device)
             rows = shape.numel() // shape[-1] if getattr(m, "stride", None) is None else shape.numel() // shape[1]
             verdict[key] = (t_low > margin * t_float,
                             f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at "
