@@ -32,6 +32,7 @@ from overdrive.quant.modules import (
     _QuantMixin,
     grouped_transpose_reason,
     insert_graph_quantizers,
+    quant_class,
 )
 from overdrive.quant.quantizer import TensorQuantizer
 
@@ -90,7 +91,7 @@ def _swap(module: nn.Module, config: QuantConfig, prefix: str, skipped: dict[str
                 setattr(module, name, replacement)
             continue
         done[id(child)] = (child, child)  # the original is kept alive so its id is not reused
-        cls = QUANT_MODULES.get(type(child))
+        cls = quant_class(child)
         if cls is not None:
             reason = _selected(full, child, config)
             if reason is None:
@@ -142,7 +143,7 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
                          "quantize() on the float model, or quant.calibrate(model, forward_loop) to calibrate the "
                          "quantizers it has")
     skipped: dict[str, str] = {}
-    cls = QUANT_MODULES.get(type(model))
+    cls = quant_class(model)
     if cls is not None:  # a bare layer
         reason = _selected("", model, config)
         if reason is None:

@@ -17,7 +17,9 @@ from overdrive._utils.errors import UsageError
 
 FORMATS = ("int8", "fp8_e4m3")
 METHODS = ("max", "percentile", "entropy", "mse")
-LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d")
+# "Conv1D" is Hugging Face's GPT-2 projection (transformers.pytorch_utils.Conv1D: a Linear with weight (in, out));
+# "Conv1d" is torch.nn.Conv1d
+LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "Conv1D")
 # The largest representable magnitude of each format: int8 scale = amax/127, fp8 e4m3 scale = amax/448.
 FORMAT_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 
@@ -27,7 +29,7 @@ class QuantizerConfig(ConfigBase):
     """How one tensor is quantized: format, per-channel or per-tensor, narrow range, on/off.
 
     ``per_channel`` means one scale per output channel for weights (axis 0 for Linear/Conv, axis 1
-    for ConvTranspose); activations are always per tensor. ``narrow_range`` uses [-127, 127]
+    for ConvTranspose and Hugging Face's Conv1D); activations are always per tensor. ``narrow_range`` uses [-127, 127]
     (TensorRT's symmetric weights) instead of [-128, 127].
     """
 

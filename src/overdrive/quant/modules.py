@@ -1,5 +1,5 @@
-"""Quantized module swaps (Linear, Conv1d/2d/3d, ConvTranspose2d), the residual-add quantizer and
-the attention-matmul quantizers.
+"""Quantized module swaps (Linear, Conv1d/2d/3d, ConvTranspose2d, Hugging Face's GPT-2 ``Conv1D``), the
+residual-add quantizer and the attention-matmul quantizers.
 
 Each quantized layer keeps the original parameters (same tensors, so an optimizer built before the
 swap still trains them) and adds ``input_quantizer`` and ``weight_quantizer``. ``QuantAdd`` holds
@@ -12,9 +12,11 @@ torch.fx (forward code cannot be seen by a module swap).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import inspect
 import linecache
 import operator
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +78,7 @@ class _QuantMixin:
     def to_float(self) -> nn.Module:
         """The plain float layer (same parameters), quantizers dropped."""
         # the float class in the MRO: (QuantX, _QuantMixin, nn.X, ...), also for subclasses of QuantX
-        base = next(b for b in type(self).__mro__ if b in QUANT_MODULES)
+        base = next(b for b in type(self).__mro__ if not issubclass(b, _QuantMixin))
         new = base.__new__(base)
         new.__dict__.update(self.__dict__)
         new._modules = {k: v for k, v in self._modules.items() if k not in ("input_quantizer", "weight_quantizer")}
@@ -119,6 +121,67 @@ QUANT_MODULES: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: QuantLinear, nn.Conv1d: QuantConv1d, nn.Conv2d: QuantConv2d, nn.Conv3d: QuantConv3d,
     nn.ConvTranspose2d: QuantConvTranspose2d,
 }
+"""The torch.nn layers quantize swaps; Hugging Face's ``Conv1D`` is found by :func:`quant_class`."""
+
+
+def hf_conv1d_class() -> type[nn.Module] | None:
+    """``transformers.pytorch_utils.Conv1D`` when transformers is already imported, else None.
+
+    A model holding a Conv1D (GPT-2, GPT, ...) has imported it, so this never imports transformers itself
+    (``import overdrive`` stays lean)."""
+    mod = sys.modules.get("transformers.pytorch_utils")
+    return getattr(mod, "Conv1D", None)
+
+
+@functools.cache
+def _quant_hf_conv1d(base: type[nn.Module]) -> type[nn.Module]:
+    """The quantized class of Hugging Face's ``Conv1D`` (made once per Conv1D class; a subclass of it, so
+    ``isinstance(m, Conv1D)`` still holds for transformers' own code such as ``_init_weights``)."""
+
+    class QuantConv1D(_QuantMixin, base):  # type: ignore[misc, valid-type]
+        """GPT-2's ``Conv1D``: a Linear whose weight is stored transposed, (in, out) = (nx, nf), computed as
+        ``addmm(bias, x, weight)``. Per-channel weight scales are per output channel: axis 1."""
+
+        weight_axis = 1
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            size_out = x.size()[:-1] + (self.nf,)
+            x2 = self.input_quantizer(x).reshape(-1, x.size(-1))  # (B*T, nx)
+            # in ONNX: Gemm with DequantizeLinear(axis=1) on its (nx, nf) weight input
+            return torch.addmm(self.bias, x2, self.weight_quantizer(self.weight)).view(size_out)  # (B, T, nf)
+
+    QuantConv1D.__module__, QuantConv1D.__qualname__ = __name__, "QuantConv1D"  # pickled as modules.QuantConv1D
+    return QuantConv1D
+
+
+def quant_class(mod: nn.Module) -> type[nn.Module] | None:
+    """The quantized class ``quantize`` swaps ``mod`` to (exact type match; subclasses are not swapped), or None.
+
+    Example:
+        >>> quant_class(nn.Linear(2, 2)).__name__, quant_class(nn.ReLU())
+        ('QuantLinear', None)
+    """
+    cls = QUANT_MODULES.get(type(mod))
+    if cls is not None:
+        return cls
+    conv1d = hf_conv1d_class()
+    if conv1d is not None and type(mod) is conv1d:
+        return _quant_hf_conv1d(conv1d)
+    return None
+
+
+def __getattr__(name: str) -> type[nn.Module]:
+    # overdrive.quant.modules.QuantConv1D, made on first use (it subclasses transformers' Conv1D), so that
+    # pickle finds the class of a quantized Conv1D by name
+    if name == "QuantConv1D":
+        conv1d = hf_conv1d_class()
+        if conv1d is None:
+            import transformers.pytorch_utils  # noqa: F401 - explicitly asked for: needs transformers
+
+            conv1d = hf_conv1d_class()
+        if conv1d is not None:
+            return _quant_hf_conv1d(conv1d)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class QuantAdd(nn.Module):
@@ -307,7 +370,7 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
     added: list[str] = []
     untraced: list[str] = []
     for name, child in list(module._modules.items()):  # _modules: shared modules under every name
-        if child is None or isinstance(child, (*GRAPH_QUANT_MODULES, TensorQuantizer)) or type(child) in QUANT_MODULES.values():
+        if child is None or isinstance(child, (*GRAPH_QUANT_MODULES, TensorQuantizer, _QuantMixin)):
             continue
         if id(child) in done:
             new = done[id(child)][1]

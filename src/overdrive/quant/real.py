@@ -29,7 +29,7 @@ from torch import nn
 from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
-from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin
+from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 
 
 def _quantize_int8(x: torch.Tensor, scale: torch.Tensor, qmin: int = -128) -> torch.Tensor:
@@ -273,7 +273,7 @@ def _gemm_ok(k: int, n: int, fmt: str) -> str | None:
 
 
 def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any) -> nn.Module:
-    """Replace calibrated QuantLinear / 1x1 QuantConv2d layers by real int8 or fp8 GEMM modules.
+    """Replace calibrated QuantLinear / QuantConv1D (GPT-2) / 1x1 QuantConv2d layers by real int8 or fp8 GEMM modules.
 
     Other quantized layers (3x3 convs, ConvTranspose, disabled ones, unsupported shapes) go back to
     their float layer; ``model._overdrive_real`` lists what was converted and what was not, and why.
@@ -319,6 +319,11 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
                 new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", **ranges)
+        elif hf_conv1d_class() is not None and isinstance(m, hf_conv1d_class()):  # GPT-2's Conv1D: weight (in, out)
+            reason = _gemm_ok(m.nx, m.nf, fmt)
+            if reason is None:
+                cls = Fp8Linear if fmt == "fp8" else Int8Linear
+                new = cls(m.weight.t(), wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", **ranges)
         elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
                 and m.stride[0] == m.stride[1]:
             reason = _gemm_ok(m.in_channels, m.out_channels, fmt)

@@ -185,23 +185,28 @@ def _quantizer_config(name: str, attrs: dict[str, Any], weight_axis: int | None)
     return cfg, axis is not None
 
 
-def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, int | None]]:
-    """quantizer name -> (owning module, weight axis for weight quantizers of quantized layers, else None)."""
-    out: dict[str, tuple[nn.Module, int | None]] = {}
+def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, int | None, int | None]]:
+    """quantizer name -> (owning module, the weight axis ModelOpt's configs name, the weight axis of the tensor)
+    for weight quantizers of quantized layers, (module, None, None) for the others.
+
+    The two differ for Hugging Face's Conv1D (GPT-2), whose weight is stored (in, out): ModelOpt's configs say
+    ``axis: 0`` meaning per output channel, which is axis 1 of that tensor."""
+    out: dict[str, tuple[nn.Module, int | None, int | None]] = {}
     for mname, m in model.named_modules():
         for cname, child in m.named_children():
             if isinstance(child, TensorQuantizer):
                 axis = m.weight_axis if isinstance(m, _QuantMixin) and child is m.weight_quantizer else None
-                out[f"{mname}.{cname}" if mname else cname] = (m, axis)
+                named = 0 if axis is not None and type(m).__name__ == "QuantConv1D" else axis
+                out[f"{mname}.{cname}" if mname else cname] = (m, named, axis)
     return out
 
 
 def set_quantizer_by_cfg(model: nn.Module, quant_cfg: Mapping[str, Any]) -> None:
     """Give every quantizer of ``model`` the attributes ``quant_cfg`` assigns it (ModelOpt's function of that
     name). A quantizer whose attributes change loses its amax and statistics (recalibrate)."""
-    for name, (owner, weight_axis) in _owners(model).items():
+    for name, (owner, named_axis, weight_axis) in _owners(model).items():
         q = getattr(owner, name.rsplit(".", 1)[-1])
-        cfg, per_channel = _quantizer_config(name, _resolve(name, owner, quant_cfg), weight_axis)
+        cfg, per_channel = _quantizer_config(name, _resolve(name, owner, quant_cfg), named_axis)
         _reconfigure(q, cfg, weight_axis if per_channel else None)
 
 

@@ -61,7 +61,7 @@ def restore_from_modelopt_state(model: nn.Module, modelopt_state: dict[str, Any]
             raise UsageError(f"the saved state has quantizers {missing[:5]} that this model does not get; restore "
                              "onto a model built like the saved one")
         for name, saved in state["quantizers"].items():
-            owner, _ = owners[name]
+            owner = owners[name][0]
             q = getattr(owner, name.rsplit(".", 1)[-1])
             keys = set(QuantizerConfig.__dataclass_fields__)
             _reconfigure(q, QuantizerConfig.from_dict({k: v for k, v in saved.items() if k in keys}), saved["axis"])
