@@ -171,7 +171,9 @@ OLD_JSON: dict[str, tuple[ConfigBase, str]] = {
                '{"cast_model_outputs": "float32", "cast_model_type": "bfloat16", "dtype": "bfloat16", '
                '"growth_interval": 2000, "init_scale": 65536.0, "keep_batchnorm_fp32": true, "loss_scale": 1.0, '
                '"master_weights": true, "max_loss_scale": 16777216.0, "min_loss_scale": null, "opt_level": "O2"}'),
-    "QuantConfig": (QuantConfig(method="percentile", exclude=("fc2",), input=QuantizerConfig(format="fp8_e4m3")),
+    # layer_types as that version spelled them out (its default then; Conv1D, GPT-2's layer, came later)
+    "QuantConfig": (QuantConfig(method="percentile", exclude=("fc2",), input=QuantizerConfig(format="fp8_e4m3"),
+                                layer_types=("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d")),
                     '{\n  "input": {\n    "format": "fp8_e4m3",\n    "per_channel": false,\n    "narrow_range": false,\n'
                     '    "enabled": true\n  },\n  "weight": {\n    "format": "int8",\n    "per_channel": true,\n'
                     '    "narrow_range": true,\n    "enabled": true\n  },\n  "method": "percentile",\n'
