@@ -144,9 +144,25 @@ def test_presets_are_read_only_and_copies_are_plain_dicts():
     assert type(cfg) is dict and type(cfg["quant_cfg"]) is dict
 
 
-def test_smoothquant_and_unsupported_attributes_teach():
-    with pytest.raises(UsageError, match="SmoothQuant .*is not implemented.*INT8_DEFAULT_CFG"):
-        mtq.quantize(make_model(), mtq.INT8_SMOOTHQUANT_CFG, forward_loop)
+def test_smoothquant_config_matches_the_native_smoothquant():
+    native = quant.quantize(make_model(), quant.INT8_SMOOTHQUANT.replace(  # ModelOpt: [-128, 127], lm_head float
+        residual_add=False, weight=quant.QuantizerConfig(per_channel=True), exclude=("*lm_head*",)), forward_loop)
+    ported = mtq.quantize(make_model(), mtq.INT8_SMOOTHQUANT_CFG, forward_loop)
+    smoothed = {n: q.pre_quant_scale for n, q in quant.quantizers(ported) if q.pre_quant_scale is not None}
+    assert smoothed and smoothed.keys() == {n for n, q in quant.quantizers(native) if q.pre_quant_scale is not None}
+    for n, q in quant.quantizers(native):
+        if n in smoothed:
+            torch.testing.assert_close(smoothed[n], q.pre_quant_scale)
+    assert amaxes(ported).keys() <= amaxes(native).keys()
+    for n, a in amaxes(ported).items():
+        torch.testing.assert_close(a, amaxes(native)[n])
+    cfg = copy.deepcopy(mtq.INT8_SMOOTHQUANT_CFG)
+    cfg["algorithm"] = {"method": "smoothquant", "alpha": 1.5}
+    with pytest.raises(UsageError, match=r"alpha=1.5 must be a number in \[0, 1\]"):
+        mtq.quantize(make_model(), cfg, forward_loop)
+
+
+def test_unsupported_attributes_teach():
     cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
     cfg["quant_cfg"]["*input_quantizer"]["axis"] = -1
     with pytest.raises(UsageError, match="per tensor"):

@@ -28,6 +28,7 @@ from overdrive.quant.config import (
     FP8_DEFAULT,
     INT8_ATTENTION,
     INT8_DEFAULT,
+    INT8_SMOOTHQUANT,
     PRESETS,
     QuantConfig,
     QuantizerConfig,
@@ -51,7 +52,7 @@ from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, dynami
 
 __all__ = [
     # configs
-    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "INT8_ATTENTION", "PRESETS", "get_preset",
+    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "INT8_ATTENTION", "INT8_SMOOTHQUANT", "PRESETS", "get_preset",
     "RealConfig", "WeightOnlyConfig",
     # PTQ / QAT
     "quantize", "calibrate", "load_calib_amax", "print_summary", "summary", "quantizers", "quantized_layers",

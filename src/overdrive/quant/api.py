@@ -161,6 +161,10 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     for name, q in quantizers(model):
         q.name = name
     model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
+    if config.smoothquant is not None and forward_loop is not None:
+        from overdrive.quant.smoothquant import smooth
+
+        model._overdrive_quant["smoothed"] = smooth(model, forward_loop, config.smoothquant)
     _calibrate_weights(model)
     if forward_loop is not None:
         if not _activation_quantizers(model):  # calibrate() would say "call quant.quantize first"
@@ -181,7 +185,8 @@ def _calibrate_weights(model: nn.Module, missing_only: bool = False) -> None:
                 raise UsageError(f"the weight of {m.weight_quantizer.name.rsplit('.', 1)[0]} has NaN/inf values; "
                                  "fix the checkpoint before quantizing")
             m.weight_quantizer.start_calibration()
-            m.weight_quantizer.calibrator.collect(w, m.weight_quantizer.name)
+            # amax of the weight as it is quantized: after SmoothQuant's factor where there is one
+            m.weight_quantizer.calibrator.collect(m.weight_quantizer.apply_pre_quant_scale(w), m.weight_quantizer.name)
             m.weight_quantizer.finish_calibration()
 
 
@@ -322,8 +327,10 @@ def summary(model: nn.Module) -> dict[str, Any]:
                                    any(q.enabled for q in qs)))
     meta = getattr(model, "_overdrive_quant", {})
     zero = [r.name for r in rows if r.input_amax == 0.0]
+    smoothed = [n for n, m in model.named_modules()
+                if isinstance(m, _QuantMixin) and m.input_quantizer.pre_quant_scale is not None]
     return {"layers": rows, "skipped": meta.get("skipped", {}), "untraced": meta.get("untraced", []),
-            "all_zero_inputs": zero, "config": meta.get("config")}
+            "all_zero_inputs": zero, "smoothed": smoothed, "config": meta.get("config")}
 
 
 def print_summary(model: nn.Module, console: Any = None) -> None:
@@ -348,6 +355,8 @@ def print_summary(model: nn.Module, console: Any = None) -> None:
     out.print(t)
     if s["untraced"]:
         out.print(f"adds / matmuls not quantized (torch.fx could not trace): {s['untraced']}")
+    if s["smoothed"]:
+        out.print(f"SmoothQuant factors on {len(s['smoothed'])} layer(s)")
     if s["all_zero_inputs"]:
         out.print(f"all-zero activations seen at: {s['all_zero_inputs']} (amax 0: these inputs quantize to 0)")
 

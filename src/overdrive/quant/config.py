@@ -59,6 +59,8 @@ class QuantConfig(ConfigBase):
     per-tensor input quantizer on both operands of every activation-by-activation matmul in forward
     code (``q @ k.transpose(-2, -1)``, ``attn @ v``, ``torch.bmm``) and on q, k, v of
     ``F.scaled_dot_product_attention`` (TensorRT's rule: quantize the inputs of attention's BMMs).
+    ``smoothquant`` (alpha in [0, 1], None: off) migrates activation outliers into the weights per input
+    channel of every Linear / GPT-2 Conv1D before calibration (``quant.smoothquant``; ``INT8_SMOOTHQUANT``).
 
     Example:
         >>> cfg = QuantConfig(method="percentile", percentile=99.99, exclude=("fc2",))
@@ -76,6 +78,7 @@ class QuantConfig(ConfigBase):
     exclude: tuple[str, ...] = ()
     residual_add: bool = True
     quantize_matmuls: bool = False
+    smoothquant: float | None = None
 
     _JSON_INDENT = 2  # recipes are saved for people to read and edit
 
@@ -89,6 +92,10 @@ class QuantConfig(ConfigBase):
         for flag in ("residual_add", "quantize_matmuls"):
             if not isinstance(getattr(self, flag), bool):
                 raise UsageError(f"{flag}={getattr(self, flag)!r} must be True or False")
+        if self.smoothquant is not None:
+            from overdrive.quant.smoothquant import check_alpha
+
+            object.__setattr__(self, "smoothquant", check_alpha(self.smoothquant))
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
         if bad:
             raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
@@ -170,11 +177,16 @@ FP8_DEFAULT = QuantConfig(
 INT8_ATTENTION = INT8_DEFAULT.replace(quantize_matmuls=True)
 """INT8_DEFAULT plus int8 per-tensor quantizers on both inputs of attention's matmuls (QK^T, PV, SDPA's q/k/v)."""
 
-PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT, "int8_attention": INT8_ATTENTION}
+INT8_SMOOTHQUANT = INT8_DEFAULT.replace(smoothquant=0.5)
+"""INT8_DEFAULT after SmoothQuant (alpha 0.5): per-input-channel factors move activation outliers into the weights
+(ModelOpt's INT8_SMOOTHQUANT_CFG)."""
+
+PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT, "int8_attention": INT8_ATTENTION,
+                                   "int8_smoothquant": INT8_SMOOTHQUANT}
 
 
 def get_preset(name: str) -> QuantConfig:
-    """A preset by name ('int8', 'fp8' or 'int8_attention')."""
+    """A preset by name ('int8', 'fp8', 'int8_attention' or 'int8_smoothquant')."""
     if name not in PRESETS:
         raise UsageError(f"quantization config {name!r} is not one of {list(PRESETS)}; pick one of those")
     return PRESETS[name]

@@ -60,7 +60,8 @@ def name_selected(name: str, config: QuantConfig) -> bool:
 class _QuantMixin:
     input_quantizer: TensorQuantizer
     weight_quantizer: TensorQuantizer
-    weight_axis = 0
+    weight_axis = 0  # output channels of the weight (per-channel scales)
+    in_axis = 1  # input channels of the weight (SmoothQuant's factors)
 
     @classmethod
     def from_float(cls, mod: nn.Module, config: QuantConfig) -> nn.Module:
@@ -72,7 +73,8 @@ class _QuantMixin:
         new.__dict__.update(mod.__dict__)
         new._modules = dict(mod._modules)
         new.input_quantizer = TensorQuantizer(config.input, num_bins=config.num_bins, histogram=True)
-        new.weight_quantizer = TensorQuantizer(config.weight, axis=cls.weight_axis, num_bins=config.num_bins)
+        new.weight_quantizer = TensorQuantizer(config.weight, axis=cls.weight_axis, num_bins=config.num_bins,
+                                               pre_quant_axis=cls.in_axis)
         return new
 
     def to_float(self) -> nn.Module:
@@ -109,6 +111,7 @@ class QuantConvTranspose2d(_QuantMixin, nn.ConvTranspose2d):
     # weight is (C_in, C_out / groups, kH, kW): output channels on axis 1 when groups == 1 (per-channel
     # weights with groups > 1 are refused in from_float, see grouped_transpose_reason)
     weight_axis = 1
+    in_axis = 0
 
     def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, 2,
@@ -143,6 +146,7 @@ def _quant_hf_conv1d(base: type[nn.Module]) -> type[nn.Module]:
         ``addmm(bias, x, weight)``. Per-channel weight scales are per output channel: axis 1."""
 
         weight_axis = 1
+        in_axis = 0
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             size_out = x.size()[:-1] + (self.nf,)

@@ -88,8 +88,13 @@ class TensorQuantizer(nn.Module):
     """
 
     def __init__(self, config: QuantizerConfig, axis: int | None = None, num_bins: int = 2048,
-                 histogram: bool = False) -> None:
+                 histogram: bool = False, pre_quant_axis: int = -1) -> None:
         super().__init__()
+        # SmoothQuant: a per-channel factor applied before quantizing (and also when disabled, since the paired
+        # weight factor keeps the layer's float math: x / s with w * s); None: no smoothing. The axis is the
+        # channel axis of the tensor: -1 for a layer input (B, ..., C_in), the input axis for a weight.
+        self.register_buffer("pre_quant_scale", None)
+        self.pre_quant_axis = pre_quant_axis
         self.config = config
         self.axis = axis if config.per_channel else None
         self.num_bins = num_bins
@@ -186,9 +191,10 @@ class TensorQuantizer(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:  # noqa: ANN001
         # amax is None until calibration; take it from a calibrated checkpoint so quantize() + load works.
-        key = prefix + "amax"
-        if self.amax is None and key in state_dict:
-            self.amax = state_dict[key].detach().clone().float()
+        for attr in ("amax", "pre_quant_scale"):
+            key = prefix + attr
+            if getattr(self, attr) is None and key in state_dict:
+                setattr(self, attr, state_dict[key].detach().clone().float())
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -210,7 +216,17 @@ class TensorQuantizer(nn.Module):
             )
         return self.amax.float().clamp_min(_TINY_AMAX) / self.config.bound
 
+    def apply_pre_quant_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` times :attr:`pre_quant_scale` broadcast along :attr:`pre_quant_axis` (``x`` when there is none)."""
+        s = self.pre_quant_scale
+        if s is None:
+            return x
+        shape = [1] * x.dim()
+        shape[self.pre_quant_axis] = -1
+        return x * s.to(device=x.device, dtype=x.dtype).view(shape)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.apply_pre_quant_scale(x)
         if not self.enabled:
             return x
         if self.calibrating:
@@ -276,4 +292,5 @@ class TensorQuantizer(nn.Module):
             f"amax={float(self.amax):.4g}" if self.amax.dim() == 0 else
             f"amax=[{float(self.amax.min()):.4g}, {float(self.amax.max()):.4g}] ({self.amax.numel()} channels)")
         kind = f"per-channel axis {self.axis}" if self.axis is not None else "per-tensor"
-        return f"{self.config.format} {kind} {amax}"
+        smooth = "" if self.pre_quant_scale is None else f" pre_quant_scale ({self.pre_quant_scale.numel()} channels)"
+        return f"{self.config.format} {kind} {amax}{smooth}"

@@ -314,6 +314,8 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
         ranges = {"x_qmin": -127 if iq.config.narrow_range else -128, "w_qmin": -127 if wq.config.narrow_range else -128}
         if not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
+        elif iq.pre_quant_scale is not None:
+            reason = "SmoothQuant factors (x / s per channel): no int8 kernel here takes them (float)"
         elif isinstance(m, QuantLinear):
             reason = _gemm_ok(m.in_features, m.out_features, fmt)
             if reason is None:

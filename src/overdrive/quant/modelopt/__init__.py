@@ -94,13 +94,10 @@ INT8_SMOOTHQUANT_CFG = _read_only({
                   **_DEFAULT_DISABLED},
     "algorithm": "smoothquant",
 })
-"""Present so scripts import; quantize() with it raises (SmoothQuant is not implemented), naming the alternatives."""
+"""SmoothQuant (alpha 0.5; ``{"method": "smoothquant", "alpha": a}`` sets it) then max calibration: int8 per-channel
+weights, per-tensor activations (quant.INT8_SMOOTHQUANT's numerics with [-128, 127] weights)."""
 
 _NOT_IMPLEMENTED = {
-    "smoothquant": "SmoothQuant (activation-to-weight scale migration) is not implemented in overdrive.quant; use "
-                   "mtq.INT8_DEFAULT_CFG with a percentile calibrator (quant.quantize(model, "
-                   "quant.INT8_DEFAULT.replace(method='percentile'), forward_loop)), keep outlier layers in float "
-                   "(quant.sensitivity + quant.partial_quantize), or weight-only int8 (quant.weight_only(model, bits=8))",
     "awq": "AWQ is not implemented in overdrive.quant; for 4-bit weights use quant.weight_only(model, bits=4, "
            "group_size=128) (round-to-nearest, per-group scales)",
 }
@@ -108,8 +105,24 @@ _ATTRS = ("enable", "num_bits", "axis", "narrow_range", "unsigned", "fake_quant"
           "calibrator")
 
 
+def _smoothquant_alpha(algorithm: Any) -> float | None:
+    """SmoothQuant's alpha when ``algorithm`` asks for it ("smoothquant", or a dict with "alpha"), else None."""
+    from overdrive.quant.smoothquant import check_alpha
+
+    if algorithm == "smoothquant":
+        return 0.5
+    if isinstance(algorithm, Mapping) and algorithm.get("method") == "smoothquant":
+        bad = [k for k in algorithm if k not in ("method", "alpha")]
+        if bad:
+            raise UsageError(f"smoothquant settings {bad} are not supported; it takes 'alpha' (default 0.5)")
+        return check_alpha(algorithm.get("alpha", 0.5))
+    return None
+
+
 def _method(algorithm: Any) -> str | None:
     """ModelOpt's ``algorithm`` as an overdrive calibration method (None: do not calibrate activations)."""
+    if _smoothquant_alpha(algorithm) is not None:
+        return "max"  # SmoothQuant's factors first, then max calibration, as in ModelOpt
     if isinstance(algorithm, Mapping):
         algorithm = algorithm.get("method")
     if algorithm is None or algorithm == "max":
@@ -242,8 +255,13 @@ def quantize(model: nn.Module, config: Mapping[str, Any], forward_loop: ForwardL
             # (axis is checked per quantizer below: whether it fits depends on the layer)
             _quantizer_config(str(p), {"enable": True, "num_bits": 8, "narrow_range": False,
                                        **_check_entry(str(p), v), "axis": None}, weight_axis=None)
-    model = api.quantize(model, QuantConfig(residual_add=False), forward_loop=None)
+    alpha = _smoothquant_alpha(config.get("algorithm", "max"))
+    model = api.quantize(model, QuantConfig(residual_add=False, smoothquant=alpha), forward_loop=None)
     set_quantizer_by_cfg(model, config["quant_cfg"])
+    if alpha is not None and forward_loop is not None:
+        from overdrive.quant.smoothquant import smooth
+
+        model._overdrive_quant["smoothed"] = smooth(model, forward_loop, alpha)
     api._calibrate_weights(model)
     if forward_loop is not None and method is not None and any(q.enabled for q in api._activation_quantizers(model)):
         api.calibrate(model, forward_loop, method=method)
