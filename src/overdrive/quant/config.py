@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -80,6 +81,7 @@ class QuantConfig(ConfigBase):
     quantize_matmuls: bool = False
     smoothquant: float | None = None
 
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("smoothquant",)  # written only when set: older JSON reads the same
     _JSON_INDENT = 2  # recipes are saved for people to read and edit
 
     def __post_init__(self) -> None:
