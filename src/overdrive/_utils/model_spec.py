@@ -1,7 +1,9 @@
 """One reader of model specs for every verb: ``"pkg.module:factory"`` or ``"path/to/file.py:factory"``.
 
 The factory is called with no arguments and must return an ``nn.Module``. Importing a module or a
-file runs its code, as ``python file.py`` would: give only specs you trust.
+file runs its code, as ``python file.py`` would: give only specs you trust. A dotted module is looked up
+with the current folder on the path too, as ``python -m`` does (``mypkg.models:build`` from the folder
+holding ``mypkg/``, with no ``PYTHONPATH=.``).
 
 Example:
     >>> type(load_factory("torch.nn:Identity")).__name__
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from torch import nn
@@ -20,8 +25,29 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 
 
-def load_factory(spec: str, flag: str = "--model") -> nn.Module:
-    """Import ``spec``'s module (a dotted path, or a ``.py`` file), call its factory, check the result."""
+@contextmanager
+def _cwd_on_path() -> Iterator[None]:
+    """The current folder first on ``sys.path`` for the import and the factory call (which may import
+    lazily), then ``sys.path`` as it was."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def load_factory(spec: str, flag: str = "model spec") -> nn.Module:
+    """Import ``spec``'s module (a dotted path, or a ``.py`` file), call its factory, check the result.
+    ``flag`` names the spec in errors: the CLI option the user typed (``--model``), else "model spec"."""
+    with _cwd_on_path():
+        return _load_factory(spec, flag)
+
+
+def _load_factory(spec: str, flag: str) -> nn.Module:
     if ":" not in spec:
         raise UsageError(f"{flag} {spec!r} must be 'package.module:factory' or 'path/to/file.py:factory'")
     where, attr = spec.rsplit(":", 1)

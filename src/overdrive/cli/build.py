@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, json_option, write_json
+from overdrive.cli.common import check_device, check_json_target, check_output, json_option, write_json
 
 
 @click.command("build")
@@ -79,6 +79,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     from overdrive.recipes.build import build_engine
 
     check_json_target(json_path)
+    check_device("--device", device)
     check_output("--save-engine", save_engine)  # refuse now, not after the build
     check_output("--timing-cache", timing_cache)
     from overdrive._utils.signing import signing_key

@@ -99,6 +99,30 @@ def check_output(flag: str, target: str | None, folder: bool = False) -> None:
         raise UsageError(f"{flag} {target}: is a directory; give a file path such as {str(path / 'out')!r}")
 
 
+def check_device(flag: str, value: str | None) -> None:
+    """Refuse a device name that is none (``--device gpu0``) before any work, naming the flag; whether the
+    device is usable here is the library's check (its message says what to use instead).
+
+    Example:
+        >>> check_device("--device", "gpu0")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --device gpu0: not a device; use auto, cpu, cuda or cuda:N
+    """
+    if value is None or value == "auto":
+        return
+    import torch
+
+    from overdrive._utils.errors import UsageError
+
+    try:
+        ok = torch.device(value).type in ("cpu", "cuda")
+    except (RuntimeError, TypeError):
+        ok = False
+    if not ok:
+        raise UsageError(f"{flag} {value}: not a device; use auto, cpu, cuda or cuda:N")
+
+
 def check_json_target(target: str | None) -> None:
     """Refuse a ``--json FILE`` whose folder does not exist before the work, not after it ('-' is stdout)."""
     if target != "-":

@@ -29,7 +29,7 @@ def command(a: str, b: str, atol: float, rtol: float, seed: int, shapes: str | N
     \b
     Examples:
       overdrive compare model_fp16.engine model.onnx --atol 1e-2 --rtol 1e-2
-      overdrive compare model.engine mypkg.models:make_model --shapes input:32x3x224x224
+      overdrive compare model.engine mypkg.models:make_model   # at the engine's opt shapes; mypkg/ in this folder
       overdrive compare model.onnx model_int8.onnx --shapes input:4x3x224x224 --atol 1e-1
       overdrive compare a.onnx b.onnx --inputs batch.npz   # or batch.pt: a tensor, a list or a dict name -> tensor
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
+from overdrive.cli.common import check_device, check_json_target, check_output, console, json_option, write_json
 
 
 @click.group("data")
@@ -20,10 +20,10 @@ def command() -> None:
 
 @command.command("bench")
 @click.argument("source", type=click.Path(exists=True))
-@click.option("--batch-size", default=256, show_default=True)
-@click.option("--size", default=224, show_default=True, help="Output side in pixels.")
-@click.option("--workers", "workers", multiple=True, type=int, help="CPU worker counts to try (repeatable; default 0 and 4, capped at the usable cores).")
-@click.option("--batches", default=5, show_default=True,
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--size", default=224, show_default=True, type=click.IntRange(min=1), help="Output side in pixels.")
+@click.option("--workers", "workers", multiple=True, type=click.IntRange(min=0), help="CPU worker counts to try (repeatable; default 0 and 4, capped at the usable cores).")
+@click.option("--batches", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed batches per pipeline, rounded up to a multiple of its workers / GPU threads "
                    "(after one discarded warm-up batch per worker / thread).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
@@ -38,6 +38,7 @@ def bench(source: str, batch_size: int, size: int, workers: tuple[int, ...], bat
       overdrive data bench train/ --workers 16 --batch-size 256 --json
     """
     check_json_target(json_path)
+    check_device("--device", device)
     from overdrive.data import bench as run_bench
     from overdrive.data.config import default_workers
 
@@ -59,12 +60,12 @@ def bench(source: str, batch_size: int, size: int, workers: tuple[int, ...], bat
 
 @command.command("make-dataset")
 @click.argument("root", type=click.Path())
-@click.option("-n", "n", default=2000, show_default=True, help="Number of JPEGs.")
-@click.option("--classes", default=10, show_default=True)
-@click.option("--width", default=500, show_default=True)
-@click.option("--height", default=375, show_default=True)
-@click.option("--quality", default=90, show_default=True)
-@click.option("--processes", default=1, show_default=True)
+@click.option("-n", "n", default=2000, show_default=True, type=click.IntRange(min=1), help="Number of JPEGs.")
+@click.option("--classes", default=10, show_default=True, type=click.IntRange(min=1))
+@click.option("--width", default=500, show_default=True, type=click.IntRange(min=1))
+@click.option("--height", default=375, show_default=True, type=click.IntRange(min=1))
+@click.option("--quality", default=90, show_default=True, type=click.IntRange(1, 100))
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True)
 def make_dataset(root: str, n: int, classes: int, width: int, height: int, quality: int, processes: int, seed: int) -> None:
     """Write N ImageNet-size JPEGs cut from scikit-image's sample photos into ROOT/class_XXX/.

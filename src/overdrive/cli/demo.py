@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
+from overdrive.cli.common import check_device, check_json_target, check_output, console, json_option, write_json
 
 
 @click.command("demo")
@@ -48,6 +48,7 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
     from overdrive.demo import run_demo, summary
 
     check_json_target(json_path)
+    check_device("--device", device)
     check_output("--report", report_dir, folder=True)  # refuse before the work: a missing or unwritable folder
     if report_dir is not None:  # or a missing matplotlib
         from overdrive._utils.optional import require

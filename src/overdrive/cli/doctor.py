@@ -13,11 +13,11 @@ from overdrive.cli.common import check_json_target, console, json_option, write_
 @click.option("--master-addr", default=None, help="Check this master address (default: $MASTER_ADDR).")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=None,
               help="Check this master port (default: $MASTER_PORT).")
-@click.option("--node-rank", type=int, default=0, show_default=True, help="0: the port must be free here; >0: it must be reachable.")
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True, help="0: the port must be free here; >0: it must be reachable.")
 @click.option("--bandwidth", "nproc", type=click.IntRange(min=0), default=0,
               help="Run the collective bandwidth test on this many local ranks (0: skip).")
-@click.option("--min-bytes", type=int, default=8 * 1024, show_default=True)
-@click.option("--max-bytes", type=int, default=64 * 2**20, show_default=True)
+@click.option("--min-bytes", type=click.IntRange(min=1), default=8 * 1024, show_default=True)
+@click.option("--max-bytes", type=click.IntRange(min=1), default=64 * 2**20, show_default=True)
 @click.option("--ops", default="all_reduce,all_gather,reduce_scatter", show_default=True)
 @json_option("the report")
 def command(master_addr: str | None, master_port: int | None, node_rank: int, nproc: int, min_bytes: int,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, json_option, write_json
+from overdrive.cli.common import check_device, check_json_target, check_output, json_option, write_json
 
 
 @click.command("exec")
 @click.option("--load-engine", "--loadEngine", "load_engine", required=True, metavar="FILE", help="Engine built by `overdrive build`.")
 @click.option("--shapes", default=None, help="Input shapes to run (inside the engine's profile); default: the opt shapes.")
-@click.option("--iterations", default=10, show_default=True, type=int, help="Run at least this many iterations.")
-@click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=float, help="Warm-up time in ms.")
-@click.option("--duration", default=3.0, show_default=True, type=float, help="Run at least this many seconds.")
+@click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Run at least this many iterations.")
+@click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=click.FloatRange(min=0), help="Warm-up time in ms.")
+@click.option("--duration", default=3.0, show_default=True, type=click.FloatRange(min=0), help="Run at least this many seconds.")
 @click.option("--use-cuda-graph", "--useCudaGraph", "use_cuda_graph", is_flag=True,
               help="As trtexec's: inductor engines on CUDA replay CUDA graphs always, so this only checks that "
               "this engine does (refused on CPU and on backends that record none).")
@@ -46,6 +46,7 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     from overdrive.engine.benchmark import check_cuda_graph, check_percentiles, format_summary
 
     check_json_target(json_path)
+    check_device("--device", device)
     check_output("--export-times", export_times)  # before the load, which can take a compile
     check_output("--export-profile", export_profile)
     try:

@@ -8,13 +8,13 @@ import click
 
 
 @click.command("launch", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--nnodes", type=int, default=1, show_default=True)
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--nproc-per-node", default="1", show_default=True, help="Processes per node: a number, or 'gpu' (one per GPU).")
-@click.option("--node-rank", type=int, default=0, show_default=True)
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--master-addr", default=None, help="Static rendezvous: node 0's address.")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=None, help="Static rendezvous port (default 29500).")
 @click.option("--rdzv-endpoint", default=None, help="Elastic c10d rendezvous host:port (instead of --master-addr).")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="Restart all workers this often after a failure.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart all workers this often after a failure.")
 @click.option("--no-check", is_flag=True, help="Skip the doctor's quick checks.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop the whole job (every rank, restarts included) after this many seconds; exit 1 saying so.")
@@ -36,7 +36,14 @@ def command(nnodes: int, nproc_per_node: str, node_rank: int, master_addr: str |
     from overdrive.distributed.config import LaunchConfig
     from overdrive.distributed.launch import launch
 
+    from overdrive._utils.errors import UsageError
+
     nproc: int | str = int(nproc_per_node) if nproc_per_node.isdigit() else nproc_per_node
+    if nproc == 0 or (isinstance(nproc, str) and nproc not in ("gpu", "cpu", "auto")):
+        raise UsageError(f"--nproc-per-node {nproc_per_node}: give a number of processes >= 1, or gpu (one per GPU), "
+                         "cpu or auto")
+    if node_rank >= nnodes:
+        raise UsageError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks run 0 to {nnodes - 1}")
     cfg = LaunchConfig(nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank, master_addr=master_addr,
                        master_port=master_port, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
     sys.exit(launch(cfg, script, list(script_args), module=module, check=not no_check, timeout_s=timeout_s))

@@ -122,7 +122,7 @@ def _run(args: list[str], verbose: bool) -> int:
         if verbose:
             raise
     except UsageError as exc:
-        _error(_escape(str(exc)))
+        _error(_escape(_with_flags(str(exc), _flags_of(args))))
         code = 2
         if verbose:
             raise
@@ -140,6 +140,39 @@ def _run(args: list[str], verbose: bool) -> int:
         _error(_escape(f"{type(exc).__name__}: {exc}") + "  (run with --verbose for the traceback)")
         code = 1
     return code
+
+
+def _flags_of(args: list[str]) -> dict[str, str]:
+    """The Python parameter names of the verb on this command line -> the flags the user types
+    (``batch_size`` -> ``--batch-size``); {} when no verb is named."""
+    cmd: click.Command = cli
+    i, end = 0, _own_args(args)
+    while isinstance(cmd, click.Group) and i < end:
+        a = args[i]
+        i += 1
+        if a.startswith("-"):
+            continue
+        sub = cmd.get_command(click.Context(cmd), a)
+        if sub is None:
+            return {}
+        cmd = sub
+    if isinstance(cmd, click.Group):
+        return {}
+    return {p.name: max(p.opts, key=len) for p in cmd.params if isinstance(p, click.Option) and p.name}
+
+
+def _with_flags(message: str, flags: dict[str, str]) -> str:
+    """A library message's ``name=value`` (the Python argument) as the flag the user typed, ``--flag value``:
+    ``batch_size=-1 must be >= 1`` from ``--batch-size -1`` reads ``--batch-size -1 must be >= 1``.
+
+    Example:
+        >>> _with_flags("node_rank=2 must be in [0, nnodes=1)", {"node_rank": "--node-rank", "nnodes": "--nnodes"})
+        '--node-rank 2 must be in [0, --nnodes 1)'
+    """
+    if not flags:
+        return message
+    names = "|".join(re.escape(n) for n in sorted(flags, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.-])({names})=", lambda m: flags[m.group(1)] + " ", message)
 
 
 def _own_args(args: list[str]) -> int:

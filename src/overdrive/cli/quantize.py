@@ -17,9 +17,10 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
 @click.option("--config", "config_name", type=click.Choice(["int8", "fp8", "int8_attention"]), default="int8",
               show_default=True, help="int8_attention: int8 plus the attention matmuls (QK^T, PV).")
 @click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), default="max", show_default=True)
-@click.option("--percentile", default=99.99, show_default=True, type=float)
-@click.option("--calib-batches", default=8, show_default=True, type=int, help="Batches used for calibration.")
-@click.option("--batch-size", default=64, show_default=True, type=int)
+@click.option("--percentile", default=99.99, show_default=True, type=click.FloatRange(50, 100, min_open=True),
+              help="The percentile calibrator's percentile of |x|, in (50, 100].")
+@click.option("--calib-batches", default=8, show_default=True, type=click.IntRange(min=1), help="Batches used for calibration.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--export", "export_path", default=None, metavar="FILE.onnx", help="Write an ONNX model with Q/DQ nodes.")
 @click.option("--save", "save_path", default=None, metavar="FILE.pt",
               help="Save the quantized PyTorch model (state dict with every amax, config and model spec; written "

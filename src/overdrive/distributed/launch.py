@@ -22,9 +22,14 @@ from overdrive.distributed.config import LaunchConfig
 from overdrive.distributed import doctor
 
 
-def build_command(cfg: LaunchConfig, script: str, script_args: list[str], module: bool = False) -> list[str]:
-    """The torchrun command line: ``python -m torch.distributed.run <flags> [-m] script args``."""
+def build_command(cfg: LaunchConfig, script: str, script_args: list[str], module: bool = False,
+                  log_dir: str | None = None) -> list[str]:
+    """The torchrun command line: ``python -m torch.distributed.run <flags> [-m] script args``; ``log_dir`` is
+    torchrun's ``--log-dir`` (without it torchrun makes a ``torchelastic_*`` folder in the temp folder per run
+    and never removes it)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", *cfg.torchrun_args()]
+    if log_dir is not None:
+        cmd += ["--log-dir", log_dir]
     if module:
         cmd.append("-m")
     return [*cmd, script, *script_args]
@@ -77,6 +82,9 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
            check: bool = True, env: dict[str, str] | None = None, timeout_s: float | None = None) -> int:
     """Run ``script`` under torchrun; returns its exit code (restarts are torchrun's ``--max-restarts``).
 
+    torchrun's own files (its per-run log folder, the ranks' error files) go in a temporary folder that is
+    removed when it exits, so runs leave no ``torchelastic_*`` folders behind.
+
     ``timeout_s`` bounds the whole run, restarts included: past it, torchrun is told to stop (SIGTERM, on which
     it stops every rank it started) and :class:`OverdriveError` says so; a rank hung in a collective or at exit
     then cannot hold the caller forever.
@@ -97,7 +105,12 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
     env = dict(os.environ if env is None else env)
     if check:
         preflight(cfg, env)
-    cmd = build_command(cfg, script, list(script_args or []), module)
+    with tempfile.TemporaryDirectory(prefix="overdrive_launch_") as log_dir:
+        cmd = build_command(cfg, script, list(script_args or []), module, log_dir=log_dir)
+        return _run(cmd, env, timeout_s)
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout_s: float | None) -> int:
     if timeout_s is None:
         return subprocess.run(cmd, env=env, check=False).returncode
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: the ranks die with it

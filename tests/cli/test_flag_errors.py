@@ -1,0 +1,56 @@
+"""Bad values are refused naming the flag the user typed (``--batch-size -1``), never the Python argument
+behind it (``batch_size=-1``), in one line with exit code 2, before any work."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from overdrive.cli.main import _with_flags, main
+
+CASES = [
+    (["data", "bench", ".", "--batch-size", "-1"], "--batch-size"),
+    (["data", "bench", ".", "--size", "0"], "--size"),
+    (["data", "bench", ".", "--workers", "-1"], "--workers"),
+    (["data", "bench", ".", "--batches", "0"], "--batches"),
+    (["data", "bench", ".", "--device", "gpu0"], "--device gpu0"),
+    (["data", "make-dataset", "out", "-n", "0"], "'-n'"),
+    (["data", "make-dataset", "out", "--quality", "0"], "--quality"),
+    (["data", "make-dataset", "out", "--processes", "0"], "--processes"),
+    (["doctor", "--node-rank", "-1"], "--node-rank"),
+    (["doctor", "--bandwidth", "1", "--min-bytes", "0"], "--min-bytes"),
+    (["exec", "--load-engine", "x.engine", "--iterations", "0"], "--iterations"),
+    (["exec", "--load-engine", "x.engine", "--duration", "-1"], "--duration"),
+    (["exec", "--load-engine", "x.engine", "--warm-up", "-1"], "--warm-up"),
+    (["exec", "--load-engine", "x.engine", "--device", "gpu0"], "--device gpu0"),
+    (["build", "--onnx", "m.onnx", "--save-engine", "m.engine", "--device", "gpu0"], "--device gpu0"),
+    (["demo", "--device", "gpu0"], "--device gpu0"),
+    (["launch", "--nnodes", "0", "train.py"], "--nnodes"),
+    (["launch", "--node-rank", "1", "train.py"], "--node-rank 1"),
+    (["launch", "--max-restarts", "-1", "train.py"], "--max-restarts"),
+    (["launch", "--nproc-per-node", "0", "train.py"], "--nproc-per-node 0"),
+    (["launch", "--nproc-per-node", "many", "train.py"], "--nproc-per-node many"),
+    (["launch", "--rdzv-endpoint", "host:abc", "train.py"], "--rdzv-endpoint 'host:abc'"),  # the library's message
+    (["quantize", "--calib-batches", "0"], "--calib-batches"),
+    (["quantize", "--batch-size", "0"], "--batch-size"),
+    (["quantize", "--percentile", "200"], "--percentile"),
+]
+
+
+@pytest.mark.parametrize(("args", "needle"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_errors_name_the_flag(args: list[str], needle: str, tmp_path, monkeypatch,  # type: ignore[no-untyped-def]
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("error:") and needle in err, err
+    assert not re.search(r"\b[a-z]+_[a-z_]+=", err), err  # no batch_size=..., node_rank=...
+
+
+def test_library_argument_names_become_flags() -> None:
+    flags = {"batch_size": "--batch-size", "nnodes": "--nnodes", "size": "--size"}
+    assert _with_flags("batch_size=-1 must be >= 1", flags) == "--batch-size -1 must be >= 1"
+    assert _with_flags("nnodes=2 needs --master-addr", flags) == "--nnodes 2 needs --master-addr"
+    # only whole names: input_size= and x.size= are not the --size flag
+    assert _with_flags("input_size=3, x.size=4", flags) == "input_size=3, x.size=4"
