@@ -12,9 +12,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ from overdrive.quant.modules import (
     quant_class,
 )
 from overdrive.quant.quantizer import TensorQuantizer
+from overdrive.quant.modules import eval_mode  # noqa: F401 - quant.api.eval_mode, as before
 
 ForwardLoop = Callable[[nn.Module], Any]
 
@@ -192,21 +192,6 @@ def _calibrate_weights(model: nn.Module, missing_only: bool = False) -> None:
 
 def _activation_quantizers(model: nn.Module) -> list[TensorQuantizer]:
     return [q for n, q in quantizers(model) if not n.endswith("weight_quantizer")]
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """``model.eval()`` inside the block; afterwards every submodule gets back its own training flag.
-
-    ``model.train(was_training)`` would not do: it sets one flag on all submodules, so a BatchNorm
-    the user froze in eval mode inside a training model would come back in training mode."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for m, training in flags:
-            m.training = training
 
 
 @torch.no_grad()

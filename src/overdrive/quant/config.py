@@ -48,6 +48,14 @@ class QuantizerConfig(ConfigBase):
         return FORMAT_MAX[self.format]
 
 
+def check_alpha(alpha: object) -> float:
+    """A SmoothQuant alpha as a float in [0, 1], or a UsageError that names it."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= float(alpha) <= 1.0:
+        raise UsageError(f"SmoothQuant alpha={alpha!r} must be a number in [0, 1] (0.5 is the paper's and "
+                         "ModelOpt's default; larger moves more of the outliers into the weights)")
+    return float(alpha)
+
+
 @dataclass(frozen=True)
 class QuantConfig(ConfigBase):
     """What ``quantize`` does: the input and weight quantizers, the calibrator, and layer selection.
@@ -95,8 +103,6 @@ class QuantConfig(ConfigBase):
             if not isinstance(getattr(self, flag), bool):
                 raise UsageError(f"{flag}={getattr(self, flag)!r} must be True or False")
         if self.smoothquant is not None:
-            from overdrive.quant.smoothquant import check_alpha
-
             object.__setattr__(self, "smoothquant", check_alpha(self.smoothquant))
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
         if bad:

@@ -11,12 +11,14 @@ torch.fx (forward code cannot be seen by a module swap).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import inspect
 import linecache
 import operator
 import sys
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -484,3 +486,18 @@ def _with_traced_forward(module: nn.Module, graph: torch.fx.Graph, extra: dict[s
 
 
 insert_residual_quantizers = insert_graph_quantizers  # the name before matmuls were covered
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model.eval()`` inside the block; afterwards every submodule gets back its own training flag.
+
+    ``model.train(was_training)`` would not do: it sets one flag on all submodules, so a BatchNorm
+    the user froze in eval mode inside a training model would come back in training mode."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in flags:
+            m.training = training

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive._utils.errors import UsageError
-from overdrive.quant.modules import _QuantMixin
+from overdrive.quant.config import check_alpha
+from overdrive.quant.modules import _QuantMixin, eval_mode
 from overdrive.quant.quantizer import TensorQuantizer
 
 _FLOOR = 1e-5  # a channel never seen nonzero, or an all-zero weight column, keeps factor 1 / the floor
@@ -43,13 +43,6 @@ def smoothable(m: nn.Module) -> bool:
         m.weight_quantizer.enabled
 
 
-def check_alpha(alpha: object) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= float(alpha) <= 1.0:
-        raise UsageError(f"SmoothQuant alpha={alpha!r} must be a number in [0, 1] (0.5 is the paper's and "
-                         "ModelOpt's default; larger moves more of the outliers into the weights)")
-    return float(alpha)
-
-
 @torch.no_grad()
 def smooth(model: nn.Module, forward_loop: Callable[[nn.Module], Any], alpha: float = 0.5) -> list[str]:
     """Run ``forward_loop(model)`` once in float (every quantizer passed through) recording each smoothable
@@ -57,8 +50,6 @@ def smooth(model: nn.Module, forward_loop: Callable[[nn.Module], Any], alpha: fl
 
     Call before the weights' amax is computed (``quant.quantize`` does, when ``QuantConfig.smoothquant`` is set).
     """
-    from overdrive.quant.api import eval_mode
-
     alpha = check_alpha(alpha)
     layers = {n: m for n, m in model.named_modules() if smoothable(m)}
     if not layers:

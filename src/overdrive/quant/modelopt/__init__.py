@@ -107,7 +107,7 @@ _ATTRS = ("enable", "num_bits", "axis", "narrow_range", "unsigned", "fake_quant"
 
 def _smoothquant_alpha(algorithm: Any) -> float | None:
     """SmoothQuant's alpha when ``algorithm`` asks for it ("smoothquant", or a dict with "alpha"), else None."""
-    from overdrive.quant.smoothquant import check_alpha
+    from overdrive.quant.config import check_alpha
 
     if algorithm == "smoothquant":
         return 0.5
