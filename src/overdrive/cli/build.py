@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_device, check_json_target, check_output, json_option, write_json
+from overdrive.cli.common import check_device, check_json_target, check_output, json_option, progress_option, write_json
 
 
 @click.command("build")
@@ -58,13 +58,14 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
               help="Fold GELU after a Linear into the GEMM's epilogue (cuBLASLt on CUDA, tanh-form GELU within "
                    "5e-4 of erf); inductor backend (default: on for CUDA builds, off on CPU).")
 @json_option("the engine info")
+@progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
             device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, layer_precision: str,
             calib: str | None, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
-            gemm_gelu: bool | None, json_path: str | None) -> None:
+            gemm_gelu: bool | None, json_path: str | None, no_progress: bool) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b
@@ -86,13 +87,17 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
 
     signing_key(create=True)  # a bad OVERDRIVE_SIGNING_KEY fails now, not after the build
     flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]
-    engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
-                          precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
-                          opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                          max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
-                          layer_precision=layer_precision, calib=calib,
-                          timing_cache=timing_cache,
-                          trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu)
+    from overdrive._utils.progress import status
+
+    source = onnx or model or torchscript or exported
+    with status(f"building {save_engine} from {source} (export, compile, check)", enabled=not no_progress and json_path != "-"):
+        engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
+                              precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
+                              opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
+                              max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
+                              layer_precision=layer_precision, calib=calib,
+                              timing_cache=timing_cache,
+                              trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu)
     info = engine.info
     if json_path is not None:
         write_json(info, json_path)

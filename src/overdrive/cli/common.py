@@ -43,6 +43,13 @@ def console() -> Any:
     return Console(highlight=False, width=width)
 
 
+def progress_option() -> Any:
+    """The ``--no-progress`` of the verbs with long steps (a spinner with the elapsed time on stderr, drawn
+    only when stderr is a terminal and not with a bare ``--json``)."""
+    return click.option("--no-progress", is_flag=True, help="No progress display (none is drawn when stderr is "
+                        "not a terminal either).")
+
+
 def _clean(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None

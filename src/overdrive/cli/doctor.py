@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from overdrive.cli.common import check_json_target, console, json_option, write_json
+from overdrive.cli.common import check_json_target, console, json_option, progress_option, write_json
 
 
 @click.command("doctor")
@@ -20,8 +20,9 @@ from overdrive.cli.common import check_json_target, console, json_option, write_
 @click.option("--max-bytes", type=click.IntRange(min=1), default=64 * 2**20, show_default=True)
 @click.option("--ops", default="all_reduce,all_gather,reduce_scatter", show_default=True)
 @json_option("the report")
+@progress_option()
 def command(master_addr: str | None, master_port: int | None, node_rank: int, nproc: int, min_bytes: int,
-            max_bytes: int, ops: str, json_path: str | None) -> None:
+            max_bytes: int, ops: str, json_path: str | None, no_progress: bool) -> None:
     """Diagnose a distributed set-up; exits 1 when a finding is an error.
 
     \b
@@ -35,7 +36,12 @@ def command(master_addr: str | None, master_port: int | None, node_rank: int, np
 
     report = doctor.diagnose(master_addr=master_addr, master_port=master_port, node_rank=node_rank)
     if nproc > 0:
-        report["bandwidth"] = bandwidth(nproc, min_bytes, max_bytes, ops)
+        from overdrive._utils.progress import status
+
+        sizes = f"{min_bytes:,} to {max_bytes:,} bytes"
+        where = "GPU ranks" if report["gpus"] else "CPU ranks over gloo (minutes on a few cores)"
+        with status(f"bandwidth test: {nproc} {where}, {ops}, {sizes}", enabled=not no_progress and json_path != "-"):
+            report["bandwidth"] = bandwidth(nproc, min_bytes, max_bytes, ops)
     errs = doctor.errors(report)
     if json_path is not None:
         write_json(report, json_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
+from overdrive.cli.common import check_json_target, check_output, console, json_option, progress_option, write_json
 
 
 @click.command("quantize")
@@ -27,8 +27,10 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
                    "atomically); reload it with overdrive.recipes.quantize.load_quantized(FILE).")
 @click.option("--opset", default=None, type=int, help="ONNX opset (default 17 for int8, 19 for fp8).")
 @json_option("the summary")
+@progress_option()
 def command(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
-            batch_size: int, export_path: str | None, save_path: str | None, opset: int | None, json_path: str | None) -> None:
+            batch_size: int, export_path: str | None, save_path: str | None, opset: int | None, json_path: str | None,
+            no_progress: bool) -> None:
     """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX
     (--export) and save the quantized PyTorch model (--save).
 
@@ -40,10 +42,13 @@ def command(model_spec: str, calib_data: str, config_name: str, method: str, per
     check_json_target(json_path)
     check_output("--export", export_path)  # before the model is trained and calibrated
     check_output("--save", save_path)
+    from overdrive._utils.progress import status
     from overdrive.recipes.quantize import run_quantize
 
     out = console()
-    result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,
-                          export_path, opset, console=None if json_path == "-" else out, save_path=save_path)
+    steps = "calibrating" + (", exporting ONNX" if export_path else "") + (", saving" if save_path else "")
+    with status(f"quantize {model_spec}: {steps}", enabled=not no_progress and json_path != "-"):
+        result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,
+                              export_path, opset, console=None if json_path == "-" else out, save_path=save_path)
     if json_path is not None:
         write_json(result, json_path)

@@ -31,8 +31,9 @@ STAGES: dict[str, str] = {
     "data": "overdrive.demo.data_stage",
     "distributed": "overdrive.demo.distributed_stage",
 }
-# Stages that bring their own model: run alone, they need no O0-trained digits model from amp first.
-STANDALONE: frozenset[str] = frozenset({"transformer"})
+# Stages that bring their own model: run alone, they need no O0-trained digits model from amp first. The others
+# (quant, sparsity, engine) start from it: run without amp, amp runs first at O0 only and its table says why.
+STANDALONE: frozenset[str] = frozenset({"transformer", "data", "distributed"})
 
 
 def run_demo(
@@ -72,8 +73,11 @@ def run_demo(
     unknown = [s for s in chosen if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown demo stage(s) {unknown}; choose from {list(STAGES)}")
-    if "amp" not in chosen and any(s not in STANDALONE for s in chosen):
-        chosen = ["amp", *chosen]  # later stages start from the O0-trained model
+    needs_model = [s for s in chosen if s not in STANDALONE and s != "amp"]
+    prerequisite = "amp" not in chosen and bool(needs_model)
+    if prerequisite:  # they start from the O0-trained model: train that one, not every opt level
+        chosen = ["amp", *chosen]
+        opt_levels = ("O0",)
     workload = choose_workload(dev, quick, batch_size, epochs)
     ctx = DemoContext(device=dev, dtype=half, digits=load_digits(seed=seed), epochs=workload.epochs,
                       batch_size=workload.batch_size, seed=seed, opt_levels=tuple(opt_levels), progress=progress,
@@ -94,6 +98,9 @@ def run_demo(
             produced = [_status_table(name, "failed", f"{type(exc).__name__}: {exc}")]
         for table in produced:
             table.stage = table.stage or name
+            if prerequisite and name == "amp":
+                table.notes.append(f"stage 'amp' ran first, at O0 only: {', '.join(needs_model)} start(s) from its "
+                                   "fp32 model; --stage amp trains and times every opt level")
             table.notes.append(f"stage '{name}' took {time.perf_counter() - t0:.1f} s")
             tables.append(table)
             if on_table is not None:

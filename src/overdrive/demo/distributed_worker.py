@@ -24,9 +24,9 @@ def global_batches(n: int, batch: int, epoch: int, seed: int) -> list[torch.Tens
 
 
 def train(strategy: str | None, epochs: int, batch: int, lr: float, seed: int, rank: int, world: int,
-          device: torch.device) -> tuple[torch.nn.Module, float, float]:
+          device: torch.device) -> tuple[torch.nn.Module, float, float, list[float]]:
     """Train a fresh DigitsCNN; returns (a full, unwrapped copy of the model, mean loss of the last epoch,
-    training seconds)."""
+    training seconds, the seconds of each epoch)."""
     from overdrive.recipes.data import load_digits
     from overdrive.recipes.models import DigitsCNN
     from overdrive.train import Trainer
@@ -41,11 +41,14 @@ def train(strategy: str | None, epochs: int, batch: int, lr: float, seed: int, r
     per_rank = batch // world
     t0 = time.perf_counter()
     losses: list[torch.Tensor] = []
+    epoch_s: list[float] = []
     for epoch in range(epochs):
         losses = []
+        e0 = time.perf_counter()
         for idx in global_batches(len(digits.x_train), batch, epoch, seed):
             mine = idx[rank * per_rank:(rank + 1) * per_rank]
             losses.append(trainer.train_step((digits.x_train[mine], digits.y_train[mine])))
+        epoch_s.append(time.perf_counter() - e0)
     last = torch.stack(losses).mean()
     if world > 1:  # the mean over ranks of each rank's mean loss
         dist.all_reduce(last)
@@ -55,7 +58,7 @@ def train(strategy: str | None, epochs: int, batch: int, lr: float, seed: int, r
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()  # FSDP2 shards: a collective
              for k, v in trainer.model.state_dict().items()}
     full.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
-    return full.eval(), float(last), seconds
+    return full.eval(), float(last), seconds, epoch_s
 
 
 def main() -> None:
@@ -76,11 +79,12 @@ def main() -> None:
     rows = []
     _, test = load_digits(seed=args.seed).loaders(batch_size=args.batch_size, seed=args.seed)
     for strategy in args.strategies.split(","):
-        model, loss, seconds = train(strategy, args.epochs, args.batch_size, args.lr, args.seed, env.rank,
+        model, loss, seconds, epoch_s = train(strategy, args.epochs, args.batch_size, args.lr, args.seed, env.rank,
                                      env.world_size, env.device)
         acc = evaluate(model, test)[1]
         rows.append({"strategy": strategy, "ranks": env.world_size, "backend": dist.get_backend(), "accuracy": acc,
-                     "loss": loss, "seconds": seconds})
+                     "loss": loss, "seconds": seconds, "epoch_seconds": epoch_s,
+                     "threads": torch.get_num_threads()})
         if env.rank == 0:  # the weights, for the caller to compare runs (loaded with weights_only)
             atomic_torch_save(model.state_dict(), f"{args.out}.{strategy}.pt")
     if env.rank == 0:

@@ -29,6 +29,44 @@ def run(ctx: DemoContext) -> Table:
             table.add_speedup(f"{row[0]} ({row[1]})", float("nan"), "fp32", row[-1])
     table.notes.append("int8: activations per tensor, weights per output channel, residual-add inputs quantized "
                        "(TensorRT placement); every calibrator is computed from one pass over 8 batches.")
-    worst = ", ".join(f"{r['layer']} ({100 * r['drop']:+.1f})" for r in ranking[:3])
-    table.notes.append(f"most sensitive layers (accuracy drop in points when quantized alone): {worst}")
+    n_test = int(ctx.data.x_test.shape[0])
+    table.notes += tie_notes(table, ranking, n_test)
     return table
+
+
+def tie_notes(table: Table, ranking: list[dict], n_test: int) -> list[str]:
+    """Make ties visible: PTQ calibrators at the same best accuracy are all marked "(tied best)" instead of the
+    first one alone "(best)", and layer sensitivities are given in points to 2 decimals and in test images
+    (one image of ``n_test`` is 100 / n_test points), with a tie across every layer said in words.
+
+    Example:
+        >>> t = Table("q", ["model", "calibration", "test accuracy", "vs fp32 (points)"],
+        ...           [["int8 PTQ", "max (best)", 0.5, 0.0], ["int8 PTQ", "mse", 0.5, 0.0]])
+        >>> tie_notes(t, [{"layer": "fc", "drop": 0.0}, {"layer": "conv", "drop": 0.0}], 200)[0]
+        'int8 PTQ: 2 calibrators tie at the best test accuracy (0.5000, the same 100 of 200 test images right): max, mse'
+        >>> [r[1] for r in t.rows]
+        ['max (tied best)', 'mse (tied best)']
+    """
+    notes: list[str] = []
+    ptq = [r for r in table.rows if r[0] == "int8 PTQ" and isinstance(r[2], float)]
+    if ptq:
+        best = max(r[2] for r in ptq)
+        tied = [r for r in ptq if round(r[2] * n_test) == round(best * n_test)]
+        for r in ptq:
+            label = str(r[1]).removesuffix(" (best)")
+            r[1] = f"{label} (tied best)" if len(tied) > 1 and r in tied else (f"{label} (best)" if r in tied else label)
+        if len(tied) > 1:
+            names = ", ".join(str(r[1]).removesuffix(" (tied best)") for r in tied)
+            notes.append(f"int8 PTQ: {len(tied)} calibrators tie at the best test accuracy ({best:.4f}, the same "
+                         f"{round(best * n_test)} of {n_test} test images right): {names}")
+    if ranking:
+        images = [round(r["drop"] * n_test) for r in ranking]
+        if len(set(images)) == 1:
+            notes.append(f"layer sensitivity (accuracy drop when quantized alone): all {len(ranking)} layers tie at "
+                         f"{100 * ranking[0]['drop']:+.2f} points ({images[0]:+d} of {n_test} test images), so the "
+                         "partial row keeps the first in float")
+        else:
+            worst = ", ".join(f"{r['layer']} ({100 * r['drop']:+.2f} points, {i:+d} images)"
+                              for r, i in zip(ranking[:3], images))
+            notes.append(f"most sensitive layers (accuracy drop when quantized alone, of {n_test} test images): {worst}")
+    return notes
