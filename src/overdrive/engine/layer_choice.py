@@ -107,7 +107,7 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     Returns ``(model, kept)``: ``kept`` maps each layer left float to why (``"int8 0.03x fp32 at 1024x384->1536"``).
     ``float_dtype``: the float layers' dtype (default: each layer's input dtype on the example).
     """
-    from overdrive.quant.real import _LowPrecisionGemm
+    from overdrive.quant.real import _LowPrecisionGemm, _set
 
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _LowPrecisionGemm)]
     if not layers:
@@ -150,11 +150,5 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
         slower, why = verdict[key]
         if slower:
             kept[name] = why
-            _replace(model, name, _float_twin(m, fdt))
+            _set(model, name, _float_twin(m, fdt))
     return model, kept
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
