@@ -396,6 +396,8 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     io = {}
     if device.type == "cuda" and args.engine_io == "fp16":  # fp16 in and out, as the compile baselines take
         io = {"output_io_formats": ("fp16:chw",), **({"input_io_formats": ("fp16:hwc",)} if zoo.image else {})}
+    if args.compile_mode:
+        io["compile_mode"] = args.compile_mode
     bcfg = BuildConfig(precision=prec, device=str(device), backend=args.backend, profiles=prof, **io)
     calib = zoo.calib if prec in ("int8", "fp8") else None
     note = ""
@@ -563,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-samples", type=int, default=32, help="at least this many calibration samples")
     p.add_argument("--acc-samples", type=int, default=16, help="at least this many held-out samples for accuracy")
     p.add_argument("--backend", default="auto")
+    p.add_argument("--compile-mode", default=None, help="the engines' BuildConfig.compile_mode (default: the "
+                   "builder's choice, reduce-overhead on CUDA); e.g. max-autotune (Inductor times GEMM tactics, Triton "
+                   "templates with fused epilogues among them)")
     p.add_argument("--engine-io", choices=("fp16", "fp32"), default="fp16", help="engine bindings' float type on CUDA")
     p.add_argument("--max-build-s", type=float, default=120.0, help="per build or compile (SIGALRM; 0: no limit)")
     p.add_argument("--budget-s", type=float, default=0, help="skip configs that would start after this many seconds "
@@ -596,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batches {args.batches!r}: give 'serving' and/or integers, like serving,1")
     facts = device_facts(device)
     facts.update(models=models, batches=kinds, configs=args.configs, iters=args.iters, rounds=args.rounds,
-                 engine_io=args.engine_io, max_build_s=args.max_build_s, budget_s=args.budget_s, quick=args.quick,
+                 engine_io=args.engine_io, compile_mode=args.compile_mode, max_build_s=args.max_build_s,
+                 budget_s=args.budget_s, quick=args.quick,
                  threads=torch.get_num_threads())
     rows: list[dict[str, Any]] = []
     t_start = args.t_start = time.perf_counter()
