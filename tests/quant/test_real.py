@@ -185,6 +185,32 @@ def test_fp8_real_cuda(rowwise: bool) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_fp8_real_takes_column_major_inputs_cuda(rowwise: bool) -> None:
+    """A 1x1 conv at batch 1 on an NCHW-contiguous input reaches the GEMM as a column-major (H*W, C) view, and a
+    Linear may get a transposed input: _scaled_mm needs a row-major operand (it raised "Only multiplication of
+    row-major and column-major matrices" in fp8 engines of ResNet-50 and EfficientNet at batch 1). Reference: the
+    same layer on a contiguous copy of the input, bit for bit."""
+    from overdrive._utils.device import supports_fp8
+    from overdrive.quant.real import Fp8Conv1x1
+
+    if not supports_fp8(torch.device("cuda")):
+        pytest.skip("fp8 needs compute capability 8.9+")
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(64, 128, generator=g), torch.randn(64, generator=g)
+    x_amax = torch.tensor(4.0)
+    conv = Fp8Conv1x1(w.cuda(), w.abs().amax(1).cuda(), x_amax.cuda(), b.cuda(), rowwise=rowwise)
+    x = torch.randn(1, 128, 7, 7, generator=g).cuda().bfloat16()  # NCHW contiguous, batch 1
+    assert x.permute(0, 2, 3, 1).reshape(-1, 128).stride() == (1, 49)  # the column-major view the GEMM sees
+    out = conv(x)
+    ref = conv(x.contiguous(memory_format=torch.channels_last))
+    assert out.shape == (1, 64, 7, 7) and torch.equal(out, ref)
+    lin = quant.Fp8Linear(w.cuda(), w.abs().amax(1).cuda(), x_amax.cuda(), b.cuda(), rowwise=rowwise)
+    xt = torch.randn(128, 32, generator=g).cuda().bfloat16().t()  # (32, 128), column-major
+    assert torch.equal(lin(xt), lin(xt.contiguous()))
+
+
+@pytest.mark.gpu
 def test_fused_steps_compile_and_match_eager_cuda() -> None:
     """On CUDA the quantize / epilogue steps run compiled (no fallback) and give the eager values:
     the quantized activations bit for bit (IEEE division), the rescaled output to fp32 rounding."""

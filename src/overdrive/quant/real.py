@@ -182,6 +182,9 @@ class _LowPrecisionGemm(nn.Module):
                 xs, ws, od = self.x_scale, self.w_scale, (out_dtype if out_dtype != torch.float32 else torch.bfloat16)
                 xq = _FUSED(_quantize_fp8, x2, xs)
             bias = None if self.bias is None else self.bias.to(od)
+            # _scaled_mm takes a row-major mat1 only; x2 may be a column-major view (a 1x1 conv at batch 1 on an
+            # NCHW-contiguous input: permute + reshape merge without a copy), and the quantize keeps its strides
+            xq = xq.contiguous()
             y = torch._scaled_mm(xq, self.w_q.t(), scale_a=xs, scale_b=ws, bias=bias, out_dtype=od).to(out_dtype)
         return y[:m] if pad > 0 else y
 
