@@ -89,12 +89,21 @@ class ConfigBase:
         return cls(**{k: cls._decode_field(k, v, hints.get(k, Any)) for k, v in d.items()})
 
     def to_json(self) -> str:
+        return json.dumps(self._json_dict(), indent=self._JSON_INDENT, sort_keys=self._JSON_SORT_KEYS)
+
+    def _json_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the added fields at their defaults, in nested configs too."""
         out = self.to_dict()
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        for f in fields:
+            value = getattr(self, f.name)
+            if isinstance(value, ConfigBase) and isinstance(out.get(f.name), dict):
+                out[f.name] = value._json_dict()
+        defaults = {f.name: f.default for f in fields}
         for name in self._ADDED_FIELDS:
             if out[name] == self._encode_field(name, defaults[name]):
                 del out[name]
-        return json.dumps(out, indent=self._JSON_INDENT, sort_keys=self._JSON_SORT_KEYS)
+        return out
 
     @classmethod
     def from_json(cls: type[C], text: str | bytes) -> C:

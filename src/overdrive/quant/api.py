@@ -212,7 +212,7 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
     acts = _activation_quantizers(model)
     if not acts:
         raise UsageError("the model has no activation quantizers; call quant.quantize(model, config) first")
-    acts = [q for q in acts if q.enabled]
+    acts = [q for q in acts if q.enabled and not q.dynamic]  # dynamic ones bring their scales with each input
     if not acts:
         return model
     previous = [q.calibrator for q in acts]
@@ -284,6 +284,7 @@ class SummaryRow:
     input_amax: float | None
     weight_amax: str
     enabled: bool
+    dynamic: bool = False  # input scales per token at run time: no input amax
 
 
 def summary(model: nn.Module) -> dict[str, Any]:
@@ -295,7 +296,7 @@ def summary(model: nn.Module) -> dict[str, Any]:
             w = "-" if wq.amax is None else (f"{float(wq.amax.min()):.4g}..{float(wq.amax.max()):.4g}"
                                                if wq.amax.dim() else f"{float(wq.amax):.4g}")
             rows.append(SummaryRow(name, type(m).__name__, None if iq.amax is None else float(iq.amax), w,
-                                   iq.enabled or wq.enabled))
+                                   iq.enabled or wq.enabled, dynamic=iq.dynamic))
         elif isinstance(m, QuantAdd):
             q = m.residual_quantizer
             rows.append(SummaryRow(name, "QuantAdd (residual input)", None if q.amax is None else float(q.amax), "-",
@@ -332,7 +333,8 @@ def print_summary(model: nn.Module, console: Any = None) -> None:
     for c in ("layer", "kind", "input amax", "weight / other amax", "quantized"):
         t.add_column(c)
     for r in s["layers"]:
-        t.add_row(r.name, r.kind, "-" if r.input_amax is None else f"{r.input_amax:.4g}", r.weight_amax,
+        t.add_row(r.name, r.kind, "dynamic" if r.dynamic else "-" if r.input_amax is None else f"{r.input_amax:.4g}",
+                  r.weight_amax,
                   "yes" if r.enabled else "no (float)")
     for name, why in s["skipped"].items():
         t.add_row(name, "skipped", "-", "-", why)

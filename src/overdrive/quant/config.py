@@ -21,6 +21,7 @@ METHODS = ("max", "percentile", "entropy", "mse")
 # "Conv1D" is Hugging Face's GPT-2 projection (transformers.pytorch_utils.Conv1D: a Linear with weight (in, out));
 # "Conv1d" is torch.nn.Conv1d
 LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "Conv1D")
+DYNAMIC_LAYER_TYPES = ("Linear", "Conv1D")  # the layers whose input rows are tokens: per-token dynamic scales
 # The largest representable magnitude of each format: int8 scale = amax/127, fp8 e4m3 scale = amax/448.
 FORMAT_MAX = {"int8": 127.0, "fp8_e4m3": 448.0}
 
@@ -30,18 +31,33 @@ class QuantizerConfig(ConfigBase):
     """How one tensor is quantized: format, per-channel or per-tensor, narrow range, on/off.
 
     ``per_channel`` means one scale per output channel for weights (axis 0 for Linear/Conv, axis 1
-    for ConvTranspose and Hugging Face's Conv1D); activations are always per tensor. ``narrow_range`` uses [-127, 127]
-    (TensorRT's symmetric weights) instead of [-128, 127].
+    for ConvTranspose and Hugging Face's Conv1D); calibrated activations are per tensor. ``narrow_range`` uses
+    [-127, 127] (TensorRT's symmetric weights) instead of [-128, 127]. ``dynamic`` (layer inputs only): one scale per
+    token (each row over the last dimension), amax / bound computed from every input as it comes, so there is
+    nothing to calibrate (ONNX Runtime's and ModelOpt's dynamic mode; ``INT8_DYNAMIC``).
+
+    Example:
+        >>> QuantizerConfig(dynamic=True).to_json()
+        '{"format": "int8", "per_channel": false, "narrow_range": false, "enabled": true, "dynamic": true}'
     """
 
     format: str = "int8"
     per_channel: bool = False
     narrow_range: bool = False
     enabled: bool = True
+    dynamic: bool = False
+
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("dynamic",)  # written only when set: older JSON reads the same
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise UsageError(f"quantizer format {self.format!r} is not one of {FORMATS}; pick one of those")
+        for flag in ("per_channel", "narrow_range", "enabled", "dynamic"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UsageError(f"QuantizerConfig {flag}={getattr(self, flag)!r} must be True or False")
+        if self.dynamic and self.per_channel:
+            raise UsageError("QuantizerConfig(dynamic=True, per_channel=True): a dynamic quantizer has one scale per "
+                             "token already; drop per_channel")
 
     @property
     def bound(self) -> float:
@@ -104,6 +120,15 @@ class QuantConfig(ConfigBase):
                 raise UsageError(f"{flag}={getattr(self, flag)!r} must be True or False")
         if self.smoothquant is not None:
             object.__setattr__(self, "smoothquant", check_alpha(self.smoothquant))
+        if self.weight.dynamic:
+            raise UsageError("QuantConfig(weight=QuantizerConfig(dynamic=True)): weights are constants, calibrated "
+                             "once; dynamic applies to input= (per-token activation scales)")
+        if self.input.dynamic:
+            convs = [t for t in self.layer_types if t not in DYNAMIC_LAYER_TYPES]
+            if convs:
+                raise UsageError(f"dynamic per-token input scales apply to {DYNAMIC_LAYER_TYPES} only (a token is a "
+                                 f"row over the last dimension), not layer_types {convs}; give "
+                                 f"layer_types={DYNAMIC_LAYER_TYPES} (INT8_DYNAMIC does) or a static input config")
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
         if bad:
             raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
@@ -189,12 +214,19 @@ INT8_SMOOTHQUANT = INT8_DEFAULT.replace(smoothquant=0.5)
 """INT8_DEFAULT after SmoothQuant (alpha 0.5): per-input-channel factors move activation outliers into the weights
 (ModelOpt's INT8_SMOOTHQUANT_CFG)."""
 
+INT8_DYNAMIC = QuantConfig(input=QuantizerConfig(dynamic=True), layer_types=DYNAMIC_LAYER_TYPES, residual_add=False)
+"""int8 with dynamic per-token activation scales (amax of each row at run time, no calibration data needed) and
+per-output-channel weights, for Linear / GPT-2 Conv1D layers: the most accurate int8 for transformers, whose
+activations have outlier tokens that a per-tensor scale must cover. Real kernels: ``to_real`` (``torch._int_mm``
+with per-row scales); no ONNX Q/DQ form (QuantizeLinear takes a fixed scale)."""
+
 PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT, "int8_attention": INT8_ATTENTION,
-                                   "int8_smoothquant": INT8_SMOOTHQUANT}
+                                   "int8_smoothquant": INT8_SMOOTHQUANT, "int8_dynamic": INT8_DYNAMIC}
 
 
 def get_preset(name: str) -> QuantConfig:
-    """A preset by name ('int8', 'fp8', 'int8_attention' or 'int8_smoothquant')."""
+    """A preset by name: one of :data:`PRESETS` ('int8', 'fp8', 'int8_attention', 'int8_smoothquant',
+    'int8_dynamic')."""
     if name not in PRESETS:
         raise UsageError(f"quantization config {name!r} is not one of {list(PRESETS)}; pick one of those")
     return PRESETS[name]

@@ -32,6 +32,11 @@ def _check_ready(model: nn.Module) -> str:
     qs = [(n, q) for n, q in quantizers(model) if q.enabled]
     if not qs:
         raise UsageError("the model has no enabled quantizers; call quant.quantize(model, config, forward_loop) first")
+    dynamic = [n for n, q in qs if q.dynamic]
+    if dynamic:
+        raise UsageError(f"quantizer(s) {dynamic[:5]} have dynamic per-token scales, which have no ONNX Q/DQ form "
+                         "(QuantizeLinear takes a fixed scale); quantize with a static config (quant.INT8_DEFAULT, "
+                         "calibrated) to export, or run the dynamic model through quant.to_real or an engine")
     missing = [n for n, q in qs if not q.is_calibrated]
     if missing:
         raise UsageError(f"cannot export before calibration: quantizer(s) {missing[:5]} have no amax; run "

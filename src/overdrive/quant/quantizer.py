@@ -111,8 +111,15 @@ class TensorQuantizer(nn.Module):
         """An empty calibrator of this quantizer's kind (histogram for per-tensor activations, else max)."""
         return HistogramCalibrator(self.num_bins, self.config.bound) if self.histogram else MaxCalibrator(self.axis)
 
+    @property
+    def dynamic(self) -> bool:
+        """Per-token scales computed from each input at run time (``QuantizerConfig.dynamic``): no calibration."""
+        return self.config.dynamic
+
     def start_calibration(self) -> None:
         """Observe from now on with fresh statistics (what quant.calibrate does)."""
+        if self.dynamic:
+            return  # nothing to observe: every input brings its own scales
         self.calibrating = True
         self.calibrator = self.new_calibrator()
 
@@ -121,6 +128,8 @@ class TensorQuantizer(nn.Module):
     def enable_calib(self) -> None:
         """Observe inputs, adding to the statistics collected so far (none yet: a fresh calibrator).
         While observing, values pass through unquantized."""
+        if self.dynamic:
+            return
         if self.calibrator is None:
             self.calibrator = self.new_calibrator()
         self.calibrating = True
@@ -151,7 +160,8 @@ class TensorQuantizer(nn.Module):
 
     def finish_calibration(self, method: str = "max", percentile: float | None = None) -> None:
         self.calibrating = False
-        self.load_calib_amax(method, percentile)
+        if not self.dynamic:
+            self.load_calib_amax(method, percentile)
 
     def warn_if_degenerate(self) -> None:
         """Say so when calibration data leaves this quantizer's range meaningless: every input zero, or
@@ -177,6 +187,8 @@ class TensorQuantizer(nn.Module):
 
     def load_calib_amax(self, method: str = "max", percentile: float | None = None) -> None:
         """Set amax from the stored calibration statistics with ``method`` (no data rerun)."""
+        if self.dynamic:
+            return  # no amax: scales come from each input
         if self.calibrator is None:
             raise UsageError(f"quantizer {self.name or '?'} has no calibration statistics; run quantize(...) with a forward_loop")
         if isinstance(self.calibrator, MaxCalibrator) and method != "max":
@@ -200,7 +212,8 @@ class TensorQuantizer(nn.Module):
 
     @property
     def is_calibrated(self) -> bool:
-        return self.amax is not None
+        """Ready to quantize: an amax from calibration, or a dynamic quantizer (which needs none)."""
+        return self.amax is not None or self.dynamic
 
     # --- numerics ---------------------------------------------------------------------------
     def scale(self) -> torch.Tensor:
@@ -235,6 +248,8 @@ class TensorQuantizer(nn.Module):
             return x
         if not self.quant_enabled:
             return x
+        if self.dynamic:
+            return self._dynamic_fake_quant(x)
         scale = self.scale().to(x.device)
         if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
             scale = torch.tensor(scale.tolist(), dtype=torch.float32, device=x.device)
@@ -265,6 +280,23 @@ class TensorQuantizer(nn.Module):
         amax = self.amax.float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
         return _FakeInt8.apply(xf, scale, amax, self.axis, qmin)
 
+    def _dynamic_fake_quant(self, x: torch.Tensor) -> torch.Tensor:
+        """Quantize-dequantize with one scale per token, amax(|row|) / bound over the last dimension, in fp32: the
+        values ``to_real``'s per-row int8 / fp8 GEMM inputs take (``_quantize_int8_rowwise``). Gradient: straight
+        through (nothing is clipped: every value lies within its row's amax)."""
+        if torch.onnx.is_in_onnx_export():
+            raise UsageError(f"quantizer {self.name or '?'} has dynamic per-token scales, which have no ONNX Q/DQ "
+                             "form (QuantizeLinear takes a fixed scale); export a static config (quant.INT8_DEFAULT) "
+                             "or build an engine from the PyTorch model")
+        xf = x.float()
+        scale = xf.detach().abs().amax(dim=-1, keepdim=True).clamp_min(_TINY_AMAX) / self.config.bound
+        if self.config.format == "fp8_e4m3":
+            q = (xf / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+        else:
+            q = torch.clamp(torch.round(xf / scale), -127 if self.config.narrow_range else -128, 127) * scale
+        out = xf + (q - xf).detach()
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
     def _clamp_for_export(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``xf`` clamped to [-127 * scale, 127 * scale] (per channel along ``axis``) for the ONNX graph."""
         shape = [1] * xf.dim()
@@ -288,6 +320,8 @@ class TensorQuantizer(nn.Module):
             return "disabled"
         if not self.quant_enabled:
             return "quantization off (disable_quant)" + (", calibrating" if self.calibrating else "")
+        if self.dynamic:
+            return f"{self.config.format} dynamic per-token"
         amax = "uncalibrated" if self.amax is None else (
             f"amax={float(self.amax):.4g}" if self.amax.dim() == 0 else
             f"amax=[{float(self.amax.min()):.4g}, {float(self.amax.max()):.4g}] ({self.amax.numel()} channels)")

@@ -268,6 +268,11 @@ def dynamic_int8(model: nn.Module, exclude: tuple[str, ...] | list[str] = ()) ->
     return model
 
 
+def _x_amax(iq: Any) -> torch.Tensor:
+    """The input amax a GEMM module is built with: calibrated, or a placeholder for dynamic (per-row) scales."""
+    return torch.ones(()) if iq.dynamic else iq.amax
+
+
 def _gemm_ok(k: int, n: int, fmt: str) -> str | None:
     mult = 8 if fmt == "int8" else 16
     if k % mult or n % mult:
@@ -302,6 +307,7 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
     report: dict[str, str] = {}
     for name, m in layers:
         iq, wq = m.input_quantizer, m.weight_quantizer
+        dyn = iq.enabled and iq.dynamic  # per-token scales at run time: the per-row GEMMs, int8 or fp8
         if iq.enabled and not iq.is_calibrated:
             raise UsageError(f"cannot convert {name} before calibration: its input quantizer has no amax; run "
                              "quant.quantize(model, config, forward_loop=...) first")
@@ -323,26 +329,29 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
             reason = _gemm_ok(m.in_features, m.out_features, fmt)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
-                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", **ranges)
+                new = cls(m.weight, wq.amax, _x_amax(iq), m.bias, rowwise=dyn or (rowwise and fmt == "fp8"),
+                          **ranges)
         elif hf_conv1d_class() is not None and isinstance(m, hf_conv1d_class()):  # GPT-2's Conv1D: weight (in, out)
             reason = _gemm_ok(m.nx, m.nf, fmt)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
-                new = cls(m.weight.t(), wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", **ranges)
+                new = cls(m.weight.t(), wq.amax, _x_amax(iq), m.bias, rowwise=dyn or (rowwise and fmt == "fp8"),
+                          **ranges)
         elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
                 and m.stride[0] == m.stride[1]:
             reason = _gemm_ok(m.in_channels, m.out_channels, fmt)
             if reason is None:
                 cls = Fp8Conv1x1 if fmt == "fp8" else Int8Conv1x1
-                new = cls(m.weight, wq.amax, iq.amax, m.bias, rowwise=rowwise and fmt == "fp8", stride=m.stride[0],
-                          **ranges)
+                new = cls(m.weight, wq.amax, _x_amax(iq), m.bias, rowwise=dyn or (rowwise and fmt == "fp8"),
+                          stride=m.stride[0], **ranges)
         else:
             reason = f"{type(m).__name__} {getattr(m, 'kernel_size', '')} has no low-precision kernel here (float)"
         if new is None:
             new = m.to_float()
             report[name] = reason or "float"
         else:
-            report[name] = f"{fmt} {'rowwise' if rowwise and fmt == 'fp8' else 'per-tensor'}"
+            kind = "dynamic (per-token)" if dyn else "rowwise" if rowwise and fmt == "fp8" else "per-tensor"
+            report[name] = f"{fmt} {kind}"
         if name == "":  # a bare quantized layer
             new._overdrive_real = report
             return new
