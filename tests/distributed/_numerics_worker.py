@@ -57,6 +57,12 @@ def params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: full(q.detach()).float().clone() for n, q in model.named_parameters()}
 
 
+def masters(t: Trainer) -> dict[str, torch.Tensor]:
+    """The fp32 weights a trainer steps, by parameter name: amp's masters at O2, else the (sharded) parameters."""
+    of = {id(h): m for h, m in t.mp.master_pairs()}
+    return {n: full(of.get(id(q), q).detach()).float().clone() for n, q in t.model.named_parameters()}
+
+
 def maxdiff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), (a.keys(), b.keys())
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -101,6 +107,46 @@ def start(hang_s: int) -> tuple[Path, int, int, nn.Module, list]:
     return Path(sys.argv[1]), env.rank, env.world_size, Net(), data(3, 16)
 
 
+def fp8_checks(res: dict[str, float], base: nn.Module, batches: list, rank: int, world: int, bf16, out: Path) -> None:
+    """O2 bf16 + fp8 (emulated: fp32 GEMMs on fp8-rounded operands) under DDP and FSDP2 against the same policy in a
+    single process that accumulates the ranks' halves of each batch as two micro-batches (each rank's activations
+    get their own fp8 scales, as on the ranks); torchao needed (else no fp8 keys, and the test says so)."""
+    from overdrive import amp
+    from overdrive.amp import fp8 as fp8_mod
+
+    if not fp8_mod.is_available():
+        return
+    rule = amp.Fp8(emulate=True, min_features=0, min_weight=0)  # the 16x16 blocks: a size rule would keep them bf16
+    policy = amp.Policy(opt_level="O2", dtype=torch.bfloat16, fp8=rule)
+    one = batches[:1]  # one plain SGD step: later steps amplify a bf16 rounding into a flipped fp8 rounding
+    kw = dict(policy=policy, lr=1.0, momentum=0.0)
+    ref_t = train(base, None, one, 0, 1, accumulate=world, **kw)  # micro-batch k = rank k's half
+    ref = masters(ref_t)
+    ddp = train(base, "ddp", one, rank, world, **kw)
+    fsdp = train(base, "fsdp", one, rank, world, **kw)
+    res["fp8_ref_layers"] = float(len(fp8_mod.fp8_modules(ref_t.model)))
+    res["ddp_fp8_layers"] = float(len(fp8_mod.fp8_modules(ddp.model)))
+    res["fsdp_fp8_layers"] = float(len(fp8_mod.fp8_modules(fsdp.model)))
+    res["fsdp_fp8_all_gather"] = float(all(type(q._local_tensor).__name__ == "WeightWithDynamicFloat8CastTensor"
+                                           for m in fp8_mod.fp8_modules(fsdp.model) for q in [m.weight]))
+    res["ddp_fp8"] = maxdiff(masters(ddp), ref)
+    res["fsdp_fp8"] = maxdiff(masters(fsdp), ref)
+    bf16_kw = dict(kw, policy=bf16)
+    res["fp8_vs_bf16"] = maxdiff(ref, masters(train(base, None, one, 0, 1, accumulate=world, **bf16_kw)))
+    # FSDP2 + fp8 checkpoint (fp8 all-gather weights) -> resume == uninterrupted
+    whole = train(base, "fsdp", batches, rank, world, policy=policy)
+    first = train(base, "fsdp", batches[:2], rank, world, policy=policy)
+    root = os.path.join(out, "ckpt_fsdp_fp8")
+    odist.checkpoint.save(root, first, position={"consumed": 32, "epoch": 0})
+    model = copy.deepcopy(base)
+    second = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), policy=policy, progress=False,
+                     strategy="fsdp")
+    odist.checkpoint.load(odist.checkpoint.latest(root), second)
+    for mb in shard(batches[2], rank, world):
+        second.train_step(mb)
+    res["resume_fsdp_fp8"] = maxdiff(masters(second), masters(whole))
+
+
 def main() -> None:
     out, rank, world, base, batches = start(60)
     ref = reference(base, batches, 0.5, 0.9)
@@ -120,6 +166,8 @@ def main() -> None:
     bf16 = __import__("overdrive").amp.Policy(opt_level="O2", dtype=torch.bfloat16)
     res["fsdp_o2_bf16"] = maxdiff(params(train(base, "fsdp", batches, rank, world, policy=bf16).model), ref)
     res["ddp_o2_bf16"] = maxdiff(params(train(base, "ddp", batches, rank, world, policy=bf16).model), ref)
+
+    fp8_checks(res, base, batches, rank, world, bf16, out)
 
     # Checkpoint / resume == uninterrupted, for DDP (O2 bf16: masters + scaler) and FSDP.
     for strategy, policy in (("ddp", bf16), ("fsdp", "O0")):

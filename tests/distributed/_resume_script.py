@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from overdrive import distributed as odist
-from overdrive.amp import Policy
+from overdrive.amp import Fp8, Policy
+from overdrive.amp import fp8 as fp8_mod
 from overdrive.train import Trainer, evaluate
 
 
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--fp8", default=None, help="tensorwise | rowwise: every Linear with 16-multiple dims in fp8")
     a = ap.parse_args(argv)
 
     env = odist.init(device=a.device)
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     n = 512
     x, y = torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
     model = nn.Sequential(nn.Linear(16, a.width), nn.ReLU(), nn.Linear(a.width, a.width), nn.ReLU(), nn.Linear(a.width, 4)).to(env.device)
-    policy = Policy(opt_level=a.opt_level, dtype=a.dtype) if a.opt_level != "O0" else "O0"
+    fp8 = None if a.fp8 is None else Fp8(recipe=a.fp8, min_features=0, min_weight=0)
+    policy = Policy(opt_level=a.opt_level, dtype=a.dtype, fp8=fp8) if a.opt_level != "O0" else "O0"
     trainer = Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), policy=policy, progress=False,
                       strategy=a.strategy, device=env.device)
     sampler = odist.ResumableSampler(n, a.batch, env.rank, env.world_size, shuffle=True, seed=0)
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     if env.rank == 0:
         with open(a.out, "w") as f:
             json.dump({"final_loss": full_loss, "last_batch_loss": losses[-1] if losses else None, "steps": trainer.step_count, "world_size": env.world_size,
+                       "fp8_layers": len(fp8_mod.fp8_modules(trainer.model)),
                        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                        "param_sum": float(sum(v.double().sum() for v in full.values()))}, f)
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:  # a torchrun rank: its results are written

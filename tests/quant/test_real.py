@@ -185,6 +185,29 @@ def test_fp8_real_cuda(rowwise: bool) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+def test_dynamic_real_cuda(fmt: str) -> None:
+    """Dynamic per-token int8 (torch._int_mm) / fp8 (_scaled_mm rowwise) on CUDA against the fake-quant model in
+    fp32: bf16 activations in and out, SQNR > 30 dB (int8) / 25 dB (fp8: 3 mantissa bits)."""
+    from overdrive._utils.device import supports_fp8
+
+    if fmt == "fp8_e4m3" and not supports_fp8(torch.device("cuda")):
+        pytest.skip("fp8 needs compute capability 8.9+")
+    q = quant.QuantizerConfig(format=fmt, dynamic=True)
+    cfg = quant.INT8_DYNAMIC.replace(input=q, weight=quant.INT8_DYNAMIC.weight.replace(format=fmt))
+    model = quant.quantize(_mlp(256).cuda(), cfg)
+    x = torch.randn(512, 256, device="cuda")
+    x[::32] *= 50.0  # outlier tokens
+    with torch.no_grad():
+        ref = model(x)
+        real = quant.to_real(copy.deepcopy(model))
+        out = real(x.bfloat16()).float()
+    assert type(real[0]).__name__ == ("Int8Linear" if fmt == "int8" else "Fp8Linear")
+    sqnr = 10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean())
+    assert sqnr > (30 if fmt == "int8" else 25), float(sqnr)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rowwise", [False, True])
 def test_fp8_real_takes_column_major_inputs_cuda(rowwise: bool) -> None:
     """A 1x1 conv at batch 1 on an NCHW-contiguous input reaches the GEMM as a column-major (H*W, C) view, and a

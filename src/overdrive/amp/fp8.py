@@ -96,12 +96,14 @@ def _torchao() -> ModuleType:
     return ao
 
 
-def torchao_config(fp8: Fp8) -> Any:
-    """torchao's ``Float8LinearConfig`` for ``fp8``'s recipe, emulated when asked."""
+def torchao_config(fp8: Fp8, fsdp_all_gather: bool = False) -> Any:
+    """torchao's ``Float8LinearConfig`` for ``fp8``'s recipe, emulated when asked; ``fsdp_all_gather`` (tensorwise
+    only) makes FSDP2 all-gather the weights already cast to fp8, half the bytes of bf16."""
     _torchao()
     from torchao.float8 import Float8LinearConfig
 
-    return dataclasses.replace(Float8LinearConfig.from_recipe_name(fp8.recipe), emulate=fp8.emulate)
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(fp8.recipe), emulate=fp8.emulate,
+                               enable_fsdp_float8_all_gather=fsdp_all_gather)
 
 
 def _fp8_linear_type() -> type | None:
@@ -144,12 +146,13 @@ def plan(model: nn.Module, fp8: Fp8) -> list[LayerChoice]:
     return out
 
 
-def convert(model: nn.Module, fp8: Fp8) -> list[LayerChoice]:
+def convert(model: nn.Module, fp8: Fp8, fsdp_all_gather: bool = False) -> list[LayerChoice]:
     """Swap the Linear layers ``fp8`` chooses for torchao's Float8Linear, in place; returns the plan.
 
     The swapped layers keep the original Parameter objects (an optimizer built before still steps
     them). torchao's conversion also applies its process-wide inductor work-around for a Triton fp8
-    store miscompile (a numerically identical min/max codegen), once per process.
+    store miscompile (a numerically identical min/max codegen), once per process. ``fsdp_all_gather``
+    (before ``fully_shard``, tensorwise recipe): the weights travel in fp8 (see :func:`torchao_config`).
     """
     choices = plan(model, fp8)
     f8 = _fp8_linear_type()
@@ -158,10 +161,22 @@ def convert(model: nn.Module, fp8: Fp8) -> list[LayerChoice]:
         _torchao()
         from torchao.float8 import convert_to_float8_training
 
-        convert_to_float8_training(model, config=torchao_config(fp8),
+        convert_to_float8_training(model, config=torchao_config(fp8, fsdp_all_gather),
                                    module_filter_fn=lambda _mod, fqn: fqn in todo)
     _RULES[model] = fp8
     return choices
+
+
+def precompute_fsdp_scales(model: nn.Module) -> bool:
+    """After an optimizer step under FSDP2 with fp8 all-gather: every fp8 weight's scale from one all-reduce of
+    amaxes (torchao's ``precompute_float8_dynamic_scale_for_fsdp``) instead of one per weight at the next forward.
+    Returns whether there was anything to do (no fp8 all-gather layers: nothing, and torchao is not imported)."""
+    if not any(getattr(getattr(m, "config", None), "enable_fsdp_float8_all_gather", False) for m in fp8_modules(model)):
+        return False
+    from torchao.float8.fsdp_utils import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+    return True
 
 
 def fp8_modules(model: nn.Module) -> list[nn.Module]:

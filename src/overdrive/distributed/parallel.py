@@ -6,6 +6,10 @@ Order matters and is kept here, out of the training loop:
   - FSDP2: ``fully_shard`` first (parameters become DTensor shards, so the optimizer is rebuilt on
     them), with a ``MixedPrecisionPolicy`` derived from the amp level; amp then runs at O0 (bf16
     O2/O3: FSDP holds fp32 shards = the masters, computes in bf16) or O1 (autocast, fp32 params).
+  - fp8 (``Policy.fp8``): DDP: amp swaps the chosen Linear layers for fp8 ones, then DDP wraps as above.
+    FSDP2: the swap happens here, before ``fully_shard`` (the fp8 rule would be lost with the O0 that
+    remains); with the tensorwise recipe the weights are all-gathered in fp8 (half bf16's bytes) and
+    :meth:`Parallel.after_step` computes the next step's weight scales in one all-reduce.
 
 Gradient accumulation: amp keeps each micro-batch's gradients aside while the next backward runs
 (exact unscaling), so DDP's reducer would only see the last micro-batch. Under DDP the loop runs
@@ -181,6 +185,7 @@ class Parallel:
         self.accumulate = accumulate
         self.wrapped: nn.Module | None = None
         self.model: nn.Module | None = None
+        self.fp8_layers: list[Any] = []  # FSDP2 + fp8: amp.fp8.LayerChoice of every Linear layer (else amp lists them)
         if self.strategy.kind != "none" and not dist.is_initialized():
             raise UsageError(
                 f"strategy={self.strategy.kind!r} needs a process group: call overdrive.distributed.init() first "
@@ -199,7 +204,13 @@ class Parallel:
         from torch.distributed.fsdp import fully_shard
 
         mpp, rest = fsdp_mixed_precision(policy, self.device)
-        names = {id(q): n for n, q in model.named_parameters()}
+        names = {id(q): n for n, q in model.named_parameters()}  # before fp8 all-gather re-wraps the weights
+        fp8_rule = policy.resolve(self.device).fp8  # refused here on a device without fp8, unless emulated
+        if fp8_rule is not None:
+            # fp8 layers go in before sharding (torchao's order); tensorwise weights are all-gathered in fp8
+            from overdrive.amp import fp8 as fp8_mod
+
+            self.fp8_layers = fp8_mod.convert(model, fp8_rule, fsdp_all_gather=fp8_rule.recipe == "tensorwise")
         s = self.strategy
         if mpp.param_dtype is not None:
             # BatchNorm keeps fp32 weights (as amp's keep_batchnorm_fp32): its running stats are fp32
@@ -249,6 +260,14 @@ class Parallel:
         if kind == "fsdp" and self.accumulate > 1:
             self.wrapped.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
         yield
+
+    def after_step(self) -> None:
+        """After each optimizer step: under FSDP2 with fp8 all-gather, the next forward's fp8 weight scales in one
+        all-reduce (:func:`overdrive.amp.fp8.precompute_fsdp_scales`); nothing otherwise."""
+        if self.fp8_layers and self.strategy.kind == "fsdp" and self.model is not None:
+            from overdrive.amp import fp8 as fp8_mod
+
+            fp8_mod.precompute_fsdp_scales(self.model)
 
     def finish_accumulation(self, params: Iterator[nn.Parameter]) -> None:
         """DDP with accumulation: average the accumulated optimizer gradients over ranks, bucketed."""

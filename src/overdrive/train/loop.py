@@ -197,6 +197,8 @@ class Trainer:
                 self.mp.clip_grad_norm_(self.grad_clip)
             if not self.mp.step(number=self.step_count):  # inf/NaN: not applied (warned or raised)
                 self.skipped_steps += 1
+            if self.parallel is not None:
+                self.parallel.after_step()
             self.mp.zero_grad()
             if self.scheduler is not None and not self._plateau:
                 self.scheduler.step()
