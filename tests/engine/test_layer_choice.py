@@ -75,3 +75,27 @@ def test_engine_reports_each_layer_once_either_int8_or_kept_float() -> None:
         if lp == "all":
             assert ops == 2 and kept == {}
         torch.testing.assert_close(eng.runner(x)[0], model(x), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+def test_every_distinct_layer_is_timed_compiled_past_dynamo_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 int8 layers of distinct shapes (24 timings with their float twins, past dynamo's recompile limit of 8):
+    every one is timed through torch.compile, as the engine runs it; before, the 9th compile on fell back to eager
+    inside the shared compiled function without a word, so those layers were timed with unfused kernels."""
+    import overdrive.engine.layer_choice as lc
+
+    widths = [64 + 16 * i for i in range(13)]
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(a, b) for a, b in zip(widths, widths[1:])]).cuda().eval()
+    int8 = dynamic_int8(model)
+    compiled: list[bool] = []
+    real = lc._as_engine_runs
+
+    def spy(layer, x, device):  # noqa: ANN001, ANN202
+        run = real(layer, x, device)
+        compiled.append(getattr(run, "compiled", False))
+        return run
+
+    monkeypatch.setattr(lc, "_as_engine_runs", spy)
+    keep_float_where_faster(int8, (torch.randn(256, 64, device="cuda"),), torch.device("cuda"), margin=1e9)
+    assert len(compiled) == 24 and all(compiled), compiled

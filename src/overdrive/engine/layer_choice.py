@@ -66,9 +66,20 @@ def _as_engine_runs(layer: nn.Module, x: torch.Tensor, device: torch.device) -> 
 
     try:
         run()
+        run.compiled = True  # type: ignore[attr-defined]
         return run
     except Exception:  # noqa: BLE001 - a layer the compiler cannot take is timed eagerly
         return lambda: layer(x)
+
+
+def _compile_limits(n_layers: int) -> Any:
+    """A context for timing ``n_layers`` layers through the one shared compile: each layer class and shape is a
+    recompile, so dynamo's recompile limit (8) is raised to cover them all, and hitting it anyway raises (the
+    layer is then timed eagerly, knowingly) instead of silently running eager inside the compiled function."""
+    import torch._dynamo.config as dynamo_config
+
+    wanted = {"recompile_limit": max(8, 2 * n_layers + 8), "fail_on_recompile_limit_hit": True}
+    return dynamo_config.patch(**{k: v for k, v in wanted.items() if hasattr(dynamo_config, k)})
 
 
 def _graphed(fn: Any, device: torch.device, calls: int = 10) -> Any:
@@ -125,6 +136,13 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     finally:
         for h in hooks:
             h.remove()
+    with _compile_limits(len(layers)):
+        return model, _choose(model, layers, seen, device, float_dtype, margin, _set)
+
+
+def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[str, Any], device: torch.device,
+            float_dtype: torch.dtype | None, margin: float, _set: Any) -> dict[str, str]:
+    """The timing loop of :func:`keep_float_where_faster`: one measurement per distinct layer key."""
     verdict: dict[tuple, tuple[bool, str]] = {}
     kept: dict[str, str] = {}
     for name, m in layers:
@@ -151,4 +169,4 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
         if slower:
             kept[name] = why
             _set(model, name, _float_twin(m, fdt))
-    return model, kept
+    return kept
