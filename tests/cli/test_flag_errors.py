@@ -35,6 +35,7 @@ CASES = [
     (["quantize", "--calib-batches", "0"], "--calib-batches"),
     (["quantize", "--batch-size", "0"], "--batch-size"),
     (["quantize", "--percentile", "200"], "--percentile"),
+    (["quantize", "--config", "int8_dynamic", "--export", "m.onnx"], "--config int8_dynamic has dynamic per-token"),
 ]
 
 
@@ -54,3 +55,11 @@ def test_library_argument_names_become_flags() -> None:
     assert _with_flags("nnodes=2 needs --master-addr", flags) == "--nnodes 2 needs --master-addr"
     # only whole names: input_size= and x.size= are not the --size flag
     assert _with_flags("input_size=3, x.size=4", flags) == "input_size=3, x.size=4"
+
+
+def test_quantize_offers_every_preset() -> None:
+    from overdrive.cli.quantize import command
+    from overdrive.quant import PRESETS
+
+    opt = next(p for p in command.params if p.name == "config_name")
+    assert list(opt.type.choices) == list(PRESETS)

@@ -61,6 +61,11 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
     if export_path:  # a bad --opset is refused before the model is loaded and calibrated
         from overdrive.quant.export import check_opset
 
+        if cfg.input.dynamic:
+            raise UsageError(f"--config {config_name} has dynamic per-token scales, which have no ONNX Q/DQ form "
+                             "(QuantizeLinear takes a fixed scale); export with --config int8 (calibrated), or drop "
+                             "--export and --save the model for quant.to_real")
+
         check_opset(opset, cfg.input.format)
     model, digits = load_model(model_spec)
     calib = load_calib(calib_data, digits, calib_batches, batch_size, model)
