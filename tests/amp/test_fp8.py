@@ -382,3 +382,23 @@ def test_demo_amp_stage_says_why_there_is_no_fp8_row_on_cpu() -> None:
     amp_stage.fp8_row(SimpleNamespace(device=CPU), table)  # type: ignore[arg-type]
     assert table.rows == [] and len(table.notes) == 1
     assert table.notes[0].startswith("fp8 training (amp.Fp8): no row on cpu; it needs a CUDA GPU of compute capability 8.9+")
+
+
+@needs_torchao
+def test_a_token_count_fp8_gemms_cannot_take_is_refused_in_one_line() -> None:
+    """8 tokens: the weight-gradient GEMM's inner dim would be 8 (fp8 GEMMs need multiples of 16; on the GPU
+    torch._scaled_mm failed inside the backward). Refused before the forward, naming the count and the fix;
+    16 tokens train."""
+    from overdrive import amp
+    from overdrive._utils.errors import UsageError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mp = amp.prepare(model, opt, amp.Policy(opt_level="O2", dtype=torch.bfloat16,
+                                            fp8=amp.Fp8(emulate=True, min_features=0, min_weight=0)))
+    with pytest.raises(UsageError, match="got 8 tokens .* multiple of 16"):
+        model(torch.randn(8, 32))
+    mp.backward(model(torch.randn(2, 8, 32)).float().square().mean())  # 2 x 8 = 16 tokens
+    with torch.no_grad():
+        model(torch.randn(8, 32))  # inference takes any count

@@ -45,14 +45,15 @@ def test_short_o2_bf16_run_with_restart_on_nccl(tmp_path: Path, strategy: str) -
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_short_o2_bf16_fp8_run_with_restart_on_nccl(tmp_path: Path, strategy: str) -> None:
     """O2 bf16 + fp8 tensorwise (real fp8 GEMMs; under FSDP2 the weights all-gathered in fp8) trains, checkpoints
-    and resumes on NCCL: the two 32-wide Linear layers whose dims are multiples of 16 (of 3) run in fp8."""
+    and resumes on NCCL: the two 32-wide Linear layers whose dims are multiples of 16 (of 3) run in fp8; a batch of
+    16 (fp8 GEMMs need a multiple of 16 tokens)."""
     from overdrive._utils.device import supports_fp8
     from overdrive.amp import fp8 as fp8_mod
 
     if not supports_fp8(torch.device("cuda")) or not fp8_mod.is_available():
         pytest.skip("needs compute capability 8.9+ and torchao")
     args = ["--device", "cuda", "--strategy", strategy, "--opt-level", "O2", "--dtype", "bf16", "--steps", "6",
-            "--fp8", "tensorwise", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out.json")]
+            "--fp8", "tensorwise", "--batch", "16", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out.json")]
     rc = launch(LaunchConfig(nproc_per_node=1, max_restarts=0), str(HERE / "_resume_script.py"), args,
                 env=worker_env(omp_threads=None))
     assert rc == 0

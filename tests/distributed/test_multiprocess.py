@@ -40,20 +40,19 @@ def test_two_ranks_match_single_process_full_batch(numerics: tuple[dict, Path], 
     assert res[key] < TOL, f"{key}: max |param - reference| = {res[key]}"
 
 
-@pytest.mark.parametrize("strategy, tol", [
-    ("ddp", 2e-3),  # bf16 gradients all-reduced vs accumulated: one bf16 rounding of a unit-size step
-    ("fsdp", 1e-2),  # fp32 shards cast to fp8 (all-gathered in fp8) where amp casts its bf16 copy: a few flips
-])
-def test_fp8_under_ddp_and_fsdp2_matches_one_process(numerics: tuple[dict, Path], strategy: str, tol: float) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_fp8_under_ddp_and_fsdp2_matches_one_process(numerics: tuple[dict, Path], strategy: str) -> None:
     """O2 bf16 + fp8 (emulated) on 2 ranks = one process stepping the ranks' halves as 2 micro-batches (each
-    half's activations get their own fp8 scales, as on the ranks), one SGD step, fp32 masters compared; fp8 itself
-    moves the weights > 2e-2 from bf16 (so a run that silently dropped fp8 fails here)."""
+    half's activations get their own fp8 scales, as on the ranks), one SGD step, fp32 masters compared within 2e-3
+    (bf16 gradients reduced in another order). The one-process reference for FSDP2 is amp O1 + fp8: FSDP2 at O2
+    keeps fp32 shards and computes in bf16, so fp8 casts the fp32 weights, as O1 does. fp8 itself moves the weights
+    > 5e-3 from bf16 (so a run that silently dropped fp8 fails here)."""
     res, _ = numerics
     if "ddp_fp8" not in res:
         pytest.skip("needs torchao (pip install -e '.[fp8]')")
     assert res["fp8_ref_layers"] == res[f"{strategy}_fp8_layers"] == 3.0  # the three 16x16 block layers
-    assert res[f"{strategy}_fp8"] < tol, f"max |master - one-process fp8| = {res[f'{strategy}_fp8']}"
-    assert res["fp8_vs_bf16"] > 2e-2, res["fp8_vs_bf16"]
+    assert res[f"{strategy}_fp8"] < 2e-3, f"max |master - one-process fp8| = {res[f'{strategy}_fp8']}"
+    assert res["fp8_vs_bf16"] > 5e-3, res["fp8_vs_bf16"]
     if strategy == "fsdp":
         assert res["fsdp_fp8_all_gather"] == 1.0  # tensorwise: the weights travel in fp8
         assert res["resume_fsdp_fp8"] == 0.0  # checkpoint after 2 steps + 1 more == 3 uninterrupted, bit for bit

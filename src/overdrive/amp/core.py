@@ -75,12 +75,14 @@ class MixedPrecision:
         # (half copies, fp32 masters) treats them like any other layer
         self.fp8_layers: list[fp8.LayerChoice] = []  # every Linear layer of every model, with the fp8 choice
         self._compile_check: fp8.CompileCheck | None = None
+        self._fp8_row_hooks: list[Any] = []  # fp8 layers refuse a token count fp8 GEMMs cannot take
         if p.fp8 is not None:
             for k, model in enumerate(self.models):
                 prefix = f"{k}:" if len(self.models) > 1 else ""
                 self.fp8_layers += [dataclasses.replace(c, name=prefix + c.name) for c in fp8.convert(model, p.fp8)]
             self._compile_check = fp8.CompileCheck([m for model in self.models for m in fp8.fp8_modules(model)],
                                                    warn=not p.fp8.emulate)
+        self._fp8_row_hooks = fp8.check_rows([m for model in self.models for m in fp8.fp8_modules(model)])
         opt_ids = casting.ids(q for opt in self.optimizers for g in opt.param_groups for q in g["params"])
         self._pairs: list[tuple[nn.Parameter, nn.Parameter]] = []  # (model half, fp32 master)
         self._hooks: list[Any] = []
@@ -504,6 +506,9 @@ class MixedPrecision:
         self._hooks.clear()
         if self._compile_check is not None:
             self._compile_check.remove()
+        for h in self._fp8_row_hooks:
+            h.remove()
+        self._fp8_row_hooks.clear()
 
 
 def prepare(

@@ -34,7 +34,7 @@ from torch import nn
 from overdrive._utils.optional import is_available as _importable
 from overdrive._utils.optional import require
 from overdrive._utils.table import Table
-from overdrive.amp.config import Fp8
+from overdrive.amp.config import FP8_ALIGN, Fp8
 
 TORCHAO_MIN = (0, 10)
 COMPILE_WARNING = (
@@ -183,6 +183,26 @@ def fp8_modules(model: nn.Module) -> list[nn.Module]:
     """The layers of ``model`` that train in fp8 (torchao Float8Linear)."""
     f8 = _fp8_linear_type()
     return [] if f8 is None else [m for m in model.modules() if isinstance(m, f8)]
+
+
+def check_rows(modules: list[nn.Module]) -> list[Any]:
+    """Forward pre-hooks on fp8 layers that refuse, in one line, a training batch whose token count (all input dims
+    but the last) is not a multiple of 16: the weight-gradient GEMM's inner dim is that count, and fp8 GEMMs need
+    multiples of 16 (torch._scaled_mm failed deep in the backward before). Returns the hook handles."""
+    from overdrive._utils.errors import UsageError
+
+    def hook(module: nn.Module, args: Any) -> None:
+        x = args[0] if args else None
+        if not (isinstance(x, torch.Tensor) and module.training and torch.is_grad_enabled()) or x.dim() == 0:
+            return
+        rows = x.numel() // max(1, x.shape[-1])
+        if rows % FP8_ALIGN:
+            raise UsageError(f"an fp8 layer ({module.in_features}x{module.out_features}) got {rows} tokens "
+                             f"(input shape {tuple(x.shape)}); fp8 training needs a multiple of {FP8_ALIGN} tokens "
+                             "per step (its weight-gradient GEMM runs over them): use a batch x sequence that is, or "
+                             "exclude the layer (amp.Fp8(exclude=...))")
+
+    return [m.register_forward_pre_hook(hook) for m in modules]
 
 
 class CompileCheck:

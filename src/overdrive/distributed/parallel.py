@@ -211,6 +211,7 @@ class Parallel:
             from overdrive.amp import fp8 as fp8_mod
 
             self.fp8_layers = fp8_mod.convert(model, fp8_rule, fsdp_all_gather=fp8_rule.recipe == "tensorwise")
+            fp8_mod.check_rows(fp8_mod.fp8_modules(model))
         s = self.strategy
         if mpp.param_dtype is not None:
             # BatchNorm keeps fp32 weights (as amp's keep_batchnorm_fp32): its running stats are fp32
