@@ -185,6 +185,7 @@ class Parallel:
         self.accumulate = accumulate
         self.wrapped: nn.Module | None = None
         self.model: nn.Module | None = None
+        self._fp8_row_hooks: list[Any] = []  # handles of the fp8 token-count checks installed here (FSDP2, O2/O3)
         self.fp8_layers: list[Any] = []  # FSDP2 + fp8: amp.fp8.LayerChoice of every Linear layer (else amp lists them)
         if self.strategy.kind != "none" and not dist.is_initialized():
             raise UsageError(
@@ -211,7 +212,8 @@ class Parallel:
             from overdrive.amp import fp8 as fp8_mod
 
             self.fp8_layers = fp8_mod.convert(model, fp8_rule, fsdp_all_gather=fp8_rule.recipe == "tensorwise")
-            fp8_mod.check_rows(fp8_mod.fp8_modules(model))
+            if rest.fp8 is None:  # O2/O3: amp runs at O0 and never sees the fp8 layers, so their check goes here
+                self._fp8_row_hooks = fp8_mod.check_rows(fp8_mod.fp8_modules(model))
         s = self.strategy
         if mpp.param_dtype is not None:
             # BatchNorm keeps fp32 weights (as amp's keep_batchnorm_fp32): its running stats are fp32
