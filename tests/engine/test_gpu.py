@@ -3,6 +3,7 @@ profiles, ONNX through the importer, the trtexec summary with copies, and device
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,40 @@ def test_float_onnx_calibrated_on_gpu(digits: torch.nn.Module, digits_onnx: byte
     out = eng(x)
     out = (out[0] if isinstance(out, (list, tuple)) else out).float().cpu()
     assert (out - ref).abs().max().item() <= 0.15 * ref.abs().max().item()
+
+
+def test_conv_fusion_on_gpu() -> None:
+    """conv (+BN) (+add) + ReLU as one cuDNN call: a ResNet bottleneck with a projection shortcut in fp16
+    channels_last. The pass alone (every match fused) compiled under CUDA graphs, and the engine (each shape fused
+    where its timing says so, the CUDA default), within fp16 tolerance of the fp32 model; --no-conv-fusion fuses
+    nothing; an fp8 build keeps it working in its fp16 remainder."""
+    from overdrive.engine.conv_fusion import fuse_conv_relu
+
+    from .test_conv_fusion import Bottleneck, _randomize_bn
+
+    torch.manual_seed(0)
+    m = _randomize_bn(Bottleneck(c=64, down=True)).eval()
+    x = torch.randn(16, 64, 28, 28)
+    with torch.no_grad():
+        ref = m(x)
+        half = copy.deepcopy(m).half().cuda().to(memory_format=torch.channels_last)
+        xh = x.half().cuda().contiguous(memory_format=torch.channels_last)
+        ep = torch.export.export(half, (xh,), strict=False)
+        assert len(fuse_conv_relu(ep)) == 3
+        fn = torch.compile(ep.module(), mode="reduce-overhead")
+        for _ in range(3):
+            out = fn(xh).float().cpu()
+        assert (out - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    prof = [ShapeProfile.fixed("x", (16, 64, 28, 28))]
+    for flag in (None, False):
+        eng = Builder(precision="fp16", device="cuda", conv_fusion=flag, profiles=prof).build(m, (x,), input_names=["x"])
+        meta = eng.header["backend_meta"]
+        if flag is None:
+            assert len(meta["conv_relu_timed"]) == 3  # three distinct shapes timed
+            assert meta["conv_relu_fused"] == sum(v.startswith("fused") for v in meta["conv_relu_timed"])
+        else:
+            assert meta["conv_relu_fused"] == 0
+        assert (eng(x).cpu() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    eng = Builder(precision="fp8", device="cuda", conv_fusion=True, profiles=prof).build(m, (x,), input_names=["x"],
+                                                                                         calib=[(x,)])
+    assert (eng(x).cpu() - ref).abs().max().item() <= 8e-2 * ref.abs().max().item()

@@ -46,7 +46,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  timing_cache: str | None = None,
                  trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
-                 output_io_formats: str | None = None, gemm_gelu: bool | None = None) -> Engine:
+                 output_io_formats: str | None = None, gemm_gelu: bool | None = None,
+                 conv_fusion: bool | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     Example:
@@ -77,6 +78,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       compile_mode="max-autotune" if max_autotune else None, aot=aot, int8_activations=int8_activations,
                       layer_precision=layer_precision,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
+                      conv_fusion=conv_fusion,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     batches = _calibration(calib, src)
     if batches and src.module is not None and not src.input_dtypes:

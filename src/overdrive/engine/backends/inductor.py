@@ -26,6 +26,7 @@ from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.files import atomic_write
 from overdrive._utils.signing import sign, signing_key, verify
 from overdrive.engine.config import IO_DTYPES, BuildConfig
+from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines load it)
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sources import ModelSource, by_name, check_exported_dims, dynamic_shapes, load_exported
 
@@ -377,6 +378,19 @@ def use_gemm_gelu(cfg: BuildConfig, device: torch.device) -> bool:
     return cfg.gemm_gelu if cfg.gemm_gelu is not None else device.type == "cuda"
 
 
+def use_conv_fusion(cfg: BuildConfig, device: torch.device) -> bool:
+    """Convolution (+BatchNorm) (+residual add) + ReLU rewritten to one cuDNN call for this build
+    (:mod:`overdrive.engine.conv_fusion`): ``cfg.conv_fusion``, or on for CUDA when unset (fp16/bf16 layers only:
+    the pass leaves fp32 convolutions alone). On the H200 the fused call beat Inductor's convolution + Triton
+    epilogue on every ResNet-50 shape (``conv_epilogue.md``); on CPU it is the plain composition, so off there.
+
+    Example:
+        >>> use_conv_fusion(BuildConfig(), torch.device("cuda")), use_conv_fusion(BuildConfig(), torch.device("cpu"))
+        (True, False)
+    """
+    return cfg.conv_fusion if cfg.conv_fusion is not None else device.type == "cuda"
+
+
 class _Frozen:
     """Calls a compiled function with Inductor's ``freezing`` set as at build time.
 
@@ -484,6 +498,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
                if cfg.drop_constant_masks else [])
     gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
+    choice = TimedChoice(device) if device.type == "cuda" else None  # per shape: fused where it wins on this GPU
+    convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device) else []
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     sections = {"exported_program": buf.getvalue()}
@@ -491,6 +507,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
                             "shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
+                            "conv_relu_fused": len(convs),
+                            "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
                             "fp32_precision": fp32}  # applied again at load
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
