@@ -419,9 +419,14 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     info = eng.info
     kept = eng.header.get("layers_kept_float") or {}
     ops = (info.get("int8") or {}).get("ops")
-    layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "")
-    extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip() or None,
-             "builder_accuracy": (info.get("accuracy") or {}).get("cosine")}
+    meta = eng.header.get("backend_meta", {})
+    fusions = [f"{label} {meta[k]}" for k, label in (("conv_relu_fused", "conv+relu fused:"),
+                                                     ("sibling_gemms_fused", "sibling GEMM groups:")) if meta.get(k)]
+    layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
+        "".join(f"; {f}" for f in fusions)
+    extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
+             "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
+             "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)}}
     return (lambda: eng.runner(*xs0)), (lambda *xs: eng.run(*xs)[0]), extra
 
 

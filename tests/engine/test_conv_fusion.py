@@ -178,3 +178,16 @@ def test_engine_option_and_defaults(tmp_path: Path) -> None:
     assert _close(Engine.load(tmp_path / "m.engine")(x), ref)
     with pytest.raises(UsageError, match="--conv-fusion rewrites the PyTorch graph"):
         Builder(precision="fp32", device="cpu", backend="onnxruntime", conv_fusion=True).build(m, (x,), input_names=["x"])
+
+
+def test_timed_choice_times_both_paths() -> None:
+    """TimedChoice (the CUDA default) measured on CPU: a verdict per distinct shape, naming the ratio; a bug in the
+    timing raises rather than passing for a refusal of the fused kernel."""
+    from overdrive.engine.conv_fusion import TimedChoice
+
+    timer = TimedChoice(torch.device("cpu"))
+    ep = _export(_model(), torch.randn(2, 8, 8, 8).to(torch.bfloat16))
+    fused = fuse_conv_relu(ep, timer)
+    assert len(timer.verdicts) == 3
+    assert all(v[1].split()[0] in ("fused", "unfused") and v[1].split()[1].endswith("x") for v in timer.verdicts.values())
+    assert len(fused) == sum(v[0] for v in timer.verdicts.values())

@@ -60,6 +60,9 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
 @click.option("--conv-fusion/--no-conv-fusion", "conv_fusion", default=None,
               help="Run convolution (+BatchNorm) (+residual add) + ReLU as one cuDNN call (fp16/bf16 layers); "
                    "inductor backend (default: on for CUDA builds, off on CPU).")
+@click.option("--sibling-gemms/--no-sibling-gemms", "sibling_gemms", default=None,
+              help="Run Linears that read one input (Q/K/V, gate/up) as one GEMM where it times faster; inductor "
+                   "backend, with freezing (default: on for CUDA builds, off on CPU).")
 @json_option("the engine info")
 @progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
@@ -68,7 +71,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, layer_precision: str,
             calib: str | None, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
-            gemm_gelu: bool | None, conv_fusion: bool | None, json_path: str | None, no_progress: bool) -> None:
+            gemm_gelu: bool | None, conv_fusion: bool | None,
+            sibling_gemms: bool | None, json_path: str | None, no_progress: bool) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b
@@ -101,7 +105,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                               layer_precision=layer_precision, calib=calib,
                               timing_cache=timing_cache,
                               trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
-                              conv_fusion=conv_fusion)
+                              conv_fusion=conv_fusion, sibling_gemms=sibling_gemms)
     info = engine.info
     if json_path is not None:
         write_json(info, json_path)

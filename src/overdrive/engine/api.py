@@ -192,7 +192,8 @@ class Builder:
         precision = _resolve_precision(cfg.precision, device)
         cfg = cfg.replace(precision=precision)
         needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
-                                 ("--gemm-gelu", cfg.gemm_gelu is True), ("--conv-fusion", cfg.conv_fusion is True))
+                                 ("--gemm-gelu", cfg.gemm_gelu is True), ("--conv-fusion", cfg.conv_fusion is True),
+                                 ("--sibling-gemms", cfg.sibling_gemms is True))
                  if on]
         forced = needs and cfg.backend == "auto"
         if forced:
@@ -219,9 +220,10 @@ class Builder:
         if cfg.gemm_gelu is True and name != "inductor":
             raise UsageError(f"--gemm-gelu rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                              "use --backend inductor, or drop --gemm-gelu")
-        if cfg.conv_fusion is True and name != "inductor":
-            raise UsageError(f"--conv-fusion rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
-                             "use --backend inductor, or drop --conv-fusion")
+        for flag, on in (("--conv-fusion", cfg.conv_fusion), ("--sibling-gemms", cfg.sibling_gemms)):
+            if on is True and name != "inductor":
+                raise UsageError(f"{flag} rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
+                                 f"use --backend inductor, or drop {flag}")
         if cfg.timing_cache and name != "inductor":
             warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
                           "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)

@@ -187,11 +187,12 @@ class BuildConfig(ConfigBase):
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     conv_fusion: bool | None = None  # conv (+BN) (+add) + ReLU as one cuDNN call (fp16/bf16); None: on for CUDA
+    sibling_gemms: bool | None = None  # Linears reading one input as one GEMM, where timed faster; None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
     int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above
     layer_precision: str = "timed"  # int8/fp8: "timed" (a layer whose low-precision GEMM loses stays float) or "all"
     _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations", "layer_precision",
-                                                 "conv_fusion")
+                                                 "conv_fusion", "sibling_gemms")
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -188,8 +188,6 @@ class TimedChoice:
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, residual: bool, stride: list[int], padding: list[int],
                  dilation: list[int], groups: int) -> bool:
-        from overdrive.engine.layer_choice import _ms
-
         if any(not isinstance(d, int) for d in x.shape):  # a dynamic profile: no one shape to time, fuse (as measured
             return True                                     # at ResNet-50's shapes, batch 256)
         cl = _channels_last(x)
@@ -200,6 +198,8 @@ class TimedChoice:
         return self.verdicts[key][0]
 
     def _time(self, key: tuple) -> tuple[bool, str]:
+        from overdrive.engine.layer_choice import _ms
+
         xs, ws, dtype, residual, stride, padding, dilation, groups, cl = key
         dev = self.device
         fmt = torch.channels_last if cl else torch.contiguous_format
@@ -224,7 +224,7 @@ class TimedChoice:
         with torch.no_grad():
             try:
                 t_fused, t_plain = _ms(fused, dev), _ms(unfused, dev)
-            except Exception as exc:  # noqa: BLE001 - a shape cuDNN's fused path refuses: leave it unfused
+            except RuntimeError as exc:  # a shape cuDNN's fused path refuses: leave it unfused
                 return False, f"unfused: the fused call failed ({type(exc).__name__})"
         win = t_plain >= self.margin * t_fused
         return win, (f"{'fused' if win else 'unfused'} {t_plain / t_fused:.2f}x at {'x'.join(map(str, xs))} "

@@ -28,6 +28,7 @@ from overdrive._utils.signing import sign, signing_key, verify
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines load it)
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
+from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
 from overdrive.engine.sources import ModelSource, by_name, check_exported_dims, dynamic_shapes, load_exported
 
 CACHE_MAGIC = b"ODTCACH1"  # + the HMAC of the payload under the user's signing key (64 hex digits) + the payload
@@ -391,6 +392,19 @@ def use_conv_fusion(cfg: BuildConfig, device: torch.device) -> bool:
     return cfg.conv_fusion if cfg.conv_fusion is not None else device.type == "cuda"
 
 
+def use_sibling_gemms(cfg: BuildConfig, device: torch.device, freezing: bool) -> bool:
+    """Linears reading one input run as one GEMM for this build (:mod:`overdrive.engine.sibling_gemms`):
+    ``cfg.sibling_gemms``, or on for CUDA when unset; only with freezing (the concatenated weight is then built once
+    at compile time, not at every call). On CUDA each group is timed and fused only where one GEMM wins.
+
+    Example:
+        >>> cuda, cpu = torch.device("cuda"), torch.device("cpu")
+        >>> use_sibling_gemms(BuildConfig(), cuda, True), use_sibling_gemms(BuildConfig(), cpu, False)
+        (True, False)
+    """
+    return freezing and (cfg.sibling_gemms if cfg.sibling_gemms is not None else device.type == "cuda")
+
+
 class _Frozen:
     """Calls a compiled function with Inductor's ``freezing`` set as at build time.
 
@@ -498,8 +512,11 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
                if cfg.drop_constant_masks else [])
     gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
-    choice = TimedChoice(device) if device.type == "cuda" else None  # per shape: fused where it wins on this GPU
+    cuda = device.type == "cuda"
+    choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
     convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device) else []
+    groups = TimedGroups(device) if cuda else None
+    siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     sections = {"exported_program": buf.getvalue()}
@@ -509,6 +526,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
                             "shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
                             "conv_relu_fused": len(convs),
                             "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
+                            "sibling_gemms_fused": len(siblings),
+                            "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else [],
                             "fp32_precision": fp32}  # applied again at load
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
