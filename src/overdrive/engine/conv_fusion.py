@@ -39,7 +39,8 @@ def _channels_last(x: torch.Tensor) -> bool:
     return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
-def _out_shape(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int]) -> list[Any]:
+def _out_shape(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
+               dilation: list[int]) -> list[Any]:
     n, _, h, wd = x.shape
     k_h, k_w = w.shape[2], w.shape[3]
     h_out = (h + 2 * padding[0] - dilation[0] * (k_h - 1) - 1) // stride[0] + 1
@@ -209,7 +210,8 @@ class TimedChoice:
         w = w.contiguous(memory_format=fmt)
         b = torch.zeros(ws[0], device=dev, dtype=dtype)
         out = _out_shape(x, w, list(stride), list(padding), list(dilation))
-        z = torch.randn(out, generator=g).to(device=dev, dtype=dtype).contiguous(memory_format=fmt) if residual else None
+        z = torch.randn(out, generator=g).to(device=dev, dtype=dtype).contiguous(memory_format=fmt) \
+            if residual else None
         if self._epilogue is None:
             self._epilogue = torch.compile(lambda y, r: torch.relu(y + r) if r is not None else torch.relu(y),
                                            dynamic=True)

@@ -26,7 +26,7 @@ from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.files import atomic_write
 from overdrive._utils.signing import sign, signing_key, verify
 from overdrive.engine.config import IO_DTYPES, BuildConfig
-from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines load it)
+from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines use)
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
 from overdrive.engine.sources import ModelSource, by_name, check_exported_dims, dynamic_shapes, load_exported
