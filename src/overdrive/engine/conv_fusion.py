@@ -30,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import Node
 
+from overdrive.engine.passes import node_value as _val
+from overdrive.engine.passes import rename_output
+
 aten = torch.ops.aten
 
 _HALF = (torch.float16, torch.bfloat16)  # cuDNN's fused path computes fp32 inputs in TF32: fp32 engines keep IEEE
@@ -94,10 +97,6 @@ _ADD = {aten.add.Tensor, aten.add_.Tensor}
 _BN = {aten.batch_norm.default}
 _BN_LEGIT = {aten._native_batch_norm_legit_no_training.default}
 _CONV = {aten.conv2d.default}
-
-
-def _val(n: Any) -> Any:
-    return n.meta.get("val") if isinstance(n, Node) else None
 
 
 def _pair(v: Any, default: int) -> list[int] | None:
@@ -294,9 +293,7 @@ def fuse_conv_relu(ep: Any, decide: Any = None) -> list[str]:
         with detect_fake_mode([xv]) or contextlib.nullcontext():  # later matches read the value's shape and layout
             out.meta["val"] = _empty_like_out(xv, _out_shape(xv, wv, stride, padding, dilation))
         relu.replace_all_uses_with(out)
-        for spec in ep.graph_signature.output_specs:  # the program's output may be this ReLU: it is `out` now
-            if getattr(spec.arg, "name", None) == relu.name:
-                spec.arg.name = out.name
+        rename_output(ep, relu.name, out.name)  # the program's output may be this ReLU: it is `out` now
         fused.append(relu.name)
         graph.erase_node(relu)  # in-place ReLU / add count as impure: dead-code elimination would keep them
         if residual is not None:

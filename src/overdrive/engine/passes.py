@@ -253,3 +253,15 @@ def fuse_gemm_gelu(ep: Any) -> list[str]:
         mode = detect_fake_mode(inputs)
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)  # shapes on the new nodes, for save
     return fused
+
+
+def node_value(n: Any) -> Any:
+    """The fake tensor (``meta["val"]``) of an FX node; None for anything else or a node without one."""
+    return n.meta.get("val") if isinstance(n, Node) else None
+
+
+def rename_output(ep: Any, old: str, new: str) -> None:
+    """Point the exported program's output specs that named node ``old`` at ``new`` (the node replacing it)."""
+    for spec in ep.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == old:
+            spec.arg.name = new

@@ -34,12 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import Node
 
+from overdrive.engine.passes import node_value as _val
+from overdrive.engine.passes import rename_output
+
 aten = torch.ops.aten
 _LINEAR = aten.linear.default
-
-
-def _val(n: Any) -> Any:
-    return n.meta.get("val") if isinstance(n, Node) else None
 
 
 def _siblings(x: Node) -> list[Node]:
@@ -146,7 +145,7 @@ def fuse_sibling_gemms(ep: Any, decide: Any = None) -> list[list[str]]:
             views = [graph.call_function(operator.getitem, (parts, i)) for i in range(len(group))]
         for lin, view in zip(group, views):
             lin.replace_all_uses_with(view)
-            _rename_output(ep, lin.name, view.name)
+            rename_output(ep, lin.name, view.name)
             graph.erase_node(lin)
         fused.append([lin.name for lin in group])
     if fused:
@@ -154,10 +153,3 @@ def fuse_sibling_gemms(ep: Any, decide: Any = None) -> list[list[str]]:
         inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
         FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
     return fused
-
-
-def _rename_output(ep: Any, old: str, new: str) -> None:
-    """Point the program's output specs that named node ``old`` at ``new`` (the node replacing it)."""
-    for spec in ep.graph_signature.output_specs:
-        if getattr(spec.arg, "name", None) == old:
-            spec.arg.name = new
