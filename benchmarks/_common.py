@@ -79,6 +79,23 @@ def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, iters
     return time_fn(step, device, warmup=warmup, repeat=iters)
 
 
+def gpu_kernel_ms(step: Callable[[], Any], calls: int = 5) -> float:
+    """GPU kernel time per call of ``step`` (torch.profiler, CUDA graph replays included), in ms. Beside the
+    CUDA-event time of a call it shows the host's share: event ms - kernel ms is the GPU waiting on Python,
+    launches and gaps between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    us = sum(e.device_time_total for e in prof.events()
+             if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    return us / calls / 1e3
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

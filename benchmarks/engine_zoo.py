@@ -43,12 +43,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from _common import RESULTS, device_facts, median, time_steps, write_results  # noqa: E402
+from _common import RESULTS, device_facts, gpu_kernel_ms, median, time_steps, write_results  # noqa: E402
 
 CONFIGS = ("eager_fp16", "compile_default", "compile_ro", "engine_fp16", "engine_int8", "engine_fp8")
 TIMM = {"resnet50": 256, "convnext_tiny": 128, "efficientnet_b0": 256, "vit_base_patch16_224": 128}
 ALIASES = {"vit": "vit_base_patch16_224", "convnext": "convnext_tiny", "efficientnet": "efficientnet_b0"}
-COLUMNS = ["model", "batch", "shape", "config", "precision", "ms", "throughput", "x_vs_ro", "x_vs_engine_fp16",
+COLUMNS = ["model", "batch", "shape", "config", "precision", "ms", "gpu_ms", "throughput", "x_vs_ro", "x_vs_engine_fp16",
            "x_vs_eager", "build_s", "cosine", "max_abs_err", "layers", "error"]
 TARGETS = {"fp16_vs_ro": 1.3, "lowp_vs_fp16": 1.4, "min_cosine": 0.99, "build_s": 120.0}
 
@@ -331,6 +331,9 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
             row["ms"] = round(ms[cfg], 4)
             row["throughput"] = round(batch / (ms[cfg] / 1e3), 1)
             ms_of[cfg] = ms[cfg]
+            if cuda:
+                with torch.no_grad():
+                    row["gpu_ms"] = round(gpu_kernel_ms(step), 4)
             if cfg == "compile_ro":
                 row["x_vs_ro"] = 1.0
             elif "compile_ro" in ms:
@@ -512,7 +515,8 @@ NOTES = [
     "ms: median of CUDA-event (CPU: wall-clock) times per call after warm-up, in rounds interleaved with "
     "torch.compile reduce-overhead and (for int8/fp8) the fp16 engine of the same model and batch; x_vs_ro = "
     "reduce-overhead ms / ms and x_vs_engine_fp16 = fp16 engine ms / ms from those paired rounds (> 1: faster); "
-    "x_vs_eager from the unpaired eager fp16 row",
+    "x_vs_eager from the unpaired eager fp16 row; gpu_ms: GPU kernel time per call (torch.profiler, 5 calls), so "
+    "ms - gpu_ms is the time the GPU waits on the host (Python, launches, gaps between kernels)",
     "accuracy: first output (logits; last_hidden_state) on held-out inputs against the fp32 eager model with TF32 "
     "off: cosine = mean over samples of the cosine of the flattened outputs, max_abs_err over all elements; BERT's "
     "padded tokens are zeroed in both first",
