@@ -151,17 +151,6 @@ def test_runner_call_runs_under_the_header_flags(unusual: dict[str, Any]) -> Non
     assert flags() == unusual
 
 
-def test_graph_mode_runner_on_cpu_sets_the_flags_at_every_call(unusual: dict[str, Any]) -> None:
-    """Only a CUDA replay skips the flag scope: CPU kernels read the flags at every call, so a CPU input meets the
-    engine's flags at every call, also in a CUDA-graph compile mode and past the replay count."""
-    seen: list[dict[str, Any]] = []
-    runner = Runner(lambda x: (seen.append(flags()), x)[1], fp32_flags("tf32"), "reduce-overhead", "test")
-    for _ in range(Runner.REPLAY_AFTER + 3):
-        runner(torch.ones(2))
-    assert len(seen) == Runner.REPLAY_AFTER + 3 and all(f["cuda.matmul"] == "tf32" for f in seen)
-    assert flags() == unusual
-
-
 def test_freezing_is_a_compile_option_not_a_patch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled program freezes (Inductor's freeze runs at its compile) without an Inductor config patch entered
     at each call (that patch cost ~30 us of Python per call, the GPU's idle time at batch 1)."""

@@ -243,23 +243,3 @@ def test_sibling_gemms_on_gpu() -> None:
             out = fn(ids.cuda())[0].float().cpu()
     assert (out - ref).abs().max().item() <= 5e-2 * ref.abs().max().item()
 
-
-def test_replays_skip_the_flag_scope(digits: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CUDA engine replaying a recorded graph is called without the fp32 flag scope (Python that idles the GPU at
-    batch 1); a shape not met before (a dynamic profile) goes through it again; outputs stay right throughout."""
-    from overdrive.engine.backends import inductor
-
-    eng = Builder(precision="fp16", device="cuda", backend="inductor", profiles=DYN).build(digits)
-    scopes = []
-    real = inductor.precision_flags
-    monkeypatch.setattr(inductor, "precision_flags", lambda f: (scopes.append(1), real(f))[1])
-    x8, x4 = torch.randn(8, 1, 8, 8), torch.randn(4, 1, 8, 8)
-    with torch.no_grad():
-        r8, r4 = digits(x8), digits(x4)
-    outs = [eng(x8) for _ in range(6)]
-    n8 = len(scopes)
-    assert n8 <= inductor.Runner.REPLAY_AFTER  # the build's warm-up calls count too
-    outs4 = [eng(x4) for _ in range(5)]
-    assert len(scopes) - n8 == inductor.Runner.REPLAY_AFTER
-    for o, r in [*((o, r8) for o in outs), *((o, r4) for o in outs4)]:
-        assert (o.cpu() - r).abs().max().item() <= TOL["fp16"] * max(r.abs().max().item(), 1.0)

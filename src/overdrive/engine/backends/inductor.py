@@ -350,31 +350,15 @@ class Runner:
     torch.compile compiles at the first call, so they are in force then too), put back after each call; marks a new
     CUDA-graph step before each call so outputs stay valid.
 
-    Under CUDA graphs an input signature (shapes, strides, dtypes) met ``REPLAY_AFTER`` times replays a recorded
-    graph, whose kernels were chosen under the flags at recording: from then on it is called without setting them
-    again. Those ~20 flag reads and writes cost about 20 us of Python a call, which at batch 1 is the GPU's idle time
-    between calls (ResNet-50 bs1 runs 0.6 ms). (After ``torch.compiler.reset()`` a signature compiles again under the
-    caller's flags.)"""
-
-    REPLAY_AFTER = 3  # cudagraph trees: a warm-up run, the recording, then replays
+    The flags are set at every call, CUDA-graph replays included: TorchDynamo guards on them (``allow_tf32`` is
+    part of its global-state guard), so a call under the caller's flags would recompile rather than replay."""
 
     def __init__(self, fn: Callable, fp32: dict[str, str], mode: str, via: str) -> None:
         self.fn, self.fp32, self.mode, self.via = fn, fp32, mode, via
-        self.graphs = mode in ("reduce-overhead", "max-autotune")
-        self.seen: dict[tuple, int] = {}
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
-        if self.graphs:
-            key = tuple((x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in xs)
-            n = self.seen.get(key, 0)
-            if n >= self.REPLAY_AFTER:
-                with torch.inference_mode():
-                    torch.compiler.cudagraph_mark_step_begin()
-                    return flatten_outputs(self.fn(*xs))
-            if any(isinstance(x, torch.Tensor) and x.is_cuda for x in xs):  # CPU kernels read the flags at every call
-                self.seen[key] = n + 1
         with precision_flags(self.fp32), torch.inference_mode():
-            if self.graphs:
+            if self.mode == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
             return flatten_outputs(self.fn(*xs))
 
