@@ -30,6 +30,7 @@ from overdrive.quant.config import (
     INT8_DEFAULT,
     INT8_SMOOTHQUANT,
     INT8_DYNAMIC,
+    INT8_DYNAMIC_SMOOTHQUANT,
     PRESETS,
     QuantConfig,
     QuantizerConfig,
@@ -53,7 +54,7 @@ from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, dynami
 
 __all__ = [
     # configs
-    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "INT8_ATTENTION", "INT8_SMOOTHQUANT", "INT8_DYNAMIC", "PRESETS", "get_preset",
+    "QuantConfig", "QuantizerConfig", "INT8_DEFAULT", "FP8_DEFAULT", "INT8_ATTENTION", "INT8_SMOOTHQUANT", "INT8_DYNAMIC", "INT8_DYNAMIC_SMOOTHQUANT", "PRESETS", "get_preset",
     "RealConfig", "WeightOnlyConfig",
     # PTQ / QAT
     "quantize", "calibrate", "load_calib_amax", "print_summary", "summary", "quantizers", "quantized_layers",

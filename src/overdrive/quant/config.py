@@ -220,13 +220,20 @@ per-output-channel weights, for Linear / GPT-2 Conv1D layers: the most accurate 
 activations have outlier tokens that a per-tensor scale must cover. Real kernels: ``to_real`` (``torch._int_mm``
 with per-row scales); no ONNX Q/DQ form (QuantizeLinear takes a fixed scale)."""
 
+INT8_DYNAMIC_SMOOTHQUANT = INT8_DYNAMIC.replace(smoothquant=0.5)
+"""INT8_DYNAMIC after SmoothQuant (alpha 0.5; its per-channel activation maxima come from the ``forward_loop``):
+per-token scales handle the outlier tokens, the smoothing the outlier channels. The most accurate int8 here on a
+pretrained encoder (all-MiniLM-L6-v2: cosine 0.999, kNN@10 0.963 against fp32, ``benchmarks/quant_pretrained.py``);
+``to_real`` runs it as int8 GEMMs with the 1 / s factors applied in the quantize step."""
+
 PRESETS: dict[str, QuantConfig] = {"int8": INT8_DEFAULT, "fp8": FP8_DEFAULT, "int8_attention": INT8_ATTENTION,
-                                   "int8_smoothquant": INT8_SMOOTHQUANT, "int8_dynamic": INT8_DYNAMIC}
+                                   "int8_smoothquant": INT8_SMOOTHQUANT, "int8_dynamic": INT8_DYNAMIC,
+                                   "int8_dynamic_smoothquant": INT8_DYNAMIC_SMOOTHQUANT}
 
 
 def get_preset(name: str) -> QuantConfig:
     """A preset by name: one of :data:`PRESETS` ('int8', 'fp8', 'int8_attention', 'int8_smoothquant',
-    'int8_dynamic')."""
+    'int8_dynamic', 'int8_dynamic_smoothquant')."""
     if name not in PRESETS:
         raise UsageError(f"quantization config {name!r} is not one of {list(PRESETS)}; pick one of those")
     return PRESETS[name]

@@ -32,26 +32,34 @@ from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 
 
-def _quantize_int8(x: torch.Tensor, scale: torch.Tensor, qmin: int = -128) -> torch.Tensor:
+def _pre(x: torch.Tensor, pre: torch.Tensor | None) -> torch.Tensor:
+    """x in fp32, times the SmoothQuant input factors 1 / s (one per input channel, the last dim) where given."""
+    return x.float() if pre is None else x.float() * pre
+
+
+def _quantize_int8(x: torch.Tensor, scale: torch.Tensor, qmin: int = -128, pre: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """Symmetric int8 with a per-tensor scale: clamp(round(x / scale), qmin, 127) (qmin -127: narrow range)."""
-    return torch.clamp(torch.round(x.float() / scale), qmin, 127).to(torch.int8)
+    return torch.clamp(torch.round(_pre(x, pre) / scale), qmin, 127).to(torch.int8)
 
 
-def _quantize_int8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_int8_rowwise(x: torch.Tensor, pre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-row (per-token) symmetric int8: scales amax / 127, (M, 1), and the quantized rows in [-127, 127]."""
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 127.0
-    return torch.clamp(torch.round(x.float() / scale), -127, 127).to(torch.int8), scale
+    x = _pre(x, pre)
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
+    return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8), scale
 
 
-def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor, pre: torch.Tensor | None = None) -> torch.Tensor:
     """fp8 e4m3 with a per-tensor scale (or an (M, 1) per-row one)."""
-    return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return (_pre(x, pre) / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
-def _quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantize_fp8_rowwise(x: torch.Tensor, pre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic per-row (per-token) fp8 scales amax / 448 and the quantized rows."""
-    scale = x.abs().amax(dim=1, keepdim=True).float().clamp_min(1e-12) / 448.0  # (M, 1)
-    return (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+    x = _pre(x, pre)
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 448.0  # (M, 1)
+    return (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
 
 
 def _int8_epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
@@ -126,12 +134,16 @@ _FUSED = _FusedSteps()  # one process-wide cache of the compiled steps (compiled
 
 
 class _LowPrecisionGemm(nn.Module):
-    """y = x @ W^T (+ b) with quantized x and W. ``w_q``: (N, K) int8 or float8_e4m3fn."""
+    """y = x @ W^T (+ b) with quantized x and W. ``w_q``: (N, K) int8 or float8_e4m3fn.
+
+    ``x_pre`` (K,): SmoothQuant's input factors 1 / s, applied to x in the quantize step (one fused pass); the
+    ``weight`` given is then the smoothed one, W * s, that ``w_amax`` was calibrated on."""
 
     fmt = "int8"
 
     def __init__(self, weight: torch.Tensor, w_amax: torch.Tensor, x_amax: torch.Tensor, bias: torch.Tensor | None,
-                 rowwise: bool = False, x_qmin: int = -128, w_qmin: int = -127) -> None:
+                 rowwise: bool = False, x_qmin: int = -128, w_qmin: int = -127,
+                 x_pre: torch.Tensor | None = None) -> None:
         super().__init__()
         bound = 127.0 if self.fmt == "int8" else 448.0
         w = weight.detach().float().reshape(weight.shape[0], -1)
@@ -148,6 +160,7 @@ class _LowPrecisionGemm(nn.Module):
         self.register_buffer("w_scale", w_scale.reshape(-1) if w_scale.dim() else w_scale)
         self.register_buffer("x_scale", x_amax.detach().float().clamp_min(1e-12).to(w.device) / bound)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.register_buffer("x_pre", None if x_pre is None else x_pre.detach().float().reshape(-1).to(w.device))
         self.rowwise = rowwise
         self.x_qmin = x_qmin  # int8: -128, or -127 for a narrow-range input quantizer (as its fake quantization)
         self.in_features, self.out_features = w.shape[1], w.shape[0]
@@ -167,20 +180,20 @@ class _LowPrecisionGemm(nn.Module):
         # ("TN" layout, required by _scaled_mm and int8 IMMA): no weight copy per call
         if self.fmt == "int8":
             if self.rowwise:  # dynamic per-token scales (M, 1) times per-channel weight scales (N,)
-                xq, xs = _FUSED(_quantize_int8_rowwise, x2)
+                xq, xs = _FUSED(_quantize_int8_rowwise, x2, self.x_pre)
             else:
                 xs = self.x_scale
-                xq = _FUSED(_quantize_int8, x2, xs, self.x_qmin)
+                xq = _FUSED(_quantize_int8, x2, xs, self.x_qmin, self.x_pre)
             acc = torch._int_mm(xq, self.w_q.t())  # (M, N) int32
             y = _FUSED(_int8_epilogue, acc, xs, self.w_scale, self.bias, out_dtype)
         else:
             if self.rowwise:  # dynamic per-token scales
-                xq, xs = _FUSED(_quantize_fp8_rowwise, x2)
+                xq, xs = _FUSED(_quantize_fp8_rowwise, x2, self.x_pre)
                 ws = self.w_scale.view(1, -1)
                 od = torch.bfloat16
             else:
                 xs, ws, od = self.x_scale, self.w_scale, (out_dtype if out_dtype != torch.float32 else torch.bfloat16)
-                xq = _FUSED(_quantize_fp8, x2, xs)
+                xq = _FUSED(_quantize_fp8, x2, xs, self.x_pre)
             bias = None if self.bias is None else self.bias.to(od)
             # _scaled_mm takes a row-major mat1 only; x2 may be a column-major view (a 1x1 conv at batch 1 on an
             # NCHW-contiguous input: permute + reshape merge without a copy), and the quantize keeps its strides
@@ -189,7 +202,8 @@ class _LowPrecisionGemm(nn.Module):
         return y[:m] if pad > 0 else y
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, {self.fmt}{' rowwise' if self.rowwise else ''}"
+        return (f"{self.in_features}, {self.out_features}, {self.fmt}{' rowwise' if self.rowwise else ''}"
+                f"{' smoothed' if self.x_pre is not None else ''}")
 
 
 class Int8Linear(_LowPrecisionGemm):
@@ -320,30 +334,29 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
         new: nn.Module | None = None
         reason = None
         # the int8 ranges of the fake quantization: [-127, 127] where the quantizer is narrow-range
-        ranges = {"x_qmin": -127 if iq.config.narrow_range else -128, "w_qmin": -127 if wq.config.narrow_range else -128}
+        ranges = {"x_qmin": -127 if iq.config.narrow_range else -128, "w_qmin": -127 if wq.config.narrow_range else -128,
+                  "x_pre": iq.pre_quant_scale}  # SmoothQuant's 1 / s (the weight is taken smoothed: W * s)
         if not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
-        elif iq.pre_quant_scale is not None:
-            reason = "SmoothQuant factors (x / s per channel): no int8 kernel here takes them (float)"
         elif isinstance(m, QuantLinear):
             reason = _gemm_ok(m.in_features, m.out_features, fmt)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
-                new = cls(m.weight, wq.amax, _x_amax(iq), m.bias, rowwise=dyn or (rowwise and fmt == "fp8"),
-                          **ranges)
+                new = cls(wq.apply_pre_quant_scale(m.weight), wq.amax, _x_amax(iq), m.bias,
+                          rowwise=dyn or (rowwise and fmt == "fp8"), **ranges)
         elif hf_conv1d_class() is not None and isinstance(m, hf_conv1d_class()):  # GPT-2's Conv1D: weight (in, out)
             reason = _gemm_ok(m.nx, m.nf, fmt)
             if reason is None:
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
-                new = cls(m.weight.t(), wq.amax, _x_amax(iq), m.bias, rowwise=dyn or (rowwise and fmt == "fp8"),
-                          **ranges)
+                new = cls(wq.apply_pre_quant_scale(m.weight).t(), wq.amax, _x_amax(iq), m.bias,
+                          rowwise=dyn or (rowwise and fmt == "fp8"), **ranges)
         elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
                 and m.stride[0] == m.stride[1]:
             reason = _gemm_ok(m.in_channels, m.out_channels, fmt)
             if reason is None:
                 cls = Fp8Conv1x1 if fmt == "fp8" else Int8Conv1x1
-                new = cls(m.weight, wq.amax, _x_amax(iq), m.bias, rowwise=dyn or (rowwise and fmt == "fp8"),
-                          stride=m.stride[0], **ranges)
+                new = cls(wq.apply_pre_quant_scale(m.weight), wq.amax, _x_amax(iq), m.bias,
+                          rowwise=dyn or (rowwise and fmt == "fp8"), stride=m.stride[0], **ranges)
         else:
             reason = f"{type(m).__name__} {getattr(m, 'kernel_size', '')} has no low-precision kernel here (float)"
         if new is None:
