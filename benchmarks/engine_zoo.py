@@ -331,7 +331,7 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
             row["ms"] = round(ms[cfg], 4)
             row["throughput"] = round(batch / (ms[cfg] / 1e3), 1)
             ms_of[cfg] = ms[cfg]
-            if cuda:
+            if cuda and args.kernel_time:
                 with torch.no_grad():
                     row["gpu_ms"] = round(gpu_kernel_ms(step), 4)
             if cfg == "compile_ro":
@@ -515,8 +515,8 @@ NOTES = [
     "ms: median of CUDA-event (CPU: wall-clock) times per call after warm-up, in rounds interleaved with "
     "torch.compile reduce-overhead and (for int8/fp8) the fp16 engine of the same model and batch; x_vs_ro = "
     "reduce-overhead ms / ms and x_vs_engine_fp16 = fp16 engine ms / ms from those paired rounds (> 1: faster); "
-    "x_vs_eager from the unpaired eager fp16 row; gpu_ms: GPU kernel time per call (torch.profiler, 5 calls), so "
-    "ms - gpu_ms is the time the GPU waits on the host (Python, launches, gaps between kernels)",
+    "x_vs_eager from the unpaired eager fp16 row; gpu_ms (with --kernel-time): GPU kernel time per call "
+    "(torch.profiler, 5 calls), so ms - gpu_ms is the time the GPU waits on the host (Python, launches, gaps)",
     "accuracy: first output (logits; last_hidden_state) on held-out inputs against the fp32 eager model with TF32 "
     "off: cosine = mean over samples of the cosine of the flattened outputs, max_abs_err over all elements; BERT's "
     "padded tokens are zeroed in both first",
@@ -584,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="results name (default engine_zoo; --quick engine_zoo_quick)")
     p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--merge", default=None, help="comma list of globs of results JSON files to join into --out")
+    p.add_argument("--kernel-time", action="store_true", help="also profile each config (torch.profiler, 5 calls) for "
+                   "gpu_ms, its GPU kernel time per call; off by default: in the one run with it on, the engines' "
+                   "per-call times were 1.5-3x those of the runs without it, which is not yet explained")
     p.add_argument("--verbose", action="store_true", help="print tracebacks of failing configs")
     args = p.parse_args(argv)
     out_dir = Path(args.out_dir)

@@ -151,34 +151,6 @@ def test_runner_call_runs_under_the_header_flags(unusual: dict[str, Any]) -> Non
     assert flags() == unusual
 
 
-def test_freezing_is_a_compile_option_not_a_patch_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled program freezes (Inductor's freeze runs at its compile) without an Inductor config patch entered
-    at each call (that patch cost ~30 us of Python per call, the GPU's idle time at batch 1)."""
-    import torch._inductor.freezing as freezing
-
-    froze, patches = [], []
-    real_freeze = freezing.freeze
-    monkeypatch.setattr(freezing, "freeze", lambda *a, **k: (froze.append(1), real_freeze(*a, **k))[1])
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
-    x = torch.randn(3, 8)
-    fn = inductor._compile(m, inductor.BuildConfig(), "default", False, freezing=True)
-    with torch.inference_mode():
-        fn(x)  # compiles here
-        cls, inductor_config = type(torch._inductor.config), torch._inductor.config
-        real_patch = cls.patch
-
-        def counting_patch(self: Any, *a: Any, **k: Any) -> Any:
-            patches.extend([1] if self is inductor_config else [])
-            return real_patch(self, *a, **k)
-        monkeypatch.setattr(cls, "patch", counting_patch)  # config modules take only config keys as attributes
-        out = [fn(x) for _ in range(3)]
-    assert froze == [1] and patches == []
-    with torch.no_grad():
-        ref = m(x)
-    assert all(torch.allclose(o, ref, atol=1e-5) for o in out)
-
-
 _TRACED: list[str] = []
 
 

@@ -15,10 +15,12 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
               help="'digits' or a calibration file (the one format of build --calib): torch.save of a tensor (N, ...), "
                    "a list of batches, [(input_ids, attention_mask), ...] or {'input_ids': ..., 'attention_mask': ...}.")
 @click.option("--config", "config_name",
-              type=click.Choice(["int8", "fp8", "int8_attention", "int8_smoothquant", "int8_dynamic"]), default="int8",
+              type=click.Choice(["int8", "fp8", "int8_attention", "int8_smoothquant", "int8_dynamic",
+                                 "int8_dynamic_smoothquant"]), default="int8",
               show_default=True, help="int8_attention: int8 plus the attention matmuls (QK^T, PV); int8_smoothquant: "
                    "int8 after SmoothQuant (alpha 0.5); int8_dynamic: per-token activation scales at run time on "
-                   "Linear layers (the most accurate int8 for transformers; no calibration, no ONNX export).")
+                   "Linear layers (no calibration, no ONNX export); int8_dynamic_smoothquant: int8_dynamic after "
+                   "SmoothQuant from the calibration data (the most accurate int8 for transformers).")
 @click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), default="max", show_default=True)
 @click.option("--percentile", default=99.99, show_default=True, type=click.FloatRange(50, 100, min_open=True),
               help="The percentile calibrator's percentile of |x|, in (50, 100].")
