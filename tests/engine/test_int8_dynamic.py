@@ -134,15 +134,27 @@ def test_dynamic_int8_from_a_float_onnx_model() -> None:
     assert eng.info["accuracy"]["vs"] == "fp32" and eng.info["accuracy"]["passed"] is True
 
 
-def test_auto_is_dynamic_without_calibration_and_static_with_it() -> None:
+def test_auto_is_dynamic_for_gemm_models_smoothed_with_calibration_and_static_for_onnx_with_it() -> None:
     model = _bert()
     eng = _build(model)
     assert eng.header["config"]["int8_activations"] == "dynamic"
-    assert eng.info["int8"]["why"].startswith("auto: no calibration data")
+    assert eng.info["int8"]["why"].startswith("auto: no calibration data") and "smoothquant" not in eng.info["int8"]
+    # a PyTorch GEMM model with calibration data: dynamic scales after SmoothQuant from it, on either backend
+    for backend in ("onnxruntime", "inductor"):
+        smoothed = Builder(BuildConfig(precision="int8", backend=backend, profiles=PROFILES,
+                                       layer_precision="all")).build(model, calib=_calib())
+        assert smoothed.header["config"]["int8_activations"] == "dynamic", backend
+        assert "SmoothQuant" in smoothed.info["int8"]["why"], backend
+        assert smoothed.info["int8"]["smoothquant"].startswith(f"alpha 0.5 on {_linears(model)} Linear"), backend
+        assert smoothed.info["accuracy"]["passed"] is True and smoothed.info["accuracy"]["cosine"] >= 0.99, backend
+        _check_lengths(smoothed, model)
+    assert smoothed.info["int8"]["ops"] == {"torch._int_mm": _linears(model)}  # inductor: every smoothed layer int8
+    # a float ONNX model with calibration data stays static (SmoothQuant needs the PyTorch model)
+    fp32 = from_module(model, NAMES).as_onnx(_inputs(2, 16), list(PROFILES))
     calibrated = Builder(BuildConfig(precision="int8", backend="onnxruntime", profiles=PROFILES)).build(
-        model, calib=_calib())
+        fp32, calib=_calib())
     assert calibrated.header["config"]["int8_activations"] == "static"
-    assert calibrated.info["int8"]["why"] == "auto: calibration data given (--calib)"
+    assert calibrated.info["int8"]["why"].startswith("auto: calibration data given (--calib) to an ONNX model")
     ops = calibrated.header["backend_meta"]["int8_ops"]  # reported for static too ({}: computed in float)
     if not calibrated.header["backend_meta"]["unfused_qdq"]:  # x86 with VNNI, ARM: int8 GEMMs, bar the pooler's Gemm
         assert ops == {"MatMulIntegerToFloat": 12}, ops  # was 4: residual-add Q/DQ pairs shared with GEMM inputs

@@ -109,3 +109,29 @@ def test_to_real_runs_smoothed_layers_as_int8_gemms(name: str) -> None:
     err, scale = (out - ref).abs(), float(ref.abs().max())
     assert float(err.mean()) <= 1e-4 * scale and float(err.max()) <= 0.02 * scale, (float(err.mean()), float(err.max()))
 
+
+
+def test_smoothed_float_keeps_the_function_and_dynamic_int8_gains_from_it() -> None:
+    """quant.smoothed_float: the same function (fp32 rounding, 1e-5), the model given untouched; through
+    quant.dynamic_int8 it equals INT8_DYNAMIC_SMOOTHQUANT's fake quant (1e-4) and, on LayerNorm outlier channels,
+    errs at least 3x less than dynamic int8 of the unsmoothed model (seen: 4.5x)."""
+    import copy
+
+    model = _model()
+    before = copy.deepcopy(model.state_dict())
+    sm = quant.smoothed_float(model, lambda m: m(CALIB))
+    assert sm._overdrive_smoothed == ["1", "3"] and type(sm[1]).__name__ == "SmoothedLinear"
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    ref = model(TEST).detach()
+    with torch.no_grad():
+        torch.testing.assert_close(sm(TEST), ref, rtol=1e-5, atol=1e-5)
+        fake = quant.quantize(_model(), quant.INT8_DYNAMIC_SMOOTHQUANT, forward_loop=lambda m: m(CALIB))(TEST)
+        real = quant.dynamic_int8(copy.deepcopy(sm))
+        assert real._overdrive_real["1"] == "int8 dynamic (per-token), smoothed"
+        out = real(TEST)
+        plain = quant.dynamic_int8(_model())(TEST)
+    torch.testing.assert_close(out, fake, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+
+    def rel(y: torch.Tensor) -> float:
+        return float(((y - ref) ** 2).mean() / (ref ** 2).mean())
+    assert rel(out) * 3 <= rel(plain), (rel(out), rel(plain))

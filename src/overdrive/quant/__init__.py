@@ -51,6 +51,7 @@ from overdrive.quant.modules import (
 )
 from overdrive.quant.quantizer import TensorQuantizer
 from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, dynamic_int8, to_real, weight_only
+from overdrive.quant.smoothquant import SmoothedLinear, smoothed_float
 
 __all__ = [
     # configs
@@ -64,4 +65,5 @@ __all__ = [
     "QuantMatmul", "QuantSDPA",
     # export and real low precision
     "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "weight_only", "WeightOnlyLinear", "dynamic_int8",
+    "SmoothedLinear", "smoothed_float",
 ]

@@ -30,6 +30,7 @@ from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
+from overdrive.quant.smoothquant import SmoothedLinear
 
 
 def _pre(x: torch.Tensor, pre: torch.Tensor | None) -> torch.Tensor:
@@ -212,7 +213,7 @@ class Int8Linear(_LowPrecisionGemm):
     fmt = "int8"
 
     @classmethod
-    def dynamic(cls, linear: nn.Linear) -> Int8Linear:
+    def dynamic(cls, linear: nn.Linear | SmoothedLinear) -> Int8Linear:
         """An int8 Linear with dynamic activations, from a float one (no calibration): each input row (token) gets
         its own scale, amax / 127, at run time; weights int8 per output channel.
 
@@ -223,7 +224,8 @@ class Int8Linear(_LowPrecisionGemm):
             True
         """
         w = linear.weight.detach()
-        return cls(w, w.float().abs().amax(dim=1), torch.ones(()), linear.bias, rowwise=True, x_qmin=-127)
+        return cls(w, w.float().abs().amax(dim=1), torch.ones(()), linear.bias, rowwise=True, x_qmin=-127,
+                   x_pre=getattr(linear, "inv_s", None))  # a SmoothedLinear's 1 / s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
@@ -269,15 +271,15 @@ def dynamic_int8(model: nn.Module, exclude: tuple[str, ...] | list[str] = ()) ->
     """
     import fnmatch
 
-    if type(model) is nn.Linear:
+    if type(model) in (nn.Linear, SmoothedLinear):
         new = Int8Linear.dynamic(model)
         new._overdrive_real = {"": "int8 dynamic (per-token)"}
         return new
     report: dict[str, str] = {}
     for name, m in list(model.named_modules()):
-        if type(m) is nn.Linear and not any(fnmatch.fnmatch(name, p) for p in exclude):
+        if type(m) in (nn.Linear, SmoothedLinear) and not any(fnmatch.fnmatch(name, p) for p in exclude):
             _set(model, name, Int8Linear.dynamic(m))
-            report[name] = "int8 dynamic (per-token)"
+            report[name] = "int8 dynamic (per-token)" + (", smoothed" if isinstance(m, SmoothedLinear) else "")
     model._overdrive_real = report
     return model
 

@@ -94,3 +94,75 @@ def smooth(model: nn.Module, forward_loop: Callable[[nn.Module], Any], alpha: fl
         wq.pre_quant_scale = s.to(m.weight.device)
         done.append(name)
     return done
+
+
+class SmoothedLinear(nn.Module):
+    """A float Linear with SmoothQuant's factors folded in: ``y = (x * inv_s) @ (W * s)^T + b``, the function of the
+    Linear it replaces (up to fp32 rounding), with the outlier channels of its input moved into the weight. Plain
+    float ops, so it exports to ONNX (a Mul before the MatMul) and ``quant.dynamic_int8`` turns it into an int8 GEMM
+    whose quantize step applies ``inv_s``.
+
+    Example:
+        >>> lin = nn.Linear(4, 2)
+        >>> s = torch.tensor([1.0, 2.0, 4.0, 8.0])
+        >>> sm = SmoothedLinear(lin.weight.detach() * s, lin.bias, 1 / s)
+        >>> x = torch.randn(3, 4)
+        >>> bool(torch.allclose(sm(x), lin(x), atol=1e-6))
+        True
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, inv_s: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)  # (N, K): W * s
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.register_buffer("inv_s", inv_s.detach().float().reshape(-1).clone())
+        self.out_features, self.in_features = self.weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x * self.inv_s.to(x.dtype), self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, smoothed"
+
+
+@torch.no_grad()
+def smoothed_float(model: nn.Module, forward_loop: Callable[[nn.Module], Any], alpha: float = 0.5) -> nn.Module:
+    """A float copy of ``model`` in which every Linear (and GPT-2 ``Conv1D``) that ``forward_loop`` reaches is a
+    :class:`SmoothedLinear` with SmoothQuant factors at ``alpha`` from the activations it saw: the same function,
+    ready for dynamic int8 (``quant.dynamic_int8``, ONNX Runtime's ``quantize_dynamic``). ``model`` is not changed;
+    ``result._overdrive_smoothed`` lists the smoothed layers.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> sm = smoothed_float(m, lambda mm: mm(torch.randn(16, 8)))
+        >>> [type(x).__name__ for x in sm], sm._overdrive_smoothed
+        (['SmoothedLinear', 'ReLU', 'SmoothedLinear'], ['0', '2'])
+    """
+    import copy
+
+    from overdrive.quant.api import quantize
+    from overdrive.quant.config import INT8_DYNAMIC
+    from overdrive.quant.modules import hf_conv1d_class
+
+    q = quantize(copy.deepcopy(model), INT8_DYNAMIC.replace(smoothquant=check_alpha(alpha)), forward_loop=forward_loop)
+    conv1d = hf_conv1d_class()
+    done: list[str] = []
+    for name, m in list(q.named_modules()):
+        if not isinstance(m, _QuantMixin):
+            continue
+        inv_s = m.input_quantizer.pre_quant_scale
+        if inv_s is None:
+            new: nn.Module = m.to_float()
+        else:
+            w = m.weight_quantizer.apply_pre_quant_scale(m.weight.detach())
+            new = SmoothedLinear(w.t() if conv1d is not None and isinstance(m, conv1d) else w, m.bias, inv_s)
+            done.append(name)
+        if name == "":
+            q = new
+            break
+        parent, _, child = name.rpartition(".")
+        setattr(q.get_submodule(parent) if parent else q, child, new)
+    if hasattr(q, "_overdrive_quant"):
+        del q._overdrive_quant
+    q._overdrive_smoothed = done
+    return q
