@@ -4,7 +4,8 @@ torch.compile in the same run, accuracy (cosine of last_hidden_state to the fp32
 One engine per precision is built with a dynamic profile (batch 1..B, sequence 1..max), then run at each
 sequence length; the baselines run at the same shapes. ``int8`` engines are static (calibrated on
 ``--calib-batches`` batches), ``int8-dynamic`` ones have per-token activation scales computed at run time
-(``BuildConfig(int8_activations="dynamic")``, no calibration). On CPU, overdrive's onnxruntime engines (fp32,
+(``BuildConfig(int8_activations="dynamic")``, no calibration), ``int8-dynamic-sq`` ones the same after SmoothQuant
+from the calibration batches (the default CPU build of such a model with calibration data). On CPU, overdrive's onnxruntime engines (fp32,
 static int8, dynamic int8) run too, and so does ONNX Runtime's own dynamic int8 (per-channel weights, per-token
 activations; ``onnxruntime.quantization.quantize_dynamic``) of the same ONNX model, called directly: the
 reference for CPU int8 speed (``x_vs_ort_dyn``). The Python PTQ (``overdrive.quant.quantize`` with
@@ -124,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seqs", default="16,64,128")
     p.add_argument("--precisions", default=None,
-                   help="inductor engines; default: fp32,int8,int8-dynamic on CPU; fp16,int8,fp8 on CUDA")
-    p.add_argument("--ort-precisions", default="fp32,int8,int8-dynamic",
+                   help="inductor engines; default: fp32,int8,int8-dynamic,int8-dynamic-sq on CPU; fp16,int8,fp8 on CUDA")
+    p.add_argument("--ort-precisions", default="fp32,int8,int8-dynamic,int8-dynamic-sq",
                    help="overdrive onnxruntime engines (CPU only; '' for none)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--calib-batches", type=int, default=8)
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     seqs = [int(s) for s in args.seqs.split(",")]
     args.max_seq = max(seqs)
-    precisions = (args.precisions or ("fp16,int8,fp8" if device.type == "cuda" else "fp32,int8,int8-dynamic")).split(",")
+    precisions = (args.precisions or ("fp16,int8,fp8" if device.type == "cuda" else
+                                      "fp32,int8,int8-dynamic,int8-dynamic-sq")).split(",")
     ort_precisions = [p for p in args.ort_precisions.split(",") if p] if device.type == "cpu" else []
     model = _model(args)
     vocab = model.config.vocab_size
@@ -279,12 +281,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def engines(backend: str, precs: list[str]) -> None:
         for prec in precs:
-            dynamic = prec == "int8-dynamic"
-            cfg = BuildConfig(precision="int8" if dynamic else prec, device=str(device), backend=backend,
-                              profiles=profiles, int8_activations="dynamic" if dynamic else None)
+            # int8: static (calibrated); int8-dynamic: per-token scales, no calibration; int8-dynamic-sq: per-token
+            # scales after SmoothQuant from the calibration batches (what auto builds on CPU with --calib)
+            mode = {"int8": "static", "int8-dynamic": "dynamic", "int8-dynamic-sq": "dynamic"}.get(prec)
+            cfg = BuildConfig(precision="int8" if mode else prec, device=str(device), backend=backend,
+                              profiles=profiles, int8_activations=mode if device.type == "cpu" else None)
             t0 = time.perf_counter()
             try:
-                eng = Builder(cfg).build(model, input_names=NAMES, calib=calib if prec in ("int8", "fp8") else None)
+                eng = Builder(cfg).build(model, input_names=NAMES,
+                                         calib=calib if prec in ("int8", "fp8", "int8-dynamic-sq") else None)
             except Exception as exc:  # noqa: BLE001 - a failed candidate is a row, not the end of the run
                 rows.append({"config": f"engine {backend} {prec}", "seq": None,
                              "error": f"{type(exc).__name__}: {str(exc)[:300]}"})

@@ -51,7 +51,8 @@ from overdrive.quant.modules import (
 )
 from overdrive.quant.quantizer import TensorQuantizer
 from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, dynamic_int8, to_real, weight_only
-from overdrive.quant.smoothquant import SmoothedLinear, smoothed_float
+from overdrive.quant.api import smoothed_float
+from overdrive.quant.smoothquant import SmoothedLinear
 
 __all__ = [
     # configs

@@ -401,3 +401,46 @@ def partial_quantize(model: nn.Module, ranking: Sequence[dict[str, Any]], k: int
     if names:
         set_quantizers_enabled(model, False, names)
     return names
+
+
+@torch.no_grad()
+def smoothed_float(model: nn.Module, forward_loop: Callable[[nn.Module], Any], alpha: float = 0.5) -> nn.Module:
+    """A float copy of ``model`` in which every Linear (and GPT-2 ``Conv1D``) that ``forward_loop`` reaches is a
+    :class:`SmoothedLinear` with SmoothQuant factors at ``alpha`` from the activations it saw: the same function,
+    ready for dynamic int8 (``quant.dynamic_int8``, ONNX Runtime's ``quantize_dynamic``). ``model`` is not changed;
+    ``result._overdrive_smoothed`` lists the smoothed layers.
+
+    Example:
+        >>> m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        >>> sm = smoothed_float(m, lambda mm: mm(torch.randn(16, 8)))
+        >>> [type(x).__name__ for x in sm], sm._overdrive_smoothed
+        (['SmoothedLinear', 'ReLU', 'SmoothedLinear'], ['0', '2'])
+    """
+    import copy
+
+    from overdrive.quant.config import INT8_DYNAMIC, check_alpha
+    from overdrive.quant.modules import hf_conv1d_class
+    from overdrive.quant.smoothquant import SmoothedLinear
+
+    q = quantize(copy.deepcopy(model), INT8_DYNAMIC.replace(smoothquant=check_alpha(alpha)), forward_loop=forward_loop)
+    conv1d = hf_conv1d_class()
+    done: list[str] = []
+    for name, m in list(q.named_modules()):
+        if not isinstance(m, _QuantMixin):
+            continue
+        inv_s = m.input_quantizer.pre_quant_scale
+        if inv_s is None:
+            new: nn.Module = m.to_float()
+        else:
+            w = m.weight_quantizer.apply_pre_quant_scale(m.weight.detach())
+            new = SmoothedLinear(w.t() if conv1d is not None and isinstance(m, conv1d) else w, m.bias, inv_s)
+            done.append(name)
+        if name == "":
+            q = new
+            break
+        parent, _, child = name.rpartition(".")
+        setattr(q.get_submodule(parent) if parent else q, child, new)
+    if hasattr(q, "_overdrive_quant"):
+        del q._overdrive_quant
+    q._overdrive_smoothed = done
+    return q
