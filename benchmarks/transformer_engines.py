@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seqs", default="16,64,128")
     p.add_argument("--precisions", default=None,
                    help="inductor engines; default: fp32,int8,int8-dynamic,int8-dynamic-sq on CPU; fp16,int8,fp8 on CUDA")
-    p.add_argument("--ort-precisions", default="fp32,int8,int8-dynamic,int8-dynamic-sq",
+    p.add_argument("--ort-precisions", default="fp32,int8,int8-dynamic",
                    help="overdrive onnxruntime engines (CPU only; '' for none)")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--calib-batches", type=int, default=8)

@@ -99,3 +99,19 @@ def test_every_distinct_layer_is_timed_compiled_past_dynamo_recompile_limit(monk
     monkeypatch.setattr(lc, "_as_engine_runs", spy)
     keep_float_where_faster(int8, (torch.randn(256, 64, device="cuda"),), torch.device("cuda"), margin=1e9)
     assert len(compiled) == 24 and all(compiled), compiled
+
+
+def test_float_twin_of_a_smoothed_layer_folds_the_input_factors() -> None:
+    """A SmoothQuant int8 layer kept float by the timing computes x (W s)^T / s, the original Linear up to the int8
+    weight rounding (cosine >= 0.999); dropping 1 / s (the bug: garbage, cosine -0.02 on MiniLM) fails it."""
+    from overdrive.engine.layer_choice import _float_twin
+    from overdrive.quant import Int8Linear, SmoothedLinear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32)
+    s = torch.rand(64) * 1.5 + 0.5  # factors as SmoothQuant makes them for even channels
+    m = Int8Linear.dynamic(SmoothedLinear(lin.weight.detach() * s, lin.bias, 1 / s))
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        ref, got = lin(x), _float_twin(m, torch.float32)(x)
+    assert float(torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), dim=0)) >= 0.999

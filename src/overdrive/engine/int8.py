@@ -11,10 +11,12 @@ Two modes (``BuildConfig.int8_activations``, ``overdrive build --int8-activation
 
 ``None`` (auto) picks dynamic for a float PyTorch model on CPU whose backend can build it and whose int8 work is
 GEMMs (it has Linear layers and no convolutions, which dynamic int8 would leave float), else static. With
-calibration data a dynamic build from a PyTorch model first applies SmoothQuant (alpha 0.5) from it
-(``quant.smoothed_float``): on the pretrained all-MiniLM-L6-v2 per-token int8 after SmoothQuant kept cosine 0.999 /
-kNN@10 0.963 to fp32, where static int8 kept 0.981 / 0.848 and dynamic alone 0.997 / 0.947
-(``benchmarks/results/quant_pretrained.md``).
+calibration data a dynamic build from a PyTorch model on the inductor backend first applies SmoothQuant (alpha 0.5)
+from it (``quant.smoothed_float``): on the pretrained all-MiniLM-L6-v2 per-token int8 after SmoothQuant kept cosine
+0.999 / kNN@10 0.963 to fp32, where static int8 kept 0.981 / 0.848 and dynamic alone 0.997 / 0.947
+(``benchmarks/results/quant_pretrained.md``). Not on the onnxruntime backend: its dynamic MatMuls take one scale
+per tensor, and there the smoothing measured no better (kNN@10 0.896 against 0.911,
+``benchmarks/results/transformer_engines_cpu_minilm_sq_bug.md``), so calibration data means static there.
 
 Example:
     >>> summary({"activations": "dynamic", "why": "asked for", "ops": {"MatMulIntegerToFloat": 6, "DynamicQuantizeMatMul": 7}})
@@ -88,12 +90,14 @@ def resolve(requested: str | None, backend: Any, device: torch.device, src: Mode
     gemms = why_not is None and gemm_model(src)
     if gemms and not calib:
         return "dynamic", "auto: no calibration data (--calib), and dynamic scales need none"
-    if gemms and src.module is not None:
+    if gemms and src.module is not None and getattr(backend, "NAME", "") == "inductor":
         return "dynamic", ("auto: a GEMM-only model (Linear layers, no convolutions): dynamic scales after "
                            "SmoothQuant from the calibration data, more accurate than static int8")
     if calib:
         return "static", "auto: calibration data given (--calib)" + (
-            " to an ONNX model (SmoothQuant for dynamic int8 needs the PyTorch model)" if gemms else "")
+            "" if not gemms else " to an ONNX model (SmoothQuant for dynamic int8 needs the PyTorch model)"
+            if src.module is None else f" on the {backend.NAME} backend (dynamic int8 after SmoothQuant is built on "
+            "the inductor backend)")
     return "static", "auto: " + (why_not or "the model has convolutions, which dynamic int8 leaves float")
 
 

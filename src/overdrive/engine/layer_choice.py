@@ -32,10 +32,13 @@ from overdrive._utils.timing import time_fn
 
 
 def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """The float layer a low-precision GEMM module stands for, with its dequantized weights, in ``dtype``."""
+    """The float layer a low-precision GEMM module stands for, with its dequantized weights, in ``dtype``; a
+    SmoothQuant layer's input factors (``x_pre``, 1 / s) are folded back into the weight: x (W s / s)^T."""
     from overdrive.quant.real import Int8Conv1x1
 
     w = m.w_q.float() * (m.w_scale.view(-1, 1) if m.w_scale.dim() else m.w_scale)
+    if getattr(m, "x_pre", None) is not None:
+        w = w * m.x_pre.to(w.device).view(1, -1)
     bias = m.bias is not None
     if isinstance(m, Int8Conv1x1):
         twin: nn.Module = nn.Conv2d(m.in_features, m.out_features, 1, stride=m.stride, bias=bias)
