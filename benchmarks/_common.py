@@ -79,10 +79,9 @@ def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, iters
     return time_fn(step, device, warmup=warmup, repeat=iters)
 
 
-def gpu_kernel_ms(step: Callable[[], Any], calls: int = 5) -> float:
-    """GPU kernel time per call of ``step`` (torch.profiler, CUDA graph replays included), in ms. Beside the
-    CUDA-event time of a call it shows the host's share: event ms - kernel ms is the GPU waiting on Python,
-    launches and gaps between kernels."""
+def gpu_kernels(step: Callable[[], Any], calls: int = 5) -> dict[str, list[float]]:
+    """GPU time of each kernel launch over ``calls`` calls of ``step`` (after one warm-up call), in us, by kernel
+    name, from torch.profiler (CUDA graph replays included)."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -91,9 +90,17 @@ def gpu_kernel_ms(step: Callable[[], Any], calls: int = 5) -> float:
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
-    us = sum(e.device_time_total for e in prof.events()
-             if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
-    return us / calls / 1e3
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(e.name, []).append(e.device_time_total)
+    return kernels
+
+
+def gpu_kernel_ms(step: Callable[[], Any], calls: int = 5) -> float:
+    """GPU kernel time per call of ``step`` in ms. Beside the CUDA-event time of a call it shows the host's share:
+    event ms - kernel ms is the GPU waiting on Python, launches and gaps between kernels."""
+    return sum(sum(v) for v in gpu_kernels(step, calls).values()) / calls / 1e3
 
 
 def median(xs: list[float]) -> float:

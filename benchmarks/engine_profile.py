@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-from _common import device_facts, write_results  # noqa: E402
+from _common import device_facts, gpu_kernels, write_results  # noqa: E402
 
 # forward FLOPs per sample (multiply-add = 2): ResNet-50 at 224 is 4.09 GMAC; BERT-base seq 128:
 # 2 * 85.0M encoder weights * 128 tokens + attention (2 * 2 * 128^2 * 768 per layer, 12 layers)
@@ -64,20 +64,7 @@ def time_fn(fn: Callable[[], Any], iters: int = 30, warmup: int = 5) -> float:
 
 def kernel_profile(fn: Callable[[], Any], calls: int = 5) -> dict[str, Any]:
     """GPU time per kernel class and the top 12 kernels, per call, from torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    kernels: dict[str, list[float]] = {}
-    for e in prof.events():
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        dur = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-        kernels.setdefault(e.name, []).append(dur)
+    kernels = gpu_kernels(fn, calls)
     total = sum(sum(v) for v in kernels.values()) / calls / 1e3  # ms per call
     by_class: dict[str, float] = {}
     for name, ds in kernels.items():

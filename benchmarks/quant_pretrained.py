@@ -175,37 +175,32 @@ def main(argv: list[str] | None = None) -> None:
         for method, pct in [("max", None), ("mse", None)]:
             quant.load_calib_amax(q, method, pct)
             rows.append(score(f"SmoothQuant alpha {alpha} residual_add=False, {method}", ref, embed(run(q), EVAL), secs))
+    def real_row(label: str, q: nn.Module, secs: float) -> dict:
+        """``q`` through to_real's int8 kernels: its fidelity, and its speed against fp32 eager timed beside it."""
+        real = quant.to_real(copy.deepcopy(q))
+        t0 = time.perf_counter()
+        got = embed(run(real), EVAL)
+        t_real = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        embed(run(fp32), EVAL)  # fp32 eager timed again beside it: the same machine state
+        t_fp32 = time.perf_counter() - t0
+        return score(f"{label} + quant.to_real (torch._int_mm)", ref, got, secs,
+                     f"real int8 GEMMs on CPU: {t_fp32 / t_real:.2f}x fp32 eager speed ({t_real:.1f} vs "
+                     f"{t_fp32:.1f} s for the eval set)")
+
     t0 = time.perf_counter()
     q = quant.quantize(copy.deepcopy(fp32), quant.INT8_DYNAMIC)  # nothing to calibrate
     secs = time.perf_counter() - t0
     rows.append(score("INT8_DYNAMIC (per-token activations)", ref, embed(run(q), EVAL), secs,
                       "same numerics as to_real's int8 kernels"))
-    real = quant.to_real(copy.deepcopy(q))
-    t0 = time.perf_counter()
-    got = embed(run(real), EVAL)
-    t_real = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    embed(run(fp32), EVAL)  # fp32 eager timed again beside it: the same machine state
-    t_fp32 = time.perf_counter() - t0
-    rows.append(score("INT8_DYNAMIC + quant.to_real (torch._int_mm)", ref, got, secs,
-                      f"real int8 GEMMs on CPU: {t_fp32 / t_real:.2f}x fp32 eager speed ({t_real:.1f} vs "
-                      f"{t_fp32:.1f} s for the eval set)"))
+    rows.append(real_row("INT8_DYNAMIC", q, secs))
     for alpha in [0.5] + ([] if args.quick else [0.3, 0.8]):  # per-token scales after SmoothQuant
         cfg = quant.INT8_DYNAMIC_SMOOTHQUANT.replace(smoothquant=alpha)
         q, secs = quantized(cfg)
         label = "INT8_DYNAMIC_SMOOTHQUANT (alpha 0.5)" if alpha == 0.5 else f"INT8_DYNAMIC + SmoothQuant alpha {alpha}"
         rows.append(score(label, ref, embed(run(q), EVAL), secs, "per-token int8 after SmoothQuant"))
         if alpha == 0.5:
-            real = quant.to_real(copy.deepcopy(q))
-            t0 = time.perf_counter()
-            got = embed(run(real), EVAL)
-            t_real = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            embed(run(fp32), EVAL)
-            t_fp32 = time.perf_counter() - t0
-            rows.append(score("INT8_DYNAMIC_SMOOTHQUANT + quant.to_real (torch._int_mm)", ref, got, secs,
-                              f"real int8 GEMMs on CPU: {t_fp32 / t_real:.2f}x fp32 eager speed ({t_real:.1f} vs "
-                              f"{t_fp32:.1f} s for the eval set)"))
+            rows.append(real_row("INT8_DYNAMIC_SMOOTHQUANT", q, secs))
     q, secs = quantized(quant.FP8_DEFAULT)
     rows.append(score("FP8_DEFAULT (fp8 e4m3), max", ref, embed(run(q), EVAL), secs, "reference: not int8"))
     if not args.no_ort:
@@ -230,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         "at run time; weights per output channel",
         "calib_s: quantize() (both passes for SmoothQuant) plus switching the calibrator; not a speed measurement",
     ]
-    write_results("quant_pretrained", facts, rows,
+    write_results("quant_pretrained_quick" if args.quick else "quant_pretrained", facts, rows,
                   ["config", "cos_mean", "cos_min", "knn10", "meets_target", "calib_s", "note"], notes,
                   title="overdrive.quant on pretrained all-MiniLM-L6-v2: embedding fidelity to fp32")
     print(f"wall {wall:.0f} s")

@@ -231,8 +231,7 @@ class Builder:
             path = onnx_path or "model.onnx"
             atomic_write(path, src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset))
             backend.refuse(path, str(Path(path).with_suffix(".plan")), cfg, device)
-        if int8 is not None and cfg.int8_activations == "dynamic" and calib and src.module is not None \
-                and name == "inductor":  # onnxruntime: per-tensor dynamic MatMuls, measured no better smoothed
+        if int8 is not None and cfg.int8_activations == "dynamic" and int8_mode.smoothquant_applies(name, src, calib):
             t_sq = time.perf_counter()
             src, n = int8_mode.smoothed_source(src, calib)  # per-token scales after SmoothQuant (engine/int8.py)
             int8["smoothquant"] = (f"alpha 0.5 on {n} Linear layer(s), factors from {len(calib)} calibration "

@@ -90,14 +90,14 @@ def resolve(requested: str | None, backend: Any, device: torch.device, src: Mode
     gemms = why_not is None and gemm_model(src)
     if gemms and not calib:
         return "dynamic", "auto: no calibration data (--calib), and dynamic scales need none"
-    if gemms and src.module is not None and getattr(backend, "NAME", "") == "inductor":
+    if gemms and smoothquant_applies(backend.NAME, src, calib):
         return "dynamic", ("auto: a GEMM-only model (Linear layers, no convolutions): dynamic scales after "
                            "SmoothQuant from the calibration data, more accurate than static int8")
     if calib:
-        return "static", "auto: calibration data given (--calib)" + (
-            "" if not gemms else " to an ONNX model (SmoothQuant for dynamic int8 needs the PyTorch model)"
-            if src.module is None else f" on the {backend.NAME} backend (dynamic int8 after SmoothQuant is built on "
-            "the inductor backend)")
+        where = "" if not gemms else " to an ONNX model (SmoothQuant for dynamic int8 needs the PyTorch model)" \
+            if src.module is None else f" on the {backend.NAME} backend (dynamic int8 after SmoothQuant is built on " \
+            "the inductor backend)"
+        return "static", "auto: calibration data given (--calib)" + where
     return "static", "auto: " + (why_not or "the model has convolutions, which dynamic int8 leaves float")
 
 
@@ -118,6 +118,17 @@ def summary(record: dict[str, Any]) -> str:
                        "speedup; backend_meta says why)") + tail
     listed = ", ".join(f"{k} {v}" for k, v in sorted(ops.items()))
     return f"{head}: {sum(ops.values())} integer kernel(s): {listed}{tail}"
+
+
+def smoothquant_applies(backend: str, src: ModelSource, calib: list[tuple[torch.Tensor, ...]] | None) -> bool:
+    """Whether a dynamic int8 build smooths first (:func:`smoothed_source`): calibration data, a PyTorch model, and
+    the inductor backend (onnxruntime's dynamic MatMuls take one scale per tensor; smoothing measured no better).
+
+    Example:
+        >>> smoothquant_applies("onnxruntime", None, [(torch.zeros(1),)])
+        False
+    """
+    return bool(calib) and backend == "inductor" and src.module is not None
 
 
 def smoothed_source(src: ModelSource, calib: list[tuple[torch.Tensor, ...]]) -> tuple[ModelSource, int]:

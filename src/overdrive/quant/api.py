@@ -420,6 +420,7 @@ def smoothed_float(model: nn.Module, forward_loop: Callable[[nn.Module], Any], a
 
     from overdrive.quant.config import INT8_DYNAMIC, check_alpha
     from overdrive.quant.modules import hf_conv1d_class
+    from overdrive.quant.real import _set
     from overdrive.quant.smoothquant import SmoothedLinear
 
     q = quantize(copy.deepcopy(model), INT8_DYNAMIC.replace(smoothquant=check_alpha(alpha)), forward_loop=forward_loop)
@@ -438,8 +439,7 @@ def smoothed_float(model: nn.Module, forward_loop: Callable[[nn.Module], Any], a
         if name == "":
             q = new
             break
-        parent, _, child = name.rpartition(".")
-        setattr(q.get_submodule(parent) if parent else q, child, new)
+        _set(q, name, new)
     if hasattr(q, "_overdrive_quant"):
         del q._overdrive_quant
     q._overdrive_smoothed = done
