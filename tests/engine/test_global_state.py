@@ -16,7 +16,8 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive.engine import Builder, Engine, ShapeProfile
 from overdrive.engine.backends import inductor
-from overdrive.engine.backends.inductor import Runner, fp32_flags, precision_flags
+from overdrive.engine.backends.inductor import Runner
+from overdrive.engine.fp32_flags import fp32_flags, precision_flags
 
 B = torch.backends
 # torch's fp32_precision slots (backend, op), named by their public attribute (torch.backends.<name>.fp32_precision;
@@ -127,7 +128,7 @@ def test_scope_keeps_torchs_untouched_cudnn_defaults() -> None:
     as in a process that ran none; an fp32 scope must move the legacy cuDNN flag, whose setter overwrites that
     default: conv/rnn still read as before."""
     code = ("import torch\n"
-            "from overdrive.engine.backends.inductor import fp32_flags, precision_flags\n"
+            "from overdrive.engine.fp32_flags import fp32_flags, precision_flags\n"
             "B = torch.backends.cudnn\n"
             "read = lambda: (B.conv.fp32_precision, B.rnn.fp32_precision)\n"
             "before = read(), B.allow_tf32\n"

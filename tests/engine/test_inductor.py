@@ -123,7 +123,7 @@ def test_cast_float_remainder_keeps_int8_gemms() -> None:
     """int8/fp8 CUDA builds run the layers without a low-precision kernel in fp16 (trtexec --int8 --fp16);
     the real int8 GEMMs keep their int8 weights and fp32 scales, and the model still computes the same."""
     quant = pytest.importorskip("overdrive.quant")
-    from overdrive.engine.backends.inductor import cast_float_remainder, remainder_dtype
+    from overdrive.engine.backends.prepare import cast_float_remainder, remainder_dtype
     from overdrive.quant.real import Int8Linear
 
     torch.manual_seed(0)

@@ -27,7 +27,7 @@ from overdrive._utils.errors import UsageError
 from overdrive._utils.signing import SigningKey
 from overdrive.engine import Builder, BuildConfig, Engine, ShapeProfile
 from overdrive.engine import format as fmt
-from overdrive.engine.backends import inductor
+from overdrive.engine.backends import timing_cache
 from overdrive.engine.backends.inductor import aoti_works
 from overdrive.engine.sources import load_exported
 
@@ -183,23 +183,23 @@ def test_saving_an_untrusted_engine_does_not_sign_it(compiled: Path, tmp_path: P
 def test_timing_cache_is_signed_and_foreign_ones_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "t.cache"
     info: dict = {}
-    inductor.save_timing_cache(str(cache), b"not a real cache", info)
-    assert cache.read_bytes().startswith(inductor.CACHE_MAGIC)
+    timing_cache.save_timing_cache(str(cache), b"not a real cache", info)
+    assert cache.read_bytes().startswith(timing_cache.CACHE_MAGIC)
     calls: list[bytes] = []
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda data: calls.append(data) or None)
     with pytest.raises(UsageError, match="not an Inductor compile cache"):  # signed: handed to Inductor, which says no
-        inductor.load_timing_cache(str(cache))
+        timing_cache.load_timing_cache(str(cache))
     assert calls == [b"not a real cache"]
     cache.write_bytes(pickle.dumps(_Marker(tmp_path / "ran")))  # an unsigned file in its place
     with pytest.raises(UsageError, match="not signed.*--trust-timing-cache"):
-        inductor.load_timing_cache(str(cache))
+        timing_cache.load_timing_cache(str(cache))
     assert len(calls) == 1 and cache.read_bytes() == pickle.dumps(_Marker(tmp_path / "ran"))  # left as it was
-    cache.write_bytes(inductor.CACHE_MAGIC + b"0" * 64 + b"payload")
+    cache.write_bytes(timing_cache.CACHE_MAGIC + b"0" * 64 + b"payload")
     with pytest.raises(UsageError, match="does not verify"):
-        inductor.load_timing_cache(str(cache))
+        timing_cache.load_timing_cache(str(cache))
     assert len(calls) == 1 and not (tmp_path / "ran").exists()
     with pytest.raises(UsageError, match="not an Inductor compile cache"):
-        inductor.load_timing_cache(str(cache), trust=True)  # the user's explicit choice: handed to Inductor
+        timing_cache.load_timing_cache(str(cache), trust=True)  # the user's explicit choice: handed to Inductor
     assert calls[-1] == b"payload"
 
 

@@ -192,7 +192,7 @@ def test_engine_pruned_fp32_and_sparse_int8(dense, digits) -> None:
 def test_inductor_int8_prepare_keeps_the_models_calibration(dense, digits) -> None:
     """The inductor backend's int8 path (GPU default) converts an already-quantized model as calibrated:
     no second quantize (which refuses a quantized model), same amax; checked here without compiling."""
-    from overdrive.engine.backends.inductor import prepare
+    from overdrive.engine.backends.prepare import prepare
     from overdrive.engine.config import BuildConfig
     from overdrive.engine.sources import from_module
 

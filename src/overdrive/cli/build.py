@@ -83,7 +83,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
       overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
           --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
     """
-    from overdrive.engine.api import describe_device
+    from overdrive.engine.runtime import describe_device
     from overdrive.recipes.build import build_engine
 
     check_json_target(json_path)

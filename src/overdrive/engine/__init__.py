@@ -7,7 +7,7 @@ Example:
     >>> # engine.save("m.engine"); Engine.load("m.engine").benchmark()
 """
 
-from overdrive.engine.api import Builder, Engine, choose_backend
+from overdrive.engine.api import Builder, choose_backend
 from overdrive.engine.compare import compare, format_compare
 from overdrive.engine.config import (
     BF16_CUDA,
@@ -20,6 +20,7 @@ from overdrive.engine.config import (
     parse_shapes,
     profiles_from_shapes,
 )
+from overdrive.engine.runtime import Engine
 
 __all__ = ["Builder", "Engine", "BuildConfig", "ShapeProfile", "compare", "format_compare", "parse_shapes",
            "profiles_from_shapes", "choose_backend", "FP32_DEFAULT", "FP16_CUDA", "BF16_CUDA", "PRESETS", "get_preset"]

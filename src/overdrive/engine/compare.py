@@ -49,7 +49,7 @@ class _OrtReference:
 def _runnable(x: Any) -> tuple[Any, str]:
     """An Engine, an engine path, an ONNX model (path, bytes or ModelProto; run with ONNX Runtime) or an
     nn.Module -> (callable, label)."""
-    from overdrive.engine.api import Engine
+    from overdrive.engine.runtime import Engine
 
     if isinstance(x, Engine):
         return x, f"engine({x.header['backend']}, {x.header['precision']})"
@@ -77,8 +77,8 @@ def _wide(o: torch.Tensor) -> torch.Tensor:
 
 
 def _outputs(fn: Any, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-    from overdrive.engine.api import Engine
-    from overdrive.engine.backends.inductor import flatten_outputs
+    from overdrive.engine.runtime import Engine
+    from overdrive.engine.backends.prepare import flatten_outputs
 
     if isinstance(fn, Engine):
         return [_wide(o) for o in fn.run(*xs)]
@@ -93,7 +93,7 @@ def _outputs(fn: Any, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
 
 def _names(fn: Any, n: int) -> list[str] | None:
     """The output names an engine's header or an ONNX model gives, when there are ``n`` of them."""
-    from overdrive.engine.api import Engine
+    from overdrive.engine.runtime import Engine
 
     if isinstance(fn, Engine):
         names = [o["name"] for o in fn.header["outputs"]]
@@ -139,7 +139,7 @@ def load_inputs(path: str) -> dict[str, torch.Tensor] | tuple[torch.Tensor, ...]
 
 def _input_specs(fa: Any, fb: Any) -> list[tuple[str, list[int | None], torch.dtype]] | None:
     """(name, shape with None for a dynamic dim, dtype) of each input, from an engine or an ONNX model."""
-    from overdrive.engine.api import Engine
+    from overdrive.engine.runtime import Engine
 
     for f in (fa, fb):
         if isinstance(f, Engine):
@@ -155,7 +155,8 @@ def _make_inputs(fa: Any, fb: Any, shapes: dict[str, tuple[int, ...]] | None,
                  named: dict[str, torch.Tensor] | None, seed: int) -> tuple[torch.Tensor, ...]:
     """The inputs both sides run: ``named`` tensors or random ones at ``shapes`` (default: an engine's opt
     shapes or an ONNX model's fixed shapes), in the order of the engine's / ONNX model's inputs."""
-    from overdrive.engine.api import Engine, _random_input
+    from overdrive.engine.inputs import random_input
+    from overdrive.engine.runtime import Engine
 
     specs = _input_specs(fa, fb)
     given = named if named is not None else shapes or {}
@@ -191,7 +192,7 @@ def _make_inputs(fa: Any, fb: Any, shapes: dict[str, tuple[int, ...]] | None,
                 raise UsageError(f"input {name!r} has dynamic dims ({'x'.join('?' if d is None else str(d) for d in shape)}); "
                                  f"give its shape, e.g. --shapes {name}:{'x'.join('1' if d is None else str(d) for d in shape)}")
             s = tuple(shape)  # type: ignore[arg-type]
-        out.append(_random_input(name, tuple(s), dt, g).to(dt))
+        out.append(random_input(name, tuple(s), dt, g).to(dt))
     return tuple(out)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.api import Builder, Engine
+from overdrive.engine.api import Builder
+from overdrive.engine.runtime import Engine
 from overdrive.engine.config import BuildConfig, parse_io_formats, profiles_from_shapes
 from overdrive.engine.sources import ModelSource, from_exported, from_module, from_onnx, from_torchscript
 

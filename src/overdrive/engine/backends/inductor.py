@@ -9,32 +9,27 @@ packages are stored too when ``BuildConfig.aot`` asks for them, and loaded only 
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import io
 import os
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive._utils.files import atomic_write
-from overdrive._utils.signing import sign, signing_key, verify
-from overdrive.engine.config import IO_DTYPES, BuildConfig
+from overdrive.engine.backends.prepare import flatten_outputs, int8_gemms, prepare, remainder_dtype
+from overdrive.engine.backends.timing_cache import load_timing_cache, save_timing_cache
+from overdrive.engine.config import BuildConfig
 from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines use)
+from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_flags
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
-from overdrive.engine.sources import ModelSource, by_name, check_exported_dims, dynamic_shapes, load_exported
-
-CACHE_MAGIC = b"ODTCACH1"  # + the HMAC of the payload under the user's signing key (64 hex digits) + the payload
+from overdrive.engine.sources import ModelSource, check_exported_dims, dynamic_shapes, load_exported
 
 NAME = "inductor"
-_HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def unavailable(device: torch.device) -> str | None:
@@ -47,175 +42,6 @@ def aoti_works() -> bool:
     return (major, minor) >= (2, 12)
 
 
-class _Cast(nn.Module):
-    """The engine's I/O around the compute precision: float inputs are cast to the model's dtype (they come
-    in as fp32 by default, trtexec's default I/O, or as ``--inputIOFormats`` says) and go channels_last when
-    4-D on CUDA; float outputs leave as ``out_dtype`` (fp32 unless ``--outputIOFormats`` says otherwise)."""
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None, channels_last: bool,
-                 out_dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.model, self.dtype, self.channels_last, self.out_dtype = model, dtype, channels_last, out_dtype
-
-    def forward(self, *xs: torch.Tensor) -> Any:
-        ins = []
-        for x in xs:
-            if x.is_floating_point():
-                x = x.to(self.dtype or torch.float32)
-            if self.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            ins.append(x)
-        out = self.model(*ins)
-        return _map(out, lambda t: t.to(self.out_dtype) if t.is_floating_point() else t)
-
-
-def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(out, torch.Tensor):
-        return fn(out)
-    if isinstance(out, (tuple, list)):
-        return type(out)(_map(o, fn) for o in out)
-    if isinstance(out, dict):
-        return tuple(_map(v, fn) for v in out.values())  # ModelOutput / dict -> tuple in key order
-    if hasattr(out, "to_tuple"):
-        return tuple(_map(v, fn) for v in out.to_tuple())
-    return out
-
-
-def flatten_outputs(out: Any) -> list[torch.Tensor]:
-    """The tensors of a model's output, in order: tensors, tuples/lists, and dicts (Hugging Face ModelOutput
-    is one) in their key order; anything else (None, numbers) holds no tensor."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in flatten_outputs(o)]
-    return []
-
-
-# The fp32 math an engine pins while it compiles and runs, keyed as torch.backends.<key>.fp32_precision names it
-# (cuBLAS matmuls, cuDNN convolutions and RNNs, oneDNN's CPU matmuls, convolutions and RNNs), with torch's
-# (backend, op) slot for each. A slot set to "none" reads through to its backend's "all" slot, that one to "generic".
-_FP32_KEYS = {"cuda.matmul": ("cuda", "matmul"), "cudnn.conv": ("cuda", "conv"), "cudnn.rnn": ("cuda", "rnn"),
-              "mkldnn.matmul": ("mkldnn", "matmul"), "mkldnn.conv": ("mkldnn", "conv"), "mkldnn.rnn": ("mkldnn", "rnn")}
-_GENERIC, _ALL = ("generic", "all"), {"cuda": ("cuda", "all"), "mkldnn": ("mkldnn", "all")}
-_SLOTS = (_GENERIC, *_ALL.values(), *_FP32_KEYS.values())  # parents first
-_CONV_RNN = (("cuda", "conv"), ("cuda", "rnn"))
-# what torch.backends.<...>.fp32_precision reads and writes, by (backend, op)
-_get_fp32, _set_fp32 = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
-
-
-def fp32_flags(precision: str) -> dict[str, str]:
-    """The fp32 math an engine of ``precision`` runs, recorded in its header (``backend_meta["fp32_precision"]``):
-    TF32 on cuBLAS and cuDNN for 'tf32' and for the fp32 leftovers of fp16/bf16/int8/fp8, IEEE fp32 for 'fp32';
-    IEEE on the CPU (oneDNN) for all, so a caller's ``set_float32_matmul_precision("medium")`` cannot turn an fp32
-    CPU engine's matmuls into bf16 ones.
-
-    Example:
-        >>> fp32_flags("fp32")["cuda.matmul"], fp32_flags("fp16")["cudnn.conv"], fp32_flags("tf32")["mkldnn.matmul"]
-        ('ieee', 'tf32', 'ieee')
-    """
-    gpu = "ieee" if precision == "fp32" else "tf32"
-    return {k: gpu if b == "cuda" else "ieee" for k, (b, _) in _FP32_KEYS.items()}
-
-
-_FP32_CHOICES = (fp32_flags("fp32"), fp32_flags("tf32"))
-
-
-def _check_fp32_flags(flags: Any) -> dict[str, str]:
-    if flags not in _FP32_CHOICES:
-        raise UsageError(f"the engine header's backend_meta.fp32_precision is {flags!r}; this overdrive runs "
-                         f"{_FP32_CHOICES[0]} or {_FP32_CHOICES[1]}: rebuild the engine")
-    return flags
-
-
-def _as_set(slot: tuple[str, str], parent: tuple[str, str], read: dict[tuple[str, str], str],
-            parent_as_set: str) -> str:
-    """What ``slot`` was set to, "none" (inherit) included: the getter answers a "none" slot with its parent's value,
-    so one that reads like its parent (and not "none") is told apart by setting the parent to another value for a
-    moment. (torch 2.13's untouched cuDNN conv/rnn default reads "tf32" under an unset parent: taken as "tf32".)"""
-    value = read[slot]
-    if value == "none" or value != read[parent]:
-        return value
-    probe = "ieee" if value != "ieee" else "tf32"
-    _set_fp32(*parent, probe)
-    follows = _get_fp32(*slot) == probe
-    _set_fp32(*parent, parent_as_set)
-    return "none" if follows else value
-
-
-@contextlib.contextmanager
-def precision_flags(flags: dict[str, str]) -> Iterator[None]:
-    """Run the block with the engine's fp32 math ``flags`` (one of :func:`fp32_flags`), then put the caller's flags
-    back as they were, also on an exception. About 20 plain attribute reads and writes per use.
-
-    Each backend's "all" slot (Inductor reads those too) and both matmul slots are set to the engine's value, and
-    the other per-op slots where they do not inherit it already; each is put back after ("none" again where it
-    inherited). The legacy views, ``torch.get_float32_matmul_precision()`` and ``torch.backends.cudnn.allow_tf32``,
-    are moved in step where they disagree, since torch raises ("a mix of the legacy and new APIs") otherwise: at
-    every CUDA matmul, in Inductor and in torch.export. The cuDNN one's setter writes conv/rnn, which torch 2.13
-    starts in an internal "untouched default" that no setter can put back (torch.export's own flag restore
-    overwrites it too): where it must move (an fp32 engine under torch's defaults) they come back reading as before.
-
-    Example:
-        >>> with precision_flags(fp32_flags("tf32")):
-        ...     torch.backends.cuda.matmul.fp32_precision
-        'tf32'
-    """
-    flags = _check_fp32_flags(flags)
-    undo: list[tuple[tuple[str, str], str]] = []  # (slot, value as the caller set it), put back last to first
-    matmul = cudnn = None  # the caller's legacy values, where they had to move
-    try:
-        read = {s: _get_fp32(*s) for s in _SLOTS}
-        legacy: list[Any] = []
-        for get in (torch.get_float32_matmul_precision, lambda: torch.backends.cudnn.allow_tf32):
-            try:
-                legacy.append(get())
-            except RuntimeError:  # the caller's slots disagree with it: read again once they agree
-                legacy.append(None)
-        was = {_GENERIC: read[_GENERIC]}  # the root reads as set
-        for slot in _SLOTS[1:]:
-            parent = _GENERIC if slot[1] == "all" else _ALL[slot[0]]
-            was[slot] = _as_set(slot, parent, read, was[parent])
-        for backend, parent in _ALL.items():
-            want = flags["cuda.matmul" if backend == "cuda" else "mkldnn.matmul"]  # one value per backend
-            if read[parent] != want:
-                undo.append((parent, was[parent]))
-                _set_fp32(*parent, want)
-        for key, slot in _FP32_KEYS.items():
-            # matmul slots always: torch.export sets the "all" slots to "none" while it traces, and the legacy
-            # matmul precision must agree with both; the others where they neither inherit nor hold the value
-            if slot[1] == "matmul" or (was[slot] != "none" and was[slot] != flags[key]):
-                undo.append((slot, was[slot]))
-                _set_fp32(*slot, flags[key])
-        tf32 = flags["cuda.matmul"] == "tf32"
-        if legacy[0] is None:  # with the slots above, the one disagreement left: a TF32 slot against 'highest'
-            _set_fp32("cuda", "matmul", "ieee")
-            legacy[0] = torch.get_float32_matmul_precision()
-            _set_fp32("cuda", "matmul", flags["cuda.matmul"])
-        if (legacy[0] != "highest") != tf32:
-            matmul = legacy[0]
-            torch.backends.cuda.matmul.allow_tf32 = tf32  # 'high' or 'highest', and the cuda.matmul slot as flags say
-        tf32 = flags["cudnn.conv"] == "tf32"
-        if legacy[1] is None:
-            try:  # conv and rnn agree now: it raises only where it differs from them
-                legacy[1] = torch.backends.cudnn.allow_tf32
-            except RuntimeError:
-                legacy[1] = not tf32
-        if legacy[1] != tf32:
-            cudnn = legacy[1]
-            undo += [(s, was[s]) for s in _CONV_RNN]
-            torch.backends.cudnn.allow_tf32 = tf32  # writes conv and rnn: TF32, or "none" (they follow cuda's slot)
-        yield
-    finally:
-        if matmul is not None:
-            torch.set_float32_matmul_precision(matmul)  # this writes both matmul slots: they are put back below
-        if cudnn is not None:
-            torch.backends.cudnn.allow_tf32 = cudnn  # this writes conv and rnn: put back below
-        for slot, value in reversed(undo):
-            _set_fp32(*slot, value)
-
-
 def int8_dynamic_unavailable(src: ModelSource, device: torch.device) -> str | None:
     """None when this backend builds int8 with dynamic activations for ``src`` on ``device``, else why not: it
     swaps the PyTorch model's Linear layers for per-token ``torch._int_mm`` ones (``quant.dynamic_int8``), on CPU."""
@@ -226,114 +52,6 @@ def int8_dynamic_unavailable(src: ModelSource, device: torch.device) -> str | No
         return ("dynamic int8 from an ONNX model is built by the onnxruntime backend (--backend onnxruntime); the "
                 "inductor backend builds it from the PyTorch model")
     return None
-
-
-def _dynamic_int8(model: nn.Module) -> nn.Module:
-    try:
-        from overdrive import quant
-    except ImportError as exc:
-        raise OverdriveError("--int8-activations dynamic on the inductor backend needs overdrive.quant, which is not "
-                             "installed in this overdrive; use --backend onnxruntime") from exc
-    return quant.dynamic_int8(model)
-
-
-def int8_gemms(module: nn.Module) -> dict[str, int]:
-    """The int8 GEMM layers of a prepared module, by kernel: ``{"torch._int_mm": 13}`` ({} when none)."""
-    from overdrive.quant.real import Int8Conv1x1, Int8Linear
-
-    n = sum(isinstance(m, (Int8Linear, Int8Conv1x1)) and m.fmt == "int8" for m in module.modules())
-    return {"torch._int_mm": n} if n else {}
-
-
-def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
-    try:
-        from overdrive import quant
-    except ImportError as exc:
-        raise OverdriveError(f"--precision {precision} from a float model needs overdrive.quant, which is not installed "
-                             "in this overdrive; build from a Q/DQ ONNX model instead, or use fp16/bf16") from exc
-
-    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-
-    def forward_loop(m: nn.Module) -> None:
-        with torch.no_grad():
-            for batch in calib:
-                m(*(x.to(dev) for x in batch))
-
-    fmts = {q.config.format for _, q in quant.quantizers(model) if q.enabled}
-    if fmts and fmts != {"int8" if precision == "int8" else "fp8_e4m3"}:
-        raise UsageError(f"the model is quantized already to {sorted(fmts)}, not {precision}; build it with the precision "
-                         "it was quantized to, or pass the float model")
-    if not any(True for _ in quant.quantizers(model)):  # a model quantized already (QAT, sparse-quantized) keeps its amax
-        cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
-        model = quant.quantize(model, cfg, forward_loop)
-    return quant.to_real(model)
-
-
-def remainder_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """What the layers without an int8/fp8 kernel run in: fp16 on CUDA (trtexec's ``--int8 --fp16``, which
-    every TensorRT int8 deployment uses: 3x3 convs, attention, norms and activations in fp32 would cost
-    more than the low-precision GEMMs save), the model's own fp32 on CPU (no fast fp16 there)."""
-    return torch.float16 if precision in ("int8", "fp8") and device.type == "cuda" else None
-
-
-def cast_float_remainder(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast every float parameter and buffer to ``dtype`` except those of the real int8/fp8 GEMM modules
-    (their int8/fp8 weights and fp32 scales stay as calibrated). In place; returns ``model``.
-
-    Example:
-        >>> # cast_float_remainder(quant.to_real(calibrated), torch.float16)
-    """
-    from overdrive.quant.real import _LowPrecisionGemm
-
-    keep = {id(t) for m in model.modules() if isinstance(m, _LowPrecisionGemm)
-            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
-    for m in model.modules():
-        if isinstance(m, _LowPrecisionGemm):
-            continue
-        for name, p in list(m.named_parameters(recurse=False)):
-            if id(p) not in keep and p.is_floating_point() and p.dtype != dtype and p.element_size() > 1:
-                p.data = p.data.to(dtype)
-        for name, b in list(m.named_buffers(recurse=False)):
-            if b is not None and id(b) not in keep and b.is_floating_point() and b.element_size() > 1:
-                m._buffers[name] = b.to(dtype)
-    return model
-
-
-def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
-            calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
-    """The module to export: a copy of the model in the build precision on ``device``."""
-    model = copy.deepcopy(src.module) if src.module is not None else src.as_module()
-    if src.module is not None:  # called by its input names (GPT-2's second parameter is its cache, not the mask)
-        model = by_name(model, src.input_names)
-    model = model.eval().to(device)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    dtype = _HALF.get(cfg.precision)
-    if cfg.precision in ("int8", "fp8"):
-        if src.onnx_bytes is None and cfg.int8_activations == "dynamic":  # per-token scales, no calibration
-            model = _dynamic_int8(model)
-        elif src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already (its Q/DQ graph runs as imported)
-            model = _quantize(model, cfg.precision, calib)
-            dtype = remainder_dtype(cfg.precision, device)
-            if dtype is not None:
-                model = cast_float_remainder(model, dtype)
-        if src.onnx_bytes is None and cfg.layer_precision == "timed":  # a layer whose int8/fp8 GEMM loses stays float
-            from overdrive.engine.layer_choice import keep_float_where_faster
-
-            x = tuple(t.to(device) for t in calib[0])
-            x = tuple(t.to(dtype) if dtype is not None and t.is_floating_point() else t for t in x)
-            model, kept = keep_float_where_faster(model, x, device, dtype)
-            model._overdrive_kept_float = kept
-    elif dtype is not None:
-        model = model.to(dtype)
-    cl = cfg.channels_last and device.type == "cuda"
-    if cl:
-        model = model.to(memory_format=torch.channels_last)
-    out_dtype = getattr(torch, IO_DTYPES[cfg.output_io_formats[0].split(":")[0]]) if cfg.output_io_formats else torch.float32
-    if not out_dtype.is_floating_point:
-        raise UsageError(f"--outputIOFormats {cfg.output_io_formats[0]}: the engine's outputs are floating point here; "
-                         "give fp32, fp16 or bf16")
-    return _Cast(model, dtype, cl, out_dtype).eval()
 
 
 def _mode(cfg: BuildConfig, device: torch.device) -> str:
@@ -427,72 +145,6 @@ class _Frozen:
 def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, freezing: bool = False) -> Callable:
     fn = torch.compile(module, mode=mode, dynamic=True if dynamic else False, fullgraph=True)
     return _Frozen(fn, freezing) if freezing else fn
-
-
-def load_timing_cache(path: str, trust: bool = False) -> dict[str, Any]:
-    """Preload Inductor's compile cache from ``path`` (``--timing-cache``) if the file exists.
-
-    The cache is handed to ``torch.compiler.load_cache_artifacts``, which unpickles, so it is loaded only
-    when it carries this user's signature (written by :func:`save_timing_cache`) or ``trust`` is set; an
-    unsigned or foreign file raises UsageError (before the build, the file left as it is). Returns what was done, for ``engine.info["timing_cache"]``. A signed file whose payload is not a
-    cache written by ``torch.compiler.save_cache_artifacts`` raises UsageError naming it.
-
-    Example:
-        >>> # load_timing_cache("model.cache")  # {'path': 'model.cache', 'loaded': True, 'loaded_bytes': 51234, ...}
-    """
-    info: dict[str, Any] = {"path": str(path), "loaded": False, "loaded_bytes": 0, "loaded_artifacts": 0}
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"--timing-cache {path}: folder {folder} does not exist; create it or give another path")
-    if not os.path.exists(path):
-        return info
-    try:
-        raw = open(path, "rb").read()
-    except OSError as exc:
-        raise UsageError(f"--timing-cache {path}: cannot read it ({exc}); give a readable file or a new path") from exc
-    data, why = _verified_cache(raw)
-    if why is not None and not trust:  # refused before the build, and the file is left as it is
-        raise UsageError(f"--timing-cache {path}: {why}, and a cache unpickles when loaded, so only caches signed "
-                         "with your key load; delete the file (the next build writes a signed one), give another "
-                         "path, or pass --trust-timing-cache if you know where it came from")
-    if why is not None:  # trusted: the whole file, or the payload after a foreign signature
-        data = raw[len(CACHE_MAGIC) + 64:] if raw.startswith(CACHE_MAGIC) else raw
-    cache_info = torch.compiler.load_cache_artifacts(data) if data else None
-    if cache_info is None:  # torch returns None (and logs) when the bytes do not deserialize
-        raise UsageError(f"--timing-cache {path}: the file is empty or not an Inductor compile cache "
-                         f"(torch.compiler.save_cache_artifacts bytes from torch {torch.__version__}); delete it "
-                         "or give a new path, and the next build writes a fresh one")
-    info.update(loaded=True, loaded_bytes=len(raw),
-                loaded_artifacts=sum(len(v) for v in getattr(cache_info, "artifacts", {}).values()))
-    return info
-
-
-def _verified_cache(raw: bytes) -> tuple[bytes, str | None]:
-    """(payload, None) when ``raw`` is a cache signed with this user's key, else (b"", why not)."""
-    if not raw.startswith(CACHE_MAGIC):
-        return b"", "it is not signed (written by an older overdrive or another tool)"
-    mac, payload = raw[len(CACHE_MAGIC):len(CACHE_MAGIC) + 64].decode("ascii", "replace"), raw[len(CACHE_MAGIC) + 64:]
-    key = signing_key(create=False)
-    if key is None:
-        return b"", "it is signed but there is no signing key here to check it with"
-    if not verify(payload, mac, key.key):
-        return b"", "its signature does not verify under your key (signed elsewhere, or changed)"
-    return payload, None
-
-
-def save_timing_cache(path: str, artifacts: bytes | None, info: dict[str, Any]) -> None:
-    """Write the compile cache to ``path``, signed with the user's key, atomically (temp file + rename);
-    keeps the old file if there is nothing new."""
-    if not artifacts:
-        info["saved_bytes"] = 0
-        return
-    key = signing_key(create=True)
-    try:
-        blob = CACHE_MAGIC + sign(artifacts, key.key).encode("ascii") + artifacts
-        atomic_write(path, blob)
-    except OSError as exc:
-        raise UsageError(f"--timing-cache {path}: cannot write it ({exc}); give a path in a writable folder") from exc
-    info["saved_bytes"] = len(blob)
 
 
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
@@ -637,7 +289,7 @@ def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.devic
     meta = header.get("backend_meta", {})
     precision = header["precision"]
     # the flags the engine was built under; engines from before the header recorded them: derived from the precision
-    fp32 = _check_fp32_flags(meta["fp32_precision"]) if "fp32_precision" in meta else fp32_flags(precision)
+    fp32 = check_fp32_flags(meta["fp32_precision"]) if "fp32_precision" in meta else fp32_flags(precision)
     if trusted and native_ok and "aoti_package" in sections and aoti_works():
         return _load_aoti(sections["aoti_package"], fp32)
     if trusted and native_ok and "compile_cache" in sections:

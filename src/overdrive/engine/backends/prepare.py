@@ -1,0 +1,175 @@
+"""The module an engine exports: a copy of the model in the build precision, with the engine's I/O casts.
+
+fp16/bf16 cast the whole model; int8/fp8 quantize it (calibrated, or per-token dynamic on CPU) and run its real
+int8/fp8 GEMMs, the remainder in fp16 on CUDA; ``--layer-precision timed`` keeps float the layers whose
+low-precision kernel loses. Backend-independent: the inductor backend exports what :func:`prepare` returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive.engine.config import IO_DTYPES, BuildConfig
+from overdrive.engine.sources import ModelSource, by_name
+
+_HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class _Cast(nn.Module):
+    """The engine's I/O around the compute precision: float inputs are cast to the model's dtype (they come
+    in as fp32 by default, trtexec's default I/O, or as ``--inputIOFormats`` says) and go channels_last when
+    4-D on CUDA; float outputs leave as ``out_dtype`` (fp32 unless ``--outputIOFormats`` says otherwise)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None, channels_last: bool,
+                 out_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.model, self.dtype, self.channels_last, self.out_dtype = model, dtype, channels_last, out_dtype
+
+    def forward(self, *xs: torch.Tensor) -> Any:
+        ins = []
+        for x in xs:
+            if x.is_floating_point():
+                x = x.to(self.dtype or torch.float32)
+            if self.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            ins.append(x)
+        out = self.model(*ins)
+        return _map(out, lambda t: t.to(self.out_dtype) if t.is_floating_point() else t)
+
+
+def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_map(o, fn) for o in out)
+    if isinstance(out, dict):
+        return tuple(_map(v, fn) for v in out.values())  # ModelOutput / dict -> tuple in key order
+    if hasattr(out, "to_tuple"):
+        return tuple(_map(v, fn) for v in out.to_tuple())
+    return out
+
+
+def flatten_outputs(out: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output, in order: tensors, tuples/lists, and dicts (Hugging Face ModelOutput
+    is one) in their key order; anything else (None, numbers) holds no tensor."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in flatten_outputs(o)]
+    return []
+
+
+def _dynamic_int8(model: nn.Module) -> nn.Module:
+    try:
+        from overdrive import quant
+    except ImportError as exc:
+        raise OverdriveError("--int8-activations dynamic on the inductor backend needs overdrive.quant, which is not "
+                             "installed in this overdrive; use --backend onnxruntime") from exc
+    return quant.dynamic_int8(model)
+
+
+def int8_gemms(module: nn.Module) -> dict[str, int]:
+    """The int8 GEMM layers of a prepared module, by kernel: ``{"torch._int_mm": 13}`` ({} when none)."""
+    from overdrive.quant.real import Int8Conv1x1, Int8Linear
+
+    n = sum(isinstance(m, (Int8Linear, Int8Conv1x1)) and m.fmt == "int8" for m in module.modules())
+    return {"torch._int_mm": n} if n else {}
+
+
+def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
+    try:
+        from overdrive import quant
+    except ImportError as exc:
+        raise OverdriveError(f"--precision {precision} from a float model needs overdrive.quant, which is not installed "
+                             "in this overdrive; build from a Q/DQ ONNX model instead, or use fp16/bf16") from exc
+
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def forward_loop(m: nn.Module) -> None:
+        with torch.no_grad():
+            for batch in calib:
+                m(*(x.to(dev) for x in batch))
+
+    fmts = {q.config.format for _, q in quant.quantizers(model) if q.enabled}
+    if fmts and fmts != {"int8" if precision == "int8" else "fp8_e4m3"}:
+        raise UsageError(f"the model is quantized already to {sorted(fmts)}, not {precision}; build it with the precision "
+                         "it was quantized to, or pass the float model")
+    if not any(True for _ in quant.quantizers(model)):  # a model quantized already (QAT, sparse-quantized) keeps its amax
+        cfg = quant.INT8_DEFAULT if precision == "int8" else quant.FP8_DEFAULT
+        model = quant.quantize(model, cfg, forward_loop)
+    return quant.to_real(model)
+
+
+def remainder_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """What the layers without an int8/fp8 kernel run in: fp16 on CUDA (trtexec's ``--int8 --fp16``, which
+    every TensorRT int8 deployment uses: 3x3 convs, attention, norms and activations in fp32 would cost
+    more than the low-precision GEMMs save), the model's own fp32 on CPU (no fast fp16 there)."""
+    return torch.float16 if precision in ("int8", "fp8") and device.type == "cuda" else None
+
+
+def cast_float_remainder(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast every float parameter and buffer to ``dtype`` except those of the real int8/fp8 GEMM modules
+    (their int8/fp8 weights and fp32 scales stay as calibrated). In place; returns ``model``.
+
+    Example:
+        >>> # cast_float_remainder(quant.to_real(calibrated), torch.float16)
+    """
+    from overdrive.quant.real import _LowPrecisionGemm
+
+    keep = {id(t) for m in model.modules() if isinstance(m, _LowPrecisionGemm)
+            for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    for m in model.modules():
+        if isinstance(m, _LowPrecisionGemm):
+            continue
+        for name, p in list(m.named_parameters(recurse=False)):
+            if id(p) not in keep and p.is_floating_point() and p.dtype != dtype and p.element_size() > 1:
+                p.data = p.data.to(dtype)
+        for name, b in list(m.named_buffers(recurse=False)):
+            if b is not None and id(b) not in keep and b.is_floating_point() and b.element_size() > 1:
+                m._buffers[name] = b.to(dtype)
+    return model
+
+
+def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
+            calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
+    """The module to export: a copy of the model in the build precision on ``device``."""
+    model = copy.deepcopy(src.module) if src.module is not None else src.as_module()
+    if src.module is not None:  # called by its input names (GPT-2's second parameter is its cache, not the mask)
+        model = by_name(model, src.input_names)
+    model = model.eval().to(device)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    dtype = _HALF.get(cfg.precision)
+    if cfg.precision in ("int8", "fp8"):
+        if src.onnx_bytes is None and cfg.int8_activations == "dynamic":  # per-token scales, no calibration
+            model = _dynamic_int8(model)
+        elif src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already (its Q/DQ graph runs as imported)
+            model = _quantize(model, cfg.precision, calib)
+            dtype = remainder_dtype(cfg.precision, device)
+            if dtype is not None:
+                model = cast_float_remainder(model, dtype)
+        if src.onnx_bytes is None and cfg.layer_precision == "timed":  # a layer whose int8/fp8 GEMM loses stays float
+            from overdrive.engine.layer_choice import keep_float_where_faster
+
+            x = tuple(t.to(device) for t in calib[0])
+            x = tuple(t.to(dtype) if dtype is not None and t.is_floating_point() else t for t in x)
+            model, kept = keep_float_where_faster(model, x, device, dtype)
+            model._overdrive_kept_float = kept
+    elif dtype is not None:
+        model = model.to(dtype)
+    cl = cfg.channels_last and device.type == "cuda"
+    if cl:
+        model = model.to(memory_format=torch.channels_last)
+    out_dtype = getattr(torch, IO_DTYPES[cfg.output_io_formats[0].split(":")[0]]) if cfg.output_io_formats else torch.float32
+    if not out_dtype.is_floating_point:
+        raise UsageError(f"--outputIOFormats {cfg.output_io_formats[0]}: the engine's outputs are floating point here; "
+                         "give fp32, fp16 or bf16")
+    return _Cast(model, dtype, cl, out_dtype).eval()

@@ -1,0 +1,120 @@
+"""An engine's inputs: shape profiles resolved against the model, the I/O formats, and random inputs for
+warm-ups, timing and compare (integer inputs as their names say: masks of ones, token ids in the vocabulary).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+from overdrive._utils.inputs import takes_names
+from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
+from overdrive.engine.sources import ModelSource, integer_dtypes
+
+
+def apply_io_formats(example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: Any, backend: str) -> tuple[torch.Tensor, ...]:
+    """The example inputs in the ``--inputIOFormats`` types and layouts: the engine's bindings take those."""
+    fmts = cfg.input_io_formats
+    if not fmts and not cfg.output_io_formats:
+        return example
+    if backend != "inductor":
+        raise UsageError("--inputIOFormats/--outputIOFormats need the inductor backend (--backend inductor): the "
+                         "onnxruntime backend takes the ONNX model's own input and output types")
+    if not fmts:
+        return example
+    if len(fmts) not in (1, len(example)):
+        raise UsageError(f"--inputIOFormats gives {len(fmts)} formats for {len(example)} inputs {src.input_names}; "
+                         "give one per input, in order, or one for all")
+    out = []
+    for i, x in enumerate(example):
+        dtype_name, layout = (fmts[i] if len(fmts) > 1 else fmts[0]).split(":")
+        dt = getattr(torch, IO_DTYPES[dtype_name])
+        if x.is_floating_point() != dt.is_floating_point:
+            if len(fmts) == 1:  # one format for all: it applies to the float inputs (ids and masks keep their type)
+                out.append(x)
+                continue
+            raise UsageError(f"--inputIOFormats {fmts[i]} for input {src.input_names[i]!r}, which is {x.dtype}: give a "
+                             f"{'floating' if x.is_floating_point() else 'integer'} type for it")
+        x = x.to(dt)
+        if layout != "chw" and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out.append(x)
+    return tuple(out)
+
+
+def ordered(profiles: list[ShapeProfile], names: list[str]) -> list[ShapeProfile]:
+    by = {p.name: p for p in profiles}
+    return [by[n] for n in names]
+
+
+def resolve_profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[torch.Tensor, ...] | None) -> list[ShapeProfile]:
+    names = src.input_names
+    if profiles:
+        if src.onnx_bytes is None and len(names) == 1 == len(profiles) and profiles[0].name != names[0]:
+            src.input_names = names = [profiles[0].name]  # a module's one input takes the profile's name
+        elif (src.module is not None and {p.name for p in profiles} != set(names)
+              and takes_names(src.module, [p.name for p in profiles])):
+            # a module that takes the profiles' names (input_ids, attention_mask, ...) is called by those names
+            src.input_names = names = [p.name for p in profiles]
+            src.input_dtypes = {**integer_dtypes(names), **{k: v for k, v in src.input_dtypes.items() if k in names}}
+        given = {p.name for p in profiles}
+        fixed = {n: s for n, s in (src.onnx_shapes or {}).items() if n in names and n not in given and s and all(s)}
+        if fixed:  # as trtexec: inputs whose dims the ONNX model fixes need no shapes
+            profiles = [*profiles, *(ShapeProfile.fixed(n, tuple(s)) for n, s in fixed.items())]
+            given |= set(fixed)
+        if given != set(names):
+            missing, unknown = sorted(set(names) - given), sorted(given - set(names))
+            raise UsageError(f"shape profiles must name every model input {names}: missing {missing}, unknown {unknown}")
+        return ordered(profiles, names)
+    if example:
+        return [ShapeProfile.fixed(n, tuple(x.shape)) for n, x in zip(names, example)]
+    shapes = src.onnx_shapes
+    if shapes and all(n in shapes and all(d for d in shapes[n]) for n in names):
+        return [ShapeProfile.fixed(n, tuple(shapes[n])) for n in names]
+    raise UsageError(f"give the input shapes: --shapes {names[0]}:1x3x224x224 (or --min/--opt/--max-shapes), or example inputs")
+
+
+def check_onnx_dims(profiles: list[ShapeProfile], src: ModelSource) -> None:
+    """Refuse a profile that an ONNX model's fixed input dims cannot run (it built, then failed at run time)."""
+    shapes = src.onnx_shapes or {}
+    for p in profiles:
+        fixed = shapes.get(p.name)
+        if fixed is None:
+            continue
+        if len(fixed) != len(p.opt):
+            raise UsageError(f"input {p.name!r} has rank {len(fixed)} in the ONNX model but the shape profile gives "
+                             f"rank {len(p.opt)} ({'x'.join(map(str, p.opt))}); give {len(fixed)} dims")
+        for d, (v, lo, hi) in enumerate(zip(fixed, p.min, p.max)):
+            if v and (lo != v or hi != v):
+                raise UsageError(f"input {p.name!r} dim {d} is fixed to {v} in the ONNX model, but the profile asks for "
+                                 f"{lo}..{hi}; use {v} there, or re-export the model with that dim dynamic")
+
+
+def random_input(name: str, shape: tuple[int, ...], dt: torch.dtype, g: torch.Generator,
+                  vocab: int | None = None) -> torch.Tensor:
+    """One input for timing or a warm-up: floats from N(0, 1); integer inputs as their names say (masks all
+    ones, token types zeros, positions 0..n-1, token ids in the vocabulary when known, else 0/1)."""
+    if dt.is_floating_point:
+        return torch.randn(shape, generator=g)
+    if name.endswith("attention_mask") or name == "pixel_mask":
+        return torch.ones(shape, dtype=torch.int64)  # every token attended to
+    if name == "token_type_ids":
+        return torch.zeros(shape, dtype=torch.int64)
+    if name == "position_ids" and shape:
+        return torch.arange(shape[-1]).expand(shape).contiguous()
+    return torch.randint(0, vocab if isinstance(vocab, int) and vocab > 0 else 2, shape, generator=g)
+
+
+def random_inputs(profiles: list[ShapeProfile], src: ModelSource, device: torch.device, which: str = "opt",
+                   seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    vocab = getattr(getattr(src.module, "config", None), "vocab_size", None)
+    out = []
+    for p in ordered(profiles, src.input_names):
+        dt = src.input_dtypes.get(p.name, torch.float32)
+        shape = getattr(p, which)
+        x = random_input(p.name, tuple(shape), dt, g, vocab)
+        out.append(x.to(dt).to(device))
+    return tuple(out)
