@@ -22,7 +22,7 @@ def _saver(path: str, rounds: int, seed: int, barrier) -> None:  # noqa: ANN001
     torch.manual_seed(seed)
     model = torch.nn.Linear(512, 512)
     trainer = Trainer(model, torch.optim.AdamW(model.parameters()), progress=False)
-    barrier.wait()  # both writers start together: their saves overlap
+    barrier.wait(timeout=300)  # both writers start together: their saves overlap
     for _ in range(rounds):
         save_checkpoint(path, trainer, extra={"writer": seed})
 
@@ -37,7 +37,7 @@ def test_two_processes_saving_one_checkpoint_never_tear_it(tmp_path: Path) -> No
     procs = [ctx.Process(target=_saver, args=(str(path), 60, s, barrier)) for s in (1, 2)]
     for p in procs:
         p.start()
-    barrier.wait()
+    barrier.wait(timeout=300)  # a writer that died before it: BrokenBarrierError, not a hang
     model = torch.nn.Linear(512, 512)
     reader = Trainer(model, torch.optim.AdamW(model.parameters()), progress=False)
     reads = 0
