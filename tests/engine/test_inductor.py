@@ -204,3 +204,30 @@ def test_cli_io_formats(tmp_path: Path, digits_onnx: bytes, capsys: pytest.Captu
                  "--inputIOFormats", "half"]) == 2
     err = capsys.readouterr().err
     assert "'half' is not type:layout" in err and len(err.strip().splitlines()) == 1
+
+
+def test_frozen_call_sees_the_build_setting_and_puts_the_callers_back() -> None:
+    """Each call of a frozen engine's program runs under ``freezing=True`` (a recompile for a new shape reads it),
+    and the caller's setting is back after it, also when the call raises."""
+    import torch._inductor.config as inductor_config
+
+    from overdrive.engine.backends.inductor import _Frozen
+
+    seen: list[bool] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        seen.append(inductor_config.freezing)
+        if x.numel() == 0:
+            raise ValueError("empty")
+        return x
+
+    frozen = _Frozen(fn, True)
+    caller = inductor_config.freezing
+    frozen(torch.ones(1))
+    with pytest.raises(ValueError):
+        frozen(torch.ones(0))
+    assert seen == [True, True] and inductor_config.freezing == caller
+    with inductor_config.patch(freezing=True):  # already as the engine needs: left alone
+        frozen(torch.ones(1))
+        assert inductor_config.freezing is True
+    assert seen == [True, True, True] and inductor_config.freezing == caller
