@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from overdrive import quant
+from overdrive import UsageError, quant
 from overdrive.engine import Builder, Engine
 from overdrive.engine.onnx import quantize_onnx
 
@@ -205,6 +205,43 @@ def test_an_inaccurate_int8_engine_warns_with_its_cosine(wrong_int8: None, tmp_p
         eng = Builder(precision="int8", backend="onnxruntime", device="cpu", min_cosine=0.0).build(
             _export(_bert()), calib=calib)
     assert eng.info["accuracy"]["passed"] is True
+
+
+def test_raise_refuses_an_inaccurate_calibrated_engine_and_warns_without_calibration(wrong_int8: None,
+                                                                                     digits_onnx: bytes) -> None:
+    """``on_low_accuracy="raise"``: a calibrated engine below the tolerance raises (the numbers and the way out in
+    the message); a static engine built without calibration data is fit for timing only, so it still only warns."""
+    from overdrive import OverdriveError
+    from overdrive.engine import ShapeProfile
+
+    with pytest.raises(OverdriveError, match=r"cosine 0\.\d{4} to the fp32 model .* not kept .*--accept-low-accuracy"):
+        Builder(precision="int8", backend="onnxruntime", device="cpu", on_low_accuracy="raise").build(
+            _export(_bert()), calib=_calib())
+    with pytest.warns(UserWarning, match="without calibration data"):
+        eng = Builder(precision="int8", backend="onnxruntime", device="cpu", on_low_accuracy="raise", min_cosine=1.0,
+                      profiles=[ShapeProfile.fixed("x", (8, 1, 8, 8))]).build(digits_onnx)
+    assert eng.info["accuracy"]["on"] == "example inputs"
+    with pytest.raises(UsageError, match="on_low_accuracy='stop'.*'warn', 'raise'"):
+        Builder(precision="int8", on_low_accuracy="stop")
+
+
+def test_cli_build_saves_no_inaccurate_engine_unless_accepted(wrong_int8: None, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``overdrive build --int8 --calib``: below the tolerance it prints one line, exits 1 and writes no engine;
+    ``--accept-low-accuracy`` saves it (and the build line says BELOW the tolerance)."""
+    from overdrive.cli.main import main
+
+    onnx_path, calib_path, out = tmp_path / "bert.onnx", tmp_path / "calib.pt", tmp_path / "bert_int8.engine"
+    onnx_path.write_bytes(_export(_bert()))
+    torch.save(_calib(), calib_path)  # [(input_ids, attention_mask), ...]: four batches of (4, 16)
+    args = ["build", "--onnx", str(onnx_path), "--int8", "--backend", "onnxruntime", "--device", "cpu", "--calib",
+            str(calib_path), "--shapes", "input_ids:4x16,attention_mask:4x16", "--save-engine", str(out), "--no-progress"]
+    assert main(args) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(("error", "warning", "Traceback"))]
+    assert len(err) == 1 and err[0].startswith("error: the int8 engine's outputs have cosine") and "not kept" in err[0]
+    assert not out.exists()
+    assert main([*args, "--accept-low-accuracy"]) in (0, None) and out.exists()
+    assert "BELOW the tolerance" in capsys.readouterr().out
 
 
 def test_an_accurate_int8_engine_does_not_warn() -> None:

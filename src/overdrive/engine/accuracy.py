@@ -9,8 +9,9 @@ engine header (``header["accuracy"]``). Metrics, per float output, then the wors
 - ``rel_max_err``: max |engine - reference| over the range (max - min) of the reference output.
 - ``top1``: for one 2-D output (a classifier's logits, shape (B, C)), the fraction of samples whose argmax agrees.
 
-A build whose ``cosine`` is below ``min_cosine`` (:data:`DEFAULT_MIN_COSINE` unless given) warns, and ``--best``
-refuses it. The cosine is measured on the data the engine was calibrated with, so it catches a wrong Q/DQ layout
+A build whose ``cosine`` is below ``min_cosine`` (:data:`DEFAULT_MIN_COSINE` unless given) warns, or raises with
+``on_low_accuracy="raise"`` (``overdrive build``'s default: it saves no such engine unless ``--accept-low-accuracy``),
+and ``--best`` refuses it. The cosine is measured on the data the engine was calibrated with, so it catches a wrong Q/DQ layout
 or a broken kernel, not calibration data that is unlike the real inputs.
 
 Example:
@@ -39,6 +40,10 @@ MAX_BATCHES = 4
 """Calibration batches the float reference and the engine run on at build time."""
 
 Reference = Callable[[tuple[torch.Tensor, ...]], list[torch.Tensor]]
+ON_LOW_ACCURACY = ("warn", "raise")
+"""What a build below the tolerance does (``Builder(on_low_accuracy=...)``): warn and return the engine, or raise."""
+REFUSED = (". The engine was not kept (overdrive build saves no engine below the tolerance); to keep it anyway "
+           "pass --accept-low-accuracy (Builder(on_low_accuracy='warn'))")
 
 
 def check_min_cosine(value: float | None) -> float:
@@ -53,6 +58,31 @@ def check_min_cosine(value: float | None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1.0 <= float(value) <= 1.0:
         raise UsageError(f"min_cosine={value!r} must be a number in [-1, 1] (e.g. 0.99; -1 turns the check off)")
     return float(value)
+
+
+def check_on_low_accuracy(value: str) -> str:
+    """``value`` checked: one of :data:`ON_LOW_ACCURACY`.
+
+    Example:
+        >>> check_on_low_accuracy("raise")
+        'raise'
+    """
+    if value not in ON_LOW_ACCURACY:
+        raise UsageError(f"on_low_accuracy={value!r}: expected one of {', '.join(map(repr, ON_LOW_ACCURACY))} (what an "
+                         "int8/fp8 build below min_cosine does)")
+    return value
+
+
+def meaningful(record: dict[str, Any], dynamic: bool) -> bool:
+    """Whether a failed record says the engine is wrong, not only that its ranges were placeholders: measured on
+    calibration data, or an engine whose activation scales are computed per call (dynamic int8 needs no calibration,
+    so its check on the example inputs holds). A static engine built without calibration data is fit for timing.
+
+    Example:
+        >>> meaningful({"on": "calibration data"}, False), meaningful({"on": "example inputs"}, False)
+        (True, False)
+    """
+    return record.get("on") == "calibration data" or dynamic
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import torch
 
 from overdrive import __version__
 from overdrive._utils.device import resolve_device
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.files import atomic_write
 from overdrive.engine import accuracy, backends
 from overdrive.engine import int8 as int8_mode
@@ -129,10 +129,13 @@ class Builder:
         >>> # engine.save("resnet50.engine")
     """
 
-    def __init__(self, config: BuildConfig | None = None, *, min_cosine: float | None = None, **overrides: Any) -> None:
+    def __init__(self, config: BuildConfig | None = None, *, min_cosine: float | None = None,
+                 on_low_accuracy: str = "warn", **overrides: Any) -> None:
         self.config = (config if config is not None else BuildConfig()).replace(**overrides)  # unknown key: UsageError
         # the output cosine to the float model an int8/fp8 engine must reach (engine/accuracy.py)
         self.min_cosine = accuracy.check_min_cosine(min_cosine)
+        # what a measured failure does: warn and return the engine, or raise (the CLI's default)
+        self.on_low_accuracy = accuracy.check_on_low_accuracy(on_low_accuracy)
 
     def build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None = None,
               input_names: list[str] | None = None, calib: list[tuple[torch.Tensor, ...]] | None = None,
@@ -143,7 +146,10 @@ class Builder:
         example inputs and returns the fastest; ``engine.header["best"]`` lists the candidates' median times.
 
         An int8/fp8 engine is compared with the float model on up to four ``calib`` batches (the example inputs
-        without them); ``engine.info["accuracy"]`` holds the result, and a cosine below ``min_cosine`` warns.
+        without them); ``engine.info["accuracy"]`` holds the result, and a cosine below ``min_cosine`` warns, or
+        with ``on_low_accuracy="raise"`` raises :class:`OverdriveError` where the check is meaningful (measured on
+        calibration data, or a dynamic-int8 engine, which needs none); a static engine built without calibration
+        data is fit for timing only and still warns.
         """
         if self.config.precision == "best":
             return self._build_best(model, example_inputs, input_names, calib, onnx_path)
@@ -242,7 +248,10 @@ class Builder:
         if precision in ("int8", "fp8"):
             reference, vs = _reference(given)
             header["accuracy"] = record = accuracy.measure(engine, reference, vs, calib, example, self.min_cosine)
+            dynamic = (int8 or {}).get("activations") == "dynamic"
             if warn and record["passed"] is False:
+                if self.on_low_accuracy == "raise" and accuracy.meaningful(record, dynamic):
+                    raise OverdriveError(accuracy.warning(record, precision) + accuracy.REFUSED)
                 warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=3)
         return engine
 
@@ -259,7 +268,8 @@ class Builder:
         for prec in candidates:
             try:
                 acts = self.config.int8_activations if prec == "int8" else None
-                eng = Builder(self.config, precision=prec, int8_activations=acts, min_cosine=self.min_cosine)._build(
+                eng = Builder(self.config, precision=prec, int8_activations=acts, min_cosine=self.min_cosine,
+                              on_low_accuracy=self.on_low_accuracy)._build(
                     model, example_inputs, input_names, calib, onnx_path, warn=False)
             except UsageError as exc:  # e.g. an ONNX model without Q/DQ nodes cannot be int8: skip, say why
                 times[prec] = f"not built: {exc}"

@@ -43,13 +43,16 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool | None = None, int8_activations: str | None = None, calib: str | None = None,
-                 layer_precision: str = "timed",
+                 layer_precision: str = "timed", accept_low_accuracy: bool = False,
                  timing_cache: str | None = None,
                  trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None,
                  conv_fusion: bool | None = None, sibling_gemms: bool | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
+
+    An int8/fp8 engine whose outputs on the calibration data fall below the accuracy tolerance raises
+    :class:`~overdrive.OverdriveError` and is not saved, unless ``accept_low_accuracy``.
 
     Example:
         >>> # build_engine(onnx="m.onnx", save_engine="m.engine", shapes="input:1x3x224x224")
@@ -87,6 +90,6 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         src.input_dtypes = {n: x.dtype for n, x in zip(src.input_names, batches[0])}
         if len(profiles) == 1 == len(batches[0]):
             src.input_dtypes[profiles[0].name] = batches[0][0].dtype
-    engine = Builder(cfg).build(src, example, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
+    engine = Builder(cfg, on_low_accuracy="warn" if accept_low_accuracy else "raise").build(src, example, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
     return engine
