@@ -286,3 +286,19 @@ def test_build_prints_the_accuracy(tmp_path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     line = next(ln for ln in out.splitlines() if ln.startswith("[I] accuracy"))
     assert line.startswith("[I] accuracy vs fp32 on 4 batch(es) of calibration data: cosine 0.9") and "tolerance" in line
+
+
+def test_calibration_saved_as_one_tensor_is_checked_in_engine_batches(digits_onnx: bytes) -> None:
+    """Calibration samples saved as one (N, ...) tensor, for an engine of fixed batch 8: the check runs on them,
+    split into batches of 8 (it fell back to the random example inputs, where a failure cannot refuse the build)."""
+    from overdrive.engine import ShapeProfile
+
+    g = torch.Generator().manual_seed(0)
+    calib = [(torch.rand(32, 1, 8, 8, generator=g) * 16,)]
+    eng = Builder(precision="int8", backend="onnxruntime", device="cpu",
+                  profiles=[ShapeProfile.fixed("x", (8, 1, 8, 8))]).build(digits_onnx, calib=calib)
+    acc = eng.info["accuracy"]
+    assert acc["on"] == "calibration data" and acc["batches"] == 4
+    eng = Builder(precision="int8", backend="onnxruntime", device="cpu",
+                  profiles=[ShapeProfile.fixed("x", (8, 1, 8, 8))]).build(digits_onnx, calib=[(calib[0][0][:5],)])
+    assert eng.info["accuracy"]["on"].startswith("example inputs (no calibration batch fits")  # 5 < 8: nothing to split

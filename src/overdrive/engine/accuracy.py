@@ -216,7 +216,7 @@ def measure(engine: Any, reference: Reference, vs: str, calib: Sequence[tuple[to
     could be compared."""
     t0 = time.perf_counter()
     on = "calibration data"
-    batches = [b for b in (calib or []) if _fits(engine, b)][:MAX_BATCHES]
+    batches = [c for b in (calib or []) for c in _fitting(engine, b)][:MAX_BATCHES]
     if not batches:
         on = "example inputs" if not calib else "example inputs (no calibration batch fits the engine's shapes)"
         batches = [tuple(x.detach().cpu() for x in example)]
@@ -237,6 +237,21 @@ def measure(engine: Any, reference: Reference, vs: str, calib: Sequence[tuple[to
     else:
         record["passed"] = bool(record["cosine"] >= min_cosine)
     return record
+
+
+def _fitting(engine: Any, batch: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """``batch`` as the engine can run it: itself when it fits the profiles, else split along dim 0 into the
+    profiles' opt batch size when that fits (calibration samples saved as one (N, ...) tensor for an engine of
+    fixed batch), else nothing."""
+    if _fits(engine, batch):
+        return [batch]
+    n = {int(x.shape[0]) for x in batch if x.dim() > 0}
+    opt = {p.opt[0] for p in engine.profiles if p.opt}
+    if len(n) != 1 or len(opt) != 1 or not all(x.dim() > 0 for x in batch):
+        return []
+    (size,), (b,) = n, opt
+    chunks = [tuple(x[i:i + b] for x in batch) for i in range(0, size - b + 1, b)] if 0 < b < size else []
+    return [c for c in chunks if _fits(engine, c)]
 
 
 def _fits(engine: Any, batch: tuple[torch.Tensor, ...]) -> bool:
