@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive.quant import fidelity as fid
 from overdrive.quant.config import QuantConfig
 from overdrive.quant.modules import (
     GRAPH_QUANT_MODULES,
@@ -116,8 +118,15 @@ def quantizers(model: nn.Module) -> Iterable[tuple[str, TensorQuantizer]]:
             yield name, m
 
 
-def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | None = None) -> nn.Module:
+def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | None = None, *,
+             validate: Callable[[nn.Module], float] | None = None, fidelity: bool = True) -> nn.Module:
     """Insert quantizers (ModelOpt-style) and calibrate them by running ``forward_loop(model)``.
+
+    What it did to your model is measured on your data: with ``forward_loop``, the outputs on its first
+    calibration batches against the same model with every quantizer off (``summary(model)["fidelity"]``:
+    cosine, max error, top-1; ``fidelity=False`` skips those extra forward passes); with ``validate``, your
+    metric (``validate(model) -> float``, e.g. accuracy on a held-out set) on the float model and on the
+    quantized one (``summary(model)["validate"]``: float, quantized, delta). ``print_summary`` prints both.
 
     Swaps selected Linear/Conv/ConvTranspose2d layers for quantized ones (same parameters), adds
     residual-add quantizers with torch.fx when ``config.residual_add`` and attention-matmul
@@ -142,6 +151,7 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
         raise UsageError("this model already has quantizers (from an earlier quantize() or placed by hand); call "
                          "quantize() on the float model, or quant.calibrate(model, forward_loop) to calibrate the "
                          "quantizers it has")
+    before = fid.validated(validate, model)  # the float model's own figure, before any layer is swapped
     skipped: dict[str, str] = {}
     cls = quant_class(model)
     if cls is not None:  # a bare layer
@@ -161,17 +171,25 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     for name, q in quantizers(model):
         q.name = name
     model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
-    if config.smoothquant is not None and forward_loop is not None:
-        from overdrive.quant.smoothquant import smooth
+    with fid.capture(model) if fidelity and forward_loop is not None else contextlib.nullcontext([]) as calls:
+        if config.smoothquant is not None and forward_loop is not None:
+            from overdrive.quant.smoothquant import smooth
 
-        model._overdrive_quant["smoothed"] = smooth(model, forward_loop, config.smoothquant)
-    _calibrate_weights(model)
-    if forward_loop is not None:
-        if not _activation_quantizers(model):  # calibrate() would say "call quant.quantize first"
-            found = "; ".join(f"{n}: {why}" for n, why in skipped.items()) or f"no layer of types {config.layer_types}"
-            raise UsageError(f"quantize() found no layer to quantize ({found[:500]}); check the model and "
-                             "QuantConfig's layer_types / include / exclude")
-        calibrate(model, forward_loop, method=config.method, percentile=config.percentile)
+            model._overdrive_quant["smoothed"] = smooth(model, forward_loop, config.smoothquant)
+        _calibrate_weights(model)
+        if forward_loop is not None:
+            if not _activation_quantizers(model):  # calibrate() would say "call quant.quantize first"
+                found = "; ".join(f"{n}: {why}" for n, why in skipped.items()) or f"no layer of types {config.layer_types}"
+                raise UsageError(f"quantize() found no layer to quantize ({found[:500]}); check the model and "
+                                 "QuantConfig's layer_types / include / exclude")
+            calibrate(model, forward_loop, method=config.method, percentile=config.percentile)
+        if fidelity and forward_loop is not None and not calls:  # dynamic / weight-only: calibration ran no batch
+            fid.run_until_captured(model, forward_loop)
+    if calls:
+        model._overdrive_quant["fidelity"] = fid.measure(model, calls)
+    if validate is not None:
+        after = fid.validated(validate, model)
+        model._overdrive_quant["validate"] = {"float": before, "quantized": after, "delta": after - before}
     return model
 
 
@@ -316,7 +334,8 @@ def summary(model: nn.Module) -> dict[str, Any]:
     smoothed = [n for n, m in model.named_modules()
                 if isinstance(m, _QuantMixin) and m.input_quantizer.pre_quant_scale is not None]
     return {"layers": rows, "skipped": meta.get("skipped", {}), "untraced": meta.get("untraced", []),
-            "all_zero_inputs": zero, "smoothed": smoothed, "config": meta.get("config")}
+            "all_zero_inputs": zero, "smoothed": smoothed, "config": meta.get("config"),
+            "fidelity": meta.get("fidelity"), "validate": meta.get("validate")}
 
 
 def print_summary(model: nn.Module, console: Any = None) -> None:
@@ -346,6 +365,8 @@ def print_summary(model: nn.Module, console: Any = None) -> None:
         out.print(f"SmoothQuant factors on {len(s['smoothed'])} layer(s)")
     if s["all_zero_inputs"]:
         out.print(f"all-zero activations seen at: {s['all_zero_inputs']} (amax 0: these inputs quantize to 0)")
+    for line in fid.describe(s["fidelity"], s["validate"]):
+        out.print(line)
 
 
 # --- choosing and repairing ------------------------------------------------------------------

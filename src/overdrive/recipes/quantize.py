@@ -80,6 +80,7 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
     s = summary(qmodel)
     result["layers"] = [vars(r) for r in s["layers"]]
     result["skipped"] = s["skipped"]
+    result["fidelity"] = s["fidelity"]  # the outputs on the first calibration batches against the float model
     if console is not None:
         print_summary(qmodel, console)
         if "fp32_accuracy" in result:
