@@ -110,3 +110,45 @@ def test_killed_rank_resumes_under_max_restarts(tmp_path: Path) -> None:
     ref = json.loads((tmp_path / "ref.json").read_text())
     assert crashed["final_loss"] == pytest.approx(ref["final_loss"], rel=1e-5, abs=1e-6)
     assert crashed["param_sum"] == pytest.approx(ref["param_sum"], rel=1e-4, abs=1e-4)
+
+
+PLAIN_SCRIPT = '''import json, os, sys
+import torch
+import torch.distributed as dist
+
+out = sys.argv[1]
+dist.init_process_group("gloo")  # plain torchrun idiom: env:// from torchrun's variables, no overdrive
+rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if rank == 1 and attempt == 0:
+    os._exit(3)  # the first attempt dies on one rank
+t = torch.ones(1)
+dist.all_reduce(t)
+if rank == 0:
+    with open(out, "w") as f:
+        json.dump({"sum": t.item(), "attempt": attempt, "max": os.environ["TORCHELASTIC_MAX_RESTARTS"],
+                   "argv0": os.path.basename(sys.argv[0]), "name": __name__}, f)
+dist.barrier()
+sys.stdout.flush()
+os._exit(0)
+'''
+
+
+def test_plain_init_process_group_script_restarts(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A script that joins with a plain ``dist.init_process_group("gloo")`` restarts under max_restarts on one
+    node: each attempt is a fresh torchrun (under torchrun's own restarts gloo re-read the dead attempt's
+    addresses: "Connection refused"), and the ranks see the attempt in TORCHELASTIC_RESTART_COUNT as under torchrun."""
+    script, out = tmp_path / "plain.py", tmp_path / "out.json"
+    script.write_text(PLAIN_SCRIPT)
+    rc = launch(LaunchConfig(nproc_per_node=2, max_restarts=2), str(script), [str(out)], env=worker_env(),
+                timeout_s=300)
+    assert rc == 0
+    got = json.loads(out.read_text())
+    assert got == {"sum": 2.0, "attempt": 1, "max": "2", "argv0": "plain.py", "name": "__main__"}
+    assert "attempt 0 exited with code" in capfd.readouterr().err
+
+
+def test_restarts_give_up_with_the_last_exit_code(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import os\nos._exit(5)\n")
+    assert launch(LaunchConfig(nproc_per_node=1, max_restarts=1), str(script), env=worker_env(), check=False,
+                  timeout_s=300) != 0

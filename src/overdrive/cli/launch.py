@@ -14,7 +14,9 @@ import click
 @click.option("--master-addr", default=None, help="Static rendezvous: node 0's address.")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=None, help="Static rendezvous port (default 29500).")
 @click.option("--rdzv-endpoint", default=None, help="Elastic c10d rendezvous host:port (instead of --master-addr).")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart all workers this often after a failure.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart all workers this often after a failure. On one node each restart is a fresh torchrun, so "
+                   "plain dist.init_process_group() scripts rejoin; across nodes restarts are torchrun's and need "
+                   "overdrive.distributed.init().")
 @click.option("--no-check", is_flag=True, help="Skip the doctor's quick checks.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop the whole job (every rank, restarts included) after this many seconds; exit 1 saying so.")

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,14 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
 
 def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None, module: bool = False,
            check: bool = True, env: dict[str, str] | None = None, timeout_s: float | None = None) -> int:
-    """Run ``script`` under torchrun; returns its exit code (restarts are torchrun's ``--max-restarts``).
+    """Run ``script`` under torchrun; returns its exit code.
+
+    Restarts (``max_restarts``): on one node (``--standalone``) overdrive runs them itself, one fresh torchrun per
+    attempt (a new port and store), so scripts that join with a plain ``dist.init_process_group()`` restart too
+    (under torchrun's own restarts they re-read the dead attempt's addresses: gloo's "Connection refused");
+    ``TORCHELASTIC_RESTART_COUNT`` reads the attempt number in the ranks as under torchrun. Across nodes the
+    restarts are torchrun's ``--max-restarts``, which need the script to join with
+    :func:`overdrive.distributed.init` (one store prefix per attempt).
 
     torchrun's own files (its per-run log folder, the ranks' error files) go in a temporary folder that is
     removed when it exits, so runs leave no ``torchelastic_*`` folders behind.
@@ -105,9 +113,38 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
     env = dict(os.environ if env is None else env)
     if check:
         preflight(cfg, env)
+    if cfg.standalone and cfg.max_restarts > 0:
+        return _restarting(cfg, script, list(script_args or []), module, env, timeout_s)
     with tempfile.TemporaryDirectory(prefix="overdrive_launch_") as log_dir:
         cmd = build_command(cfg, script, list(script_args or []), module, log_dir=log_dir)
         return _run(cmd, env, timeout_s)
+
+
+def _restarting(cfg: LaunchConfig, script: str, script_args: list[str], module: bool, env: dict[str, str],
+                timeout_s: float | None) -> int:
+    """Up to ``cfg.max_restarts`` + 1 fresh torchrun attempts on this node, each every rank anew, within one
+    ``timeout_s`` for them all; the first that exits 0 ends it, else the last attempt's exit code."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    once = cfg.replace(max_restarts=0)
+    target = ["-m", script] if module else [script]
+    rc = 1
+    for attempt in range(cfg.max_restarts + 1):
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise OverdriveError(f"the launched job ran past timeout_s={timeout_s:g} s (after {attempt} attempt(s)) and "
+                                 "was stopped; a rank may be stuck in a collective: rerun with "
+                                 "TORCH_DISTRIBUTED_DEBUG=DETAIL, or raise the limit")
+        run_env = {**env, "OVERDRIVE_RESTART_COUNT": str(attempt), "OVERDRIVE_MAX_RESTARTS": str(cfg.max_restarts)}
+        with tempfile.TemporaryDirectory(prefix="overdrive_launch_") as log_dir:
+            cmd = build_command(once, "overdrive.distributed._attempt", [*target, *script_args], module=True,
+                                log_dir=log_dir)
+            rc = _run(cmd, run_env, left if left is None else max(left, 1e-3))
+        if rc == 0:
+            return 0
+        if attempt < cfg.max_restarts:
+            print(f"overdrive launch: attempt {attempt} exited with code {rc}; restarting every rank "
+                  f"({cfg.max_restarts - attempt} restart(s) left)", file=sys.stderr, flush=True)
+    return rc
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout_s: float | None) -> int:
