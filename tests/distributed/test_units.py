@@ -265,3 +265,14 @@ def test_preflight_counts_the_gpus_the_ranks_see(monkeypatch) -> None:
 
     monkeypatch.setattr(doctor, "diagnose", lambda **kw: {"findings": []})  # its GPU probe needs a real GPU
     assert preflight(LaunchConfig(nproc_per_node=2), env={"CUDA_VISIBLE_DEVICES": ""}) == {"findings": []}
+
+
+def test_leave_flushes_and_exits_with_the_code_without_teardown(tmp_path: Path) -> None:
+    """leave(): output flushed, the exit code kept, and no teardown run (an atexit handler does not fire)."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\nfrom overdrive.distributed import leave\n"
+            "atexit.register(lambda: print('TEARDOWN'))\nprint('written', end='')\nsys.stderr.write('err')\nleave(3)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout, out.stderr) == (3, "written", "err")

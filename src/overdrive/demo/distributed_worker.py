@@ -89,7 +89,7 @@ def main() -> None:
             atomic_torch_save(model.state_dict(), f"{args.out}.{strategy}.pt")
     if env.rank == 0:
         atomic_write(args.out, json.dumps(rows))
-    dist.destroy_process_group()
+    odist.leave()  # not destroy_process_group: gloo's teardown can abort or hang a finished rank
 
 
 if __name__ == "__main__":

@@ -9,11 +9,11 @@ Example:
 
 from overdrive.distributed import checkpoint
 from overdrive.distributed.config import DDP, FSDP, PRESETS, LaunchConfig, Strategy
-from overdrive.distributed.parallel import DistEnv, Parallel, all_reduce_mean, free_port, fsdp_mixed_precision, init
+from overdrive.distributed.parallel import DistEnv, Parallel, all_reduce_mean, free_port, fsdp_mixed_precision, init, leave
 from overdrive.distributed.sampler import ResumableSampler
 
 __all__ = [
     "Strategy", "LaunchConfig", "DDP", "FSDP", "PRESETS",
-    "init", "DistEnv", "Parallel", "all_reduce_mean", "free_port", "fsdp_mixed_precision",
+    "init", "leave", "DistEnv", "Parallel", "all_reduce_mean", "free_port", "fsdp_mixed_precision",
     "ResumableSampler", "checkpoint",
 ]

@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
             atomic_write(a.out, text)
         else:
             print(text)
-    dist.destroy_process_group()
+    from overdrive.distributed.parallel import leave
+
+    leave()  # not destroy_process_group: gloo's teardown can abort or hang a finished rank
 
 
 if __name__ == "__main__":
