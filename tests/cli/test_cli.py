@@ -125,6 +125,33 @@ def test_missing_dependency_error_survives_a_worker_process() -> None:
     assert (back.package, back.extra) == ("skimage.data", "vision")
 
 
+def test_install_hints_name_what_pip_can_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hint names 'overdrive[...]' (overdrive is not on PyPI: that finds nothing), and the sample dataset's hint
+    names its two packages, not the vision extra (whose torchvision replaced a CPU torch with a CUDA one)."""
+    import builtins
+    import re
+    from pathlib import Path
+
+    from overdrive._utils.errors import MissingDependencyError
+    from overdrive.data import samples
+
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "README.md", *(root / "src").rglob("*.py"), *(root / "src").rglob("*.md")]
+    bad = [f"{p.relative_to(root)}: {m.group(0)}" for p in files
+           for m in re.finditer(r"pip install [^\n`]*overdrive\[", p.read_text(encoding="utf-8"))]
+    assert not bad, bad
+    real = builtins.__import__
+
+    def no_skimage(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name.startswith("skimage"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_skimage)
+    with pytest.raises(MissingDependencyError, match=r"run: pip install scikit-image pillow$"):
+        samples._photos()
+
+
 def test_launch_nproc_per_node_gpu_without_a_gpu_is_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # the --help example `--nproc-per-node gpu` on a CPU machine ended in torchrun's traceback ("Cuda is not available.")
     import torch

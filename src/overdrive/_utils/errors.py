@@ -25,15 +25,19 @@ class UsageError(OverdriveError, ValueError):
 class MissingDependencyError(OverdriveError, ImportError):
     """An optional package is needed for this feature but is not installed."""
 
-    def __init__(self, package: str, extra: str | None = None, feature: str = "this feature") -> None:
-        # overdrive is not on PyPI: its extras install from a clone (pip install 'overdrive[x]' finds nothing)
-        hint = f"pip install -e '.[{extra}]' in a clone of overdrive" if extra else f"pip install {package}"
+    def __init__(self, package: str, extra: str | None = None, feature: str = "this feature",
+                 pip: str | None = None) -> None:
+        # overdrive is not on PyPI: its extras install from a clone (the requirement overdrive[x] finds nothing there);
+        # ``pip`` names the packages themselves where an extra would bring more (torchvision can replace a CPU torch)
+        hint = (f"pip install {pip}" if pip else f"pip install -e '.[{extra}]' in a clone of overdrive" if extra
+                else f"pip install {package}")
         super().__init__(f"{feature} needs the optional package '{package}', which is not installed; run: {hint}")
         self.package = package
         self.extra = extra
         self.feature = feature
+        self.pip = pip
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         # pickling (a worker process's error, re-raised in the parent) must rebuild from the arguments,
         # not from the finished message, which __init__ would wrap a second time
-        return (type(self), (self.package, self.extra, self.feature))
+        return (type(self), (self.package, self.extra, self.feature, self.pip))

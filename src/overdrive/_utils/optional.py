@@ -22,7 +22,7 @@ def is_available(package: str) -> bool:
         return False
 
 
-def require(package: str, extra: str | None = None, feature: str = "this feature") -> ModuleType:
+def require(package: str, extra: str | None = None, feature: str = "this feature", pip: str | None = None) -> ModuleType:
     """Import ``package`` or raise :class:`MissingDependencyError` naming the extra to install.
 
     Example:
@@ -31,4 +31,4 @@ def require(package: str, extra: str | None = None, feature: str = "this feature
     try:
         return importlib.import_module(package)
     except ImportError as exc:
-        raise MissingDependencyError(package, extra, feature) from exc
+        raise MissingDependencyError(package, extra, feature, pip) from exc

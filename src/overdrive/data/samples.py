@@ -17,7 +17,7 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "cat", "camera", "immunohi
 
 
 def _photos() -> list[np.ndarray]:
-    skdata = require("skimage.data", extra="vision", feature="the sample dataset (scikit-image photos)")
+    skdata = require("skimage.data", feature="the sample dataset (scikit-image photos)", pip="scikit-image pillow")
     out = []
     for name in PHOTOS:
         fn = getattr(skdata, name, None)
@@ -41,7 +41,7 @@ def _photos() -> list[np.ndarray]:
 
 def _write_chunk(args: tuple[str, int, int, int, int, tuple[int, int], int]) -> int:
     root, start, stop, classes, seed, size, quality = args
-    Image = require("PIL.Image", extra="vision", feature="the sample dataset")
+    Image = require("PIL.Image", feature="the sample dataset", pip="scikit-image pillow")
     photos = _photos()
     for i in range(start, stop):
         rng = np.random.default_rng(seed * 1_000_003 + i)

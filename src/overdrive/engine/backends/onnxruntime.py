@@ -31,7 +31,7 @@ INTEGER_KERNELS = ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatM
 
 def unavailable(device: torch.device) -> str | None:
     if not is_available("onnxruntime"):
-        return "onnxruntime is not installed (pip install 'overdrive[onnx]')"
+        return "onnxruntime is not installed (pip install onnxruntime onnx)"
     if device.type == "cuda":
         import onnxruntime as ort
 
