@@ -276,3 +276,23 @@ def test_leave_flushes_and_exits_with_the_code_without_teardown(tmp_path: Path) 
             "atexit.register(lambda: print('TEARDOWN'))\nprint('written', end='')\nsys.stderr.write('err')\nleave(3)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (out.returncode, out.stdout, out.stderr) == (3, "written", "err")
+
+
+def test_bandwidth_warns_before_oversubscribing_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``doctor --bandwidth 64`` on 2 cores: one warning naming the counts and the fix, before any rank starts."""
+    import warnings
+
+    import overdrive.data.config as data_config
+    from overdrive.distributed import launch as launch_mod
+
+    started: list[object] = []
+    monkeypatch.setattr(data_config, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **k: started.append(a) or 1)
+    with pytest.warns(UserWarning, match=r"--bandwidth 64 starts 64 CPU ranks on 2 usable core\(s\).*--bandwidth 2"):
+        with pytest.raises(Exception):  # the stubbed launch "fails": only the order matters here
+            launch_mod.bandwidth(64, backend="gloo")
+    assert len(started) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with pytest.raises(Exception):
+            launch_mod.bandwidth(2, backend="gloo")  # one rank per core: no warning

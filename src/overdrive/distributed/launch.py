@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,21 @@ def _reap(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
         proc.wait()
 
 
+def _warn_oversubscribed(nproc: int, backend: str | None) -> None:
+    """Warn, before the test starts, when CPU ranks outnumber the usable cores: each gets a slice of a core, the run
+    takes minutes and its bandwidths measure the oversubscription (64 ranks on 2 cores took 152 s)."""
+    import torch
+
+    from overdrive.data.config import usable_cpus
+
+    cores = usable_cpus()
+    cpu_ranks = backend == "gloo" or not torch.cuda.is_available()
+    if cpu_ranks and nproc > cores:
+        warnings.warn(f"--bandwidth {nproc} starts {nproc} CPU ranks on {cores} usable core(s): expect minutes, and "
+                      "bandwidths that measure the oversubscription rather than the interconnect; "
+                      f"--bandwidth {cores} gives one rank per core", UserWarning, stacklevel=3)
+
+
 def bandwidth(nproc: int, min_bytes: int = 8 * 1024, max_bytes: int = 64 * 2**20, ops: str = "all_reduce,all_gather,reduce_scatter",
               iters: int = 20, backend: str | None = None) -> dict[str, Any]:
     """Run the collective bandwidth test on ``nproc`` local ranks (torchrun, standalone).
@@ -188,6 +204,7 @@ def bandwidth(nproc: int, min_bytes: int = 8 * 1024, max_bytes: int = 64 * 2**20
         raise UsageError(f"--ops {ops}: unknown collective(s) {bad}; choose from {', '.join(OPS)}")
     if not 1 <= min_bytes <= max_bytes:
         raise UsageError(f"--min-bytes {min_bytes} --max-bytes {max_bytes}: need 1 <= --min-bytes <= --max-bytes")
+    _warn_oversubscribed(nproc, backend)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bw.json")
         args = ["--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--ops", ops, "--iters", str(iters), "--out", out]
