@@ -23,7 +23,9 @@ from overdrive._utils.errors import OverdriveError, UsageError
 _NOT_VERBS = {"main", "common"}
 # torch loggers that print a traceback for what the CLI reports as one line: fake_tensor logs ~30 lines when
 # torch.export meets a wrong --shapes (the error that follows names the mismatch); --verbose keeps them
-_NOISY_LOGGERS = ("torch._subclasses.fake_tensor",)
+# (torch.export._trace logs "always_classified is unsupported" lines for the same failure); the ONNX exporter's
+# registry logs a line per torchvision op when torchvision is absent, which nothing here needs
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.export._trace", "torch.onnx._internal.exporter._registration")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 

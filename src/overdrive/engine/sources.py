@@ -7,6 +7,7 @@ import inspect
 import io
 import os
 import pickle
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.inputs import ByName as _ByName
 from overdrive._utils.inputs import is_token_model, takes_names
 from overdrive._utils.optional import require
@@ -95,11 +96,34 @@ class ModelSource:
             pass
         require("onnxscript", "onnx", "ONNX export")
         dyn = _dynamic_shapes(profiles, self.input_names) if dynamic else None
-        with torch.no_grad():
-            prog = torch.onnx.export(by_name(self.module, self.input_names), example, dynamo=True,
-                                     input_names=self.input_names, dynamic_shapes=dyn, opset_version=opset,
-                                     verbose=False)
+        try:
+            with torch.no_grad():
+                prog = torch.onnx.export(by_name(self.module, self.input_names), example, dynamo=True,
+                                         input_names=self.input_names, dynamic_shapes=dyn, opset_version=opset,
+                                         verbose=False)
+        except Exception as exc:  # noqa: BLE001 - both exporters failed: the model's own error, in one line
+            raise OverdriveError(f"the model could not be exported to ONNX with these inputs: {export_summary(exc)}; "
+                                 "check --shapes against what the model takes, or build with --backend inductor") from exc
         return prog.model_proto.SerializeToString()
+
+
+def export_summary(exc: BaseException) -> str:
+    """The cause of a failed ONNX export, without the exporter's advice around it: torch's TorchExportError
+    wraps the model's own error (a wrong shape, an unsupported op) in ~700 characters of next steps.
+
+    Example:
+        >>> export_summary(RuntimeError("Failed ... ## Exception summary <class 'RuntimeError'>: Given groups=1, "
+        ...                             "expected 3 channels (Refer to the full stack trace above for more information.)"))
+        'RuntimeError: Given groups=1, expected 3 channels'
+    """
+    text = " ".join(str(exc).split())
+    m = re.search(r"## Exception summary\s*<class '(?:[\w.]+\.)?(\w+)'>:\s*(.*?)\s*(?:\(Refer to the full stack trace.*)?$", text)
+    if m:
+        return f"{m.group(1)}: {m.group(2)}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and cause is not exc and len(text) > 300:
+        return export_summary(cause)
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def _dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict[int, Any], ...]:
