@@ -71,7 +71,9 @@ def initialize(
     loss_id=i)``), as apex's GAN examples use. O1's autocast covers the training step, as apex's patched torch
     did: from a training forward of the models until ``scale_loss`` (the loss and any function called between
     them run under it; see :class:`~overdrive.amp.casting.AutocastRegion`). ``optimizer._amp_stash`` and
-    ``amp._amp_state.loss_scalers`` are views apex scripts read (:mod:`overdrive.amp.apex_state`).
+    ``amp._amp_state.loss_scalers`` (this call's scalers, as apex resets them at each call) are views apex
+    scripts read (:mod:`overdrive.amp.apex_state`); ``optimizer._lazy_init_maybe_master_weights()`` is accepted
+    (the masters exist from this call on).
     ``patch_torch_functions`` is O1's op-level casting (torch.autocast
     here, nothing is patched): it may be given, with its opt level's value. ``enabled=False`` changes
     nothing, and ``scale_loss`` then yields the loss as it is. ``on_nonfinite`` and ``max_consecutive_skips``
@@ -113,8 +115,16 @@ def initialize(
         _disabled.discard(opt)
         # a data attribute apex scripts read (DLE BERT, ViT-pytorch), not a patched method
         opt._amp_stash = AmpStash(mp, opt)  # type: ignore[attr-defined]
+        # a name torch's optimizers do not have, which DLE BERT's resume calls before copying into the masters
+        opt._lazy_init_maybe_master_weights = _masters_made_at_initialize  # type: ignore[attr-defined]
     _in_order.append(weakref.ref(mp))
     return models if optimizers is None else (models, optimizers)
+
+
+def _masters_made_at_initialize() -> None:
+    """``optimizer._lazy_init_maybe_master_weights()``: apex made the fp32 masters at the first step and scripts
+    that load them earlier (DeepLearningExamples BERT's resume) call this first. Here ``initialize`` made them
+    already, so there is nothing to do; ``amp.master_params(optimizer)`` are the masters to copy into."""
 
 
 def _lookup(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:

@@ -82,15 +82,21 @@ class ApexLossScaler:
 
 
 class AmpState:
-    """``amp._amp_state``: ``loss_scalers`` (every live ``initialize`` call's, in order, one per loss) and
-    ``opt_properties`` (the latest call's resolved options, apex's attribute names)."""
+    """``amp._amp_state``: ``loss_scalers`` and ``opt_properties``, both of the latest live ``initialize`` call.
+
+    apex replaced ``_amp_state.loss_scalers`` at every ``initialize`` call, so ``loss_scalers[0]`` right after a
+    call (DLE BERT and ViT-pytorch set its ``_loss_scale`` there) is that call's first scaler, also while an
+    earlier model and optimizer are still alive. ``amp.state_dict()`` covers every live call.
+    """
 
     def __init__(self, live: Callable[[], list[MixedPrecision]]) -> None:
         self._live = live
 
     @property
     def loss_scalers(self) -> list[ApexLossScaler]:
-        return [ApexLossScaler(s) for h in self._live() for s in h.scalers]
+        """One view per loss (``num_losses``) of the latest live call, in ``loss_id`` order."""
+        handles = self._live()
+        return [ApexLossScaler(s) for s in handles[-1].scalers] if handles else []
 
     @property
     def opt_properties(self) -> SimpleNamespace | None:

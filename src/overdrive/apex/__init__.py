@@ -3,6 +3,7 @@
 | apex                                                  | here                                                      |
 |-------------------------------------------------------|-----------------------------------------------------------|
 | ``from apex import amp``                              | ``from overdrive.apex import amp`` (:mod:`overdrive.amp`) |
+| ``from apex.amp import _amp_state``                   | ``from overdrive.apex.amp import _amp_state``             |
 | ``from apex.optimizers import FusedAdam, FusedLAMB``  | ``from overdrive.apex.optimizers import ...``: torch.optim.Adam/AdamW (fused where the device has it, else foreach) and a LAMB in torch |
 | ``from apex.parallel import DistributedDataParallel`` | ``from overdrive.apex.parallel import ...``: torch DDP, apex's kwargs accepted |
 | ``from apex.fp16_utils import to_python_float``       | ``from overdrive.apex.fp16_utils import ...``: ``.item()`` |
@@ -12,8 +13,18 @@ Example:
     >>> from overdrive.apex import amp
     >>> amp.initialize is __import__("overdrive").amp.initialize
     True
+    >>> from overdrive.apex.amp import _amp_state
+    >>> _amp_state is amp._amp_state
+    True
 """
 
+import sys
+
 from overdrive import amp
+
+# apex.amp is a package: scripts also write `from apex.amp import _amp_state` (DeepLearningExamples BERT) and
+# `import apex.amp as amp`. Those dotted paths must name a module, so `overdrive.apex.amp` is registered as the
+# one overdrive.amp module (not a copy: `from overdrive.apex import amp` gives the same object).
+sys.modules.setdefault(f"{__name__}.amp", amp)
 
 __all__ = ["amp"]

@@ -20,6 +20,9 @@ from overdrive.sparsity.config import SparsityConfig
 from overdrive.sparsity.layers import _TYPES
 
 _HANDLES: weakref.WeakKeyDictionary[nn.Module, SparseHandle] = weakref.WeakKeyDictionary()
+# The optimizers ASP attached to each handle, held weakly: under amp an optimizer's step hooks hold the
+# MixedPrecision, which holds the model, so a strong reference from the registry's value would keep its key alive.
+_ATTACHED: weakref.WeakKeyDictionary[SparseHandle, weakref.WeakSet[torch.optim.Optimizer]] = weakref.WeakKeyDictionary()
 _DEFAULT_WHITELIST = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
 
 
@@ -101,9 +104,12 @@ class ASP:
             raise UsageError("no model initialized with ASP.init_model_for_pruning owns this optimizer's parameters; "
                              "call init_model_for_pruning(model) first")
         for h in owners:
-            if optimizer in h._optimizers:
+            attached = _ATTACHED.setdefault(h, weakref.WeakSet())
+            if optimizer in attached:
                 raise UsageError("ASP.init_optimizer_for_pruning was already called for this optimizer")
             h.attach(optimizer)
+            h._optimizers.remove(optimizer)  # the registry keeps its weak record instead (see _ATTACHED)
+            attached.add(optimizer)
 
     @staticmethod
     def compute_sparse_masks(model: nn.Module | None = None) -> None:
