@@ -43,6 +43,9 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
                    "timed at build (as TensorRT's tactic choice does); all keeps every supported layer low precision.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
               "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor.")
+@click.option("--checkpoint", default=None, metavar="FILE.pt",
+              help="Weights for the --model factory's model, read weights-only: a state_dict, an overdrive Trainer "
+                   "checkpoint, or the .sparse24.pt that overdrive sparsify writes.")
 @click.option("--accept-low-accuracy", "accept_low_accuracy", is_flag=True,
               help="Save an int8/fp8 engine even when its outputs on the --calib data fall below cosine 0.99 to the "
                    "float model (by default such a build exits 1 and saves nothing).")
@@ -72,7 +75,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
             device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, layer_precision: str,
-            calib: str | None, accept_low_accuracy: bool, timing_cache: str | None,
+            calib: str | None, checkpoint: str | None, accept_low_accuracy: bool, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, conv_fusion: bool | None,
             sibling_gemms: bool | None, json_path: str | None, no_progress: bool) -> None:
@@ -105,7 +108,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                               precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
                               opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
                               max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
-                              layer_precision=layer_precision, calib=calib, accept_low_accuracy=accept_low_accuracy,
+                              layer_precision=layer_precision, calib=calib, accept_low_accuracy=accept_low_accuracy, checkpoint=checkpoint,
                               timing_cache=timing_cache,
                               trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
                               conv_fusion=conv_fusion, sibling_gemms=sibling_gemms)

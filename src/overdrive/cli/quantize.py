@@ -11,6 +11,9 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
 @click.option("--model", "model_spec", default="digits", show_default=True,
               help="'digits' (the demo CNN, trained here in a few seconds), 'pkg.module:factory' (a callable "
                    "returning an nn.Module) or 'path/to/file.py:factory' (pickled models are refused: loading them runs code).")
+@click.option("--checkpoint", default=None, metavar="FILE.pt",
+              help="Weights for the --model's model, read weights-only: a state_dict, an overdrive Trainer checkpoint, "
+                   "or the .sparse24.pt that overdrive sparsify writes (2:4 sparse + int8/fp8).")
 @click.option("--calib-data", default="digits", show_default=True,
               help="'digits' or a calibration file (the one format of build --calib): torch.save of a tensor (N, ...), "
                    "a list of batches, [(input_ids, attention_mask), ...] or {'input_ids': ..., 'attention_mask': ...}.")
@@ -33,7 +36,7 @@ from overdrive.cli.common import check_json_target, check_output, console, json_
 @click.option("--opset", default=None, type=int, help="ONNX opset (default 17 for int8, 19 for fp8).")
 @json_option("the summary")
 @progress_option()
-def command(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
+def command(model_spec: str, checkpoint: str | None, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
             batch_size: int, export_path: str | None, save_path: str | None, opset: int | None, json_path: str | None,
             no_progress: bool) -> None:
     """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX
@@ -54,6 +57,7 @@ def command(model_spec: str, calib_data: str, config_name: str, method: str, per
     steps = "calibrating" + (", exporting ONNX" if export_path else "") + (", saving" if save_path else "")
     with status(f"quantize {model_spec}: {steps}", enabled=not no_progress and json_path != "-"):
         result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,
-                              export_path, opset, console=None if json_path == "-" else out, save_path=save_path)
+                              export_path, opset, console=None if json_path == "-" else out, save_path=save_path,
+                              checkpoint=checkpoint)
     if json_path is not None:
         write_json(result, json_path)

@@ -43,7 +43,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
                  max_shapes: str | None = None, backend: str = "auto", device: str = "auto", max_autotune: bool = False,
                  aot: bool | None = None, int8_activations: str | None = None, calib: str | None = None,
-                 layer_precision: str = "timed", accept_low_accuracy: bool = False,
+                 layer_precision: str = "timed", accept_low_accuracy: bool = False, checkpoint: str | None = None,
                  timing_cache: str | None = None,
                  trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
@@ -58,6 +58,11 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         >>> # build_engine(onnx="m.onnx", save_engine="m.engine", shapes="input:1x3x224x224")
     """
     given = [n for n, v in (("--onnx", onnx), ("--model", model), ("--torchscript", torchscript), ("--exported", exported)) if v]
+    if checkpoint and not model:
+        raise UsageError(f"--checkpoint {checkpoint} loads weights into a --model factory's model; the {given[0] if given else 'source'} "
+                         "given carries its own weights: drop --checkpoint, or build from --model with it")
+    if checkpoint and not Path(checkpoint).is_file():
+        raise UsageError(f"--checkpoint {checkpoint!r} does not exist")
     if len(given) != 1:
         raise UsageError(f"give exactly one of --onnx, --model, --torchscript, --exported (got {given or 'none'})")
     profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
@@ -75,9 +80,12 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         if not profiles:
             example = _exported_example(exported, src)
     else:
-        from overdrive.recipes.model_spec import load_model
+        from overdrive.recipes.model_spec import load_checkpoint, load_model
 
-        src = from_module(load_model(model).eval())
+        module = load_model(model)
+        if checkpoint:  # its weights: a state_dict, a Trainer checkpoint or a .sparse24.pt from overdrive sparsify
+            load_checkpoint(module, checkpoint)
+        src = from_module(module.eval())
     cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
                       compile_mode="max-autotune" if max_autotune else None, aot=aot, int8_activations=int8_activations,
                       layer_precision=layer_precision,

@@ -9,15 +9,17 @@ Example:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive._utils.model_spec import load_factory
 from overdrive.recipes.calibration import Calibration, load_calibration
 
-__all__ = ["ALIASES", "Calibration", "load_calibration", "load_model"]
+__all__ = ["ALIASES", "Calibration", "load_calibration", "load_checkpoint", "load_model"]
 
 # Short names for the models that ship with overdrive (the demo's and the text task's).
 ALIASES = {"digits": "overdrive.recipes.models:DigitsCNN", "docstrings": "overdrive.recipes.textdata:ByteTransformer"}
@@ -33,3 +35,38 @@ def load_model(spec: str, flag: str = "--model") -> nn.Module:
         raise UsageError(f"{flag} {spec!r} must be 'package.module:factory', 'path/to/file.py:factory' or one of "
                          f"{', '.join(sorted(ALIASES))}")
     return load_factory(ALIASES.get(spec, spec), flag)
+
+
+def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = "--checkpoint") -> None:
+    """Load weights into ``model``, read weights-only: a plain state_dict, a {'model'/'state_dict': ...} dict, an
+    overdrive Trainer checkpoint, or a 2:4 compressed checkpoint (``overdrive sparsify --out``, ``.sparse24.pt``),
+    whose pruned weights come back dense (zeros in place) on a plain float model.
+
+    Example:
+        >>> # load_checkpoint(load_model("mypkg.models:build"), "model.sparse24.pt")
+    """
+    if not Path(path).is_file():
+        raise UsageError(f"{flag} {str(path)!r} does not exist")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    from overdrive.sparsity.export import FORMAT as SPARSE24, load_compressed
+
+    if isinstance(payload, dict) and payload.get("format") == SPARSE24:
+        load_compressed(model, path).remove()  # the 2:4 weights, dense; no masks left to carry into a build
+        return
+    if isinstance(payload, dict) and isinstance(payload.get("trainer"), dict):
+        payload = payload["trainer"]
+    for key in ("model", "state_dict"):
+        if isinstance(payload, dict) and isinstance(payload.get(key), dict):
+            payload = payload[key]
+    if not isinstance(payload, dict):
+        raise UsageError(f"{flag} {path} holds a {type(payload).__name__}, not a state_dict")
+    from overdrive.sparsity.api import MASK_SUFFIX
+
+    own = {n for n, _ in model.named_buffers()}
+    # a state_dict saved from a pruned (fine-tuned) model carries its 2:4 mask buffers; the model built
+    # here is dense, and its masks are recomputed from the loaded weights, which are already 2:4
+    payload = {k: v for k, v in payload.items() if not (isinstance(k, str) and k.endswith(MASK_SUFFIX) and k not in own)}
+    try:
+        model.load_state_dict(payload)
+    except RuntimeError as exc:
+        raise UsageError(f"{flag} {path} does not fit the model: {str(exc).splitlines()[0]}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
                  calib_batches: int, batch_size: int, export_path: str | None, opset: int | None,
-                 console: Any = None, save_path: str | None = None) -> dict[str, Any]:
+                 console: Any = None, save_path: str | None = None, checkpoint: str | None = None) -> dict[str, Any]:
     """Load, calibrate, summarize, (for the digits model) evaluate, and optionally export ONNX
     (``export_path``) and save the quantized model (``save_path``, see :func:`save_quantized`)."""
     if calib_batches < 1 or batch_size < 1:
@@ -67,7 +68,14 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
                              "--export and --save the model for quant.to_real")
 
         check_opset(opset, cfg.input.format)
+    if checkpoint and not Path(checkpoint).is_file():  # before the model is built (digits trains) and calibrated
+        raise UsageError(f"--checkpoint {checkpoint!r} does not exist")
     model, digits = load_model(model_spec)
+    if checkpoint:  # a state_dict, a Trainer checkpoint or a .sparse24.pt from overdrive sparsify
+        from overdrive.recipes.model_spec import load_checkpoint
+
+        load_checkpoint(model, checkpoint)
+        model.eval()
     calib = load_calib(calib_data, digits, calib_batches, batch_size, model)
     result: dict[str, Any] = {"model": model_spec, "config": cfg.to_dict()}
     if digits is not None:

@@ -34,27 +34,10 @@ def build_model(spec: str) -> nn.Module:
 
 
 def load_weights(model: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Load a plain state_dict, a {'model'/'state_dict': ...} dict, or an overdrive Trainer checkpoint."""
-    if not Path(path).is_file():
-        raise UsageError(f"--checkpoint {str(path)!r} does not exist")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(payload, dict) and isinstance(payload.get("trainer"), dict):
-        payload = payload["trainer"]
-    for key in ("model", "state_dict"):
-        if isinstance(payload, dict) and isinstance(payload.get(key), dict):
-            payload = payload[key]
-    if not isinstance(payload, dict):
-        raise UsageError(f"--checkpoint {path} holds a {type(payload).__name__}, not a state_dict")
-    from overdrive.sparsity.api import MASK_SUFFIX
+    """``--checkpoint`` into ``model``: :func:`overdrive.recipes.model_spec.load_checkpoint`."""
+    from overdrive.recipes.model_spec import load_checkpoint
 
-    own = {n for n, _ in model.named_buffers()}
-    # a state_dict saved from a pruned (fine-tuned) model carries its 2:4 mask buffers; the model built
-    # here is dense, and its masks are recomputed from the loaded weights, which are already 2:4
-    payload = {k: v for k, v in payload.items() if not (isinstance(k, str) and k.endswith(MASK_SUFFIX) and k not in own)}
-    try:
-        model.load_state_dict(payload)
-    except RuntimeError as exc:
-        raise UsageError(f"--checkpoint {path} does not fit the model: {str(exc).splitlines()[0]}") from exc
+    load_checkpoint(model, path)
 
 
 def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, config: Config,
