@@ -139,7 +139,7 @@ def test_cli_build_exec_compare(tmp_path: Path, digits_onnx: bytes, capsys: pyte
     capsys.readouterr()
     assert main(["exec", "--load-engine", str(eng), "--duration", "0.1", "--shapes", "x:8x1x8x8"]) == 0
     out = capsys.readouterr().out
-    for field in ("Throughput:", "Latency:", "Enqueue Time:", "H2D Latency: n/a", "Compute Time (host wall time, CPU):",
+    for field in ("Throughput:", "Latency:", "Enqueue Time: n/a (cpu", "H2D Latency: n/a", "Compute Time (host wall time, CPU):",
                   "D2H Latency: n/a", "Total Host Walltime:", "Total Compute Time (CPU):", "batch 8"):
         assert field in out
     assert main(["compare", str(eng), str(onnx_path)]) == 0

@@ -132,9 +132,8 @@ class _PilFolder(torch.utils.data.Dataset):
 def speed_rows(ctx: DemoContext, table: Table) -> None:
     """Images/s of overdrive.data.ImageLoader against a torch DataLoader (Pillow, every CPU core as a
     worker) reading the same JPEG folder at the workload's size, batches delivered on the device."""
-    import os
-
     from overdrive.data import ImageLoader, LoaderConfig
+    from overdrive.data.config import usable_cpus
 
     size, batch = ctx.workload.image_size, ctx.workload.infer_batch
     x = ctx.data.x_train
@@ -152,7 +151,7 @@ def speed_rows(ctx: DemoContext, table: Table) -> None:
                 f.parent.mkdir(exist_ok=True)
                 Image.fromarray(pix[i], mode="L").convert("RGB").save(f, quality=90)
                 files.append(f)
-        workers = max(1, min(16, os.cpu_count() or 1))
+        workers = max(1, min(16, usable_cpus()))  # the cores this process may use (its affinity mask)
 
         def epoch_rate(loader) -> float:  # img/s of the best of 3 epochs after a warm-up epoch
             best = 0.0

@@ -210,7 +210,9 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join([
         "[I] === Performance summary ===",
         f"[I] Throughput: {s['throughput_qps']:.5g} qps ({s['throughput_samples_s']:.5g} samples/s at batch {s['batch']})",
-        line("Latency", "latency"), line("Enqueue Time", "enqueue"),
+        line("Latency", "latency"),
+        # on CPU a call returns when its work is done: enqueue time is the compute time, so it is not a measurement
+        line("Enqueue Time", "enqueue") if cuda else f"[I] Enqueue Time: n/a ({s['device']}: calls are synchronous)",
         line("H2D Latency", "h2d") if copies else f"[I] H2D Latency: {why}",
         line("GPU Compute Time", "compute") if cuda else line("Compute Time (host wall time, CPU)", "compute"),
         line("D2H Latency", "d2h") if copies else f"[I] D2H Latency: {why}",
