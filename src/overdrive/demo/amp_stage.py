@@ -84,7 +84,7 @@ def handwritten(ctx: DemoContext, compile: bool) -> dict[str, Any]:
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=w.lr, total_steps=ctx.epochs * len(train))
     scaler = torch.amp.GradScaler(dev.type, enabled=ctx.dtype == torch.float16)
     fwd = torch.compile(model) if compile else model
-    curve, seconds, samples = [], 0.0, 0
+    curve, seconds, samples, rates = [], 0.0, 0, []
     for epoch in range(ctx.epochs):
         losses = []
         torch.cuda.synchronize(dev) if dev.type == "cuda" else None
@@ -103,10 +103,26 @@ def handwritten(ctx: DemoContext, compile: bool) -> dict[str, Any]:
             losses.append(loss.detach())
         curve.append(float(torch.stack(losses).mean()))
         if epoch > 0 or ctx.epochs == 1:
-            seconds += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            seconds += took
             samples += len(train) * w.batch_size
+            rates.append(len(train) * w.batch_size / max(took, 1e-9))
     acc = evaluate(model.eval(), test)[1]
-    return {"accuracy": acc, "samples_per_s": samples / max(seconds, 1e-9), "curve": curve, "final_loss": curve[-1]}
+    return {"accuracy": acc, "samples_per_s": samples / max(seconds, 1e-9), "curve": curve, "final_loss": curve[-1],
+            "epoch_rates": rates}
+
+
+def epoch_spread(rates: list[float]) -> str | None:
+    """The slowest and the fastest timed epoch, as samples/s: the spread beside a throughput (one run on a shared
+    machine moves by tens of percent between runs).
+
+    Example:
+        >>> epoch_spread([812.4, 1190.0, 1003.2]), epoch_spread([])
+        ('812-1,190', None)
+    """
+    if not rates:
+        return None
+    return f"{min(rates):,.0f}-{max(rates):,.0f}"
 
 
 def run(ctx: DemoContext) -> Table:
@@ -114,7 +130,7 @@ def run(ctx: DemoContext) -> Table:
     cuda = ctx.device.type == "cuda"
     table = Table(
         f"Mixed precision (overdrive.amp): {w.name}, {ctx.device.type}, {half} half, batch {w.batch_size}",
-        ["run", "test accuracy", "vs O0 (points)", "final train loss", "samples/s", "speed vs O0",
+        ["run", "test accuracy", "vs O0 (points)", "final train loss", "samples/s", "epochs min-max", "speed vs O0",
          "speed vs hand-written", "memory MiB", "skipped steps", "note"], stage="amp",
     )
     base: dict[str, float] = {}
@@ -128,6 +144,7 @@ def run(ctx: DemoContext) -> Table:
             continue
         last = result.history[-1]
         rows.append({"run": level, "acc": last.eval_accuracy, "loss": result.final_loss, "tput": result.samples_per_s,
+                     "spread": epoch_spread([e.samples_per_s for e in result.history[1:] or result.history]),
                      "mem": result.peak_memory_mib, "skipped": sum(e.skipped_steps for e in result.history)})
         if level == "O0":
             base = {"acc": last.eval_accuracy, "tput": result.samples_per_s}
@@ -139,6 +156,7 @@ def run(ctx: DemoContext) -> Table:
         label = f"hand-written: autocast {half} + channels_last" + (" + torch.compile" if cuda else "")
         table.curves[label] = hand["curve"]
         rows.append({"run": label, "acc": hand["accuracy"], "loss": hand["final_loss"], "tput": hand["samples_per_s"],
+                     "spread": epoch_spread(hand["epoch_rates"]),
                      "note": "plain PyTorch, no overdrive"})
         # overdrive's best against it, with the same layout (and compile on a GPU)
         _, _, best = train_digits(ctx, "O2", compile=cuda, channels_last=True)
@@ -146,6 +164,7 @@ def run(ctx: DemoContext) -> Table:
         if best.diverged is None:
             rows.append({"run": name, "acc": best.history[-1].eval_accuracy, "loss": best.final_loss,
                          "tput": best.samples_per_s, "mem": best.peak_memory_mib,
+                         "spread": epoch_spread([e.samples_per_s for e in best.history[1:] or best.history]),
                          "skipped": sum(e.skipped_steps for e in best.history),
                          "note": "Trainer(channels_last=True" + (", compile=True)" if cuda else ")")})
             table.curves[name] = best.curve
@@ -154,7 +173,7 @@ def run(ctx: DemoContext) -> Table:
         delta = 100 * (acc - base["acc"]) if acc is not None and base else None
         vs0 = r["tput"] / base["tput"] if "tput" in r and base else None
         vsh = r["tput"] / hand["samples_per_s"] if "tput" in r and hand and not r["run"].startswith("hand") else None
-        table.rows.append([r["run"], acc, delta, r.get("loss"), r.get("tput"), vs0, vsh, r.get("mem"), r.get("skipped"),
+        table.rows.append([r["run"], acc, delta, r.get("loss"), r.get("tput"), r.get("spread"), vs0, vsh, r.get("mem"), r.get("skipped"),
                            r.get("note", "")])
         if vs0 is not None and r["run"] != "O0":
             table.add_speedup(r["run"], vs0, "O0 (fp32)", delta)
@@ -163,7 +182,7 @@ def run(ctx: DemoContext) -> Table:
                               None if hand is None or acc is None else 100 * (acc - hand["accuracy"]))
     fp8_row(ctx, table)
     mem = "peak CUDA memory allocated" if cuda else "training state (params, grads, masters, optimizer state)"
-    table.notes.append(f"memory: {mem}; samples/s excludes the first (warm-up, compile) epoch; every run starts from "
+    table.notes.append(f"memory: {mem}; samples/s excludes the first (warm-up, compile) epoch, 'epochs min-max' gives its slowest and fastest timed epoch; every run starts from "
                        f"the same seed and sees the same batches; {ctx.epochs} epochs of {len(ctx.data.y_train)} images.")
     if not cuda:
         from overdrive._utils.device import cpu_features, cpu_summary
@@ -223,7 +242,7 @@ def fp8_row(ctx: DemoContext, table: Table) -> None:
         torch._dynamo.reset()
     ratio = speed["fp8"] / speed["bf16"]
     name = "O2 + fp8 tensorwise + compile (MLP block)"
-    table.rows.append([name, None, None, None, None, None, None, None, None,
+    table.rows.append([name, None, None, None, None, None, None, None, None, None,
                        f"{ratio:.2f}x O2 bf16 + compile on two {d}x{d} Linear layers, {tokens} tokens "
                        f"({speed['fp8']:,.0f} vs {speed['bf16']:,.0f} tokens/s)"])
     table.add_speedup(name, ratio, "O2 bf16 + compile (same MLP block)")
