@@ -41,6 +41,15 @@ def test_corrupt_onnx_is_one_line_naming_the_file(tmp_path: Path, onnx_path: Pat
     code, _, err = _cli("compare", str(bad), str(onnx_path))
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "bad.onnx" in lines[0] and "cannot be loaded" in lines[0], err
+    assert "not a valid ONNX protobuf" in lines[0] and "[ONNXRuntimeError]" not in lines[0], lines[0]
+
+
+def test_a_pt_file_is_refused_in_one_line_naming_what_to_compare(tmp_path: Path, onnx_path: Path) -> None:
+    whole = tmp_path / "whole.pt"
+    torch.save(torch.nn.Linear(4, 3), whole)  # a pickled model: never loaded
+    code, _, err = _cli("compare", str(whole), str(onnx_path))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "does not unpickle" in lines[0] and "--checkpoint" in lines[0], err
 
 
 def test_onnx_vs_onnx_with_shapes(onnx_path: Path) -> None:

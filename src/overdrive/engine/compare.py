@@ -3,6 +3,7 @@ PASSED/FAILED against ``|a - b| <= atol + rtol * |b|`` elementwise."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ class _OrtReference:
         except Exception as exc:  # noqa: BLE001 - ORT raises its own classes: INVALID_PROTOBUF, INVALID_GRAPH, ...
             what = repr(model) if isinstance(model, str) else "the in-memory ONNX model"
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "INVALID_PROTOBUF" in detail:  # ORT's status code and its own text say no more than this
+                detail = "not a valid ONNX protobuf: truncated, or not an ONNX file"
+            else:
+                detail = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", detail)
             raise UsageError(f"ONNX file {what} cannot be loaded by ONNX Runtime ({detail[:300]}); is it a whole "
                              ".onnx model? export or download it again") from exc
 
@@ -61,6 +66,10 @@ def _runnable(x: Any) -> tuple[Any, str]:
     p = str(x)
     if p.endswith(".onnx"):
         return _OrtReference(p), f"onnxruntime({Path(p).name})"
+    if p.endswith((".pt", ".pth")) and Path(p).is_file():  # a torch.save file: a model pickle or weights
+        raise UsageError(f"cannot compare {p!r}: a .pt file is not an engine, and overdrive does not unpickle models "
+                         "(loading a pickle runs code); compare 'file.py:factory' (build it with its weights there), "
+                         "an engine built with `overdrive build --model file.py:factory --checkpoint ...`, or an .onnx file")
     if Path(p).is_file():
         return Engine.load(p), f"engine({Path(p).name})"
     if ":" in p:
