@@ -44,3 +44,22 @@ def test_build_closes_the_optimized_model() -> None:
         assert torch.equal(engine(torch.tensor([[-1.0, 2.0, 0.0]] * 2)), torch.tensor([[0.0, 2.0, 0.0]] * 2))
 
     assert _resource_warnings(build) == []
+
+
+def test_onnx_calibration_closes_its_files() -> None:
+    """quantize_onnx (static Q/DQ, calibrated) and quantize_onnx_dynamic write and read temporary ONNX files."""
+    from onnx import TensorProto as T, helper as h, numpy_helper
+
+    from overdrive.engine.onnx.quantize import quantize_onnx, quantize_onnx_dynamic
+
+    g = torch.Generator().manual_seed(0)
+    w = numpy_helper.from_array(torch.randn(8, 4, generator=g).numpy(), "w")
+    m = h.make_model(h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                                  [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+                                  [h.make_tensor_value_info("y", T.FLOAT, [2, 4])], initializer=[w]),
+                     opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx_bytes = m.SerializeToString()
+    calib = [(torch.randn(2, 8, generator=g),) for _ in range(2)]
+    assert _resource_warnings(lambda: quantize_onnx(onnx_bytes, calib, "int8")) == []
+    assert _resource_warnings(lambda: quantize_onnx_dynamic(onnx_bytes)) == []
