@@ -28,5 +28,8 @@ def test_engine_stage(digits: torch.nn.Module) -> None:
     eager, comp = rows["PyTorch eager fp32"], rows["torch.compile(mode='default')"]
     assert abs(eager["test accuracy"] - ref_acc) < 1e-6 and abs(comp["test accuracy"] - ref_acc) < 1e-6
     assert row["vs eager"] == row["img/s"] / eager["img/s"]
+    for r in (row, eager, comp):  # the middle half of the timed calls, around the median
+        lo, hi = (float(v.replace(",", "")) for v in r["img/s IQR"].split("-"))
+        assert lo <= r["img/s"] * 1.0001 and r["img/s"] <= hi * 1.0001
     labels = {(s["label"], s["baseline"]) for s in table.speedups}
     assert ("engine fp32", "PyTorch eager fp32") in labels and ("engine fp32", "torch.compile") in labels

@@ -27,11 +27,13 @@ def _accuracy(fn: Callable[[torch.Tensor], torch.Tensor], ctx: DemoContext, batc
     return correct / len(x)
 
 
-def _throughput(fn: Callable[[torch.Tensor], object], x: torch.Tensor, ctx: DemoContext) -> float:
-    """Images/s of ``fn`` on the device-resident batch ``x`` (median of CUDA-event or wall-clock timings)."""
+def _throughput(fn: Callable[[torch.Tensor], object], x: torch.Tensor, ctx: DemoContext) -> tuple[float, str]:
+    """Images/s of ``fn`` on the device-resident batch ``x`` (median of CUDA-event or wall-clock timings), and the
+    interquartile range of the timed calls as images/s ("slow-fast")."""
     with torch.no_grad():
-        t = median(time_fn(lambda: fn(x), ctx.device, warmup=5, repeat=30 if ctx.device.type == "cuda" else 10))
-    return x.shape[0] / t
+        ts = sorted(time_fn(lambda: fn(x), ctx.device, warmup=5, repeat=30 if ctx.device.type == "cuda" else 10))
+    q1, q3 = ts[len(ts) // 4], ts[(3 * len(ts)) // 4]
+    return x.shape[0] / median(ts), f"{x.shape[0] / q3:,.0f}-{x.shape[0] / q1:,.0f}"
 
 
 def _bench_batch(ctx: DemoContext, batch: int) -> torch.Tensor:
@@ -53,7 +55,7 @@ def run(ctx: DemoContext) -> Table:
     profile = [ShapeProfile("x", (1, *shape), (B, *shape), (B, *shape))]
     table = Table(f"Engines (overdrive.engine): {w.name}, {ctx.device.type}, batch {B}",
                   ["run", "backend", "test accuracy", "vs PyTorch fp32 (points)", "max err", "compare", "img/s",
-                   "vs eager", "vs torch.compile", "vs float engine", "build s"], stage="engine")
+                   "img/s IQR", "vs eager", "vs torch.compile", "vs float engine", "build s"], stage="engine")
     xb = _bench_batch(ctx, B)
     ref_acc = ctx.fp32_accuracy if ctx.fp32_accuracy is not None else _accuracy(model, ctx, B)
 
@@ -64,19 +66,20 @@ def run(ctx: DemoContext) -> Table:
         eager = eager.to(dtype=half, memory_format=torch.channels_last)
     eager_fn = (lambda x: eager(x.to(half).contiguous(memory_format=torch.channels_last))) if cuda else eager
     eager_label = "PyTorch eager " + ("fp16 channels_last" if cuda else "fp32")
-    base_tput = _throughput(eager_fn, xb, ctx)
+    base_tput, base_iqr = _throughput(eager_fn, xb, ctx)
     eager_acc = _accuracy(eager_fn, ctx, B)
-    table.rows.append([eager_label, "-", eager_acc, 100 * (eager_acc - ref_acc), None, None, base_tput, 1.0, None, None,
-                       None])
+    table.rows.append([eager_label, "-", eager_acc, 100 * (eager_acc - ref_acc), None, None, base_tput, base_iqr, 1.0,
+                       None, None, None])
     mode = "reduce-overhead" if cuda else "default"
     t0 = time.perf_counter()
     compiled = torch.compile(eager, mode=mode)
     comp_fn = (lambda x: compiled(x.to(half).contiguous(memory_format=torch.channels_last))) if cuda else compiled
-    comp_tput = _throughput(comp_fn, xb, ctx)
+    comp_tput, comp_iqr = _throughput(comp_fn, xb, ctx)
     comp_s = time.perf_counter() - t0
     comp_acc = _accuracy(comp_fn, ctx, B)
     table.rows.append([f"torch.compile(mode={mode!r})" + (" fp16" if cuda else ""), "-", comp_acc,
-                       100 * (comp_acc - ref_acc), None, None, comp_tput, comp_tput / base_tput, 1.0, None, comp_s])
+                       100 * (comp_acc - ref_acc), None, None, comp_tput, comp_iqr, comp_tput / base_tput, 1.0, None,
+                       comp_s])
     table.add_speedup("torch.compile", comp_tput / base_tput, eager_label, 100 * (comp_acc - ref_acc))
 
     precisions = ["fp16" if cuda else "fp32", "int8"]
@@ -92,7 +95,7 @@ def run(ctx: DemoContext) -> Table:
             try:
                 eng = Builder(precision=prec, device=str(ctx.device), profiles=profile).build(model, calib=calib)
             except Exception as exc:  # noqa: BLE001 - one precision failing still leaves the others' rows
-                table.rows.append([f"engine {prec}", "-", None, None, None, "BUILD FAILED"] + [None] * 5)
+                table.rows.append([f"engine {prec}", "-", None, None, None, "BUILD FAILED"] + [None] * 6)
                 table.notes.append(f"{prec}: build failed: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             build_s = time.perf_counter() - t0
@@ -101,12 +104,12 @@ def run(ctx: DemoContext) -> Table:
             loaded = Engine.load(path)
             r = compare(loaded, model, inputs=(ctx.data.x_test[:64],), atol=1e-3 if prec == "fp32" else 0.5,
                         rtol=1e-3 if prec == "fp32" else 5e-2)
-            tput = _throughput(loaded, xb, ctx)
+            tput, iqr = _throughput(loaded, xb, ctx)
             acc = _accuracy(loaded, ctx, B)
             float_tput = float_tput or (tput if prec in ("fp16", "fp32") else None)
             vs_float = tput / float_tput if float_tput and prec in ("int8", "fp8") else None
             table.rows.append([f"engine {prec}", loaded.info["backend"], acc, 100 * (acc - ref_acc),
-                               r["outputs"][0]["max_abs"], "PASSED" if r["passed"] else "FAILED", tput, tput / base_tput,
+                               r["outputs"][0]["max_abs"], "PASSED" if r["passed"] else "FAILED", tput, iqr, tput / base_tput,
                                tput / comp_tput, vs_float, build_s])
             table.add_speedup(f"engine {prec}", tput / base_tput, eager_label, 100 * (acc - ref_acc))
             table.add_speedup(f"engine {prec}", tput / comp_tput, "torch.compile", 100 * (acc - comp_acc))
@@ -119,7 +122,7 @@ def run(ctx: DemoContext) -> Table:
     table.notes.append(
         f"PyTorch fp32 test accuracy {ref_acc:.4f}; max err: max |engine - PyTorch fp32| logit on 64 test images; "
         f"img/s: median of timed calls on a batch of {B} real test images already on the {ctx.device.type} (CUDA "
-        "events on a GPU), the same for every row; backend 'auto' "
+        "events on a GPU), the same for every row, 'img/s IQR' the middle half of those calls; backend 'auto' "
         f"({'ONNX Runtime on CPU' if not cuda else 'Inductor + CUDA graphs on GPU'}); int8/fp8 calibrated on 512 "
         "training images (max), weights per channel.")
     if not cuda:
