@@ -52,6 +52,8 @@ def test_quick_cpu_rows_accuracy_and_ratios(table: Table) -> None:
             assert r["vs eager"] == pytest.approx(e["median ms"] / r["median ms"])
             assert r["vs torch.compile"] == pytest.approx(c["median ms"] / r["median ms"])
             assert r["build s"] > 0
+            lo, hi = (float(v) for v in r["ms IQR"].split("-"))  # the middle half of the calls, around the median
+            assert lo <= r["median ms"] * 1.01 and r["median ms"] <= hi * 1.01
         assert rows[("engine int8", "onnxruntime", s)]["build cosine"] >= 0.99  # engine.info["accuracy"]
         assert rows[("engine fp32", "onnxruntime", s)]["build cosine"] is None  # float engines record none
     failed = rows[("engine fp8", "onnxruntime", None)]

@@ -32,8 +32,8 @@ from overdrive.demo.workloads import TransformerWorkload, choose_transformer
 from overdrive.engine import Builder, BuildConfig, ShapeProfile
 
 NAMES = ["input_ids", "attention_mask"]
-COLUMNS = ["run", "backend", "seq", "median ms", "vs eager", "vs torch.compile", "token cosine", "build cosine",
-           "build s", "note"]
+COLUMNS = ["run", "backend", "seq", "median ms", "ms IQR", "vs eager", "vs torch.compile", "token cosine",
+           "build cosine", "build s", "note"]
 Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids, attention_mask: (B, S) int64 each
 ROUNDS = 5  # interleaved timing rounds per sequence length
 SETTLE_S = 0.05  # CPU: pause before each round (eager right after an ONNX Runtime call ran 2-4x slower here)
@@ -57,6 +57,13 @@ class _Run:
 
     def ms(self, s: int) -> float | None:
         return 1e3 * median(self.samples[s]) if self.samples.get(s) and s not in self.errors else None
+
+    def iqr(self, s: int) -> str | None:
+        """The middle half of the timed calls at length ``s``, in ms ("fast-slow")."""
+        if not self.samples.get(s) or s in self.errors:
+            return None
+        ts = sorted(self.samples[s])
+        return f"{1e3 * ts[len(ts) // 4]:.3f}-{1e3 * ts[(3 * len(ts)) // 4]:.3f}"
 
 
 def make_batch(w: TransformerWorkload, seq: int, seed: int) -> Batch:
@@ -173,11 +180,11 @@ def run(ctx: DemoContext) -> Table:
     base, comp = runs[0], runs[1]
     for r in runs:
         if r.fn is None:
-            table.rows.append([r.label, r.backend, None, None, None, None, None, None, None, r.note])
+            table.rows.append([r.label, r.backend, None, None, None, None, None, None, None, None, r.note])
             continue
         for s in w.seqs:
             ms, b, c = r.ms(s), base.ms(s), comp.ms(s)
-            table.rows.append([r.label, r.backend, s, ms, b / ms if b and ms else None, c / ms if c and ms else None,
+            table.rows.append([r.label, r.backend, s, ms, r.iqr(s), b / ms if b and ms else None, c / ms if c and ms else None,
                                r.cos.get(s), r.build_cos, r.first_s.get(s) if r.first_call_is_build else r.build_s,
                                r.errors.get(s, r.note)])
     # the report's chart: the longest sequence (the profile's opt shape); the table has every length
@@ -194,7 +201,7 @@ def run(ctx: DemoContext) -> Table:
         f"{w.name}: random init from a BertConfig (nothing downloaded); rows of each batch padded to between half "
         "and all of the sequence (attention_mask).",
         f"median ms: median of {ROUNDS * -(-w.repeat // ROUNDS)} timed calls at batch {B} and that sequence length, "
-        f"in {ROUNDS} rounds that interleave the runs, inputs already on the {dev.type}"
+        f"in {ROUNDS} rounds that interleave the runs, inputs already on the {dev.type} ('ms IQR': the middle half)"
         f"{' (CUDA events)' if cuda else f', {1e3 * SETTLE_S:.0f} ms idle before each round'}; vs eager / vs torch.compile: their median at the same shape in this "
         "run over this row's (> 1 is faster); engines timed through engine(input_ids, attention_mask), the call a "
         "user makes.",
