@@ -11,6 +11,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.engine import Builder, Engine, ShapeProfile
+from overdrive.engine.backends.inductor import GraphRunner
 
 pytestmark = pytest.mark.gpu
 
@@ -23,9 +24,11 @@ TOL = {"fp32": 1e-4, "tf32": 5e-3, "fp16": 2e-2, "bf16": 8e-2}
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
 def test_round_trip_static_cuda_graphs(tmp_path: Path, digits: torch.nn.Module, precision: str) -> None:
     eng = Builder(precision=precision, device="cuda", backend="inductor", profiles=STATIC).build(digits)
-    assert eng.info["device"]["type"] == "cuda" and eng.header["backend_meta"]["compile_mode"] == "reduce-overhead"
+    meta = eng.header["backend_meta"]
+    assert eng.info["device"]["type"] == "cuda" and meta["cuda_graph"] == "whole" and meta["compile_mode"] == "default"
     eng.save(tmp_path / "e.engine")
     loaded = Engine.load(tmp_path / "e.engine")
+    assert isinstance(loaded.runner, GraphRunner) and "one CUDA graph" in loaded.info["runtime"]
     xs = [torch.randn(8, 1, 8, 8) for _ in range(3)]
     with torch.no_grad():
         refs = [digits(x) for x in xs]
@@ -36,6 +39,37 @@ def test_round_trip_static_cuda_graphs(tmp_path: Path, digits: torch.nn.Module, 
         assert (o.cpu() - r).abs().max().item() <= TOL[precision] * max(scale, 1.0)
     with pytest.raises(UsageError, match="outside the engine's profile"):
         loaded(torch.randn(4, 1, 8, 8))
+
+
+def test_whole_graph_runner_copies_inputs_in_and_refuses_other_shapes(digits: torch.nn.Module) -> None:
+    """The runner replays one recorded graph: a new input tensor (other storage, other layout) is copied into the
+    graph's buffer and gives its own output (reference: the fp32 model, fp32 engine to 1e-4); a caller's input is
+    never written to; another shape is refused by name instead of replaying on stale data."""
+    eng = Builder(precision="fp32", device="cuda", profiles=STATIC).build(digits)
+    runner = eng.runner
+    assert isinstance(runner, GraphRunner)
+    torch.manual_seed(0)
+    for x in (torch.randn(8, 1, 8, 8), torch.randn(8, 8, 8, 1).permute(0, 3, 1, 2)):  # contiguous, then strided
+        xd = x.cuda()
+        kept = xd.clone()
+        out = runner(xd)[0].clone()
+        with torch.no_grad():
+            ref = digits(x)
+        assert torch.equal(xd, kept)
+        assert (out.cpu() - ref).abs().max().item() <= 1e-4 * max(ref.abs().max().item(), 1.0)
+    with pytest.raises(UsageError, match=r"recorded for \(8, 1, 8, 8\)"):
+        runner(torch.randn(4, 1, 8, 8, device="cuda"))
+    with pytest.raises(UsageError, match="takes 1 input"):
+        runner()
+
+
+def test_compile_mode_keeps_torch_compile_graphs(digits: torch.nn.Module) -> None:
+    eng = Builder(precision="fp16", device="cuda", profiles=STATIC, compile_mode="reduce-overhead").build(digits)
+    assert not isinstance(eng.runner, GraphRunner) and "cuda_graph" not in eng.header["backend_meta"]
+    x = torch.randn(8, 1, 8, 8)
+    with torch.no_grad():
+        r = digits(x)
+    assert (eng(x).cpu() - r).abs().max().item() <= 2e-2 * max(r.abs().max().item(), 1.0)
 
 
 def test_dynamic_profile_and_onnx_import_on_gpu(digits: torch.nn.Module, digits_onnx: bytes) -> None:

@@ -151,7 +151,8 @@ class BuildConfig(ConfigBase):
     """How to build an engine.
 
     ``precision`` is the compute precision (inputs and outputs stay float32, like trtexec's default I/O);
-    ``compile_mode`` is Inductor's mode ("reduce-overhead" = CUDA graphs, used for static profiles on CUDA).
+    ``compile_mode`` is Inductor's mode; unset, a static CUDA profile runs as one CUDA graph around the whole program
+(the inductor backend's ``GraphRunner``), a dynamic one under "reduce-overhead" (a graph per shape met).
     ``int8_activations`` (int8 only) says where the activation scales come from: ``"static"``, one scale per
     tensor calibrated on ``calib`` batches (Q/DQ); ``"dynamic"``, one scale per token (row) computed at run time,
     weights int8 per output channel, no calibration needed (CPU: onnxruntime's ``quantize_dynamic``, or per-row
@@ -176,7 +177,7 @@ class BuildConfig(ConfigBase):
     backend: str = "auto"
     device: str = "cpu"
     profiles: tuple[ShapeProfile, ...] = ()  # lists and dicts (JSON) are accepted and become a tuple of profiles
-    compile_mode: str | None = None  # None: reduce-overhead for static CUDA profiles, else default
+    compile_mode: str | None = None  # None: one CUDA graph (static CUDA), reduce-overhead (dynamic CUDA), default (CPU)
     aot: bool | None = None  # AOTInductor package; None: alone for CPU builds where it loads (torch >= 2.12), off on CUDA
     channels_last: bool = True  # 4-D inputs of CNNs on CUDA run faster in NHWC
     opset: int = 18

@@ -54,6 +54,21 @@ def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
 _COMPILED: Any = None
 
 
+def _call(mod: nn.Module, t: torch.Tensor) -> Any:
+    """What the shared compile traces: one layer applied to one input."""
+    return mod(t)
+
+
+def _compiled_so_far() -> int:
+    """How many compiled entries the shared compile already holds in this process (earlier builds' layers)."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(_call.__code__))
+    except Exception:  # noqa: BLE001 - a torch without the helper: assume none (the limit then covers this build)
+        return 0
+
+
 def _as_engine_runs(layer: nn.Module, x: torch.Tensor, device: torch.device) -> Any:
     """``layer(x)`` as the engine runs it: on CUDA through torch.compile (one dynamic-shape compile shared by the
     layers, so a quantize and rescale fuse into one kernel each as in the engine's program), else eager."""
@@ -61,7 +76,7 @@ def _as_engine_runs(layer: nn.Module, x: torch.Tensor, device: torch.device) -> 
     if device.type != "cuda":
         return lambda: layer(x)
     if _COMPILED is None:
-        _COMPILED = torch.compile(lambda mod, t: mod(t), dynamic=True)
+        _COMPILED = torch.compile(_call, dynamic=True)
     compiled = _COMPILED
 
     def run() -> Any:
@@ -77,11 +92,15 @@ def _as_engine_runs(layer: nn.Module, x: torch.Tensor, device: torch.device) -> 
 
 def _compile_limits(n_layers: int) -> Any:
     """A context for timing ``n_layers`` layers through the one shared compile: each layer class and shape is a
-    recompile, so dynamo's recompile limit (8) is raised to cover them all, and hitting it anyway raises (the
+    recompile, so dynamo's recompile limit (8) is raised to cover them all (and the entries earlier builds in this
+    process left), and hitting it anyway raises (the
     layer is then timed eagerly, knowingly) instead of silently running eager inside the compiled function."""
     import torch._dynamo.config as dynamo_config
 
-    wanted = {"recompile_limit": max(8, 2 * n_layers + 8), "fail_on_recompile_limit_hit": True}
+    # dynamo counts recompiles per code object for the whole process: the entries earlier builds left count too
+    limit = max(8, _compiled_so_far() + 2 * n_layers + 8)
+    wanted = {"recompile_limit": limit, "accumulated_recompile_limit": max(256, limit + 64),
+              "fail_on_recompile_limit_hit": True}
     return dynamo_config.patch(**{k: v for k, v in wanted.items() if hasattr(dynamo_config, k)})
 
 

@@ -81,6 +81,65 @@ class Runner:
             return flatten_outputs(self.fn(*xs))
 
 
+class GraphRunner(Runner):
+    """The whole compiled program in one CUDA graph, for static CUDA profiles (TensorRT's ``--useCudaGraph``).
+
+    The program is compiled without CUDA-graph trees (torch.compile's default mode); the first call compiles it,
+    warms it up on a side stream and records one graph around all of it, on copies of that call's inputs. Every
+    later call copies its inputs into those buffers and replays the graph: no Dynamo guards, no graph-tree
+    bookkeeping, no per-call flag changes (the kernels were chosen under the engine's flags when recorded). The
+    outputs are the graph's own buffers, overwritten by the next call (as under ``reduce-overhead``);
+    :meth:`overdrive.engine.Engine.run` returns copies. A call must keep the recorded shapes and dtypes."""
+
+    def __init__(self, fn: Callable, fp32: dict[str, str], via: str) -> None:
+        super().__init__(fn, fp32, "default", via + ", one CUDA graph")
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_in: list[torch.Tensor] = []
+        self.static_out: list[torch.Tensor] = []
+
+    def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        if self.graph is None:
+            return self._record(xs)
+        if len(xs) != len(self.static_in):
+            raise UsageError(f"this engine's CUDA graph takes {len(self.static_in)} input(s), got {len(xs)}")
+        for s, x in zip(self.static_in, xs):
+            if x.shape != s.shape or x.dtype != s.dtype:
+                raise UsageError(f"input of shape {tuple(x.shape)} {x.dtype}: this engine's CUDA graph was recorded for "
+                                 f"{tuple(s.shape)} {s.dtype} (a static profile); rebuild with --min-shapes/--max-shapes "
+                                 "for other shapes")
+            if x.data_ptr() != s.data_ptr():
+                s.copy_(x)
+        self.graph.replay()
+        return self.static_out
+
+    def _record(self, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        dev = next((x.device for x in xs if x.device.type == "cuda"), torch.device("cuda", torch.cuda.current_device()))
+        self.static_in = [x.to(dev).clone(memory_format=torch.preserve_format) for x in xs]
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compiles on the first call; the second runs what the graph will hold
+                Runner.__call__(self, *self.static_in)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = Runner.__call__(self, *self.static_in)
+        self.graph, self.static_out = graph, out
+        graph.replay()
+        return out
+
+
+def whole_graph(cfg: BuildConfig, device: torch.device, dynamic: bool) -> bool:
+    """Whether this build runs as one CUDA graph (:class:`GraphRunner`): a CUDA device, a static profile, and no
+    compile mode asked for (``--compile-mode`` keeps torch.compile's own graphs).
+
+    Example:
+        >>> whole_graph(BuildConfig(), torch.device("cuda"), False), whole_graph(BuildConfig(), torch.device("cuda"), True)
+        (True, False)
+    """
+    return device.type == "cuda" and not dynamic and not cfg.compile_mode
+
+
 def use_freezing(cfg: BuildConfig, device: torch.device) -> bool:
     """Inductor freezing for this build: ``cfg.freezing``, or on for CUDA when unset."""
     return cfg.freezing if cfg.freezing is not None else device.type == "cuda"
@@ -209,10 +268,14 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         runner(*example)
         meta.update(compile_s=time.perf_counter() - t0, aot=True)
         return sections, runner, meta
+    if whole_graph(cfg, device, dyn is not None):
+        mode = meta["compile_mode"] = "default"
+        meta["cuda_graph"] = "whole"
     compiled = _compile(ep.module(), cfg, mode, dyn is not None, freezing)
-    runner = Runner(compiled, fp32, mode, "torch.compile")
+    runner = GraphRunner(compiled, fp32, "torch.compile") if meta.get("cuda_graph") else \
+        Runner(compiled, fp32, mode, "torch.compile")
     t0 = time.perf_counter()
-    for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call
+    for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call (1st: GraphRunner)
         runner(*example)
     torch.cuda.synchronize(device) if device.type == "cuda" else None
     meta["compile_s"] = time.perf_counter() - t0
@@ -309,4 +372,6 @@ def load(sections: dict[str, bytes], header: dict[str, Any], device: torch.devic
     fn = _compile(ep.module(), BuildConfig(precision=precision), mode, bool(meta.get("dynamic", False)),
                   bool(meta.get("freezing", False)))
     how = "torch.compile (from cache)" if trusted and native_ok and "compile_cache" in sections else "torch.compile"
+    if meta.get("cuda_graph") == "whole" and device.type == "cuda":
+        return GraphRunner(fn, fp32, how)  # records at the first call (Engine.load makes one)
     return Runner(fn, fp32, mode, how)
