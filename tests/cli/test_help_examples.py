@@ -70,6 +70,10 @@ RUN = [
 RUN_SLOW = [
     "overdrive quantize --config int8 --method entropy --export digits_int8.onnx --save digits_int8.pt",
     "overdrive launch --nproc-per-node 2 -m mypkg.train --lr 0.1",
+    "overdrive data make-dataset imgs -n 512 --processes 2   # 5000 for a longer benchmark",
+    "overdrive data make-dataset imgs -n 512 --processes 2",
+    "overdrive data bench imgs --workers 0 --workers 2 --batch-size 64",
+    "overdrive data bench imgs --workers 2 --batch-size 64 --json bench.json   # or an ImageFolder: train/",
 ]
 PARSE_ONLY = {  # example -> why it is only parsed here
     "overdrive demo                # the whole path on the digits dataset": "minutes; tests/demo run its stages",
@@ -85,10 +89,6 @@ PARSE_ONLY = {  # example -> why it is only parsed here
     "overdrive compare model_fp16.engine model.onnx --atol 1e-2 --rtol 1e-2": "an fp16 engine needs a GPU",
     "overdrive exec --loadEngine rn50_fp16.engine --duration 10 --percentile 50,99 --json summary.json":
         "needs the GPU engine above",
-    "overdrive data make-dataset /tmp/imgs -n 2000 --processes 16": "needs scikit-image's photos; minutes",
-    "overdrive data make-dataset /tmp/imgs -n 5000 --processes 16": "needs scikit-image's photos; minutes",
-    "overdrive data bench /tmp/imgs --workers 4 --workers 16": "needs the dataset above",
-    "overdrive data bench train/ --workers 16 --batch-size 256 --json": "needs an image folder",
     "overdrive doctor --master-addr 10.0.0.1 --master-port 29500 --node-rank 1": "reaches another machine",
     "overdrive doctor --bandwidth 8 --max-bytes 4294967296 --ops all_reduce --json": "8 ranks, 4 GiB: a GPU node's",
     "overdrive launch --nproc-per-node 8 --max-restarts 2 train.py --epochs 90": "8 ranks of a real training script",
@@ -140,7 +140,7 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files the examples name, small: mypkg/models.py, model.onnx (dynamic batch, input 'input'), its
-    copies, batch.npz, calib.pt and trained.pt (mypkg's weights), train/ (an empty image folder)."""
+    copies, batch.npz, calib.pt and trained.pt (mypkg's weights), imgs/ (an empty folder: make-dataset fills it)."""
     import numpy as np
 
     root = tmp_path_factory.mktemp("examples")
@@ -148,7 +148,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "mypkg" / "__init__.py").write_text("")
     (root / "mypkg" / "models.py").write_text(MODELS_PY)
     (root / "mypkg" / "train.py").write_text(TRAIN_PY)
-    (root / "train").mkdir()
+    (root / "imgs").mkdir()  # data make-dataset fills it (the bench examples read it)
     ns: dict = {}
     exec(MODELS_PY, ns)  # noqa: S102 - the test's own model
     model = ns["make_model"]()

@@ -165,6 +165,9 @@ def test_engine_option_and_defaults(tmp_path: Path) -> None:
     assert use_conv_fusion(BuildConfig(), torch.device("cuda")) is True
     assert use_conv_fusion(BuildConfig(), torch.device("cpu")) is False
     assert use_conv_fusion(BuildConfig(conv_fusion=False), torch.device("cuda")) is False
+    # a dynamic profile: off unless asked (measured 0.49x torch.compile with it, 0.92x without, on the H200)
+    assert use_conv_fusion(BuildConfig(), torch.device("cuda"), dynamic=True) is False
+    assert use_conv_fusion(BuildConfig(conv_fusion=True), torch.device("cuda"), dynamic=True) is True
     m = _model(torch.float32)
     x = torch.randn(2, 8, 8, 8)
     eng = Builder(precision="bf16", device="cpu", conv_fusion=True, profiles=[ShapeProfile.fixed("x", (2, 8, 8, 8))]

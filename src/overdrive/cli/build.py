@@ -65,7 +65,7 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
                    "5e-4 of erf); inductor backend (default: on for CUDA builds, off on CPU).")
 @click.option("--conv-fusion/--no-conv-fusion", "conv_fusion", default=None,
               help="Run convolution (+BatchNorm) (+residual add) + ReLU as one cuDNN call (fp16/bf16 layers); "
-                   "inductor backend (default: on for CUDA builds, off on CPU).")
+                   "inductor backend (default: on for CUDA builds with static shapes, off for dynamic ones and on CPU).")
 @click.option("--sibling-gemms/--no-sibling-gemms", "sibling_gemms", default=None,
               help="Run Linears that read one input (Q/K/V, gate/up) as one GEMM where it times faster; inductor "
                    "backend, with freezing (default: on for CUDA builds, off on CPU).")

@@ -13,8 +13,8 @@ def command() -> None:
 
     \b
     Examples:
-      overdrive data make-dataset /tmp/imgs -n 2000 --processes 16
-      overdrive data bench /tmp/imgs --workers 4 --workers 16
+      overdrive data make-dataset imgs -n 512 --processes 2
+      overdrive data bench imgs --workers 0 --workers 2 --batch-size 64
     """
 
 
@@ -35,7 +35,7 @@ def bench(source: str, batch_size: int, size: int, workers: tuple[int, ...], bat
 
     \b
     Example:
-      overdrive data bench train/ --workers 16 --batch-size 256 --json
+      overdrive data bench imgs --workers 2 --batch-size 64 --json bench.json   # or an ImageFolder: train/
     """
     check_json_target(json_path)
     check_device("--device", device)
@@ -72,7 +72,7 @@ def make_dataset(root: str, n: int, classes: int, width: int, height: int, quali
 
     \b
     Example:
-      overdrive data make-dataset /tmp/imgs -n 5000 --processes 16
+      overdrive data make-dataset imgs -n 512 --processes 2   # 5000 for a longer benchmark
     """
     check_output("ROOT", root, folder=True)  # ROOT is made, but no folder above it
     from overdrive.data import make_sample_dataset

@@ -18,12 +18,17 @@ from overdrive._utils.table import Table
 from overdrive.engine import Builder, Engine, ShapeProfile, compare
 
 
-def _accuracy(fn: Callable[[torch.Tensor], torch.Tensor], ctx: DemoContext, batch: int) -> float:
+def _accuracy(fn: Callable[[torch.Tensor], torch.Tensor], ctx: DemoContext, batch: int, pad: bool = False) -> float:
+    """Test accuracy through ``fn`` in batches of ``batch``; ``pad``: a short last batch is filled up to ``batch``
+    with its own first image (for a static-shape engine) and only its real rows are scored."""
     x, y = ctx.data.x_test, ctx.data.y_test
     correct = 0
     with torch.no_grad():
         for i in range(0, len(x), batch):
-            correct += int((fn(x[i:i + batch].to(ctx.device)).float().cpu().argmax(1) == y[i:i + batch]).sum())
+            xb, n = x[i:i + batch], len(y[i:i + batch])
+            if pad and n < batch:
+                xb = torch.cat([xb, xb[:1].expand(batch - n, *xb.shape[1:])])
+            correct += int((fn(xb.to(ctx.device)).float().cpu()[:n].argmax(1) == y[i:i + batch]).sum())
     return correct / len(x)
 
 
@@ -52,7 +57,10 @@ def run(ctx: DemoContext) -> Table:
     model = copy.deepcopy(model).eval().cpu()
     w, cuda = ctx.workload, ctx.device.type == "cuda"
     B, shape = w.infer_batch, w.input_shape
-    profile = [ShapeProfile("x", (1, *shape), (B, *shape), (B, *shape))]
+    # a GPU serving engine is built for its batch (static shapes, as trtexec builds by default): it then runs as one
+    # CUDA graph; a dynamic 1..B profile ran 0.92x torch.compile there (benchmarks/results/engine_demo_variants.md)
+    profile = [ShapeProfile.fixed("x", (B, *shape)) if cuda else ShapeProfile("x", (1, *shape), (B, *shape), (B, *shape))]
+    n_cmp = B if cuda else 64  # images compare runs on: the engine's batch when its shape is fixed
     table = Table(f"Engines (overdrive.engine): {w.name}, {ctx.device.type}, batch {B}",
                   ["run", "backend", "test accuracy", "vs PyTorch fp32 (points)", "max err", "compare", "img/s",
                    "img/s IQR", "vs eager", "vs torch.compile", "vs float engine", "build s"], stage="engine")
@@ -102,10 +110,10 @@ def run(ctx: DemoContext) -> Table:
             path = Path(tmp) / f"model_{prec}.engine"
             eng.save(path)
             loaded = Engine.load(path)
-            r = compare(loaded, model, inputs=(ctx.data.x_test[:64],), atol=1e-3 if prec == "fp32" else 0.5,
+            r = compare(loaded, model, inputs=(xb[:n_cmp].cpu(),), atol=1e-3 if prec == "fp32" else 0.5,
                         rtol=1e-3 if prec == "fp32" else 5e-2)
             tput, iqr = _throughput(loaded, xb, ctx)
-            acc = _accuracy(loaded, ctx, B)
+            acc = _accuracy(loaded, ctx, B, pad=cuda)
             float_tput = float_tput or (tput if prec in ("fp16", "fp32") else None)
             vs_float = tput / float_tput if float_tput and prec in ("int8", "fp8") else None
             table.rows.append([f"engine {prec}", loaded.info["backend"], acc, 100 * (acc - ref_acc),
@@ -120,10 +128,10 @@ def run(ctx: DemoContext) -> Table:
             if kernels:  # why an int8 engine may be slower than fp32 on this CPU
                 table.notes.append(f"{prec}: {kernels}")
     table.notes.append(
-        f"PyTorch fp32 test accuracy {ref_acc:.4f}; max err: max |engine - PyTorch fp32| logit on 64 test images; "
+        f"PyTorch fp32 test accuracy {ref_acc:.4f}; max err: max |engine - PyTorch fp32| logit on {n_cmp} test images; "
         f"img/s: median of timed calls on a batch of {B} real test images already on the {ctx.device.type} (CUDA "
         "events on a GPU), the same for every row, 'img/s IQR' the middle half of those calls; backend 'auto' "
-        f"({'ONNX Runtime on CPU' if not cuda else 'Inductor + CUDA graphs on GPU'}); int8/fp8 calibrated on 512 "
+        f"({'ONNX Runtime on CPU' if not cuda else f'Inductor, one CUDA graph per engine, built for batch {B} on GPU'}); int8/fp8 calibrated on 512 "
         "training images (max), weights per channel.")
     if not cuda:
         from overdrive._utils.device import cpu_summary

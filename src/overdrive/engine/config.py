@@ -187,7 +187,7 @@ class BuildConfig(ConfigBase):
     output_io_formats: tuple[str, ...] = ()  # trtexec --outputIOFormats; (): fp32 outputs
     freezing: bool | None = None  # Inductor freezing (weights as constants: conv+BN folded); None: on for CUDA
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
-    conv_fusion: bool | None = None  # conv (+BN) (+add) + ReLU as one cuDNN call (fp16/bf16); None: on for CUDA
+    conv_fusion: bool | None = None  # conv (+BN) (+add) + ReLU as one cuDNN call (fp16/bf16); None: static CUDA
     sibling_gemms: bool | None = None  # Linears reading one input as one GEMM, where timed faster; None: on for CUDA
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
     int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above

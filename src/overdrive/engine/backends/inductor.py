@@ -159,17 +159,23 @@ def use_gemm_gelu(cfg: BuildConfig, device: torch.device) -> bool:
     return cfg.gemm_gelu if cfg.gemm_gelu is not None else device.type == "cuda"
 
 
-def use_conv_fusion(cfg: BuildConfig, device: torch.device) -> bool:
+def use_conv_fusion(cfg: BuildConfig, device: torch.device, dynamic: bool = False) -> bool:
     """Convolution (+BatchNorm) (+residual add) + ReLU rewritten to one cuDNN call for this build
-    (:mod:`overdrive.engine.conv_fusion`): ``cfg.conv_fusion``, or on for CUDA when unset (fp16/bf16 layers only:
-    the pass leaves fp32 convolutions alone). On the H200 the fused call beat Inductor's convolution + Triton
-    epilogue on every ResNet-50 shape (``conv_epilogue.md``); on CPU it is the plain composition, so off there.
+    (:mod:`overdrive.engine.conv_fusion`): ``cfg.conv_fusion``, or, when unset, on for CUDA builds with static profiles
+    (fp16/bf16 layers only: the pass leaves fp32 convolutions alone). On the H200 the fused call beat Inductor's
+    convolution + Triton epilogue on every ResNet-50 shape (``conv_epilogue.md``), and a static ResNet-18 fp16 engine
+    with it ran 1.28x torch.compile reduce-overhead; with a dynamic batch profile the same engine ran 0.49x with it
+    and 0.92x without (``engine_demo_variants.md``), so dynamic profiles leave it off unless asked. On CPU it is the
+    plain composition, so off there.
 
     Example:
-        >>> use_conv_fusion(BuildConfig(), torch.device("cuda")), use_conv_fusion(BuildConfig(), torch.device("cpu"))
+        >>> cuda = torch.device("cuda")
+        >>> use_conv_fusion(BuildConfig(), cuda), use_conv_fusion(BuildConfig(), cuda, dynamic=True)
         (True, False)
+        >>> use_conv_fusion(BuildConfig(), torch.device("cpu"))
+        False
     """
-    return cfg.conv_fusion if cfg.conv_fusion is not None else device.type == "cuda"
+    return cfg.conv_fusion if cfg.conv_fusion is not None else (device.type == "cuda" and not dynamic)
 
 
 def use_sibling_gemms(cfg: BuildConfig, device: torch.device, freezing: bool) -> bool:
@@ -238,7 +244,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
     cuda = device.type == "cuda"
     choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
-    convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device) else []
+    convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device, dyn is not None) else []
     groups = TimedGroups(device) if cuda else None
     siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
     buf = io.BytesIO()
