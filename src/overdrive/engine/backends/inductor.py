@@ -114,18 +114,19 @@ class GraphRunner(Runner):
 
     def _record(self, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         dev = next((x.device for x in xs if x.device.type == "cuda"), torch.device("cuda", torch.cuda.current_device()))
-        self.static_in = [x.to(dev).clone(memory_format=torch.preserve_format) for x in xs]
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compiles on the first call; the second runs what the graph will hold
-                Runner.__call__(self, *self.static_in)
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = Runner.__call__(self, *self.static_in)
-        self.graph, self.static_out = graph, out
-        graph.replay()
+        with torch.cuda.device(dev):  # the graph records on the current device: the engine's, not cuda:0
+            self.static_in = [x.to(dev).clone(memory_format=torch.preserve_format) for x in xs]
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compiles on the first call; the second runs what the graph will hold
+                    Runner.__call__(self, *self.static_in)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = Runner.__call__(self, *self.static_in)
+            self.graph, self.static_out = graph, out
+            graph.replay()
         return out
 
 
