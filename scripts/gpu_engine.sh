@@ -7,6 +7,8 @@
 #                                  # input, each also with --gemm-gelu
 #   bash scripts/gpu_engine.sh 3   # --timing-cache rebuild time; int8 ResNet-50; batch 1 with freezing
 #   bash scripts/gpu_engine.sh 4   # BERT input_ids only in fp8 (+ --gemm-gelu); cuDNN fused conv epilogues vs Inductor
+#   bash scripts/gpu_engine.sh 5   # the CNN rows of the zoo with the one-graph runner, eager and int8/fp8 included
+#                                  # (not yet run: the 2026-12-04 zoo has their fp16 rows only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -36,6 +38,9 @@ elif [ "$part" = 3 ]; then
       --engines int8 --name engine_profile_quant_int8
   step 200 "engine.py batch 1" python3 benchmarks/engine.py --batches 1 --precisions fp16,bf16 --budget-s 120 \
       --out benchmarks/results/engine_bs1
+elif [ "$part" = 5 ]; then
+  step 560 "engine_zoo CNNs (serving, 1; every config)" python3 benchmarks/engine_zoo.py \
+      --models resnet50,convnext_tiny,efficientnet_b0 --batches serving,1 --budget-s 520 --out engine_zoo_cnn_graph
 else
   step 170 "engine_profile bert_ids fp8 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert_ids \
       --engines-only --engines fp8 --gemm-gelu --name engine_profile_bert_ids_fp8

@@ -128,8 +128,8 @@ def test_missing_dependency_error_survives_a_worker_process() -> None:
 def test_install_hints_name_what_pip_can_install(monkeypatch: pytest.MonkeyPatch) -> None:
     """No hint names 'overdrive[...]' (overdrive is not on PyPI: that finds nothing), and the sample dataset's hint
     names its two packages, not the vision extra (whose torchvision replaced a CPU torch with a CUDA one)."""
-    import builtins
     import re
+    import sys
     from pathlib import Path
 
     from overdrive._utils.errors import MissingDependencyError
@@ -140,14 +140,10 @@ def test_install_hints_name_what_pip_can_install(monkeypatch: pytest.MonkeyPatch
     bad = [f"{p.relative_to(root)}: {m.group(0)}" for p in files
            for m in re.finditer(r"pip install [^\n`]*overdrive\[", p.read_text(encoding="utf-8"))]
     assert not bad, bad
-    real = builtins.__import__
-
-    def no_skimage(name, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if name.startswith("skimage"):
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_skimage)
+    # scikit-image missing, also where it is installed (the test extra has it) and already imported: a None entry
+    # in sys.modules makes importlib.import_module raise ImportError, as for a package that is not there
+    for name in [m for m in sys.modules if m == "skimage" or m.startswith("skimage.")] + ["skimage", "skimage.data"]:
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(MissingDependencyError, match=r"run: pip install scikit-image pillow$"):
         samples._photos()
 
