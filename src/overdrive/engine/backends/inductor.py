@@ -13,6 +13,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -89,17 +90,42 @@ class GraphRunner(Runner):
     later call copies its inputs into those buffers and replays the graph: no Dynamo guards, no graph-tree
     bookkeeping, no per-call flag changes (the kernels were chosen under the engine's flags when recorded). The
     outputs are the graph's own buffers, overwritten by the next call (as under ``reduce-overhead``);
-    :meth:`overdrive.engine.Engine.run` returns copies. A call must keep the recorded shapes and dtypes."""
+    :meth:`overdrive.engine.Engine.run` returns copies. A call must keep the recorded shapes and dtypes.
+
+    A program that cannot be recorded (an op that syncs with the host or works on CPU tensors) warns once and runs
+    without a graph from then on: correct, slower per call.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always")
+        ...     r = GraphRunner(lambda x: x + 1, fp32_flags("fp32"), "torch.compile")
+        ...     out = r(torch.zeros(2))  # no CUDA here: nothing to record, the program runs as it is
+        >>> out[0].tolist(), r.via, len(w)
+        ([1.0, 1.0], 'torch.compile, no CUDA graph', 1)
+    """
 
     def __init__(self, fn: Callable, fp32: dict[str, str], via: str) -> None:
         super().__init__(fn, fp32, "default", via + ", one CUDA graph")
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.ungraphed = False  # recording failed: plain calls
         self.static_in: list[torch.Tensor] = []
         self.static_out: list[torch.Tensor] = []
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
         if self.graph is None:
-            return self._record(xs)
+            if self.ungraphed:
+                return Runner.__call__(self, *xs)
+            try:
+                return self._record(xs)
+            except Exception as exc:  # noqa: BLE001 - any capture failure: run the program without a graph
+                self.ungraphed, self.graph, self.static_in, self.static_out = True, None, [], []
+                self.via = self.via.replace(", one CUDA graph", ", no CUDA graph")
+                warnings.warn(f"this engine's program could not be recorded as one CUDA graph ({type(exc).__name__}: "
+                              f"{str(exc).strip()[:200]}); it runs without one (correct, slower per call). "
+                              "torch.compile's own graphs skip such parts: rebuild with --compile-mode reduce-overhead",
+                              RuntimeWarning, stacklevel=2)
+                return Runner.__call__(self, *xs)
         if len(xs) != len(self.static_in):
             raise UsageError(f"this engine's CUDA graph takes {len(self.static_in)} input(s), got {len(xs)}")
         for s, x in zip(self.static_in, xs):
@@ -113,7 +139,11 @@ class GraphRunner(Runner):
         return self.static_out
 
     def _record(self, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-        dev = next((x.device for x in xs if x.device.type == "cuda"), torch.device("cuda", torch.cuda.current_device()))
+        dev = next((x.device for x in xs if x.device.type == "cuda"), None)
+        if dev is None:
+            if not torch.cuda.is_available():
+                raise RuntimeError("no CUDA device")
+            dev = torch.device("cuda", torch.cuda.current_device())
         with torch.cuda.device(dev):  # the graph records on the current device: the engine's, not cuda:0
             self.static_in = [x.to(dev).clone(memory_format=torch.preserve_format) for x in xs]
             side = torch.cuda.Stream(dev)
