@@ -9,27 +9,16 @@ build option makes the dynamic-profile engine slow.
 from __future__ import annotations
 
 import json
-import statistics
 
 import torch
 import torchvision
-from _common import device_facts, write_results
+from _common import device_facts, median, time_steps, write_results
 
 from overdrive.engine import Builder, ShapeProfile
 
 
-def _ms(fn, x, n: int = 30) -> float:
-    for _ in range(5):
-        fn(x)
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(x)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+def _ms(fn, x) -> float:  # noqa: ANN001 - median ms of 30 calls after 5 warm-up calls (CUDA events)
+    return 1e3 * median(time_steps(lambda: fn(x), torch.device("cuda"), warmup=5, iters=30))
 
 
 def main() -> None:

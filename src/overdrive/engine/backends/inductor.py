@@ -119,7 +119,7 @@ class GraphRunner(Runner):
             try:
                 return self._record(xs)
             except Exception as exc:  # noqa: BLE001 - any capture failure: run the program without a graph
-                self.ungraphed, self.graph, self.static_in, self.static_out = True, None, [], []
+                self.ungraphed, self.static_in, self.static_out = True, [], []
                 self.via = self.via.replace(", one CUDA graph", ", no CUDA graph")
                 warnings.warn(f"this engine's program could not be recorded as one CUDA graph ({type(exc).__name__}: "
                               f"{str(exc).strip()[:200]}); it runs without one (correct, slower per call). "
