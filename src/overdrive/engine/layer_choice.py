@@ -34,8 +34,16 @@ from overdrive._utils.timing import time_fn
 def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
     """The float layer a low-precision GEMM module stands for, with its dequantized weights, in ``dtype``; a
     SmoothQuant layer's input factors (``x_pre``, 1 / s) are folded back into the weight: x (W s / s)^T."""
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import Int8Conv1x1
 
+    if isinstance(m, Int8Conv2d):
+        conv = nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
+                         dilation=m.dilation, bias=m.bias is not None)
+        conv.weight.data = m.dequantized_weight()
+        if m.bias is not None:
+            conv.bias.data = m.bias.detach().float()
+        return conv.to(device=m.w_q.device, dtype=dtype, memory_format=torch.channels_last).eval().requires_grad_(False)
     w = m.w_q.float() * (m.w_scale.view(-1, 1) if m.w_scale.dim() else m.w_scale)
     if getattr(m, "x_pre", None) is not None:
         w = w * m.x_pre.to(w.device).view(1, -1)
@@ -140,9 +148,10 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     Returns ``(model, kept)``: ``kept`` maps each layer left float to why (``"int8 0.03x fp32 at 1024x384->1536"``).
     ``float_dtype``: the float layers' dtype (default: each layer's input dtype on the example).
     """
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import _LowPrecisionGemm, _set
 
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _LowPrecisionGemm)]
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (_LowPrecisionGemm, Int8Conv2d))]
     if not layers:
         return model, {}
     seen: dict[str, tuple[torch.Size, torch.dtype, bool]] = {}
@@ -173,8 +182,13 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
         shape, dtype, nhwc = seen[name]
         fdt = float_dtype or dtype
         key = (type(m).__name__, tuple(shape), dtype, fdt, m.in_features, m.out_features, m.rowwise,
-               getattr(m, "stride", 1), nhwc)
-        if key not in verdict:
+               str(getattr(m, "stride", 1)), str(getattr(m, "kernel_size", 1)), str(getattr(m, "padding", 0)),
+               str(getattr(m, "dilation", 1)), nhwc)
+        if isinstance(m, Int8Conv2d):
+            if key not in verdict:
+                verdict[key] = _time_conv(m, shape, dtype, fdt, device)
+            m.config = verdict[key][2]
+        elif key not in verdict:
             x = torch.randn(shape, device=device).to(dtype)
             if nhwc:
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -187,8 +201,38 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
             verdict[key] = (t_low > margin * t_float,
                             f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at "
                             f"{rows}x{m.in_features}->{m.out_features}")
-        slower, why = verdict[key]
+        slower, why = verdict[key][:2]
         if slower:
             kept[name] = why
             _set(model, name, _float_twin(m, fdt))
     return kept
+
+
+def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.dtype, device: torch.device
+               ) -> tuple[bool, str, int]:
+    """(slower, why, kernel config) for an int8/fp8 convolution: its kernel tuned and timed on an input quantized
+    already (in an engine its input's quantize runs in the producing layer's epilogue, or fused into the pass that
+    makes it) against the float convolution (cuDNN) on the float input, each replayed in a CUDA graph."""
+    from overdrive.quant import conv as qconv
+
+    x = torch.randn(shape, device=device).to(fdt).contiguous(memory_format=torch.channels_last)
+    twin = _float_twin(m, fdt)
+    with torch.no_grad():
+        xq = torch.ops.overdrive.quantize(x, m.x_scale, m.x_qmin, m.fmt == "fp8")
+        out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
+        config = -1
+        if device.type == "cuda":
+            config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
+                                   dilation=m.dilation)
+
+        def low() -> Any:
+            return torch.ops.overdrive.conv2d_q(xq, m.w_q, m.scale, m.bias, None, False, None, out_dtype, -128,
+                                                m.stride, m.padding, m.dilation, config)
+
+        t_low = _ms(low, device)
+        t_float = _ms(lambda: twin(x), device)
+    n, c, h, w = shape
+    kh, kw = m.kernel_size
+    why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w} k{kh}x{kw} "
+           f"s{m.stride[0]}->{m.out_channels}")
+    return t_low > 1.0 * t_float, why, config

@@ -6,8 +6,10 @@
 - fp8 e4m3 (``Fp8Linear``, ``Fp8Conv1x1``): ``torch._scaled_mm`` with per-tensor scales (static,
   from amax) or per-row scales (dynamic per-token activation scales, per-channel weight scales);
   needs a CUDA GPU of compute capability 8.9+ (Ada, Hopper); elsewhere a UsageError.
-- 1x1 convolutions (the bulk of ResNet-50's bottlenecks) run as GEMMs on channels-last data;
-  other convolutions go back to float with the summary saying so.
+- Convolutions: on CUDA (with Triton) every 2-D convolution with groups 1 and input channels a multiple of 16
+  becomes ``Int8Conv2d`` / ``Fp8Conv2d`` (``quant/conv.py``: an implicit-GEMM kernel of any kernel size whose
+  epilogue an engine extends with BatchNorm, residual, ReLU and the next layer's quantize); elsewhere 1x1
+  convolutions run as GEMMs on channels-last data; other convolutions go back to float with the summary saying so.
 - Weight-only int8 / int4 (group-wise scales) for memory-bound Linear layers: ``weight_only``.
 - On CUDA the elementwise steps around the GEMM (quantizing the activation; the int8 rescale + bias +
   cast) each run as one fused kernel (``torch.compile`` of the small functions below); on CPU, under
@@ -28,6 +30,7 @@ from torch import nn
 
 from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
+from overdrive.quant import conv as qconv
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 from overdrive.quant.smoothquant import SmoothedLinear
@@ -352,6 +355,12 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
                 cls = Fp8Linear if fmt == "fp8" else Int8Linear
                 new = cls(wq.apply_pre_quant_scale(m.weight).t(), wq.amax, _x_amax(iq), m.bias,
                           rowwise=dyn or (rowwise and fmt == "fp8"), **ranges)
+        elif isinstance(m, QuantConv2d) and dev.type == "cuda" and not dyn and not (rowwise and fmt == "fp8") \
+                and iq.pre_quant_scale is None and wq.pre_quant_scale is None and qconv.unsupported(m) is None \
+                and qconv.triton_available():  # any kernel size: one Triton implicit-GEMM kernel, epilogue fused
+            cls2 = qconv.Fp8Conv2d if fmt == "fp8" else qconv.Int8Conv2d
+            new = cls2(m.weight, wq.amax, iq.amax, m.bias, m.stride, m.padding, m.dilation, x_qmin=ranges["x_qmin"],
+                       w_qmin=ranges["w_qmin"])
         elif isinstance(m, QuantConv2d) and m.kernel_size == (1, 1) and m.groups == 1 and m.padding in ((0, 0), 0) \
                 and m.stride[0] == m.stride[1]:
             reason = _gemm_ok(m.in_channels, m.out_channels, fmt)

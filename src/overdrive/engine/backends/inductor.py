@@ -26,6 +26,7 @@ from overdrive.engine.backends.timing_cache import load_timing_cache, save_timin
 from overdrive.engine.config import BuildConfig
 from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines use)
 from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_flags
+from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
 from overdrive.engine.sources import ModelSource, check_exported_dims, dynamic_shapes, load_exported
@@ -276,6 +277,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     cuda = device.type == "cuda"
     choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
     convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device, dyn is not None) else []
+    # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
+    lowp = fuse_lowp_convs(ep) if cfg.precision in ("int8", "fp8") else {}
     groups = TimedGroups(device) if cuda else None
     siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
     buf = io.BytesIO()
@@ -285,7 +288,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
                             "shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
-                            "conv_relu_fused": len(convs),
+                            "conv_relu_fused": len(convs), "lowp_conv": lowp,
                             "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
                             "sibling_gemms_fused": len(siblings),
                             "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else [],

@@ -78,10 +78,12 @@ def _dynamic_int8(model: nn.Module) -> nn.Module:
 
 def int8_gemms(module: nn.Module) -> dict[str, int]:
     """The int8 GEMM layers of a prepared module, by kernel: ``{"torch._int_mm": 13}`` ({} when none)."""
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import Int8Conv1x1, Int8Linear
 
     n = sum(isinstance(m, (Int8Linear, Int8Conv1x1)) and m.fmt == "int8" for m in module.modules())
-    return {"torch._int_mm": n} if n else {}
+    convs = sum(type(m) is Int8Conv2d for m in module.modules())
+    return {**({"torch._int_mm": n} if n else {}), **({"overdrive::conv2d_q": convs} if convs else {})}
 
 
 def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
@@ -122,12 +124,14 @@ def cast_float_remainder(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     Example:
         >>> # cast_float_remainder(quant.to_real(calibrated), torch.float16)
     """
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import _LowPrecisionGemm
 
-    keep = {id(t) for m in model.modules() if isinstance(m, _LowPrecisionGemm)
+    low = (_LowPrecisionGemm, Int8Conv2d)
+    keep = {id(t) for m in model.modules() if isinstance(m, low)
             for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
     for m in model.modules():
-        if isinstance(m, _LowPrecisionGemm):
+        if isinstance(m, low):
             continue
         for name, p in list(m.named_parameters(recurse=False)):
             if id(p) not in keep and p.is_floating_point() and p.dtype != dtype and p.element_size() > 1:

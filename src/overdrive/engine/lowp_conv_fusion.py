@@ -1,0 +1,212 @@
+"""int8 / fp8 convolution chains as TensorRT runs them: BatchNorm, residual add, ReLU and the next layer's quantize
+inside each convolution's epilogue.
+
+``quant.to_real`` turns a calibrated CNN's convolutions into ``overdrive::quantize`` + ``overdrive::conv2d_q`` pairs
+(``quant/conv.py``), each convolution writing fp16. In an int8/fp8 engine :func:`fuse_lowp_convs` rewrites the exported
+program so that:
+
+1. ``relu(batch_norm(conv2d_q(x)) [+ z])`` (each part optional, the add in either order) is one ``conv2d_q`` whose
+   ``scale`` and ``bias`` carry the folded BatchNorm (graph ops on the weights, computed once by freezing) and whose
+   epilogue adds ``z`` and applies the ReLU;
+2. a ``conv2d_q`` whose every reader is ``overdrive::quantize`` with one scale writes that quantized tensor itself
+   (int8 / fp8: one byte per element written, and read by the next convolution, instead of fp16 written, read, and a
+   separate quantize pass);
+3. each ``overdrive::quantize`` left (an input from a pooling layer, a block output also used as a residual) is
+   written back as plain ATen arithmetic, which Inductor fuses into the pass that produces its input.
+
+Example:
+    >>> # ep = torch.export.export(prepared_int8_cnn, (x,)); fuse_lowp_convs(ep)
+    >>> # {'folded': 53, 'quantized_out': 33, 'inlined': 17}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any
+
+import torch
+from torch.fx.node import Node
+
+from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
+from overdrive.engine.passes import node_value as _val
+from overdrive.engine.passes import rename_output
+from overdrive.quant import conv as _qconv  # noqa: F401 - registers overdrive::quantize and overdrive::conv2d_q
+
+aten = torch.ops.aten
+_CONV_Q = torch.ops.overdrive.conv2d_q.default
+_QUANTIZE = torch.ops.overdrive.quantize.default
+# conv2d_q's arguments, by position
+X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG = range(13)
+
+
+def _only_user(node: Node) -> Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _bn_after(node: Node) -> tuple[Node, Node] | None:
+    """(the BatchNorm node, the node carrying its output) when ``node``'s one reader is an eval-mode BatchNorm."""
+    user = _only_user(node)
+    if user is None or user.args[0] is not node:
+        return None
+    if user.target in _BN:
+        training = user.args[5] if len(user.args) > 5 else user.kwargs.get("training", False)
+        return None if training else (user, user)
+    if user.target in _BN_LEGIT:
+        out = _only_user(user)
+        if out is not None and out.target is operator.getitem and out.args[1] == 0:
+            return user, out
+    return None
+
+
+def _fold_bn(graph: torch.fx.Graph, conv: Node, bn: Node) -> tuple[Node, Node]:
+    """Graph nodes for the (scale, bias) of ``conv`` with ``bn`` folded in, in fp32:
+    scale * g / sqrt(var + eps) and (bias - mean) * g / sqrt(var + eps) + beta."""
+    f32 = torch.float32
+    gamma, beta, mean, var, eps = _bn_args(bn)
+
+    def call(op: Any, *args: Any, **kw: Any) -> Node:
+        return graph.call_function(op, args, kw)
+
+    def to32(n: Any) -> Node:
+        return call(aten._to_copy.default, n, dtype=f32)
+
+    k = call(aten.rsqrt.default, call(aten.add.Tensor, to32(var), eps))
+    if isinstance(gamma, Node):
+        k = call(aten.mul.Tensor, k, to32(gamma))
+    scale = call(aten.mul.Tensor, conv.args[SCALE], k)
+    b = conv.args[BIAS]
+    shift = call(aten.neg.default, to32(mean)) if b is None else call(aten.sub.Tensor, to32(b), to32(mean))
+    bias = call(aten.mul.Tensor, shift, k)
+    if isinstance(beta, Node):
+        bias = call(aten.add.Tensor, bias, to32(beta))
+    return scale, bias
+
+
+def _replace(ep: Any, graph: torch.fx.Graph, old: Node, new: Node) -> None:
+    old.replace_all_uses_with(new)
+    rename_output(ep, old.name, new.name)
+
+
+def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
+    """Step 1 for every conv2d_q writing a float tensor: returns how many took at least one epilogue step."""
+    folded = 0
+    for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
+        if conv.args[OUT_SCALE] is not None or conv.args[RES] is not None or conv.args[RELU]:
+            continue
+        args = list(conv.args)
+        tail, chain = conv, [conv]
+        got = _bn_after(tail)
+        if got is not None:
+            bn, bn_out = got
+            with graph.inserting_before(conv):
+                args[SCALE], args[BIAS] = _fold_bn(graph, conv, bn)
+            tail = bn_out
+            chain += [bn] + ([bn_out] if bn_out is not bn else [])
+        add = _only_user(tail)
+        if add is not None and add.target in _ADD and len(add.args) == 2 and add.kwargs.get("alpha", 1) == 1:
+            other = add.args[1] if add.args[0] is tail else add.args[0]
+            ov, tv = _val(other) if isinstance(other, Node) else None, _val(tail)
+            inplace_on_other = add.target is aten.add_.Tensor and add.args[0] is other
+            if ov is not None and tv is not None and tuple(ov.shape) == tuple(tv.shape) and not inplace_on_other:
+                args[RES] = other
+                tail = add
+                chain.append(add)
+        relu = _only_user(tail)
+        if relu is not None and relu.target in _RELU and relu.args[0] is tail:
+            args[RELU] = True
+            tail = relu
+            chain.append(relu)
+        if len(chain) == 1:
+            continue
+        tv = _val(tail)
+        if tv is not None:
+            args[OUT_DTYPE] = tv.dtype
+        with graph.inserting_before(tail):  # every input (the residual too) is defined before the chain's end
+            new = graph.call_function(_CONV_Q, tuple(args))
+        new.meta["val"] = tail.meta.get("val")
+        _replace(ep, graph, tail, new)
+        for node in reversed(chain):  # in-place adds / ReLUs count as impure: dead-code elimination would keep them
+            if not node.users:
+                graph.erase_node(node)
+        folded += 1
+    return folded
+
+
+def _quantize_outputs(ep: Any, graph: torch.fx.Graph) -> int:
+    """Step 2: a conv2d_q whose readers all quantize it with one scale writes the quantized tensor."""
+    done = 0
+    for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
+        users = list(conv.users)
+        if conv.args[OUT_SCALE] is not None or not users or any(u.target is not _QUANTIZE or u.args[0] is not conv
+                                                                 for u in users):
+            continue
+        keys = {(u.args[1], u.args[2], u.args[3]) for u in users}
+        if len(keys) != 1:
+            continue
+        scale, qmin, fp8 = keys.pop()
+        args = list(conv.args)
+        args[OUT_SCALE], args[QMIN] = scale, qmin
+        args[OUT_DTYPE] = torch.float8_e4m3fn if fp8 else torch.int8
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first = min(users, key=order.__getitem__)
+        with graph.inserting_before(first):  # after the conv and the scale, before every reader
+            new = graph.call_function(_CONV_Q, tuple(args))
+        new.meta["val"] = first.meta.get("val")
+        for u in users:
+            _replace(ep, graph, u, new)
+            graph.erase_node(u)
+        graph.erase_node(conv)
+        done += 1
+    return done
+
+
+def _inline_quantizes(graph: torch.fx.Graph) -> int:
+    """Step 3: each quantize left becomes the ATen ops it stands for (clamp(round(x / s)) -> int8, or x / s clamped
+    to +-448 -> fp8), so Inductor fuses it into its producer."""
+    n_done = 0
+    for q in [n for n in graph.nodes if n.op == "call_function" and n.target is _QUANTIZE]:
+        x, scale, qmin, fp8 = q.args
+        with graph.inserting_before(q):
+            y = graph.call_function(aten.div.Tensor, (graph.call_function(aten._to_copy.default, (x,),
+                                                                         {"dtype": torch.float32}), scale))
+            if fp8:
+                y = graph.call_function(aten.clamp.default, (y, -448.0, 448.0))
+                dtype = torch.float8_e4m3fn
+            else:
+                y = graph.call_function(aten.clamp.default, (graph.call_function(aten.round.default, (y,)),
+                                                             float(qmin), 127.0))
+                dtype = torch.int8
+            y = graph.call_function(aten._to_copy.default, (y,), {"dtype": dtype})
+        q.replace_all_uses_with(y)
+        graph.erase_node(q)
+        n_done += 1
+    return n_done
+
+
+def fuse_lowp_convs(ep: Any) -> dict[str, int]:
+    """Fold epilogues into ``overdrive::conv2d_q`` nodes and quantize their outputs where every reader wants that, in
+    place (module docstring: steps 1-3). Returns the counts: ``folded``, ``quantized_out``, ``inlined``.
+
+    Example:
+        >>> # fuse_lowp_convs(torch.export.export(quant.to_real(calibrated_cnn), (x,)))
+    """
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    gm = ep.graph_module
+    graph = gm.graph
+    if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE) for n in graph.nodes):
+        return {"folded": 0, "quantized_out": 0, "inlined": 0}
+    folded = _fold_epilogues(ep, graph)
+    graph.eliminate_dead_code()
+    quantized = _quantize_outputs(ep, graph)
+    graph.eliminate_dead_code()
+    inlined = _inline_quantizes(graph)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
+    with contextlib.suppress(Exception):  # meta values refresh; a failure leaves the (valid) graph as it is
+        FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+    return {"folded": folded, "quantized_out": quantized, "inlined": inlined}

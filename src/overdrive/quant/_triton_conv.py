@@ -1,0 +1,139 @@
+"""The Triton kernel behind ``overdrive::conv2d_q``: an implicit-GEMM convolution on int8 / fp8 tensor cores.
+
+Imported only when a CUDA tensor reaches the op (``import overdrive`` never imports Triton). Layout: activations
+NHWC, weights (Cout, KH, KW, C), both K-major as Hopper's int8/fp8 MMA wants them. The GEMM is
+``M = N * Ho * Wo`` output pixels by ``Cout`` channels over ``K = KH * KW * C``; each K step reads one (kh, kw) tap
+of ``BLOCK_K`` channels for ``BLOCK_M`` pixels (the im2col row, never materialised), with zero padding by mask.
+
+Epilogue, in registers before the one store: ``acc * scale[n] (+ bias[n]) (+ residual) (ReLU)``, then either the
+output dtype (fp16 / bf16 / fp32) or the next layer's quantization (``/ out_scale``, clamp, cast to fp8 e4m3 or
+round to int8), so a chain of quantized convolutions moves one byte per activation element each way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates build-time tuning times (CONFIGS[i] is config i)
+CONFIGS: list[tuple[int, int, int, int, int]] = [
+    (128, 128, 128, 8, 3),
+    (128, 256, 128, 8, 3),
+    (256, 128, 128, 8, 3),
+    (128, 128, 64, 4, 4),
+    (128, 64, 128, 4, 4),
+    (64, 128, 128, 4, 4),
+    (64, 64, 128, 4, 3),
+    (128, 128, 128, 4, 4),
+    (128, 128, 64, 8, 5),
+    (128, 256, 64, 8, 4),
+    (256, 128, 64, 8, 4),
+    (64, 256, 64, 4, 4),
+]
+
+
+@triton.jit
+def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_ptr,
+                 M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW,
+                 KH: tl.constexpr, KW: tl.constexpr, IS_INT: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr, OUT_Q: tl.constexpr,
+                 QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    # OUT_Q: 0 = out_ptr's float dtype, 1 = fp8 e4m3 (/ out_scale, clamp +-448), 2 = int8 (/ out_scale, rint, clamp)
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N_OUT, BLOCK_N)
+    # grouped order: GROUP_M row tiles share each column tile's weights while they sit in L2
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_m = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % in_group) % group_m)
+    pid_n = (pid % in_group) // group_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels (n, ho, wo), row-major
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N_OUT
+    wo = offs_m % WO
+    t = offs_m // WO
+    ho = t % HO
+    nb = t // HO
+    hi0 = ho * SH - PH
+    wi0 = wo * SW - PW
+    k_total = KH * KW * C
+    w_rows = w_ptr + offs_n.to(tl.int64)[None, :] * k_total  # (1, BLOCK_N)
+
+    if IS_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_blocks = C_BLOCKS  # cdiv(C, BLOCK_K); K_ITERS = KH * KW * C_BLOCKS
+    for it in range(K_ITERS):
+        r = it // c_blocks  # the tap kh * KW + kw
+        cb = it - r * c_blocks
+        kh = r // KW
+        kw = r - kh * KW
+        hi = hi0 + kh * DH
+        wi = wi0 + kw * DW
+        ok = m_ok & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        cc = cb * BLOCK_K + offs_k
+        c_ok = cc < C
+        base = ((nb.to(tl.int64) * H + hi) * W + wi) * C  # (BLOCK_M,) start of each pixel's channels
+        a = tl.load(x_ptr + base[:, None] + cc[None, :], mask=ok[:, None] & c_ok[None, :], other=ZERO)
+        b = tl.load(w_rows + (r * C + cc)[:, None], mask=n_ok[None, :] & c_ok[:, None], other=ZERO)
+        if IS_INT:
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(a, b, acc)
+
+    y = acc.to(tl.float32) * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    out_off = offs_m.to(tl.int64)[:, None] * N_OUT + offs_n[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if HAS_RES:
+        y += tl.load(res_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
+    if RELU:
+        y = tl.maximum(y, 0.0)
+    if OUT_Q == 1:
+        y = tl.clamp(y / tl.load(out_scale_ptr), -448.0, 448.0)
+    elif OUT_Q == 2:
+        y = tl.clamp(libdevice.rint(y / tl.load(out_scale_ptr)), QMIN, 127.0)
+    tl.store(out_ptr + out_off, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def default_config(m: int, n_out: int, c: int) -> int:
+    """A config index for ``m`` output pixels by ``n_out`` channels over ``c`` input channels when none was tuned
+    (the choices the H200 tuning made most often at ResNet-50's shapes, ``benchmarks/results/lowp_conv.md``)."""
+    if c <= 64:
+        return 3
+    if n_out <= 64:
+        return 4
+    if m <= 4096:
+        return 6
+    return 2
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+           residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
+           qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+    """Runs the kernel. ``x`` (N, H, W, C) and ``w`` (Cout, KH, KW, C) contiguous, int8 or fp8; ``out`` (and
+    ``residual``) (N, Ho, Wo, Cout) contiguous; ``scale`` / ``bias`` fp32 (Cout,)."""
+    n, h, wd, c = x.shape
+    n_out, kh, kw, _ = w.shape
+    _, ho, wo, _ = out.shape
+    m = n * ho * wo
+    bm, bn, bk, warps, stages = CONFIGS[config if 0 <= config < len(CONFIGS) else default_config(m, n_out, c)]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n_out, bn),)
+    dummy = scale
+    _conv_kernel[grid](
+        x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
+        out_scale if out_scale is not None else dummy,
+        m, n_out, c, triton.cdiv(c, bk), kh * kw * triton.cdiv(c, bk), h, wd, ho, wo, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
+        KH=kh, KW=kw, IS_INT=x.dtype == torch.int8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        RELU=relu, OUT_Q=out_q, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+        num_warps=warps, num_stages=stages)
+    return out

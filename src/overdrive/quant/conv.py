@@ -1,0 +1,306 @@
+"""Real int8 / fp8 convolutions of any kernel size: the ops ``overdrive::quantize`` and ``overdrive::conv2d_q``,
+and the modules :class:`Int8Conv2d` / :class:`Fp8Conv2d` that ``quant.to_real`` puts in place of calibrated
+``QuantConv2d`` layers on CUDA.
+
+- ``overdrive::quantize(x, scale, qmin, fp8)``: symmetric per-tensor quantization of an activation, as the fake
+  quantization computes it (int8: ``clamp(round(x / scale), qmin, 127)``; fp8 e4m3: ``clamp(x / scale, -448, 448)``).
+  A separate op so that an engine can find it and move it into the epilogue of the layer that produces ``x``.
+- ``overdrive::conv2d_q(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding,
+  dilation, config)``: ``relu(conv2d(x, weight) * scale + bias + residual)`` on quantized ``x`` and ``weight`` (both
+  int8 or both fp8), where ``scale`` (Cout,) is the activation scale times each output channel's weight scale. The
+  output is ``out_dtype`` (fp16, bf16, fp32) or, with ``out_scale``, the next layer's quantized input (int8 / fp8).
+  On CUDA it is one Triton implicit-GEMM kernel on int8 / fp8 tensor cores with all of that in its epilogue
+  (``quant/_triton_conv.py``); elsewhere the same function in fp32 (the reference the kernel is tested against).
+  Activations and outputs are channels_last.
+
+Example:
+    >>> x = torch.randn(2, 16, 8, 8)
+    >>> conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+    >>> q = Int8Conv2d.from_float(conv, x_amax=x.abs().amax())
+    >>> bool(torch.nn.functional.cosine_similarity(q(x).flatten(), conv(x).flatten(), dim=0) > 0.999)
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from overdrive._utils.errors import UsageError
+
+FP8 = torch.float8_e4m3fn
+_QUANTIZED = (torch.int8, FP8)
+
+
+def _quantize_ref(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -> torch.Tensor:
+    y = x.float() / scale
+    if fp8:
+        return y.clamp(-448, 448).to(FP8)
+    return torch.clamp(torch.round(y), qmin, 127).to(torch.int8)
+
+
+@torch.library.custom_op("overdrive::quantize", mutates_args=())
+def quantize(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -> torch.Tensor:
+    """``x`` quantized with the per-tensor ``scale``: fp8 e4m3 when ``fp8``, else int8 in [``qmin``, 127]; same
+    shape and strides as ``x``."""
+    return _quantize_ref(x, scale, qmin, fp8)
+
+
+@quantize.register_kernel("cuda")
+def _quantize_cuda(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -> torch.Tensor:
+    from overdrive.quant.real import _FUSED  # one fused kernel where compiling is possible (not while capturing)
+
+    return _FUSED(_quantize_ref, x, scale, qmin, fp8)
+
+
+@quantize.register_fake
+def _quantize_fake(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -> torch.Tensor:
+    return torch.empty_like(x, dtype=FP8 if fp8 else torch.int8)
+
+
+def _out_hw(h: int, w: int, kh: int, kw: int, stride: list[int], padding: list[int], dilation: list[int]
+            ) -> tuple[int, int]:
+    return ((h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1,
+            (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1)
+
+
+def _empty_out(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int], dilation: list[int],
+               dtype: torch.dtype) -> torch.Tensor:
+    """The output, (N, Cout, Ho, Wo) channels_last (an NHWC buffer seen as NCHW)."""
+    ho, wo = _out_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], stride, padding, dilation)
+    return torch.empty((x.shape[0], ho, wo, weight.shape[0]), dtype=dtype, device=x.device).permute(0, 3, 1, 2)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, out_scale: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+    if x.dtype not in _QUANTIZED or weight.dtype != x.dtype:
+        raise UsageError(f"overdrive::conv2d_q takes int8 or fp8 x and weight of one dtype, got {x.dtype} and "
+                         f"{weight.dtype}; quantize the input with overdrive::quantize first")
+    if (out_dtype in _QUANTIZED) != (out_scale is not None):
+        raise UsageError(f"overdrive::conv2d_q: out_dtype {out_dtype} needs out_scale exactly when it is int8 / fp8")
+
+
+@torch.library.custom_op("overdrive::conv2d_q", mutates_args=())
+def conv2d_q(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+             residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
+             qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+    """``relu(conv2d(x, weight) * scale + bias + residual)``, in ``out_dtype`` or quantized by ``out_scale``
+    (int8 in [``qmin``, 127], or fp8); ``config`` picks the CUDA kernel's tiles (-1: a default)."""
+    _check(x, weight, out_scale, out_dtype)
+    return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding, dilation)
+
+
+@conv2d_q.register_kernel("cuda")
+def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
+                   qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+    _check(x, weight, out_scale, out_dtype)
+    if not triton_available():
+        return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding,
+                          dilation)
+    from overdrive.quant import _triton_conv
+
+    xn = _nhwc(x)
+    wn = _nhwc(weight)
+    out = _empty_out(x, weight, stride, padding, dilation, out_dtype)
+    res = None if residual is None else _nhwc(residual.to(torch.float16) if residual.dtype == torch.float32 else residual)
+    _triton_conv.launch(xn, wn, scale.float().contiguous(), None if bias is None else bias.float().contiguous(), res,
+                        relu, out.permute(0, 2, 3, 1), None if out_scale is None else out_scale.float().reshape(1),
+                        {torch.int8: 2, FP8: 1}.get(out_dtype, 0), qmin, list(stride), list(padding), list(dilation),
+                        config)
+    return out
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                         residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None,
+                         out_dtype: torch.dtype, qmin: int, stride: list[int], padding: list[int],
+                         dilation: list[int]) -> torch.Tensor:
+    """The op as fp32 arithmetic on ``x``'s device: products of int8 / fp8 values are exact in fp32."""
+    y = F.conv2d(x.float(), weight.float(), None, stride, padding, dilation) * scale.view(1, -1, 1, 1)
+    if bias is not None:
+        y = y + bias.float().view(1, -1, 1, 1)
+    if residual is not None:
+        y = y + residual.float()
+    if relu:
+        y = torch.relu(y)
+    if out_scale is not None:
+        y = _quantize_ref(y, out_scale, qmin, out_dtype == FP8)
+    return _empty_out(x, weight, stride, padding, dilation, out_dtype).copy_(y)
+
+
+@conv2d_q.register_fake
+def _conv2d_q_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
+                   qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+    return _empty_out(x, weight, stride, padding, dilation, out_dtype)
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    """An (N, C, H, W) tensor's memory as a contiguous (N, H, W, C) tensor (a view when it is channels_last)."""
+    v = t.permute(0, 2, 3, 1)
+    return v if v.is_contiguous() else v.contiguous()
+
+
+@functools.cache
+def triton_available() -> bool:
+    """True when Triton imports (the CUDA kernel of ``conv2d_q``); the op falls back to the reference otherwise."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken Triton install is as good as none
+        return False
+    return True
+
+
+def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu: bool = False,
+         out_dtype: torch.dtype = torch.float16, stride: list[int] | tuple[int, ...] = (1, 1),
+         padding: list[int] | tuple[int, ...] = (0, 0), dilation: list[int] | tuple[int, ...] = (1, 1)
+         ) -> tuple[int, float]:
+    """The fastest kernel config for this problem on ``x``'s GPU and its time in ms: every config timed on random
+    data of these shapes (CUDA graph replays, median). ``x``/``weight`` give shapes, dtypes and device only.
+
+    Example:
+        >>> # cfg, ms = tune(xq, wq, relu=True, padding=[1, 1])   # CUDA only
+    """
+    from overdrive._utils.timing import time_fn
+    from overdrive.quant import _triton_conv
+
+    dev = x.device
+    if dev.type != "cuda":
+        raise UsageError("quant.conv.tune times the CUDA kernel; give CUDA tensors")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    xq = (torch.randn(tuple(x.shape), generator=g) * 8).to(dev).to(x.dtype).contiguous(memory_format=torch.channels_last)
+    wq = (torch.randn(tuple(weight.shape), generator=g) * 8).to(dev).to(weight.dtype)
+    wq = wq.contiguous(memory_format=torch.channels_last)
+    cout = weight.shape[0]
+    scale = torch.full((cout,), 1e-3, device=dev)
+    bias = torch.zeros(cout, device=dev)
+    st, pd, dl = list(stride), list(padding), list(dilation)
+    ho, wo = _out_hw(x.shape[2], x.shape[3], weight.shape[2], weight.shape[3], st, pd, dl)
+    res = torch.randn(x.shape[0], cout, ho, wo, device=dev, dtype=torch.float16).contiguous(
+        memory_format=torch.channels_last) if residual else None
+    quantized_out = out_dtype in _QUANTIZED
+    out_scale = torch.ones((), device=dev) if quantized_out else None
+    best: tuple[int, float] = (-1, float("inf"))
+    for i in range(len(_triton_conv.CONFIGS)):
+        def call(i: int = i) -> Any:
+            return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
+
+        try:
+            call()
+            torch.cuda.synchronize(dev)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(10):
+                    call()
+            ms = 1e3 * sorted(time_fn(graph.replay, dev, warmup=2, repeat=7))[3] / 10
+        except Exception:  # noqa: BLE001 - a config that does not fit this GPU (shared memory): skip it
+            continue
+        if ms < best[1]:
+            best = (i, ms)
+    return best
+
+
+class Int8Conv2d(nn.Module):
+    """A convolution (any kernel size, stride, padding, dilation; groups 1) on int8 tensor cores: static per-tensor
+    activation scale (calibrated amax / 127), int8 weights per output channel, one ``overdrive::conv2d_q`` call
+    (Triton on CUDA). Built from a calibrated ``QuantConv2d`` by ``quant.to_real`` (on CUDA), or with
+    :meth:`from_float`.
+
+    Example:
+        >>> conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        >>> q = Int8Conv2d.from_float(conv, x_amax=torch.tensor(4.0))
+        >>> q(torch.randn(1, 16, 8, 8)).shape
+        torch.Size([1, 16, 8, 8])
+    """
+
+    fmt = "int8"
+
+    def __init__(self, weight: torch.Tensor, w_amax: torch.Tensor, x_amax: torch.Tensor, bias: torch.Tensor | None,
+                 stride: Any = 1, padding: Any = 0, dilation: Any = 1, x_qmin: int = -128, w_qmin: int = -127) -> None:
+        super().__init__()
+        bound = 127.0 if self.fmt == "int8" else 448.0
+        w = weight.detach().float()
+        w_scale = (w_amax.detach().float().to(w.device).clamp_min(1e-12) / bound).reshape(-1)
+        if w_scale.numel() == 1:
+            w_scale = w_scale.expand(w.shape[0]).clone()
+        ws = w_scale.view(-1, 1, 1, 1)
+        q = torch.clamp(torch.round(w / ws), w_qmin, 127).to(torch.int8) if self.fmt == "int8" else \
+            (w / ws).clamp(-448, 448).to(FP8)
+        x_scale = x_amax.detach().float().to(w.device).clamp_min(1e-12).reshape(()) / bound
+        self.register_buffer("w_q", q.contiguous(memory_format=torch.channels_last))  # (Cout, C, KH, KW) NHWC memory
+        self.register_buffer("w_scale", w_scale)
+        self.register_buffer("x_scale", x_scale)
+        self.register_buffer("scale", (x_scale * w_scale).contiguous())  # (Cout,) fp32, the epilogue's factor
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.x_qmin = x_qmin
+        self.in_channels, self.out_channels = w.shape[1], w.shape[0]
+        self.kernel_size = (w.shape[2], w.shape[3])
+        self.config = -1  # the kernel's tile config (quant.conv.tune); -1: a default by problem size
+
+    @classmethod
+    def from_float(cls, conv: nn.Conv2d, x_amax: torch.Tensor, w_amax: torch.Tensor | None = None) -> Int8Conv2d:
+        """From a float ``nn.Conv2d`` and its input's amax (``w_amax``: per output channel, default the weights')."""
+        reason = unsupported(conv)
+        if reason:
+            raise UsageError(f"{cls.__name__}.from_float: {reason}")
+        w = conv.weight.detach()
+        if w_amax is None:
+            w_amax = w.float().abs().amax(dim=(1, 2, 3))
+        return cls(w, w_amax, x_amax, conv.bias, conv.stride, conv.padding, conv.dilation)
+
+    @property
+    def in_features(self) -> int:  # the per-layer timing's name for the GEMM's K and N sizes
+        return self.in_channels
+
+    @property
+    def out_features(self) -> int:
+        return self.out_channels
+
+    rowwise = False
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weights the kernel computes with, as fp32 (Cout, C, KH, KW)."""
+        return self.w_q.float() * self.w_scale.view(-1, 1, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W), best channels_last
+        xq = torch.ops.overdrive.quantize(x, self.x_scale, self.x_qmin, self.fmt == "fp8")
+        out_dtype = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float32
+        return torch.ops.overdrive.conv2d_q(xq, self.w_q, self.scale, self.bias, None, False, None, out_dtype, -128,
+                                            self.stride, self.padding, self.dilation, self.config)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, {self.fmt}")
+
+
+class Fp8Conv2d(Int8Conv2d):
+    """:class:`Int8Conv2d` on fp8 e4m3 tensor cores (scales amax / 448); CUDA compute capability 8.9+ for speed.
+
+    Example:
+        >>> conv = torch.nn.Conv2d(16, 16, 1)
+        >>> Fp8Conv2d.from_float(conv, x_amax=torch.tensor(4.0)).w_q.dtype
+        torch.float8_e4m3fn
+    """
+
+    fmt = "fp8"
+
+
+def _pair(v: Any) -> list[int]:
+    return [int(i) for i in v] if isinstance(v, (tuple, list)) else [int(v), int(v)]
+
+
+def unsupported(conv: nn.Module) -> str | None:
+    """Why a convolution cannot run as :class:`Int8Conv2d` / :class:`Fp8Conv2d` (None when it can)."""
+    if not isinstance(conv, nn.Conv2d):
+        return f"{type(conv).__name__} is not a 2-D convolution"
+    if conv.groups != 1:
+        return f"groups={conv.groups} (grouped / depthwise convolutions have no int8/fp8 kernel here)"
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        return f"padding {conv.padding!r} / padding_mode {conv.padding_mode!r} (zero padding by numbers only)"
+    if conv.in_channels % 16:
+        return f"in_channels={conv.in_channels} not a multiple of 16 (the tensor cores' K step)"
+    return None

@@ -1,0 +1,150 @@
+"""Real int8 / fp8 convolutions (quant/conv.py): the op's reference against float convolutions (CPU), the Triton
+kernel against that reference (GPU), the modules, export, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from overdrive._utils.errors import UsageError
+from overdrive.quant.conv import FP8, Fp8Conv2d, Int8Conv2d, _reference, conv2d_q, quantize, unsupported
+
+CL = torch.channels_last
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+@pytest.mark.parametrize("cls,min_cos", [(Int8Conv2d, 0.9995), (Fp8Conv2d, 0.998)])
+@pytest.mark.parametrize("k,stride,pad,dil", [(3, 1, 1, 1), (3, 2, 1, 1), (1, 2, 0, 1), (5, 1, 2, 1), (3, 1, 2, 2)])
+def test_module_matches_float_conv(cls, min_cos, k, stride, pad, dil) -> None:
+    # reference: the float convolution; tolerance: the rounding of 8-bit activations and weights (cosine)
+    conv = torch.nn.Conv2d(32, 24, k, stride=stride, padding=pad, dilation=dil)
+    x = torch.randn(2, 32, 11, 9).contiguous(memory_format=CL)
+    q = cls.from_float(conv, x.abs().amax())
+    y, ref = q(x), conv(x)
+    assert y.shape == ref.shape and y.is_contiguous(memory_format=CL)
+    assert _cos(y, ref) > min_cos
+
+
+def test_reference_epilogue_and_quantized_output() -> None:
+    # the op's epilogue against the same steps written out: scale, bias, residual, ReLU, the next quantize
+    x = torch.randint(-100, 100, (2, 16, 6, 6), dtype=torch.int8).contiguous(memory_format=CL)
+    w = torch.randint(-100, 100, (8, 16, 3, 3), dtype=torch.int8).contiguous(memory_format=CL)
+    scale, bias = torch.rand(8) * 1e-3, torch.randn(8)
+    res = torch.randn(2, 8, 6, 6)
+    want = torch.relu(F.conv2d(x.double(), w.double(), None, 1, 1) * scale.double().view(1, -1, 1, 1)
+                      + bias.double().view(1, -1, 1, 1) + res.double())
+    got = conv2d_q(x, w, scale, bias, res, True, None, torch.float32, -128, [1, 1], [1, 1], [1, 1], -1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    s = torch.tensor(0.02)
+    q8 = conv2d_q(x, w, scale, bias, res, True, s, torch.int8, -127, [1, 1], [1, 1], [1, 1], -1)
+    assert q8.dtype == torch.int8 and q8.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(q8, torch.clamp(torch.round(want / 0.02), -127, 127).to(torch.int8), atol=1, rtol=0)
+    qf = conv2d_q(x.to(torch.float32).to(FP8), w.float().to(FP8), scale, bias, res, True, s, FP8, -128, [1, 1],
+                  [1, 1], [1, 1], -1)
+    assert qf.dtype == FP8
+
+
+def test_quantize_op_matches_fake_quant_arithmetic() -> None:
+    x = torch.randn(3, 8, 5, 5).contiguous(memory_format=CL) * 3
+    s = torch.tensor(0.03)
+    q = quantize(x, s, -127, False)
+    assert q.dtype == torch.int8 and q.is_contiguous(memory_format=CL)
+    assert torch.equal(q, torch.clamp(torch.round(x / s), -127, 127).to(torch.int8))
+    assert torch.equal(quantize(x, s, -128, True), (x / s).clamp(-448, 448).to(FP8))
+
+
+def test_exports_with_both_ops_and_runs_from_the_program() -> None:
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+    x = torch.randn(1, 16, 8, 8).contiguous(memory_format=CL)
+    q = Fp8Conv2d.from_float(conv, x.abs().amax())
+    ep = torch.export.export(q, (x,))
+    targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    assert torch.ops.overdrive.quantize.default in targets and torch.ops.overdrive.conv2d_q.default in targets
+    torch.testing.assert_close(ep.module()(x), q(x))
+
+
+def test_bad_inputs_are_refused_with_the_fix() -> None:
+    x = torch.randn(1, 16, 4, 4)
+    w = torch.randn(8, 16, 1, 1)
+    with pytest.raises(UsageError, match="quantize the input"):
+        conv2d_q(x, w, torch.ones(8), None, None, False, None, torch.float32, -128, [1, 1], [0, 0], [1, 1], -1)
+    xq, wq = x.to(torch.int8), w.to(torch.int8)
+    with pytest.raises(UsageError, match="needs out_scale"):
+        conv2d_q(xq, wq, torch.ones(8), None, None, False, None, torch.int8, -128, [1, 1], [0, 0], [1, 1], -1)
+    assert "groups=2" in unsupported(torch.nn.Conv2d(16, 16, 3, groups=2))
+    assert "multiple of 16" in unsupported(torch.nn.Conv2d(3, 16, 7))
+    with pytest.raises(UsageError, match="depthwise"):
+        Int8Conv2d.from_float(torch.nn.Conv2d(16, 16, 3, groups=16), torch.tensor(1.0))
+
+
+# ---- GPU: the Triton kernel against the op's fp32 reference on the same quantized inputs ----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("shape", [
+    # (N, C, H, W, Cout, k, stride, pad, dilation): odd sizes, Cout not a multiple of any tile, strides, dilation
+    (2, 64, 15, 13, 40, 3, 1, 1, 1), (3, 32, 17, 17, 96, 3, 2, 1, 1), (4, 128, 7, 7, 256, 1, 1, 0, 1),
+    (1, 48, 9, 11, 16, 5, 1, 2, 1), (2, 16, 12, 12, 24, 3, 1, 2, 2), (8, 256, 14, 14, 1024, 1, 2, 0, 1),
+])
+@pytest.mark.parametrize("config", [-1, 0, 4])
+def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
+    from overdrive.quant import _triton_conv  # noqa: F401 - Triton must be there on the GPU machine
+
+    n, c, h, w, cout, k, s, p, d = shape
+    dev = torch.device("cuda")
+    dt = FP8 if fmt == "fp8" else torch.int8
+    g = torch.Generator().manual_seed(hash(shape) % 1000)
+    xf = torch.randn(n, c, h, w, generator=g) * 40
+    wf = torch.randn(cout, c, k, k, generator=g) * 40
+    if fmt == "int8":
+        xq, wq = xf.round().clamp(-128, 127).to(dt), wf.round().clamp(-127, 127).to(dt)
+    else:
+        xq, wq = xf.clamp(-448, 448).to(dt), wf.clamp(-448, 448).to(dt)
+    xq = xq.to(dev).contiguous(memory_format=CL)
+    wq = wq.to(dev).contiguous(memory_format=CL)
+    scale = (torch.rand(cout, generator=g) * 1e-4).to(dev)
+    bias = torch.randn(cout, generator=g).to(dev)
+    ho = (h + 2 * p - d * (k - 1) - 1) // s + 1
+    wo = (w + 2 * p - d * (k - 1) - 1) // s + 1
+    res = torch.randn(n, cout, ho, wo, generator=g).half().to(dev).contiguous(memory_format=CL)
+    args = ([s, s], [p, p], [d, d])
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the reference in IEEE fp32
+    try:
+        for residual, relu in ((None, False), (res, True)):
+            out = torch.full((n, cout, ho, wo), float("nan"), device=dev)  # poisoned: every element must be written
+            got = conv2d_q(xq, wq, scale, bias, residual, relu, None, torch.float32, -128, *args, config)
+            out.copy_(got)
+            ref = _reference(xq, wq, scale, bias, residual, relu, None, torch.float32, -128, *args)
+            assert not out.isnan().any()
+            # int8: exact products, int32 sums: equal up to the fp32 epilogue. fp8: Hopper's fp8 MMA adds its products
+            # at less than fp32 precision (measured 2e-4..1.4e-3 relative at K = 64..4608), far under fp8's rounding
+            tol = 1e-5 if fmt == "int8" else 3e-3
+            assert ((out - ref).norm() / ref.norm()).item() < tol
+            osc = torch.tensor(0.05, device=dev)
+            qgot = conv2d_q(xq, wq, scale, bias, residual, relu, osc, dt, -127, *args, config)
+            qref = _reference(xq, wq, scale, bias, residual, relu, osc, dt, -127, *args)
+            assert qgot.dtype == dt and qgot.stride() == qref.stride()
+            # at most one quantization step apart (a value at a rounding tie may go either way), and rarely
+            diff = (qgot.float() - qref.float()).abs()
+            step = 1.0 if fmt == "int8" else qref.float().abs().clamp_min(1.0) / 8  # e4m3: 3 mantissa bits
+            assert (diff <= step + 1e-6).all()
+            assert (diff > 0).float().mean().item() < 0.01
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
+def test_module_on_gpu_matches_float_conv(cls) -> None:
+    conv = torch.nn.Conv2d(64, 128, 3, stride=2, padding=1).cuda()
+    x = torch.randn(8, 64, 28, 28, device="cuda").contiguous(memory_format=CL)
+    q = cls.from_float(conv, x.abs().amax())
+    with torch.no_grad():
+        y, ref = q(x.half()), conv(x)
+    assert y.dtype == torch.float16 and y.is_contiguous(memory_format=CL)
+    assert _cos(y, ref) > (0.999 if cls is Int8Conv2d else 0.995)
