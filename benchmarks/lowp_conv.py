@@ -4,7 +4,6 @@ For each convolution shape of ResNet-50 whose input channels are a multiple of 1
 batch, in one run, every call captured in a CUDA graph and replayed (as an engine runs them):
 
 - fp16 cudnn: the fp16 engine's path, cuDNN's fused convolution + bias (+ residual) + ReLU (``overdrive::conv2d_relu``);
-- fp16 cudnn + quantize: the same, followed by the quantize of its output that a low-precision consumer needs;
 - fp8 / int8 -> fp16: ``overdrive::conv2d_q`` with the same epilogue, fp16 output, input quantized already;
 - fp8 / int8 -> q: the same with the next layer's quantize in the epilogue (one byte per output element);
 each with the kernel tiles tuned for the shape (``quant.conv.tune``), and the relative error of the Triton kernel
@@ -67,7 +66,7 @@ def main() -> None:
     dev = torch.device("cuda")
     cl = torch.channels_last
     rows = []
-    weighted = {"fp16 cudnn": 0.0, "fp16 cudnn + quantize": 0.0, "fp8 -> fp16": 0.0, "fp8 -> q": 0.0,
+    weighted = {"fp16 cudnn": 0.0, "fp8 -> fp16": 0.0, "fp8 -> q": 0.0,
                 "int8 -> fp16": 0.0, "int8 -> q": 0.0}
     flops_total = 0.0
     for cin, cout, k, stride, size, residual, count in SHAPES:
@@ -88,13 +87,7 @@ def main() -> None:
         def fp16(x=x, w=w, b=b, z=z, st=st, pd=pd):
             return torch.ops.overdrive.conv2d_relu(x, w, b, z, st, pd, dl, 1)
 
-        qs = torch.tensor(0.05, device=dev)
-
-        def fp16_q(fp16=fp16, qs=qs):
-            return torch.ops.overdrive.quantize(fp16(), qs, -128, True)
-
-        times = {"fp16 cudnn": _graphed_ms(fp16, dev, args.iters),
-                 "fp16 cudnn + quantize": _graphed_ms(fp16_q, dev, args.iters)}
+        times = {"fp16 cudnn": _graphed_ms(fp16, dev, args.iters)}
         for fmt, dt, bound in (("fp8", qconv.FP8, 448.0), ("int8", torch.int8, 127.0)):
             xs = x.float().abs().amax() / bound
             xq = torch.ops.overdrive.quantize(x, xs, -128, fmt == "fp8")
@@ -142,7 +135,7 @@ def main() -> None:
              f"{flops_total / weighted['int8 -> q'] / 1e9:.0f} TOP/s",
              "rel err: ||triton - reference|| / ||reference|| against the op's fp32 reference on the same quantized "
              "inputs; bad: share of quantized outputs more than one quantization step from the reference"]
-    cols = ["shape", "count", "fp16 cudnn ms", "fp16 cudnn + quantize ms", "fp8 -> fp16 ms", "fp8 -> q ms",
+    cols = ["shape", "count", "fp16 cudnn ms", "fp8 -> fp16 ms", "fp8 -> q ms",
             "int8 -> fp16 ms", "int8 -> q ms", "best q vs fp16", "fp16 TF/s", "fp8 -> q TF/s", "fp8 -> fp16 rel err",
             "int8 -> fp16 rel err", "fp8 -> q bad", "int8 -> q bad"]
     write_results(args.out, {**device_facts(dev), "batch": args.batch}, rows, cols, notes,

@@ -136,6 +136,7 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
 def _quantize_outputs(ep: Any, graph: torch.fx.Graph) -> int:
     """Step 2: a conv2d_q whose readers all quantize it with one scale writes the quantized tensor."""
     done = 0
+    order = {n: i for i, n in enumerate(graph.nodes)}  # the readers are quantize nodes present before the loop
     for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
         users = list(conv.users)
         if conv.args[OUT_SCALE] is not None or not users or any(u.target is not _QUANTIZE or u.args[0] is not conv
@@ -148,7 +149,6 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph) -> int:
         args = list(conv.args)
         args[OUT_SCALE], args[QMIN] = scale, qmin
         args[OUT_DTYPE] = torch.float8_e4m3fn if fp8 else torch.int8
-        order = {n: i for i, n in enumerate(graph.nodes)}
         first = min(users, key=order.__getitem__)
         with graph.inserting_before(first):  # after the conv and the scale, before every reader
             new = graph.call_function(_CONV_Q, tuple(args))

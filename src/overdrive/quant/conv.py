@@ -106,7 +106,7 @@ def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     xn = _nhwc(x)
     wn = _nhwc(weight)
     out = _empty_out(x, weight, stride, padding, dilation, out_dtype)
-    res = None if residual is None else _nhwc(residual.to(torch.float16) if residual.dtype == torch.float32 else residual)
+    res = None if residual is None else _nhwc(residual)  # any float dtype: the kernel adds it in fp32
     _triton_conv.launch(xn, wn, scale.float().contiguous(), None if bias is None else bias.float().contiguous(), res,
                         relu, out.permute(0, 2, 3, 1), None if out_scale is None else out_scale.float().reshape(1),
                         {torch.int8: 2, FP8: 1}.get(out_dtype, 0), qmin, list(stride), list(padding), list(dilation),
