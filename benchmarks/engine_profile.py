@@ -38,6 +38,7 @@ FLOPS = {"resnet50": 2 * 4.09e9, "bert": 2 * 85.0e6 * 128 + 12 * 4 * 128 * 128 *
 FLOPS["bert_ids"] = FLOPS["bert"]  # BERT called with input_ids alone (eager and engine alike): no mask input
 
 KERNEL_CLASSES = [  # first match wins
+    ("int8/fp8 conv (overdrive Triton)", re.compile(r"^_conv_kernel")),  # overdrive::conv2d_q
     ("triton (inductor fused)", re.compile(r"^triton_", re.I)),  # before conv: "triton_poi_fused_add_convolution_relu"
     ("attention", re.compile(r"flash|fmha|attention|attn|sdpa", re.I)),
     ("convolution", re.compile(r"conv|fprop|dgrad|implicit_gemm|cudnn|winograd|nchwToNhwc|nhwcToNchw", re.I)),
@@ -219,7 +220,9 @@ def engine_rows(name: str, batch: int, precisions: list[str], base: float, io: s
                      "vs_eager_fp16": batch / sec / base, "tflops": FLOPS[name] * batch / sec / 1e12, "build_s": build_s,
                      "float_remainder": eng.header["backend_meta"].get("float_remainder"),
                      "attention_masks_dropped": eng.header["backend_meta"].get("attention_masks_dropped"),
-                     "gemm_gelu_fused": eng.header["backend_meta"].get("gemm_gelu_fused")})
+                     "gemm_gelu_fused": eng.header["backend_meta"].get("gemm_gelu_fused"),
+                     "lowp_conv": eng.header["backend_meta"].get("lowp_conv"),
+                     "layers_kept_float": eng.header["backend_meta"].get("layers_kept_float")})
         print(rows[-1], flush=True)
         eng = dev = None  # free this engine before the next build
         torch.compiler.reset()

@@ -428,7 +428,7 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     lowp = meta.get("lowp_conv") or {}
     if lowp.get("folded") or lowp.get("quantized_out"):
         fusions.append(f"int8/fp8 conv epilogues: {lowp.get('folded', 0)}, quantized outputs: "
-                       f"{lowp.get('quantized_out', 0)}")
+                       f"{lowp.get('quantized_out', 0)}, dual outputs: {lowp.get('dual_out', 0)}")
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
         "".join(f"; {f}" for f in fusions)
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,

@@ -6,6 +6,7 @@ batch, in one run, every call captured in a CUDA graph and replayed (as an engin
 - fp16 cudnn: the fp16 engine's path, cuDNN's fused convolution + bias (+ residual) + ReLU (``overdrive::conv2d_relu``);
 - fp8 / int8 -> fp16: ``overdrive::conv2d_q`` with the same epilogue, fp16 output, input quantized already;
 - fp8 / int8 -> q: the same with the next layer's quantize in the epilogue (one byte per output element);
+- fp8 / int8 -> fp16+q (rows with a residual: a block's output): both at once (``overdrive::conv2d_q_dual``);
 each with the kernel tiles tuned for the shape (``quant.conv.tune``), and the relative error of the Triton kernel
 against the op's fp32 reference on the same quantized inputs (TF32 off), so a wrong kernel shows as an error, not
 as a speed. ``x vs fp16`` = fp16 cudnn ms / ms (> 1: faster).
@@ -116,6 +117,14 @@ def main() -> None:
                     row[f"{label} rel err"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
                 times[label] = _graphed_ms(run, dev, args.iters)
                 row[f"{label} cfg"] = cfg
+                if residual and not out_q:  # a block output: fp16 (the next residual) and quantized, one kernel
+                    qs = torch.tensor(0.05, device=dev)
+
+                    def dual(xq=xq, wq=wq, scale=scale, bias=bias, z=z, cfg=cfg, fp8=fmt == "fp8", qs=qs):
+                        return torch.ops.overdrive.conv2d_q_dual(xq, wq, scale, bias, z, True, torch.half, qs, -128,
+                                                                 fp8, st, pd, dl, cfg)
+
+                    row[f"{fmt} -> fp16+q ms"] = _graphed_ms(dual, dev, args.iters)
         for label, ms in times.items():
             row[f"{label} ms"] = ms
             weighted[label] += ms * count
@@ -126,7 +135,8 @@ def main() -> None:
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     notes = [f"batch {args.batch}, channels_last, CUDA-graph replays of 10 calls, median of {args.iters}; each row's "
-             "kernel tiles tuned for it; `x vs fp16` columns: fp16 cudnn ms / ms (> 1: faster)",
+             "kernel tiles tuned for it (config indexes in the cfg fields of the JSON); `best q vs fp16`: fp16 cudnn ms "
+             "/ the faster of fp8 -> q and int8 -> q (> 1: faster)",
              "weighted totals (each shape times the number of times ResNet-50 runs it): "
              + ", ".join(f"{k} {v:.3f} ms ({weighted['fp16 cudnn'] / v:.2f}x fp16)" for k, v in weighted.items()),
              f"ResNet-50's convolutions (stem aside) are {flops_total / 1e12:.3f} TFLOP per batch: fp16 cudnn at "
@@ -136,7 +146,7 @@ def main() -> None:
              "rel err: ||triton - reference|| / ||reference|| against the op's fp32 reference on the same quantized "
              "inputs; bad: share of quantized outputs more than one quantization step from the reference"]
     cols = ["shape", "count", "fp16 cudnn ms", "fp8 -> fp16 ms", "fp8 -> q ms",
-            "int8 -> fp16 ms", "int8 -> q ms", "best q vs fp16", "fp16 TF/s", "fp8 -> q TF/s", "fp8 -> fp16 rel err",
+            "int8 -> fp16 ms", "int8 -> q ms", "fp8 -> fp16+q ms", "int8 -> fp16+q ms", "best q vs fp16", "fp16 TF/s", "fp8 -> q TF/s", "fp8 -> fp16 rel err",
             "int8 -> fp16 rel err", "fp8 -> q bad", "int8 -> q bad"]
     write_results(args.out, {**device_facts(dev), "batch": args.batch}, rows, cols, notes,
                   extra={"weighted_ms": weighted})

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.quant.conv import FP8, Fp8Conv2d, Int8Conv2d, _reference, conv2d_q, quantize, unsupported
+from overdrive.quant.conv import (FP8, Fp8Conv2d, Int8Conv2d, _quantize_ref, _reference, conv2d_q, conv2d_q_dual, quantize,
+                                  unsupported)
 
 CL = torch.channels_last
 
@@ -46,6 +47,37 @@ def test_reference_epilogue_and_quantized_output() -> None:
     qf = conv2d_q(x.to(torch.float32).to(FP8), w.float().to(FP8), scale, bias, res, True, s, FP8, -128, [1, 1],
                   [1, 1], [1, 1], -1)
     assert qf.dtype == FP8
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_dual_output_is_the_float_output_and_its_quantize(fp8: bool) -> None:
+    # conv2d_q_dual's two outputs against conv2d_q's float output and overdrive::quantize of it; export traces it
+    dt = FP8 if fp8 else torch.int8
+    x = (torch.randn(2, 16, 7, 7) * 20).to(dt).contiguous(memory_format=CL)
+    w = (torch.randn(8, 16, 3, 3) * 20).to(dt).contiguous(memory_format=CL)
+    scale, bias, res = torch.rand(8) * 1e-3, torch.randn(8), torch.randn(2, 8, 7, 7).contiguous(memory_format=CL)
+    s = torch.tensor(0.02)
+    y, q = conv2d_q_dual(x, w, scale, bias, res, True, torch.float16, s, -127, fp8, [1, 1], [1, 1], [1, 1], -1)
+    want = conv2d_q(x, w, scale, bias, res, True, None, torch.float16, -127, [1, 1], [1, 1], [1, 1], -1)
+    assert torch.equal(y, want) and q.dtype == dt and q.is_contiguous(memory_format=CL)
+    assert torch.equal(q.float(), quantize(want, s, -127, fp8).float())
+
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return conv2d_q_dual(x, w, scale, bias, None, False, torch.float16, s, -127, fp8, [1, 1], [1, 1], [1, 1],
+                                 -1)
+
+    ep = torch.export.export(M(), (x,))
+    got = ep.module()(x)
+    assert got[0].dtype == torch.float16 and got[1].dtype == dt
+
+
+def test_dual_output_needs_a_float_output() -> None:
+    x = torch.zeros(1, 16, 4, 4, dtype=torch.int8)
+    w = torch.zeros(8, 16, 1, 1, dtype=torch.int8)
+    with pytest.raises(UsageError, match="must be a float dtype"):
+        conv2d_q_dual(x, w, torch.ones(8), None, None, False, torch.int8, torch.tensor(1.0), -128, False, [1, 1],
+                      [0, 0], [1, 1], -1)
 
 
 def test_quantize_op_matches_fake_quant_arithmetic() -> None:
@@ -90,7 +122,7 @@ def test_bad_inputs_are_refused_with_the_fix() -> None:
     (2, 64, 15, 13, 40, 3, 1, 1, 1), (3, 32, 17, 17, 96, 3, 2, 1, 1), (4, 128, 7, 7, 256, 1, 1, 0, 1),
     (1, 48, 9, 11, 16, 5, 1, 2, 1), (2, 16, 12, 12, 24, 3, 1, 2, 2), (8, 256, 14, 14, 1024, 1, 2, 0, 1),
 ])
-@pytest.mark.parametrize("config", [-1, 0, 4])
+@pytest.mark.parametrize("config", [-1, 0, 4, 12, 18])
 def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
     from overdrive.quant import _triton_conv  # noqa: F401 - Triton must be there on the GPU machine
 
@@ -135,6 +167,15 @@ def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
             assert (diff <= step + 1e-6).all()
             # int8: exact sums, so only ties; fp8: the MMA's reduced-precision sums move ~1% of values one step
             assert (diff > 0).float().mean().item() < (0.01 if fmt == "int8" else 0.03)
+            # the dual output: the fp16 result and that result quantized, from one kernel
+            dgot, dq = conv2d_q_dual(xq, wq, scale, bias, residual, relu, torch.float16, osc, -127, fmt == "fp8",
+                                     *args, config)
+            assert dgot.dtype == torch.float16 and dq.dtype == dt and dq.stride() == qref.stride()
+            assert ((dgot.float() - ref).norm() / ref.norm()).item() < max(tol, 1e-3)  # fp16 rounding of the output
+            # the quantized tensor is the quantize of the fp16 one (the kernel's fp32 division may round a tie apart)
+            qd = (dq.float() - _quantize_ref(dgot, osc, -127, fmt == "fp8").float()).abs()
+            qstep = 1.0 if fmt == "int8" else dgot.float().abs().div(0.05).clamp_min(1.0) / 8
+            assert (qd <= qstep + 1e-6).all() and (qd > 0).float().mean().item() < 1e-3
     finally:
         torch.backends.cudnn.allow_tf32 = old
 

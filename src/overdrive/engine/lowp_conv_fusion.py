@@ -11,12 +11,18 @@ program so that:
 2. a ``conv2d_q`` whose every reader is ``overdrive::quantize`` with one scale writes that quantized tensor itself
    (int8 / fp8: one byte per element written, and read by the next convolution, instead of fp16 written, read, and a
    separate quantize pass);
-3. each ``overdrive::quantize`` left (an input from a pooling layer, a block output also used as a residual) is
+3. a ``conv2d_q`` read both in float (a residual add, a pooling) and through ``overdrive::quantize`` becomes one
+   ``overdrive::conv2d_q_dual`` that writes both (a ResNet block's output: the next block's residual and its
+   convolutions' input), so no separate pass reads the float tensor again to quantize it;
+4. each ``overdrive::quantize`` left (an input from a pooling layer, a block output also used as a residual) is
    written back as plain ATen arithmetic, which Inductor fuses into the pass that produces its input.
 
 Example:
     >>> # ep = torch.export.export(prepared_int8_cnn, (x,)); fuse_lowp_convs(ep)
-    >>> # {'folded': 53, 'quantized_out': 33, 'inlined': 17}
+    >>> # {'folded': 53, 'quantized_out': 33, 'dual_out': 15, 'inlined': 2}
+
+Quantize scales are compared by value where they are build-time constants: the convolutions that read one block
+output (the next block's first convolution and its shortcut) were calibrated on the same tensor.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ import torch
 from torch.fx.node import Node
 
 from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
+from overdrive.engine.passes import constant_inputs, rename_output
 from overdrive.engine.passes import node_value as _val
-from overdrive.engine.passes import rename_output
 from overdrive.quant import conv as _qconv  # noqa: F401 - registers overdrive::quantize and overdrive::conv2d_q
 
 aten = torch.ops.aten
 _CONV_Q = torch.ops.overdrive.conv2d_q.default
 _QUANTIZE = torch.ops.overdrive.quantize.default
+_DUAL = torch.ops.overdrive.conv2d_q_dual.default
 # conv2d_q's arguments, by position
 X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG = range(13)
 
@@ -133,7 +140,19 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
     return folded
 
 
-def _quantize_outputs(ep: Any, graph: torch.fx.Graph) -> int:
+def _scale_key(scale: Any, consts: dict[str, torch.Tensor]) -> Any:
+    """What makes two quantize scales the same: the value of a one-element build-time constant, else the node."""
+    value = consts.get(scale.name) if isinstance(scale, Node) and scale.op == "placeholder" else None
+    if value is not None and value.numel() == 1:
+        return ("value", float(value.float().item()))
+    return scale
+
+
+def _quantize_key(q: Node, consts: dict[str, torch.Tensor]) -> tuple[Any, Any, Any]:
+    return _scale_key(q.args[1], consts), q.args[2], q.args[3]
+
+
+def _quantize_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor]) -> int:
     """Step 2: a conv2d_q whose readers all quantize it with one scale writes the quantized tensor."""
     done = 0
     order = {n: i for i, n in enumerate(graph.nodes)}  # the readers are quantize nodes present before the loop
@@ -142,14 +161,13 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph) -> int:
         if conv.args[OUT_SCALE] is not None or not users or any(u.target is not _QUANTIZE or u.args[0] is not conv
                                                                  for u in users):
             continue
-        keys = {(u.args[1], u.args[2], u.args[3]) for u in users}
-        if len(keys) != 1:
+        if len({_quantize_key(u, consts) for u in users}) != 1:
             continue
-        scale, qmin, fp8 = keys.pop()
+        first = min(users, key=order.__getitem__)
+        _, scale, qmin, fp8 = first.args
         args = list(conv.args)
         args[OUT_SCALE], args[QMIN] = scale, qmin
         args[OUT_DTYPE] = torch.float8_e4m3fn if fp8 else torch.int8
-        first = min(users, key=order.__getitem__)
         with graph.inserting_before(first):  # after the conv and the scale, before every reader
             new = graph.call_function(_CONV_Q, tuple(args))
         new.meta["val"] = first.meta.get("val")
@@ -161,11 +179,61 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph) -> int:
     return done
 
 
+def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor]) -> int:
+    """Step 3: a float-writing conv2d_q with quantize readers and other readers writes both tensors at once; where
+    its quantize readers use several scales, the most common one is served (the others stay quantize ops)."""
+    done = 0
+    for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
+        if conv.args[OUT_SCALE] is not None:
+            continue
+        readers = [u for u in conv.users if u.target is _QUANTIZE and u.args[0] is conv]
+        if not readers:
+            continue
+        groups: dict[Any, list[Node]] = {}
+        for u in readers:
+            groups.setdefault(_quantize_key(u, consts), []).append(u)
+        served = max(groups.values(), key=len)
+        if len(served) == len(conv.users):  # every reader quantizes with one scale: step 2's case
+            continue
+        _, scale, qmin, fp8 = served[0].args
+        a = conv.args
+        with graph.inserting_before(conv):  # the scale is a placeholder or computed before its readers: check
+            if isinstance(scale, Node) and scale.op != "placeholder":
+                continue
+            new = graph.call_function(_DUAL, (a[X], a[W], a[SCALE], a[BIAS], a[RES], a[RELU], a[OUT_DTYPE], scale,
+                                              qmin, fp8, a[STRIDE], a[PADDING], a[DILATION], a[CONFIG]))
+            y = graph.call_function(operator.getitem, (new, 0))
+            q = graph.call_function(operator.getitem, (new, 1))
+        new.meta["val"] = (conv.meta.get("val"), served[0].meta.get("val"))
+        y.meta["val"], q.meta["val"] = conv.meta.get("val"), served[0].meta.get("val")
+        for u in served:
+            _replace(ep, graph, u, q)
+            graph.erase_node(u)
+        _replace(ep, graph, conv, y)
+        graph.erase_node(conv)
+        done += 1
+    return done
+
+
+def _merge_equal_quantizes(graph: torch.fx.Graph, consts: dict[str, torch.Tensor]) -> None:
+    """Quantizes of one tensor with equal scales (a block input read by a convolution and its shortcut) become one,
+    so the tensor is quantized once."""
+    seen: dict[tuple[Any, ...], Node] = {}
+    for q in [n for n in graph.nodes if n.op == "call_function" and n.target is _QUANTIZE]:
+        key = (q.args[0], *_quantize_key(q, consts))
+        if key in seen:
+            q.replace_all_uses_with(seen[key])
+        else:
+            seen[key] = q
+
+
 def _inline_quantizes(graph: torch.fx.Graph) -> int:
-    """Step 3: each quantize left becomes the ATen ops it stands for (clamp(round(x / s)) -> int8, or x / s clamped
+    """Step 4: each quantize left becomes the ATen ops it stands for (clamp(round(x / s)) -> int8, or x / s clamped
     to +-448 -> fp8), so Inductor fuses it into its producer."""
     n_done = 0
     for q in [n for n in graph.nodes if n.op == "call_function" and n.target is _QUANTIZE]:
+        if not q.users:  # merged into an equal quantize of the same tensor below
+            continue
         x, scale, qmin, fp8 = q.args
         with graph.inserting_before(q):
             y = graph.call_function(aten.div.Tensor, (graph.call_function(aten._to_copy.default, (x,),
@@ -186,7 +254,7 @@ def _inline_quantizes(graph: torch.fx.Graph) -> int:
 
 def fuse_lowp_convs(ep: Any) -> dict[str, int]:
     """Fold epilogues into ``overdrive::conv2d_q`` nodes and quantize their outputs where every reader wants that, in
-    place (module docstring: steps 1-3). Returns the counts: ``folded``, ``quantized_out``, ``inlined``.
+    place (module docstring: steps 1-4). Returns the counts: ``folded``, ``quantized_out``, ``dual_out``, ``inlined``.
 
     Example:
         >>> # fuse_lowp_convs(torch.export.export(quant.to_real(calibrated_cnn), (x,)))
@@ -197,10 +265,15 @@ def fuse_lowp_convs(ep: Any) -> dict[str, int]:
     gm = ep.graph_module
     graph = gm.graph
     if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE) for n in graph.nodes):
-        return {"folded": 0, "quantized_out": 0, "inlined": 0}
+        return {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0}
+    consts = constant_inputs(ep)
     folded = _fold_epilogues(ep, graph)
     graph.eliminate_dead_code()
-    quantized = _quantize_outputs(ep, graph)
+    quantized = _quantize_outputs(ep, graph, consts)
+    graph.eliminate_dead_code()
+    dual = _dual_outputs(ep, graph, consts)
+    graph.eliminate_dead_code()
+    _merge_equal_quantizes(graph, consts)
     graph.eliminate_dead_code()
     inlined = _inline_quantizes(graph)
     graph.eliminate_dead_code()
@@ -209,4 +282,4 @@ def fuse_lowp_convs(ep: Any) -> dict[str, int]:
     inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
     with contextlib.suppress(Exception):  # meta values refresh; a failure leaves the (valid) graph as it is
         FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
-    return {"folded": folded, "quantized_out": quantized, "inlined": inlined}
+    return {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined}

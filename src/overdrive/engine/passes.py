@@ -123,6 +123,30 @@ def _masks_nothing(value: Any) -> bool:
     return value.is_floating_point() and not bool(value.any())
 
 
+def constant_inputs(ep: Any) -> dict[str, torch.Tensor]:
+    """The placeholders of ``ep`` whose values are fixed at build time (parameters, buffers the forward never writes,
+    lifted constants), by placeholder name.
+
+    Example:
+        >>> ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+        >>> sorted(constant_inputs(ep))
+        ['p_bias', 'p_weight']
+    """
+    sig = ep.graph_signature
+    leaves: dict[str, torch.Tensor] = {}
+    state = ep.state_dict
+    mutated = set(sig.buffers_to_mutate.values())  # a buffer the forward writes holds another value at run time
+    written = _written_placeholders(ep.graph_module.graph)  # ... also when export kept the in-place op
+    for name, target in {**sig.inputs_to_parameters, **sig.inputs_to_buffers}.items():
+        value = state.get(target, ep.constants.get(target))  # non-persistent buffers live in constants
+        if isinstance(value, torch.Tensor) and target not in mutated and name not in written:
+            leaves[name] = value
+    for name, target in sig.inputs_to_lifted_tensor_constants.items():
+        if target in ep.constants and isinstance(ep.constants[target], torch.Tensor):
+            leaves[name] = ep.constants[target]
+    return leaves
+
+
 def drop_constant_attention_masks(ep: Any, corner_inputs: list[tuple[torch.Tensor, ...]]) -> list[str]:
     """Remove attention masks that are built from constants and mask nothing, in place.
 
@@ -139,17 +163,7 @@ def drop_constant_attention_masks(ep: Any, corner_inputs: list[tuple[torch.Tenso
     sig = ep.graph_signature
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     user_inputs = [n.name for n in placeholders if n.name in set(sig.user_inputs)]
-    leaves: dict[str, torch.Tensor] = {}
-    state = ep.state_dict
-    mutated = set(sig.buffers_to_mutate.values())  # a buffer the forward writes holds another value at run time
-    written = _written_placeholders(gm.graph)  # ... also when export kept the in-place op (no mutation output)
-    for name, target in {**sig.inputs_to_parameters, **sig.inputs_to_buffers}.items():
-        value = state.get(target, ep.constants.get(target))  # non-persistent buffers live in constants
-        if isinstance(value, torch.Tensor) and target not in mutated and name not in written:
-            leaves[name] = value
-    for name, target in sig.inputs_to_lifted_tensor_constants.items():
-        if target in ep.constants and isinstance(ep.constants[target], torch.Tensor):
-            leaves[name] = ep.constants[target]
+    leaves = constant_inputs(ep)
     changed: list[str] = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not _SDPA:

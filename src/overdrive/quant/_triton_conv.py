@@ -17,7 +17,10 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates build-time tuning times (CONFIGS[i] is config i)
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates build-time tuning times (CONFIGS[i] is config i;
+# an engine stores the index, so new configs are appended). The two-stage ones (12-20) are for convolutions with few
+# K steps (1x1 over 64-256 channels): there more stages buy no overlap and cost the shared memory that would let a
+# second tile's loads run under the first one's epilogue; the 64-wide N tiles are for 64 output channels.
 CONFIGS: list[tuple[int, int, int, int, int]] = [
     (128, 128, 128, 8, 3),
     (128, 256, 128, 8, 3),
@@ -31,19 +34,32 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
     (128, 256, 64, 8, 4),
     (256, 128, 64, 8, 4),
     (64, 256, 64, 4, 4),
+    (128, 128, 128, 4, 2),
+    (128, 256, 128, 8, 2),
+    (128, 64, 128, 4, 2),
+    (64, 128, 128, 4, 2),
+    (256, 128, 128, 8, 2),
+    (128, 64, 64, 4, 3),
+    (128, 64, 64, 4, 2),
+    (256, 64, 64, 8, 3),
+    (128, 128, 64, 4, 2),
 ]
 
 
-# sizes, strides and paddings vary per layer: compile once per tile config and flags, not per value class
-@triton.jit(do_not_specialize=["M", "N_OUT", "C_BLOCKS", "K_ITERS", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW",
+# sizes, strides and paddings vary per layer: compile once per tile config and flags, not per value class. N_OUT and C
+# stay specialized (Triton's "divisible by 16" hint): without it the output rows, the residual rows and the input
+# pixels are not known to be 16-byte aligned, and every store and load is split into single elements.
+@triton.jit(do_not_specialize=["M", "C_BLOCKS", "K_ITERS", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW",
                                "DH", "DW"])
-def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_ptr,
+def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_ptr, q_ptr, q_scale_ptr,
                  M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW,
                  KH: tl.constexpr, KW: tl.constexpr, IS_INT: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr, OUT_Q: tl.constexpr,
+                 Q2: tl.constexpr,
                  QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_M: tl.constexpr):
     # OUT_Q: 0 = out_ptr's float dtype, 1 = fp8 e4m3 (/ out_scale, clamp +-448), 2 = int8 (/ out_scale, rint, clamp)
+    # Q2: 0 = nothing more; 1 / 2 = also write the result quantized (fp8 / int8, by q_scale) to q_ptr (dual output)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N_OUT, BLOCK_N)
@@ -100,6 +116,13 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_
         y += tl.load(res_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
+    if Q2 != 0:  # quantize the value as stored (rounded to out's dtype), as a quantize reading ``out`` would
+        yq = y.to(out_ptr.dtype.element_ty).to(tl.float32) / tl.load(q_scale_ptr)
+        if Q2 == 1:
+            yq = tl.clamp(yq, -448.0, 448.0)
+        else:
+            yq = tl.clamp(libdevice.rint(yq), QMIN, 127.0)
+        tl.store(q_ptr + out_off, yq.to(q_ptr.dtype.element_ty), mask=mask)
     if OUT_Q == 1:
         y = tl.clamp(y / tl.load(out_scale_ptr), -448.0, 448.0)
     elif OUT_Q == 2:
@@ -107,10 +130,12 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_
     tl.store(out_ptr + out_off, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def candidates(c: int) -> list[int]:
-    """The configs worth timing for ``c`` input channels: K tiles of 64 when ``c`` <= 64 (a 128-wide tile would be
-    half padding), else the 128-wide ones."""
-    return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64)]
+def candidates(c: int, n_out: int | None = None) -> list[int]:
+    """The configs worth timing for ``c`` input channels and ``n_out`` output channels: K tiles of 64 when ``c`` <= 64
+    (a 128-wide tile would be half padding), else the 128-wide ones; N tiles no wider than ``n_out`` rounded up to a
+    power of two (at least 64), since the rest of a wider tile is padding."""
+    widest = max(64, 1 << max(0, (n_out or 0) - 1).bit_length()) if n_out else 1 << 30
+    return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64) and cfg[1] <= widest]
 
 
 def default_config(m: int, n_out: int, c: int) -> int:
@@ -127,9 +152,11 @@ def default_config(m: int, n_out: int, c: int) -> int:
 
 def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
            residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
-           qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+           qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
+           q_out: torch.Tensor | None = None, q_scale: torch.Tensor | None = None, q_mode: int = 0) -> torch.Tensor:
     """Runs the kernel. ``x`` (N, H, W, C) and ``w`` (Cout, KH, KW, C) contiguous, int8 or fp8; ``out`` (and
-    ``residual``) (N, Ho, Wo, Cout) contiguous; ``scale`` / ``bias`` fp32 (Cout,)."""
+    ``residual``, ``q_out``) (N, Ho, Wo, Cout) contiguous; ``scale`` / ``bias`` fp32 (Cout,). With ``q_mode`` 1 / 2
+    the result is also written to ``q_out`` as fp8 / int8 by ``q_scale`` (the dual output)."""
     n, h, wd, c = x.shape
     n_out, kh, kw, _ = w.shape
     _, ho, wo, _ = out.shape
@@ -139,9 +166,10 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     dummy = scale
     _conv_kernel[grid](
         x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
-        out_scale if out_scale is not None else dummy,
+        out_scale if out_scale is not None else dummy, q_out if q_out is not None else dummy,
+        q_scale if q_scale is not None else dummy,
         m, n_out, c, triton.cdiv(c, bk), kh * kw * triton.cdiv(c, bk), h, wd, ho, wo, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
         KH=kh, KW=kw, IS_INT=x.dtype == torch.int8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        RELU=relu, OUT_Q=out_q, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+        RELU=relu, OUT_Q=out_q, Q2=q_mode, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
         num_warps=warps, num_stages=stages)
     return out

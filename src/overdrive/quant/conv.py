@@ -114,6 +114,66 @@ def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     return out
 
 
+def _check_dual(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> None:
+    if out_dtype in _QUANTIZED:
+        raise UsageError(f"overdrive::conv2d_q_dual: out_dtype {out_dtype} must be a float dtype (fp16, bf16, fp32): "
+                         "the quantized output is the second one; use conv2d_q with out_scale for one quantized output")
+    _check(x, weight, None, out_dtype)
+
+
+@torch.library.custom_op("overdrive::conv2d_q_dual", mutates_args=())
+def conv2d_q_dual(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                  residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor, qmin: int,
+                  q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int], config: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``conv2d_q``'s float output (``out_dtype``) and the same output quantized by ``q_scale`` (fp8 when
+    ``q_fp8``, else int8 in [``qmin``, 127]), from one kernel: the dual output of a block whose result is both a
+    residual (read in float) and the next convolution's input (read quantized). The quantized tensor equals
+    ``overdrive::quantize`` of the float one."""
+    _check_dual(x, weight, out_dtype)
+    return _dual_reference(x, weight, scale, bias, residual, relu, out_dtype, q_scale, qmin, q_fp8, stride, padding,
+                           dilation)
+
+
+@conv2d_q_dual.register_kernel("cuda")
+def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                        residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
+                        qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
+                        config: int) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_dual(x, weight, out_dtype)
+    if not triton_available():
+        return _dual_reference(x, weight, scale, bias, residual, relu, out_dtype, q_scale, qmin, q_fp8, stride,
+                               padding, dilation)
+    from overdrive.quant import _triton_conv
+
+    out = _empty_out(x, weight, stride, padding, dilation, out_dtype)
+    q = _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8)
+    _triton_conv.launch(_nhwc(x), _nhwc(weight), scale.float().contiguous(),
+                        None if bias is None else bias.float().contiguous(),
+                        None if residual is None else _nhwc(residual), relu, out.permute(0, 2, 3, 1), None, 0, qmin,
+                        list(stride), list(padding), list(dilation), config, q_out=q.permute(0, 2, 3, 1),
+                        q_scale=q_scale.float().reshape(1), q_mode=1 if q_fp8 else 2)
+    return out, q
+
+
+@conv2d_q_dual.register_fake
+def _conv2d_q_dual_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                        residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
+                        qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
+                        config: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (_empty_out(x, weight, stride, padding, dilation, out_dtype),
+            _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8))
+
+
+def _dual_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                    residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
+                    qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    y = _reference(x, weight, scale, bias, residual, relu, None, out_dtype, qmin, stride, padding, dilation)
+    q = _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8)
+    return y, q.copy_(_quantize_ref(y, q_scale, qmin, q_fp8))
+
+
 def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                          residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None,
                          out_dtype: torch.dtype, qmin: int, stride: list[int], padding: list[int],
@@ -184,7 +244,7 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
     quantized_out = out_dtype in _QUANTIZED
     out_scale = torch.ones((), device=dev) if quantized_out else None
     best: tuple[int, float] = (-1, float("inf"))
-    for i in _triton_conv.candidates(x.shape[1]):
+    for i in _triton_conv.candidates(x.shape[1], cout):
         def call(i: int = i) -> Any:
             return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
 
