@@ -46,6 +46,10 @@ sys.path.insert(0, str(ROOT))
 from _common import RESULTS, device_facts, gpu_kernel_ms, median, time_steps, write_results  # noqa: E402
 
 CONFIGS = ("eager_fp16", "compile_default", "compile_ro", "engine_fp16", "engine_int8", "engine_fp8")
+# also accepted by --configs, not run by default: int8 / fp8 engines built with quantize_residuals (ResNet blocks
+# hand over 8-bit tensors only)
+EXTRA_CONFIGS = ("engine_int8_qres", "engine_fp8_qres")
+LOWP = ("engine_int8", "engine_fp8", *EXTRA_CONFIGS)
 TIMM = {"resnet50": 256, "convnext_tiny": 128, "efficientnet_b0": 256, "vit_base_patch16_224": 128}
 ALIASES = {"vit": "vit_base_patch16_224", "convnext": "convnext_tiny", "efficientnet": "efficientnet_b0"}
 COLUMNS = ["model", "batch", "shape", "config", "precision", "ms", "gpu_ms", "throughput", "x_vs_ro", "x_vs_engine_fp16",
@@ -304,8 +308,7 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
         return
     anchors: dict[str, Callable[[], Any]] = {}  # alive for the group: compile_ro, engine_fp16
     ms_of: dict[str, float] = {}
-    order = [c for c in ("compile_ro", "eager_fp16", "compile_default", "engine_fp16", "engine_int8", "engine_fp8")
-             if c in args.configs]
+    order = [c for c in ("compile_ro", "eager_fp16", "compile_default", "engine_fp16", *LOWP) if c in args.configs]
     done: dict[str, dict[str, Any]] = {}
     for cfg in order:
         row: dict[str, Any] = {**base, "config": cfg}
@@ -326,7 +329,7 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
                 row["build_warning"] = lowp[0]
             with torch.no_grad():
                 row.update(_accuracy(zoo, refs, acc_fn))
-            live = {k: v for k, v in anchors.items() if k == "compile_ro" or cfg in ("engine_int8", "engine_fp8")}
+            live = {k: v for k, v in anchors.items() if k == "compile_ro" or cfg in LOWP}
             ms = _paired({cfg: step, **live}, device, args)
             row["ms"] = round(ms[cfg], 4)
             row["throughput"] = round(batch / (ms[cfg] / 1e3), 1)
@@ -388,7 +391,7 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
         return (lambda: fn(*xs0)), acc, {"precision": "fp16" if half == torch.float16 else "fp32"}
     from overdrive.engine import Builder, BuildConfig, ShapeProfile
 
-    prec = cfg.removeprefix("engine_")
+    prec = cfg.removeprefix("engine_").removesuffix("_qres")
     if prec == "fp16" and device.type == "cpu":
         prec = "fp32"
     if prec == "fp8":
@@ -401,7 +404,8 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
         io = {"output_io_formats": ("fp16:chw",), **({"input_io_formats": ("fp16:hwc",)} if zoo.image else {})}
     if args.compile_mode:
         io["compile_mode"] = args.compile_mode
-    bcfg = BuildConfig(precision=prec, device=str(device), backend=args.backend, profiles=prof, **io)
+    bcfg = BuildConfig(precision=prec, device=str(device), backend=args.backend, profiles=prof,
+                       quantize_residuals=cfg.endswith("_qres"), **io)
     calib = zoo.calib if prec in ("int8", "fp8") else None
     note = ""
     with _budget(args.max_build_s):
@@ -428,7 +432,8 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     lowp = meta.get("lowp_conv") or {}
     if lowp.get("folded") or lowp.get("quantized_out"):
         fusions.append(f"int8/fp8 conv epilogues: {lowp.get('folded', 0)}, quantized outputs: "
-                       f"{lowp.get('quantized_out', 0)}, dual outputs: {lowp.get('dual_out', 0)}")
+                       f"{lowp.get('quantized_out', 0)}, dual outputs: {lowp.get('dual_out', 0)}"
+                       + (f", 8-bit residuals: {lowp['quantized_residuals']}" if "quantized_residuals" in lowp else ""))
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
         "".join(f"; {f}" for f in fusions)
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
@@ -451,7 +456,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     per: list[dict[str, Any]] = []
     for (model, kind), g in groups.items():
         e = {"model": model, "batch_kind": kind, "fp16_vs_ro": g.get("engine_fp16", {}).get("x_vs_ro")}
-        low = [g[c] for c in ("engine_int8", "engine_fp8") if c in g and g[c].get("x_vs_engine_fp16")]
+        low = [g[c] for c in LOWP if c in g and g[c].get("x_vs_engine_fp16")]
         ok = [r for r in low if (r.get("cosine") or -1) >= TARGETS["min_cosine"]]
         if low:  # the fastest accurate one; the fastest of all when none is accurate
             best = max(ok or low, key=lambda r: r["x_vs_engine_fp16"])
@@ -562,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
                    "convnext, efficientnet); default all (--quick: resnet50,bert,llama as tiny stand-ins)")
     p.add_argument("--batches", default=None, help="comma list: 'serving' (the model's serving batch) and/or "
                    "integers; default serving,1 (--quick: serving, which is 2)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma list of {', '.join(CONFIGS + EXTRA_CONFIGS)} (default: all but the last two)")
     p.add_argument("--device", default=None, help="default cuda when present (--quick: cpu)")
     p.add_argument("--quick", action="store_true", help="tiny stand-in models, batch 2, few iterations (CPU smoke run)")
     p.add_argument("--cnn-batch", type=int, default=None, help="serving batch of the CNNs (default 256; ConvNeXt 128)")
@@ -609,9 +615,9 @@ def main(argv: list[str] | None = None) -> int:
     models = [ALIASES.get(m, m) for m in (args.models or ("resnet50,bert,llama" if args.quick else
                                                          ",".join([*TIMM, "bert", "llama"]))).split(",") if m]
     args.configs = [c for c in args.configs.split(",") if c]
-    bad = [c for c in args.configs if c not in CONFIGS]
+    bad = [c for c in args.configs if c not in CONFIGS + EXTRA_CONFIGS]
     if bad:
-        p.error(f"--configs {bad}: pick from {', '.join(CONFIGS)}")
+        p.error(f"--configs {bad}: pick from {', '.join(CONFIGS + EXTRA_CONFIGS)}")
     kinds = [k for k in (args.batches or ("serving" if args.quick else "serving,1")).split(",") if k]
     if any(k != "serving" and not k.isdigit() for k in kinds):
         p.error(f"--batches {args.batches!r}: give 'serving' and/or integers, like serving,1")

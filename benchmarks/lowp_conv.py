@@ -7,6 +7,8 @@ batch, in one run, every call captured in a CUDA graph and replayed (as an engin
 - fp8 / int8 -> fp16: ``overdrive::conv2d_q`` with the same epilogue, fp16 output, input quantized already;
 - fp8 / int8 -> q: the same with the next layer's quantize in the epilogue (one byte per output element);
 - fp8 / int8 -> fp16+q (rows with a residual: a block's output): both at once (``overdrive::conv2d_q_dual``);
+- fp8 / int8 -> q, q residual (rows with a residual): quantized output and an 8-bit residual
+  (``BuildConfig.quantize_residuals``);
 each with the kernel tiles tuned for the shape (``quant.conv.tune``), and the relative error of the Triton kernel
 against the op's fp32 reference on the same quantized inputs (TF32 off), so a wrong kernel shows as an error, not
 as a speed. ``x vs fp16`` = fp16 cudnn ms / ms (> 1: faster).
@@ -125,6 +127,15 @@ def main() -> None:
                                                                  fp8, st, pd, dl, cfg)
 
                     row[f"{fmt} -> fp16+q ms"] = _graphed_ms(dual, dev, args.iters)
+                if residual and out_q:  # the residual read 8-bit too (BuildConfig.quantize_residuals)
+                    rs = torch.tensor(0.05, device=dev)
+                    zq = torch.ops.overdrive.quantize(z, rs, -128, fmt == "fp8")
+
+                    def qres(xq=xq, wq=wq, scale=scale, bias=bias, zq=zq, osc=osc, od=od, cfg=cfg, rs=rs):
+                        return torch.ops.overdrive.conv2d_q(xq, wq, scale, bias, zq, True, osc, od, -128, st, pd, dl,
+                                                            cfg, rs)
+
+                    row[f"{fmt} -> q, q residual ms"] = _graphed_ms(qres, dev, args.iters)
         for label, ms in times.items():
             row[f"{label} ms"] = ms
             weighted[label] += ms * count
@@ -146,7 +157,8 @@ def main() -> None:
              "rel err: ||triton - reference|| / ||reference|| against the op's fp32 reference on the same quantized "
              "inputs; bad: share of quantized outputs more than one quantization step from the reference"]
     cols = ["shape", "count", "fp16 cudnn ms", "fp8 -> fp16 ms", "fp8 -> q ms",
-            "int8 -> fp16 ms", "int8 -> q ms", "fp8 -> fp16+q ms", "int8 -> fp16+q ms", "best q vs fp16", "fp16 TF/s", "fp8 -> q TF/s", "fp8 -> fp16 rel err",
+            "int8 -> fp16 ms", "int8 -> q ms", "fp8 -> fp16+q ms", "int8 -> fp16+q ms", "fp8 -> q, q residual ms",
+            "int8 -> q, q residual ms", "best q vs fp16", "fp16 TF/s", "fp8 -> q TF/s", "fp8 -> fp16 rel err",
             "int8 -> fp16 rel err", "fp8 -> q bad", "int8 -> q bad"]
     write_results(args.out, {**device_facts(dev), "batch": args.batch}, rows, cols, notes,
                   extra={"weighted_ms": weighted})

@@ -107,3 +107,13 @@ def test_split_runs_merge(zoo, tmp_path: Path) -> None:
     merged = json.loads((tmp_path / "engine_zoo.json").read_text())
     assert sorted(merged["meta"]["merged_from"]) == ["engine_zoo_a.json", "engine_zoo_b.json"]
     assert merged["results"]["summary"]["by_batch"]["all"]["fp16_vs_ro"]["geomean"] == pytest.approx(1.0)
+
+
+def test_quantized_residual_configs_count_as_low_precision(zoo) -> None:
+    # engine_int8_qres / engine_fp8_qres (opt-in configs) take part in the best-low-precision summary
+    rows = [_row("a", "engine_fp16", 1.0, x_vs_ro=1.5, build_s=30.0),
+            _row("a", "engine_int8", 1.2, x_vs_engine_fp16=0.85, cosine=0.999),
+            _row("a", "engine_int8_qres", 0.8, x_vs_engine_fp16=1.25, cosine=0.998)]
+    e = zoo.summarize(rows)["per_model"][0]
+    assert e["best_lowp"] == "engine_int8_qres" and e["lowp_vs_fp16"] == 1.25
+    assert "engine_fp8_qres" not in zoo.CONFIGS and "engine_fp8_qres" in zoo.EXTRA_CONFIGS

@@ -102,18 +102,24 @@ def test_quantizes_with_different_scales_are_not_merged() -> None:
 
 
 class _IdentityBlock(nn.Module):
-    """A bottleneck with an identity shortcut: its input is read by c1 (quantized) and by the residual add (float)."""
+    """A bottleneck with an identity shortcut: its input is read by c1 (quantized) and by the residual add (float).
+    With ``q_res`` the residual is quantized by c1's input scale first (the reference for quantized residuals)."""
 
     def __init__(self, c: int) -> None:
         super().__init__()
         self.c1, self.b1 = nn.Conv2d(2 * c, c, 1, bias=False), nn.BatchNorm2d(c)
         self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
         self.c3, self.b3 = nn.Conv2d(c, 2 * c, 1, bias=False), nn.BatchNorm2d(2 * c)
+        self.q_res = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.b1(self.c1(x)))
         y = torch.relu(self.b2(self.c2(y)))
-        return torch.relu(self.b3(self.c3(y)) + x)
+        r = x
+        if self.q_res:
+            c1 = self.c1
+            r = torch.ops.overdrive.quantize(x, c1.x_scale, c1.x_qmin, c1.fmt == "fp8").float() * c1.x_scale
+        return torch.relu(self.b3(self.c3(y)) + r)
 
 
 @pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
@@ -193,3 +199,84 @@ def test_layer_timing_takes_quantized_convolutions(margin: float, reverted: int)
         with torch.no_grad():
             after = m(x)
         assert torch.nn.functional.cosine_similarity(after.flatten(), before.flatten(), dim=0).item() > 0.999
+
+
+@pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
+def test_quantized_residuals_hand_over_only_8_bit_tensors(cls) -> None:
+    # with quantize_residuals, the identity blocks' residual adds read the block input's 8-bit tensor (c1's input):
+    # the block outputs have no float reader left and are written 8-bit only; the reference is the unfused model
+    # with each residual quantized by c1's scale
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
+    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    q = _quantized(m, cls, x).eval()
+    with torch.no_grad():
+        plain = q(x)
+        for blk in list(q)[1:]:
+            blk.q_res = True
+        want = q(x)
+        for blk in list(q)[1:]:
+            blk.q_res = False
+        ep = torch.export.export(q, (x,))
+        counts = fuse_lowp_convs(ep, quantize_residuals=True)
+        got = ep.module()(x)
+    assert counts == {"folded": 10, "quantized_out": 8, "dual_out": 0, "inlined": 1, "quantized_residuals": 2}
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.overdrive.conv2d_q_dual.default not in targets
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() > 0.9999
+    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+    # against the float residuals: only the 8-bit rounding of the two residuals apart
+    assert torch.nn.functional.cosine_similarity(got.flatten(), plain.flatten(), dim=0).item() > 0.999
+
+
+def test_quantized_residuals_off_by_default_and_counted_when_on() -> None:
+    m = nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()).eval()
+    ep = torch.export.export(m, (torch.randn(1, 4, 8, 8),))
+    assert "quantized_residuals" not in fuse_lowp_convs(ep)
+    assert fuse_lowp_convs(ep, quantize_residuals=True)["quantized_residuals"] == 0
+
+
+def test_quantize_residuals_is_for_int8_and_fp8_builds(tmp_path) -> None:
+    # a float build with the flag: one clear error (config and CLI) before any work; an int8 config keeps it, and
+    # the engine header's config leaves it out at its default (older engine files read the same)
+    import contextlib
+    import io
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.cli.main import main
+    from overdrive.engine.config import BuildConfig
+
+    with pytest.raises(UsageError, match=r"quantize_residuals \(--quantize-residuals\) applies to int8 / fp8"):
+        BuildConfig(precision="fp16", quantize_residuals=True)
+    cfg = BuildConfig(precision="int8", quantize_residuals=True)
+    assert BuildConfig.from_json(cfg.to_json()) == cfg
+    assert "quantize_residuals" not in BuildConfig(precision="int8").to_json()
+    model_py = tmp_path / "m.py"
+    model_py.write_text("import torch\ndef build():\n    return torch.nn.Conv2d(16, 16, 3)\n")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["build", "--model", f"{model_py}:build", "--shapes", "x:1x16x8x8", "--fp16",
+                     "--quantize-residuals", "--save-engine", str(tmp_path / "m.engine")])
+    assert code != 0 and "--quantize-residuals" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
+    assert not (tmp_path / "m.engine").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_quantized_residual_engine_on_gpu(precision: str) -> None:
+    """An int8/fp8 engine with ``quantize_residuals``: the identity blocks' residual adds read 8-bit tensors in the
+    Triton kernel's epilogue (no dual outputs left), within 8-bit tolerance of the fp32 model (cosine)."""
+    from overdrive.engine import Builder, ShapeProfile
+
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(Bottleneck(c=64, down=True), _IdentityBlock(64), _IdentityBlock(64))).eval()
+    x = torch.randn(16, 64, 28, 28)
+    with torch.no_grad():
+        ref = m(x)
+    eng = Builder(precision=precision, device="cuda", profiles=[ShapeProfile.fixed("x", (16, 64, 28, 28))],
+                  layer_precision="all", quantize_residuals=True).build(m, (x,), input_names=["x"], calib=[(x,)])
+    lowp = eng.header["backend_meta"]["lowp_conv"]
+    assert lowp["quantized_residuals"] == 2 and lowp["dual_out"] == 0, lowp
+    out = eng(x).float().cpu()
+    cos = torch.nn.functional.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
+    assert cos > 0.99, cos

@@ -80,6 +80,34 @@ def test_dual_output_needs_a_float_output() -> None:
                       [0, 0], [1, 1], -1)
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_quantized_residual_is_added_dequantized(fp8: bool) -> None:
+    # an int8 / fp8 residual with its scale: the op adds residual * res_scale (fp32 reference written out)
+    dt = FP8 if fp8 else torch.int8
+    x = (torch.randn(2, 16, 5, 5) * 20).to(dt).contiguous(memory_format=CL)
+    w = (torch.randn(8, 16, 1, 1) * 20).to(dt).contiguous(memory_format=CL)
+    scale, rs = torch.rand(8) * 1e-3, torch.tensor(0.03)
+    r = torch.randn(2, 8, 5, 5).contiguous(memory_format=CL)
+    rq = quantize(r, rs, -127, fp8)
+    got = conv2d_q(x, w, scale, None, rq, True, None, torch.float32, -128, [1, 1], [0, 0], [1, 1], -1, rs)
+    want = torch.relu(F.conv2d(x.double(), w.double()) * scale.double().view(1, -1, 1, 1) + rq.double() * 0.03)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    y, q = conv2d_q_dual(x, w, scale, None, rq, True, torch.float32, rs, -127, fp8, [1, 1], [0, 0], [1, 1], -1, rs)
+    torch.testing.assert_close(y, got)
+
+
+def test_res_scale_goes_with_a_quantized_residual() -> None:
+    x = torch.zeros(1, 16, 4, 4, dtype=torch.int8)
+    w = torch.zeros(8, 16, 1, 1, dtype=torch.int8)
+    one = torch.ones(8)
+    with pytest.raises(UsageError, match="res_scale goes with an int8 / fp8 residual"):
+        conv2d_q(x, w, one, None, torch.zeros(1, 8, 4, 4, dtype=torch.int8), False, None, torch.float32, -128,
+                 [1, 1], [0, 0], [1, 1], -1)
+    with pytest.raises(UsageError, match="got a torch.float32 residual and res_scale set"):
+        conv2d_q(x, w, one, None, torch.zeros(1, 8, 4, 4), False, None, torch.float32, -128, [1, 1], [0, 0], [1, 1],
+                 -1, torch.tensor(1.0))
+
+
 def test_quantize_op_matches_fake_quant_arithmetic() -> None:
     x = torch.randn(3, 8, 5, 5).contiguous(memory_format=CL) * 3
     s = torch.tensor(0.03)
@@ -176,6 +204,12 @@ def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
             qd = (dq.float() - _quantize_ref(dgot, osc, -127, fmt == "fp8").float()).abs()
             qstep = 1.0 if fmt == "int8" else dgot.float().abs().div(0.05).clamp_min(1.0) / 8
             assert (qd <= qstep + 1e-6).all() and (qd > 0).float().mean().item() < 1e-3
+            if residual is not None:  # a quantized residual, dequantized by its scale in the epilogue
+                rs = torch.tensor(0.02, device=dev)
+                rq = quantize(residual, rs, -127, fmt == "fp8")
+                got = conv2d_q(xq, wq, scale, bias, rq, relu, None, torch.float32, -128, *args, config, rs)
+                ref = _reference(xq, wq, scale, bias, rq, relu, None, torch.float32, -128, *args, rs)
+                assert ((got - ref).norm() / ref.norm()).item() < tol
     finally:
         torch.backends.cudnn.allow_tf32 = old
 

@@ -69,6 +69,10 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
 @click.option("--sibling-gemms/--no-sibling-gemms", "sibling_gemms", default=None,
               help="Run Linears that read one input (Q/K/V, gate/up) as one GEMM where it times faster; inductor "
                    "backend, with freezing (default: on for CUDA builds, off on CPU).")
+@click.option("--quantize-residuals", "quantize_residuals", is_flag=True,
+              help="int8/fp8 CNNs on CUDA: a residual add whose input is also quantized for a convolution (a ResNet "
+                   "block's input) reads that 8-bit tensor, so blocks hand over only 8-bit tensors; the residual "
+                   "then carries 8-bit rounding (inductor backend).")
 @json_option("the engine info")
 @progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
@@ -78,7 +82,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             calib: str | None, checkpoint: str | None, accept_low_accuracy: bool, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, conv_fusion: bool | None,
-            sibling_gemms: bool | None, json_path: str | None, no_progress: bool) -> None:
+            sibling_gemms: bool | None, quantize_residuals: bool, json_path: str | None, no_progress: bool) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b
@@ -111,7 +115,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                               layer_precision=layer_precision, calib=calib, accept_low_accuracy=accept_low_accuracy, checkpoint=checkpoint,
                               timing_cache=timing_cache,
                               trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
-                              conv_fusion=conv_fusion, sibling_gemms=sibling_gemms)
+                              conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
+                              quantize_residuals=quantize_residuals)
     info = engine.info
     if json_path is not None:
         write_json(info, json_path)

@@ -179,7 +179,8 @@ class Builder:
         cfg = cfg.replace(precision=precision)
         needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
                                  ("--gemm-gelu", cfg.gemm_gelu is True), ("--conv-fusion", cfg.conv_fusion is True),
-                                 ("--sibling-gemms", cfg.sibling_gemms is True))
+                                 ("--sibling-gemms", cfg.sibling_gemms is True),
+                                 ("--quantize-residuals", cfg.quantize_residuals))
                  if on]
         forced = needs and cfg.backend == "auto"
         if forced:
@@ -206,7 +207,8 @@ class Builder:
         if cfg.gemm_gelu is True and name != "inductor":
             raise UsageError(f"--gemm-gelu rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                              "use --backend inductor, or drop --gemm-gelu")
-        for flag, on in (("--conv-fusion", cfg.conv_fusion), ("--sibling-gemms", cfg.sibling_gemms)):
+        for flag, on in (("--conv-fusion", cfg.conv_fusion), ("--sibling-gemms", cfg.sibling_gemms),
+                         ("--quantize-residuals", cfg.quantize_residuals)):
             if on is True and name != "inductor":
                 raise UsageError(f"{flag} rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                                  f"use --backend inductor, or drop {flag}")
@@ -268,7 +270,9 @@ class Builder:
         for prec in candidates:
             try:
                 acts = self.config.int8_activations if prec == "int8" else None
-                eng = Builder(self.config, precision=prec, int8_activations=acts, min_cosine=self.min_cosine,
+                qres = self.config.quantize_residuals and prec in ("int8", "fp8")
+                eng = Builder(self.config, precision=prec, int8_activations=acts, quantize_residuals=qres,
+                              min_cosine=self.min_cosine,
                               on_low_accuracy=self.on_low_accuracy)._build(
                     model, example_inputs, input_names, calib, onnx_path, warn=False)
             except UsageError as exc:  # e.g. an ONNX model without Q/DQ nodes cannot be int8: skip, say why

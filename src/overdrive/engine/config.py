@@ -161,6 +161,10 @@ class BuildConfig(ConfigBase):
     ``layer_precision`` (int8/fp8 from a PyTorch model): ``"timed"`` times each int8/fp8 GEMM layer against its
     float twin at build time and keeps the float one where it is faster, as TensorRT's tactic selection does
     (``engine.info["layers_kept_float"]`` lists them and why); ``"all"`` keeps every supported layer low-precision.
+    ``quantize_residuals`` (int8/fp8 convolutions on CUDA): a residual add whose input is also quantized for a
+    convolution (a ResNet block's input) reads that 8-bit tensor, so blocks hand over only 8-bit tensors (one byte
+    per element each way); the residual then carries 8-bit rounding, as in pytorch-quantization's and TensorRT's int8
+    ResNets. Off by default.
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
     effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
@@ -192,8 +196,9 @@ class BuildConfig(ConfigBase):
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
     int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above
     layer_precision: str = "timed"  # int8/fp8: "timed" (a layer whose low-precision GEMM loses stays float) or "all"
+    quantize_residuals: bool = False  # int8/fp8 CNNs on CUDA: residual adds read the block input's 8-bit tensor
     _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations", "layer_precision",
-                                                 "conv_fusion", "sibling_gemms")
+                                                 "conv_fusion", "sibling_gemms", "quantize_residuals")
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -217,6 +222,9 @@ class BuildConfig(ConfigBase):
                 raise UsageError(f"int8_activations={self.int8_activations!r} (--int8-activations) applies to int8 "
                                  f"engines, but the precision is {self.precision}; give --precision int8 (or best), or "
                                  "drop the flag")
+        if self.quantize_residuals and self.precision not in ("int8", "fp8", "best"):
+            raise UsageError(f"quantize_residuals (--quantize-residuals) applies to int8 / fp8 engines, but the "
+                             f"precision is {self.precision}; give --int8 or --fp8, or drop the flag")
         profiles = tuple(p if isinstance(p, ShapeProfile) else ShapeProfile.from_dict(p) for p in self.profiles)
         object.__setattr__(self, "profiles", profiles)
         object.__setattr__(self, "input_io_formats", tuple(parse_io_formats(self.input_io_formats)))

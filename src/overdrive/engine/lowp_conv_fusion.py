@@ -14,6 +14,9 @@ program so that:
 3. a ``conv2d_q`` read both in float (a residual add, a pooling) and through ``overdrive::quantize`` becomes one
    ``overdrive::conv2d_q_dual`` that writes both (a ResNet block's output: the next block's residual and its
    convolutions' input), so no separate pass reads the float tensor again to quantize it;
+   With ``quantize_residuals`` (``BuildConfig.quantize_residuals``, off by default), a residual that is also quantized
+   for a convolution is read in 8 bits instead (:func:`_quantize_residuals`), so ResNet blocks hand over only 8-bit
+   tensors;
 4. each ``overdrive::quantize`` left (an input from a pooling layer, a block output also used as a residual) is
    written back as plain ATen arithmetic, which Inductor fuses into the pass that produces its input.
 
@@ -44,7 +47,12 @@ _CONV_Q = torch.ops.overdrive.conv2d_q.default
 _QUANTIZE = torch.ops.overdrive.quantize.default
 _DUAL = torch.ops.overdrive.conv2d_q_dual.default
 # conv2d_q's arguments, by position
-X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG = range(13)
+X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE = range(14)
+
+
+def _args(conv: Node) -> list[Any]:
+    """A conv2d_q node's arguments, all 14 (export leaves the trailing default ``res_scale`` out)."""
+    return [*conv.args, *[None] * (14 - len(conv.args))]
 
 
 def _only_user(node: Node) -> Node | None:
@@ -101,7 +109,7 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
     for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
         if conv.args[OUT_SCALE] is not None or conv.args[RES] is not None or conv.args[RELU]:
             continue
-        args = list(conv.args)
+        args = _args(conv)
         tail, chain = conv, [conv]
         got = _bn_after(tail)
         if got is not None:
@@ -140,6 +148,37 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
     return folded
 
 
+def _quantize_residuals(ep: Any, graph: torch.fx.Graph) -> int:
+    """Step 1b (``quantize_residuals``): a conv2d_q adding a float residual that is also quantized for a convolution
+    (a ResNet block's input, read by the block's first convolution and by its residual add) reads the quantized
+    tensor instead, dequantized in its epilogue by that quantize's scale. One byte per residual element is read
+    instead of two, and once no float reader is left the block before writes only the 8-bit tensor. The residual
+    then carries 8-bit rounding: pytorch-quantization's ResNets quantize it the same way, and TensorRT's int8 ResNets
+    run it so."""
+    done = 0
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
+        args = _args(conv)
+        r = args[RES]
+        if not isinstance(r, Node) or args[RES_SCALE] is not None:
+            continue
+        rv = _val(r)
+        if rv is None or rv.dtype in (torch.int8, torch.float8_e4m3fn):
+            continue
+        qs = [u for u in r.users if u.target is _QUANTIZE and u.args[0] is r and order[u] < order[conv]]
+        if not qs:
+            continue
+        q = qs[0]
+        args[RES], args[RES_SCALE] = q, q.args[1]
+        with graph.inserting_before(conv):
+            new = graph.call_function(_CONV_Q, tuple(args))
+        new.meta["val"] = conv.meta.get("val")
+        _replace(ep, graph, conv, new)
+        graph.erase_node(conv)
+        done += 1
+    return done
+
+
 def _scale_key(scale: Any, consts: dict[str, torch.Tensor]) -> Any:
     """What makes two quantize scales the same: the value of a one-element build-time constant, else the node."""
     value = consts.get(scale.name) if isinstance(scale, Node) and scale.op == "placeholder" else None
@@ -165,7 +204,7 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Te
             continue
         first = min(users, key=order.__getitem__)
         _, scale, qmin, fp8 = first.args
-        args = list(conv.args)
+        args = _args(conv)
         args[OUT_SCALE], args[QMIN] = scale, qmin
         args[OUT_DTYPE] = torch.float8_e4m3fn if fp8 else torch.int8
         with graph.inserting_before(first):  # after the conv and the scale, before every reader
@@ -196,12 +235,13 @@ def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor
         if len(served) == len(conv.users):  # every reader quantizes with one scale: step 2's case
             continue
         _, scale, qmin, fp8 = served[0].args
-        a = conv.args
+        a = _args(conv)
         with graph.inserting_before(conv):  # the scale is a placeholder or computed before its readers: check
             if isinstance(scale, Node) and scale.op != "placeholder":
                 continue
             new = graph.call_function(_DUAL, (a[X], a[W], a[SCALE], a[BIAS], a[RES], a[RELU], a[OUT_DTYPE], scale,
-                                              qmin, fp8, a[STRIDE], a[PADDING], a[DILATION], a[CONFIG]))
+                                              qmin, fp8, a[STRIDE], a[PADDING], a[DILATION], a[CONFIG],
+                                              a[RES_SCALE]))
             y = graph.call_function(operator.getitem, (new, 0))
             q = graph.call_function(operator.getitem, (new, 1))
         new.meta["val"] = (conv.meta.get("val"), served[0].meta.get("val"))
@@ -252,9 +292,10 @@ def _inline_quantizes(graph: torch.fx.Graph) -> int:
     return n_done
 
 
-def fuse_lowp_convs(ep: Any) -> dict[str, int]:
+def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]:
     """Fold epilogues into ``overdrive::conv2d_q`` nodes and quantize their outputs where every reader wants that, in
-    place (module docstring: steps 1-4). Returns the counts: ``folded``, ``quantized_out``, ``dual_out``, ``inlined``.
+    place (module docstring: steps 1-4). Returns the counts: ``folded``, ``quantized_out``, ``dual_out``, ``inlined``
+    (and ``quantized_residuals`` with ``quantize_residuals``: residuals read 8-bit, see :func:`_quantize_residuals`).
 
     Example:
         >>> # fuse_lowp_convs(torch.export.export(quant.to_real(calibrated_cnn), (x,)))
@@ -265,10 +306,12 @@ def fuse_lowp_convs(ep: Any) -> dict[str, int]:
     gm = ep.graph_module
     graph = gm.graph
     if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE) for n in graph.nodes):
-        return {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0}
+        none = {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0}
+        return {**none, "quantized_residuals": 0} if quantize_residuals else none
     consts = constant_inputs(ep)
     folded = _fold_epilogues(ep, graph)
     graph.eliminate_dead_code()
+    residuals = _quantize_residuals(ep, graph) if quantize_residuals else 0
     quantized = _quantize_outputs(ep, graph, consts)
     graph.eliminate_dead_code()
     dual = _dual_outputs(ep, graph, consts)
@@ -282,4 +325,5 @@ def fuse_lowp_convs(ep: Any) -> dict[str, int]:
     inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
     with contextlib.suppress(Exception):  # meta values refresh; a failure leaves the (valid) graph as it is
         FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
-    return {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined}
+    counts = {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined}
+    return {**counts, "quantized_residuals": residuals} if quantize_residuals else counts

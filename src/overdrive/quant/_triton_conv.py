@@ -51,14 +51,15 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
 # pixels are not known to be 16-byte aligned, and every store and load is split into single elements.
 @triton.jit(do_not_specialize=["M", "C_BLOCKS", "K_ITERS", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW",
                                "DH", "DW"])
-def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_ptr, q_ptr, q_scale_ptr,
+def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_ptr, out_scale_ptr, q_ptr, q_scale_ptr,
                  M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW,
                  KH: tl.constexpr, KW: tl.constexpr, IS_INT: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RELU: tl.constexpr, OUT_Q: tl.constexpr,
-                 Q2: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, RELU: tl.constexpr,
+                 OUT_Q: tl.constexpr, Q2: tl.constexpr,
                  QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_M: tl.constexpr):
     # OUT_Q: 0 = out_ptr's float dtype, 1 = fp8 e4m3 (/ out_scale, clamp +-448), 2 = int8 (/ out_scale, rint, clamp)
+    # RES_Q: the residual is int8 / fp8, added as residual * res_scale (a block input quantized for its next conv)
     # Q2: 0 = nothing more; 1 / 2 = also write the result quantized (fp8 / int8, by q_scale) to q_ptr (dual output)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -113,7 +114,10 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, out_scale_
     out_off = offs_m.to(tl.int64)[:, None] * N_OUT + offs_n[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if HAS_RES:
-        y += tl.load(res_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
+        if RES_Q:  # masked-off lanes are never stored, so they take no fill value (0.0 would not cast to int8)
+            y += tl.load(res_ptr + out_off, mask=mask).to(tl.float32) * tl.load(res_scale_ptr)
+        else:
+            y += tl.load(res_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
     if Q2 != 0:  # quantize the value as stored (rounded to out's dtype), as a quantize reading ``out`` would
@@ -153,10 +157,12 @@ def default_config(m: int, n_out: int, c: int) -> int:
 def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
            residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
            qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
-           q_out: torch.Tensor | None = None, q_scale: torch.Tensor | None = None, q_mode: int = 0) -> torch.Tensor:
+           q_out: torch.Tensor | None = None, q_scale: torch.Tensor | None = None, q_mode: int = 0,
+           res_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Runs the kernel. ``x`` (N, H, W, C) and ``w`` (Cout, KH, KW, C) contiguous, int8 or fp8; ``out`` (and
     ``residual``, ``q_out``) (N, Ho, Wo, Cout) contiguous; ``scale`` / ``bias`` fp32 (Cout,). With ``q_mode`` 1 / 2
-    the result is also written to ``q_out`` as fp8 / int8 by ``q_scale`` (the dual output)."""
+    the result is also written to ``q_out`` as fp8 / int8 by ``q_scale`` (the dual output); an int8 / fp8 ``residual``
+    comes with its ``res_scale`` (fp32, one element)."""
     n, h, wd, c = x.shape
     n_out, kh, kw, _ = w.shape
     _, ho, wo, _ = out.shape
@@ -165,11 +171,13 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     grid = (triton.cdiv(m, bm) * triton.cdiv(n_out, bn),)
     dummy = scale
     _conv_kernel[grid](
-        x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy, out,
+        x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy,
+        res_scale if res_scale is not None else dummy, out,
         out_scale if out_scale is not None else dummy, q_out if q_out is not None else dummy,
         q_scale if q_scale is not None else dummy,
         m, n_out, c, triton.cdiv(c, bk), kh * kw * triton.cdiv(c, bk), h, wd, ho, wo, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
         KH=kh, KW=kw, IS_INT=x.dtype == torch.int8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        RES_Q=res_scale is not None,
         RELU=relu, OUT_Q=out_q, Q2=q_mode, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
         num_warps=warps, num_stages=stages)
     return out

@@ -6,8 +6,10 @@ and the modules :class:`Int8Conv2d` / :class:`Fp8Conv2d` that ``quant.to_real`` 
   quantization computes it (int8: ``clamp(round(x / scale), qmin, 127)``; fp8 e4m3: ``clamp(x / scale, -448, 448)``).
   A separate op so that an engine can find it and move it into the epilogue of the layer that produces ``x``.
 - ``overdrive::conv2d_q(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding,
-  dilation, config)``: ``relu(conv2d(x, weight) * scale + bias + residual)`` on quantized ``x`` and ``weight`` (both
-  int8 or both fp8), where ``scale`` (Cout,) is the activation scale times each output channel's weight scale. The
+  dilation, config, res_scale=None)``: ``relu(conv2d(x, weight) * scale + bias + residual)`` on quantized ``x`` and
+  ``weight`` (both
+  int8 or both fp8), where ``scale`` (Cout,) is the activation scale times each output channel's weight scale; a
+  quantized residual (int8 / fp8) comes with its ``res_scale`` and is added as ``residual * res_scale``. The
   output is ``out_dtype`` (fp16, bf16, fp32) or, with ``out_scale``, the next layer's quantized input (int8 / fp8).
   On CUDA it is one Triton implicit-GEMM kernel on int8 / fp8 tensor cores with all of that in its epilogue
   (``quant/_triton_conv.py``); elsewhere the same function in fp32 (the reference the kernel is tested against).
@@ -75,32 +77,43 @@ def _empty_out(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding
     return torch.empty((x.shape[0], ho, wo, weight.shape[0]), dtype=dtype, device=x.device).permute(0, 3, 1, 2)
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, out_scale: torch.Tensor | None, out_dtype: torch.dtype) -> None:
+def _check(x: torch.Tensor, weight: torch.Tensor, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
+           residual: torch.Tensor | None = None, res_scale: torch.Tensor | None = None) -> None:
     if x.dtype not in _QUANTIZED or weight.dtype != x.dtype:
         raise UsageError(f"overdrive::conv2d_q takes int8 or fp8 x and weight of one dtype, got {x.dtype} and "
                          f"{weight.dtype}; quantize the input with overdrive::quantize first")
     if (out_dtype in _QUANTIZED) != (out_scale is not None):
         raise UsageError(f"overdrive::conv2d_q: out_dtype {out_dtype} needs out_scale exactly when it is int8 / fp8")
+    quantized_res = residual is not None and residual.dtype in _QUANTIZED
+    if quantized_res != (res_scale is not None):
+        got = "no residual" if residual is None else f"a {residual.dtype} residual"
+        raise UsageError(f"overdrive::conv2d_q: res_scale goes with an int8 / fp8 residual, got {got} and "
+                         f"res_scale {'set' if res_scale is not None else 'None'}; pass the residual's quantize scale "
+                         "with a quantized residual, and none with a float one")
 
 
 @torch.library.custom_op("overdrive::conv2d_q", mutates_args=())
 def conv2d_q(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
              residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
-             qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+             qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
+             res_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``relu(conv2d(x, weight) * scale + bias + residual)``, in ``out_dtype`` or quantized by ``out_scale``
-    (int8 in [``qmin``, 127], or fp8); ``config`` picks the CUDA kernel's tiles (-1: a default)."""
-    _check(x, weight, out_scale, out_dtype)
-    return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding, dilation)
+    (int8 in [``qmin``, 127], or fp8); ``config`` picks the CUDA kernel's tiles (-1: a default); an int8 / fp8
+    ``residual`` is dequantized by ``res_scale``."""
+    _check(x, weight, out_scale, out_dtype, residual, res_scale)
+    return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding, dilation,
+                      res_scale)
 
 
 @conv2d_q.register_kernel("cuda")
 def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
-                   qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
-    _check(x, weight, out_scale, out_dtype)
+                   qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
+                   res_scale: torch.Tensor | None = None) -> torch.Tensor:
+    _check(x, weight, out_scale, out_dtype, residual, res_scale)
     if not triton_available():
         return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding,
-                          dilation)
+                          dilation, res_scale)
     from overdrive.quant import _triton_conv
 
     xn = _nhwc(x)
@@ -110,40 +123,41 @@ def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     _triton_conv.launch(xn, wn, scale.float().contiguous(), None if bias is None else bias.float().contiguous(), res,
                         relu, out.permute(0, 2, 3, 1), None if out_scale is None else out_scale.float().reshape(1),
                         {torch.int8: 2, FP8: 1}.get(out_dtype, 0), qmin, list(stride), list(padding), list(dilation),
-                        config)
+                        config, res_scale=None if res_scale is None else res_scale.float().reshape(1))
     return out
 
 
-def _check_dual(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> None:
+def _check_dual(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, residual: torch.Tensor | None,
+                res_scale: torch.Tensor | None) -> None:
     if out_dtype in _QUANTIZED:
         raise UsageError(f"overdrive::conv2d_q_dual: out_dtype {out_dtype} must be a float dtype (fp16, bf16, fp32): "
                          "the quantized output is the second one; use conv2d_q with out_scale for one quantized output")
-    _check(x, weight, None, out_dtype)
+    _check(x, weight, None, out_dtype, residual, res_scale)
 
 
 @torch.library.custom_op("overdrive::conv2d_q_dual", mutates_args=())
 def conv2d_q_dual(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                   residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor, qmin: int,
-                  q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int], config: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int], config: int,
+                  res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``conv2d_q``'s float output (``out_dtype``) and the same output quantized by ``q_scale`` (fp8 when
     ``q_fp8``, else int8 in [``qmin``, 127]), from one kernel: the dual output of a block whose result is both a
     residual (read in float) and the next convolution's input (read quantized). The quantized tensor equals
     ``overdrive::quantize`` of the float one."""
-    _check_dual(x, weight, out_dtype)
+    _check_dual(x, weight, out_dtype, residual, res_scale)
     return _dual_reference(x, weight, scale, bias, residual, relu, out_dtype, q_scale, qmin, q_fp8, stride, padding,
-                           dilation)
+                           dilation, res_scale)
 
 
 @conv2d_q_dual.register_kernel("cuda")
 def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                         residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
                         qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
-                        config: int) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_dual(x, weight, out_dtype)
+                        config: int, res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_dual(x, weight, out_dtype, residual, res_scale)
     if not triton_available():
         return _dual_reference(x, weight, scale, bias, residual, relu, out_dtype, q_scale, qmin, q_fp8, stride,
-                               padding, dilation)
+                               padding, dilation, res_scale)
     from overdrive.quant import _triton_conv
 
     out = _empty_out(x, weight, stride, padding, dilation, out_dtype)
@@ -152,7 +166,8 @@ def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         None if bias is None else bias.float().contiguous(),
                         None if residual is None else _nhwc(residual), relu, out.permute(0, 2, 3, 1), None, 0, qmin,
                         list(stride), list(padding), list(dilation), config, q_out=q.permute(0, 2, 3, 1),
-                        q_scale=q_scale.float().reshape(1), q_mode=1 if q_fp8 else 2)
+                        q_scale=q_scale.float().reshape(1), q_mode=1 if q_fp8 else 2,
+                        res_scale=None if res_scale is None else res_scale.float().reshape(1))
     return out, q
 
 
@@ -160,16 +175,17 @@ def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
 def _conv2d_q_dual_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                         residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
                         qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
-                        config: int) -> tuple[torch.Tensor, torch.Tensor]:
+                        config: int, res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     return (_empty_out(x, weight, stride, padding, dilation, out_dtype),
             _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8))
 
 
 def _dual_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                     residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
-                    qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    y = _reference(x, weight, scale, bias, residual, relu, None, out_dtype, qmin, stride, padding, dilation)
+                    qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
+                    res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    y = _reference(x, weight, scale, bias, residual, relu, None, out_dtype, qmin, stride, padding, dilation,
+                   res_scale)
     q = _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8)
     return y, q.copy_(_quantize_ref(y, q_scale, qmin, q_fp8))
 
@@ -177,13 +193,13 @@ def _dual_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
 def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                          residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None,
                          out_dtype: torch.dtype, qmin: int, stride: list[int], padding: list[int],
-                         dilation: list[int]) -> torch.Tensor:
+                         dilation: list[int], res_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The op as fp32 arithmetic on ``x``'s device: products of int8 / fp8 values are exact in fp32."""
     y = F.conv2d(x.float(), weight.float(), None, stride, padding, dilation) * scale.view(1, -1, 1, 1)
     if bias is not None:
         y = y + bias.float().view(1, -1, 1, 1)
     if residual is not None:
-        y = y + residual.float()
+        y = y + (residual.float() if res_scale is None else residual.float() * res_scale.float())
     if relu:
         y = torch.relu(y)
     if out_scale is not None:
@@ -194,7 +210,8 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias:
 @conv2d_q.register_fake
 def _conv2d_q_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
-                   qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int) -> torch.Tensor:
+                   qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
+                   res_scale: torch.Tensor | None = None) -> torch.Tensor:
     return _empty_out(x, weight, stride, padding, dilation, out_dtype)
 
 

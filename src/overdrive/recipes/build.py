@@ -48,7 +48,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  trust_timing_cache: bool = False,
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None,
-                 conv_fusion: bool | None = None, sibling_gemms: bool | None = None) -> Engine:
+                 conv_fusion: bool | None = None, sibling_gemms: bool | None = None,
+                 quantize_residuals: bool = False) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     An int8/fp8 engine whose outputs on the calibration data fall below the accuracy tolerance raises
@@ -90,7 +91,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       compile_mode="max-autotune" if max_autotune else None, aot=aot, int8_activations=int8_activations,
                       layer_precision=layer_precision,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
-                      conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
+                      conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     batches = _calibration(calib, src)
     if batches and src.module is not None and not src.input_dtypes:

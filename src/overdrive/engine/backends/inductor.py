@@ -278,7 +278,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
     convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device, dyn is not None) else []
     # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
-    lowp = fuse_lowp_convs(ep) if cfg.precision in ("int8", "fp8") else {}
+    lowp = fuse_lowp_convs(ep, cfg.quantize_residuals) if cfg.precision in ("int8", "fp8") else {}
     groups = TimedGroups(device) if cuda else None
     siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
     buf = io.BytesIO()
