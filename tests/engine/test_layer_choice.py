@@ -120,3 +120,29 @@ def test_float_twin_of_a_smoothed_layer_folds_the_input_factors() -> None:
     with torch.no_grad():
         ref, got = lin(x), _float_twin(m, torch.float32)(x)
     assert float(torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), dim=0)) >= 0.999
+
+
+def test_engine_info_says_where_each_layer_runs(tmp_path) -> None:
+    # engine.info["layers"]: each quantized layer's kernel, or float and why; kept in the saved engine, and the build
+    # line counts them
+    from overdrive.engine import Engine, ShapeProfile
+    from overdrive.engine.layer_choice import placement_summary
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 1), nn.Flatten(),
+                      nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
+    x = torch.randn(4, 16, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eng = Builder(BuildConfig(precision="int8", device="cpu", backend="inductor", layer_precision="all",
+                                  profiles=(ShapeProfile.fixed("x", (4, 16, 8, 8)),))).build(
+            m, (x,), input_names=["x"], calib=[(x,)])
+    layers = eng.info["layers"]
+    assert layers == {
+        "0": "float32: QuantConv2d (3, 3) has no low-precision kernel here (float)",  # CPU: 1x1 convs only
+        "2": "int8 1x1 conv as a GEMM (torch._int_mm)",
+        "4": "int8 GEMM (torch._int_mm)",
+        "6": "float32: in/out features (64, 10) not multiples of 8 (_int_mm)"}
+    assert placement_summary(layers).startswith("layers: 2 float32 (no kernel), 1 int8 1x1 conv as a GEMM")
+    eng.save(tmp_path / "m.engine")
+    assert Engine.load(tmp_path / "m.engine").info["layers"] == layers

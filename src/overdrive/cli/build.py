@@ -127,6 +127,10 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             from overdrive.engine.int8 import summary as int8_summary
 
             click.echo(f"[I] {int8_summary(info['int8'])}")
+        if info.get("layers"):
+            from overdrive.engine.layer_choice import placement_summary
+
+            click.echo(f"[I] {placement_summary(info['layers'])}")
         if info.get("accuracy"):
             from overdrive.engine.accuracy import summary
 

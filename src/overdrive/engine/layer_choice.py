@@ -238,3 +238,20 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w} k{kh}x{kw} "
            f"s{m.stride[0]}->{m.out_channels}")
     return t_low > margin * t_float, why, config
+
+
+def placement_summary(layers: dict[str, str]) -> str:
+    """One line from ``engine.info["layers"]``: how many layers run on each kernel, and how many stay float and why.
+
+    Example:
+        >>> placement_summary({"a": "int8 GEMM (torch._int_mm)", "b": "float16: timed faster than its low-precision "
+        ...                    "kernel (int8 0.5x float16 at 8x64->64)", "c": "int8 GEMM (torch._int_mm)"})
+        "layers: 2 int8 GEMM (torch._int_mm), 1 float16 (timed faster); engine.info['layers'] lists each"
+    """
+    counts: dict[str, int] = {}
+    for where in layers.values():
+        dtype, _, why = where.partition(": ")
+        key = where if not why else f"{dtype} ({'timed faster' if why.startswith('timed faster') else 'no kernel'})"
+        counts[key] = counts.get(key, 0) + 1
+    listed = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"layers: {listed}; engine.info['layers'] lists each"

@@ -85,7 +85,7 @@ class Engine:
                 "load_compile": self.load_compile,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
                 "timing_cache": h.get("timing_cache"), "best": h.get("best"), "accuracy": h.get("accuracy"),
-                "int8": h.get("int8"), "trust": self.trust}
+                "int8": h.get("int8"), "layers": (h.get("backend_meta") or {}).get("layers"), "trust": self.trust}
 
     def save(self, path: str | Path) -> None:
         """Write the engine atomically, signed with the user's key (overdrive._utils.signing; the default key

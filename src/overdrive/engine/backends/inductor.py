@@ -301,6 +301,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     kept = getattr(module.model, "_overdrive_kept_float", None)
     if kept is not None:
         meta["layers_kept_float"] = kept
+    layers = getattr(module.model, "_overdrive_layers", None)
+    if layers:
+        meta["layers"] = layers
     if aot_by_default(cfg, device):  # CPU: the AOTInductor package alone (loads about 2x faster than a recompile)
         t0 = time.perf_counter()
         sections["aoti_package"] = _aoti_package(ep, fp32, freezing)

@@ -142,6 +142,48 @@ def cast_float_remainder(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def layer_placement(model: nn.Module, float_dtype: torch.dtype | None) -> dict[str, str]:
+    """Where each quantized layer of a prepared int8/fp8 model runs: its low-precision kernel, or the float dtype
+    and why (no kernel for that layer, or timed faster in float). From ``quant.to_real``'s report and the layer
+    timing's verdicts; ``engine.info["layers"]``.
+
+    Example:
+        >>> import torch.nn as nn
+        >>> from overdrive.quant.real import Int8Linear
+        >>> m = nn.Sequential(Int8Linear.dynamic(nn.Linear(16, 16)), nn.Conv2d(3, 3, 3))
+        >>> m._overdrive_real = {"0": "int8 dynamic (per-token)", "1": "Conv2d (3, 3) has no low-precision kernel"}
+        >>> layer_placement(m, None)["0"]
+        'int8 GEMM, per-token scales (torch._int_mm)'
+    """
+    from overdrive.quant.conv import Int8Conv2d
+    from overdrive.quant.real import Int8Conv1x1, Int8Linear
+
+    real = getattr(model, "_overdrive_real", None) or {}
+    kept = getattr(model, "_overdrive_kept_float", None) or {}
+    fdt = str(float_dtype or torch.float32).removeprefix("torch.")
+    out: dict[str, str] = {}
+    for name, what in real.items():
+        if name in kept:
+            out[name] = f"{fdt}: timed faster than its low-precision kernel ({kept[name]})"
+            continue
+        try:
+            m = model.get_submodule(name) if name else model
+        except AttributeError:  # not in this module tree (a wrapper's report): say what the conversion said
+            out[name] = what
+            continue
+        fmt = getattr(m, "fmt", None)
+        if isinstance(m, Int8Conv2d):
+            out[name] = f"{fmt} conv, Triton implicit GEMM (overdrive::conv2d_q)"
+        elif isinstance(m, (Int8Linear, Int8Conv1x1)):
+            mm = "torch._int_mm" if fmt == "int8" else "torch._scaled_mm"
+            kind = "1x1 conv as a GEMM" if isinstance(m, Int8Conv1x1) else "GEMM"
+            scales = ", per-token scales" if getattr(m, "rowwise", False) else ""
+            out[name] = f"{fmt} {kind}{scales} ({mm})"
+        else:
+            out[name] = f"{fdt}: {what}"
+    return out
+
+
 def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
     """The module to export: a copy of the model in the build precision on ``device``."""
@@ -165,8 +207,13 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
 
             x = tuple(t.to(device) for t in calib[0])
             x = tuple(t.to(dtype) if dtype is not None and t.is_floating_point() else t for t in x)
+            real = getattr(model, "_overdrive_real", None)
             model, kept = keep_float_where_faster(model, x, device, dtype)
             model._overdrive_kept_float = kept
+            if real is not None:
+                model._overdrive_real = real
+        if src.onnx_bytes is None:
+            model._overdrive_layers = layer_placement(model, dtype)
     elif dtype is not None:
         model = model.to(dtype)
     cl = cfg.channels_last and device.type == "cuda"
