@@ -201,6 +201,38 @@ def test_layer_timing_takes_quantized_convolutions(margin: float, reverted: int)
         assert torch.nn.functional.cosine_similarity(after.flatten(), before.flatten(), dim=0).item() > 0.999
 
 
+@pytest.mark.parametrize("qres", [False, True])
+def test_layer_timing_times_each_convolution_in_its_fused_form(qres: bool) -> None:
+    """With the plan (how the engine's pass will fuse each convolution) the timing runs each layer in that form:
+    residual (float or 8-bit), ReLU, 8-bit or dual output, and says so in its verdict; forced by the margin, every
+    layer reverts to its float twin and the model still computes the same function up to activation rounding."""
+    from overdrive.engine.layer_choice import conv_plan, keep_float_where_faster
+
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
+    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    q = _quantized(m, Int8Conv2d, x).eval()
+    plan = conv_plan(q, (x,), quantize_residuals=qres)
+    assert plan["1.c1"] == {"residual": None, "relu": True, "out": "8-bit"}
+    assert plan["1.c3"] == {"residual": "8-bit" if qres else "float", "relu": True, "out": "8-bit" if qres else "dual"}
+    assert plan["0.short.0"] == {"residual": None, "relu": False, "out": "float"}
+    with torch.no_grad():
+        before = q(x)
+    q, kept = keep_float_where_faster(q, (x,), torch.device("cpu"), torch.float32, margin=1e-9, plan=plan)
+    assert len(kept) == 10 and not any(isinstance(c, Int8Conv2d) for c in q.modules())
+    assert kept["1.c3"].endswith(f"{' +res8' if qres else ' +res'} relu ->{'8-bit' if qres else 'dual'}")
+    assert kept["1.c1"].endswith(" relu ->8-bit") and kept["0.short.0"].endswith(" ->float")
+    with torch.no_grad():
+        after = q(x)
+    assert torch.nn.functional.cosine_similarity(after.flatten(), before.flatten(), dim=0).item() > 0.999
+
+
+def test_conv_plan_is_empty_without_quantized_convolutions() -> None:
+    from overdrive.engine.layer_choice import conv_plan
+
+    assert conv_plan(nn.Sequential(nn.Conv2d(4, 4, 3)), (torch.randn(1, 4, 8, 8),)) == {}
+
+
 @pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
 def test_quantized_residuals_hand_over_only_8_bit_tensors(cls) -> None:
     # with quantize_residuals, the identity blocks' residual adds read the block input's 8-bit tensor (c1's input):
@@ -280,3 +312,22 @@ def test_quantized_residual_engine_on_gpu(precision: str) -> None:
     out = eng(x).float().cpu()
     cos = torch.nn.functional.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
     assert cos > 0.99, cos
+
+
+def test_a_fused_form_that_fails_to_time_falls_back_to_the_layer_alone(monkeypatch) -> None:
+    # a plan entry the kernel cannot run (here: forced to fail) must not fail the build: the layer is timed alone
+    from overdrive.engine import layer_choice
+
+    real = layer_choice._time_conv
+
+    def flaky(m, shape, dtype, fdt, device, margin, epilogue=None):
+        if epilogue:
+            raise RuntimeError("no kernel for this epilogue")
+        return real(m, shape, dtype, fdt, device, margin, None)
+
+    monkeypatch.setattr(layer_choice, "_time_conv", flaky)
+    m = nn.Sequential(Int8Conv2d.from_float(nn.Conv2d(16, 16, 3, padding=1), torch.tensor(4.0)), nn.ReLU()).eval()
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=CL)
+    plan = {"0": {"residual": None, "relu": True, "out": "float"}}
+    _, kept = layer_choice.keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=1e-9, plan=plan)
+    assert kept["0"].endswith("(alone: its fused form failed, RuntimeError)")

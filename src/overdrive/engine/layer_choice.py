@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from overdrive._utils.timing import time_fn
 
@@ -139,14 +140,41 @@ def _ms(fn: Any, device: torch.device, budget_s: float = 0.5) -> float:
     return 1e3 * statistics.median(time_fn(fn, device, warmup=1, repeat=n))
 
 
+def conv_plan(model: nn.Module, example: tuple[torch.Tensor, ...], quantize_residuals: bool = False
+              ) -> dict[str, dict[str, Any]]:
+    """How the engine will run each int8/fp8 convolution of ``model`` (:func:`lowp_conv_fusion.conv_epilogues` of
+    the exported, fused program: residual, ReLU, float / 8-bit / dual output), by module name; {} when the model has
+    none or cannot be exported here (the layers are then timed alone, as before).
+
+    Example:
+        >>> conv_plan(torch.nn.Linear(4, 4), (torch.randn(1, 4),))
+        {}
+    """
+    from overdrive.engine.lowp_conv_fusion import conv_epilogues, fuse_lowp_convs
+    from overdrive.quant.conv import Int8Conv2d
+
+    if not any(isinstance(m, Int8Conv2d) for m in model.modules()):
+        return {}
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, example, strict=False)
+        fuse_lowp_convs(ep, quantize_residuals)
+        return conv_epilogues(ep)
+    except Exception:  # noqa: BLE001 - the build exports again and says what fails; timing alone is the fallback
+        return {}
+
+
 def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...], device: torch.device,
-                            float_dtype: torch.dtype | None = None, margin: float = 1.1
-                            ) -> tuple[nn.Module, dict[str, str]]:
+                            float_dtype: torch.dtype | None = None, margin: float = 1.1,
+                            plan: dict[str, dict[str, Any]] | None = None) -> tuple[nn.Module, dict[str, str]]:
     """Time every distinct low-precision GEMM layer of ``model`` against its float twin at the input shape it meets on
     ``example``; layers slower than ``margin`` x the float twin are replaced by it. In place.
 
     Returns ``(model, kept)``: ``kept`` maps each layer left float to why (``"int8 0.03x fp32 at 1024x384->1536"``).
-    ``float_dtype``: the float layers' dtype (default: each layer's input dtype on the example).
+    ``float_dtype``: the float layers' dtype (default: each layer's input dtype on the example). ``plan``
+    (:func:`conv_plan`): each convolution's fused form in the engine, so it is timed as it will run (its residual,
+    ReLU and 8-bit or dual output) against the float convolution with the same epilogue plus the quantize pass the
+    float path would need for an 8-bit reader.
     """
     from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import _LowPrecisionGemm, _set
@@ -168,11 +196,12 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
         for h in hooks:
             h.remove()
     with _compile_limits(len(layers)):
-        return model, _choose(model, layers, seen, device, float_dtype, margin, _set)
+        return model, _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {})
 
 
 def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[str, Any], device: torch.device,
-            float_dtype: torch.dtype | None, margin: float, _set: Any) -> dict[str, str]:
+            float_dtype: torch.dtype | None, margin: float, _set: Any, plan: dict[str, dict[str, Any]]
+            ) -> dict[str, str]:
     """The timing loop of :func:`keep_float_where_faster`: one measurement per distinct layer key."""
     from overdrive.quant.conv import Int8Conv2d
 
@@ -187,8 +216,16 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
                str(getattr(m, "stride", 1)), str(getattr(m, "kernel_size", 1)), str(getattr(m, "padding", 0)),
                str(getattr(m, "dilation", 1)), nhwc)
         if isinstance(m, Int8Conv2d):
+            epi = plan.get(name)
+            key = (*key, tuple(sorted(epi.items())) if epi else None)
             if key not in verdict:
-                verdict[key] = _time_conv(m, shape, dtype, fdt, device, margin)
+                try:
+                    verdict[key] = _time_conv(m, shape, dtype, fdt, device, margin, epi)
+                except Exception as exc:  # noqa: BLE001 - the fused form failed to run here: time the layer alone
+                    if not epi:
+                        raise
+                    slower, why, cfg = _time_conv(m, shape, dtype, fdt, device, margin, None)
+                    verdict[key] = (slower, f"{why} (alone: its fused form failed, {type(exc).__name__})", cfg)
             m.config = verdict[key][2]
         elif key not in verdict:
             x = torch.randn(shape, device=device).to(dtype)
@@ -211,33 +248,114 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
 
 
 def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.dtype, device: torch.device,
-               margin: float) -> tuple[bool, str, int]:
+               margin: float, epilogue: dict[str, Any] | None = None) -> tuple[bool, str, int]:
     """(slower, why, kernel config) for an int8/fp8 convolution: its kernel tuned and timed on an input quantized
     already (in an engine its input's quantize runs in the producing layer's epilogue, or fused into the pass that
-    makes it) against the float convolution (cuDNN) on the float input, each replayed in a CUDA graph."""
+    makes it) against the float convolution (cuDNN) on the float input, each replayed in a CUDA graph.
+
+    With ``epilogue`` (its entry of :func:`conv_plan`) both run as the engine would: the low-precision kernel with
+    its residual (float or 8-bit), ReLU and 8-bit or dual output; the float side as the fp16 engine runs it
+    (:func:`_float_conv_ms`), plus the quantize pass (one compiled kernel) that an 8-bit reader of its output then
+    needs."""
     from overdrive.quant import conv as qconv
 
-    x = torch.randn(shape, device=device).to(fdt).contiguous(memory_format=torch.channels_last)
+    epi = epilogue or {}
+    res_kind, relu, out_kind = epi.get("residual"), bool(epi.get("relu")), epi.get("out", "float")
+    fp8 = m.fmt == "fp8"
+    qdt, bound = (qconv.FP8, 448.0) if fp8 else (torch.int8, 127.0)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(shape, generator=g).to(device=device, dtype=fdt).contiguous(memory_format=torch.channels_last)
     twin = _float_twin(m, fdt)
     with torch.no_grad():
-        xq = torch.ops.overdrive.quantize(x, m.x_scale, m.x_qmin, m.fmt == "fp8")
+        xq = torch.ops.overdrive.quantize(x, m.x_scale, m.x_qmin, fp8)
         out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
+        y = twin(x)
+        z = zq = zs = None
+        if res_kind is not None:
+            z = torch.randn(tuple(y.shape), generator=g).to(device=device, dtype=y.dtype).contiguous(
+                memory_format=torch.channels_last)
+            if res_kind == "8-bit":
+                zs = (z.float().abs().amax() / bound).reshape(())
+                zq = torch.ops.overdrive.quantize(z, zs, -128, fp8)
+        qs = (y.float().abs().amax().clamp_min(1e-6) / bound).reshape(())
+        kernel_out = qdt if out_kind == "8-bit" else out_dtype
         config = -1
         if device.type == "cuda":
-            config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
-                                   dilation=m.dilation)
+            config, _ = qconv.tune(xq, m.w_q, residual=z is not None, relu=relu, out_dtype=kernel_out,
+                                   stride=m.stride, padding=m.padding, dilation=m.dilation)
+        res_in = zq if zq is not None else z
+        geo = (m.stride, m.padding, m.dilation, config)
 
         def low() -> Any:
-            return torch.ops.overdrive.conv2d_q(xq, m.w_q, m.scale, m.bias, None, False, None, out_dtype, -128,
-                                                m.stride, m.padding, m.dilation, config)
+            if out_kind == "dual":
+                return torch.ops.overdrive.conv2d_q_dual(xq, m.w_q, m.scale, m.bias, res_in, relu, out_dtype, qs,
+                                                         -128, fp8, *geo, zs)
+            return torch.ops.overdrive.conv2d_q(xq, m.w_q, m.scale, m.bias, res_in, relu,
+                                                qs if out_kind == "8-bit" else None, kernel_out, -128, *geo, zs)
 
         t_low = _ms(low, device)
-        t_float = _ms(lambda: twin(x), device)
-    n, c, h, w = shape
+        if not epi:  # no plan: the layer alone against cuDNN alone
+            t_float = _ms(lambda: twin(x), device)
+        else:
+            t_float = _float_conv_ms(x, twin, z, relu, device)
+            if out_kind in ("8-bit", "dual"):  # the float path's output, quantized for its 8-bit reader
+                t_float += _quantize_ms(y, qs, fp8, device)
+    n, c, h, w_ = shape
     kh, kw = m.kernel_size
-    why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w} k{kh}x{kw} "
-           f"s{m.stride[0]}->{m.out_channels}")
+    form = "".join(s for s, on in ((" +res8" if res_kind == "8-bit" else " +res", res_kind is not None),
+                                    (" relu", relu), (f" ->{out_kind}", bool(epi))) if on)
+    why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w_} k{kh}x{kw} "
+           f"s{m.stride[0]}->{m.out_channels}{form}")
     return t_low > margin * t_float, why, config
+
+
+_EPILOGUE: Any = None
+_QUANTIZE: Any = None
+
+
+def _quantize_ms(y: torch.Tensor, scale: torch.Tensor, fp8: bool, device: torch.device) -> float:
+    """ms of quantizing ``y`` in one compiled pass, as Inductor fuses an engine's quantize (eager on CPU). The op's
+    own CUDA path runs eagerly under CUDA-graph capture, which would time several passes instead of one."""
+    global _QUANTIZE
+    from overdrive.quant.conv import _quantize_ref
+
+    if device.type == "cuda" and _QUANTIZE is None:
+        _QUANTIZE = torch.compile(_quantize_ref, dynamic=True)
+    q = _QUANTIZE if device.type == "cuda" else _quantize_ref
+    return _ms(lambda: q(y, scale, -128, fp8), device)
+
+
+def _epilogue(y: torch.Tensor, r: torch.Tensor | None, relu: bool) -> torch.Tensor:
+    y = y + r if r is not None else y
+    return torch.relu(y) if relu else y
+
+
+def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, relu: bool, device: torch.device
+                   ) -> float:
+    """ms of ``relu(conv(x) (+ z))`` as an fp16 engine runs it: the fastest of cuDNN's fused call (with a ReLU), the
+    convolution with its epilogue compiled into one pass (one shared dynamic-shape compile; eager on CPU), and for a
+    1x1 stride-1 convolution without residual the GEMM with cuBLAS's bias (+ ReLU) epilogue."""
+    global _EPILOGUE
+    from overdrive.engine.conv_fusion import conv2d_relu
+
+    w = conv.weight
+    b = conv.bias if conv.bias is not None else torch.zeros(conv.out_channels, device=w.device, dtype=w.dtype)
+    st, pd, dl = list(conv.stride), list(conv.padding), list(conv.dilation)
+    if device.type == "cuda" and _EPILOGUE is None:
+        _EPILOGUE = torch.compile(_epilogue, dynamic=True)
+    epi = _EPILOGUE if device.type == "cuda" else _epilogue
+    times = [_ms(lambda: epi(F.conv2d(x, w, b, st, pd, dl), z, relu), device)]
+    if relu:
+        try:
+            times.append(_ms(lambda: conv2d_relu(x, w, b, z, st, pd, dl, 1), device))
+        except RuntimeError:  # a shape cuDNN's fused path refuses
+            pass
+    if conv.kernel_size == (1, 1) and st == [1, 1] and pd == [0, 0] and z is None and \
+            x.is_contiguous(memory_format=torch.channels_last):
+        x2, wt = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]), w.reshape(w.shape[0], -1).t()
+        times.append(_ms((lambda: torch._addmm_activation(b, x2, wt)) if relu else (lambda: torch.addmm(b, x2, wt)),
+                         device))
+    return min(times)
 
 
 def placement_summary(layers: dict[str, str]) -> str:

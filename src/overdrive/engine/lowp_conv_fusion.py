@@ -98,6 +98,12 @@ def _fold_bn(graph: torch.fx.Graph, conv: Node, bn: Node) -> tuple[Node, Node]:
     return scale, bias
 
 
+def _same_module(new: Node, old: Node) -> None:
+    """``new`` stands for ``old``'s layer: keep the module it came from (``conv_epilogues`` reads it)."""
+    if "nn_module_stack" in old.meta:
+        new.meta["nn_module_stack"] = old.meta["nn_module_stack"]
+
+
 def _replace(ep: Any, graph: torch.fx.Graph, old: Node, new: Node) -> None:
     old.replace_all_uses_with(new)
     rename_output(ep, old.name, new.name)
@@ -140,6 +146,7 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
         with graph.inserting_before(tail):  # every input (the residual too) is defined before the chain's end
             new = graph.call_function(_CONV_Q, tuple(args))
         new.meta["val"] = tail.meta.get("val")
+        _same_module(new, conv)
         _replace(ep, graph, tail, new)
         for node in reversed(chain):  # in-place adds / ReLUs count as impure: dead-code elimination would keep them
             if not node.users:
@@ -173,6 +180,7 @@ def _quantize_residuals(ep: Any, graph: torch.fx.Graph) -> int:
         with graph.inserting_before(conv):
             new = graph.call_function(_CONV_Q, tuple(args))
         new.meta["val"] = conv.meta.get("val")
+        _same_module(new, conv)
         _replace(ep, graph, conv, new)
         graph.erase_node(conv)
         done += 1
@@ -210,6 +218,7 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Te
         with graph.inserting_before(first):  # after the conv and the scale, before every reader
             new = graph.call_function(_CONV_Q, tuple(args))
         new.meta["val"] = first.meta.get("val")
+        _same_module(new, conv)
         for u in users:
             _replace(ep, graph, u, new)
             graph.erase_node(u)
@@ -245,6 +254,7 @@ def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor
             y = graph.call_function(operator.getitem, (new, 0))
             q = graph.call_function(operator.getitem, (new, 1))
         new.meta["val"] = (conv.meta.get("val"), served[0].meta.get("val"))
+        _same_module(new, conv)
         y.meta["val"], q.meta["val"] = conv.meta.get("val"), served[0].meta.get("val")
         for u in served:
             _replace(ep, graph, u, q)
@@ -327,3 +337,33 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
         FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
     counts = {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined}
     return {**counts, "quantized_residuals": residuals} if quantize_residuals else counts
+
+
+def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
+    """What each int8/fp8 convolution of a program fused by :func:`fuse_lowp_convs` does besides convolving, by the
+    name of the module it came from: ``residual`` (None, ``"float"`` or ``"8-bit"``), ``relu``, and ``out``
+    (``"float"``, ``"8-bit"``: the next layer's quantized input, or ``"dual"``: both). The per-layer timing times
+    each convolution in this form (``layer_choice``).
+
+    Example:
+        >>> # conv_epilogues(ep)["layer1.0.conv3"]
+        >>> # {'residual': 'float', 'relu': True, 'out': 'dual'}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for n in ep.graph_module.graph.nodes:
+        if n.op != "call_function" or n.target not in (_CONV_Q, _DUAL):
+            continue
+        stack = n.meta.get("nn_module_stack") or {}
+        if not stack:
+            continue
+        name = list(stack.values())[-1][0]
+        if n.target is _DUAL:
+            a = [*n.args, *[None] * (15 - len(n.args))]
+            res, res_scale, relu, kind = a[RES], a[14], a[RELU], "dual"
+        else:
+            a = _args(n)
+            res, res_scale, relu = a[RES], a[RES_SCALE], a[RELU]
+            kind = "8-bit" if a[OUT_SCALE] is not None else "float"
+        out[name] = {"residual": None if res is None else "8-bit" if res_scale is not None else "float",
+                     "relu": bool(relu), "out": kind}
+    return out
