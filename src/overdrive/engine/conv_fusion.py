@@ -198,7 +198,7 @@ class TimedChoice:
         return self.verdicts[key][0]
 
     def _time(self, key: tuple) -> tuple[bool, str]:
-        from overdrive.engine.layer_choice import _ms
+        from overdrive.engine.kernel_timing import median_ms as _ms
 
         xs, ws, dtype, residual, stride, padding, dilation, groups, cl = key
         dev = self.device

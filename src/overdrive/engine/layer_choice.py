@@ -22,14 +22,13 @@ engine 30x slower than fp32.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from overdrive._utils.timing import time_fn
+from overdrive.engine.kernel_timing import median_ms as _ms
 
 
 def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -111,33 +110,6 @@ def _compile_limits(n_layers: int) -> Any:
     wanted = {"recompile_limit": limit, "accumulated_recompile_limit": max(256, limit + 64),
               "fail_on_recompile_limit_hit": True}
     return dynamo_config.patch(**{k: v for k, v in wanted.items() if hasattr(dynamo_config, k)})
-
-
-def _graphed(fn: Any, device: torch.device, calls: int = 10) -> Any:
-    """On CUDA, ``fn`` called ``calls`` times captured in one CUDA graph (the engine replays CUDA graphs, so a layer's
-    cost is its kernels' time, not their launches'); None where capture fails (then calls are timed as they are)."""
-    if device.type != "cuda":
-        return None
-    try:
-        fn()  # warm: compiled steps compile outside the capture
-        torch.cuda.synchronize(device)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-        return g.replay
-    except Exception:  # noqa: BLE001 - an op that cannot be captured: time the calls as launched
-        return None
-
-
-def _ms(fn: Any, device: torch.device, budget_s: float = 0.5) -> float:
-    """Median ms of ``fn``: one probe call sets how many calls fit ``budget_s`` (3..20), then those are timed."""
-    replay = _graphed(fn, device)
-    if replay is not None:
-        return 1e3 * statistics.median(time_fn(replay, device, warmup=2, repeat=10)) / 10
-    probe = time_fn(fn, device, warmup=1, repeat=1)[0]
-    n = max(3, min(20, int(budget_s / max(probe, 1e-6))))
-    return 1e3 * statistics.median(time_fn(fn, device, warmup=1, repeat=n))
 
 
 def conv_plan(model: nn.Module, example: tuple[torch.Tensor, ...], quantize_residuals: bool = False

@@ -88,7 +88,7 @@ class TimedGroups:
         return self.verdicts[key][0]
 
     def _time(self, key: tuple) -> tuple[bool, str]:
-        from overdrive.engine.layer_choice import _ms
+        from overdrive.engine.kernel_timing import median_ms as _ms
 
         m, k, outs, dtype, bias = key
         dev = self.device
