@@ -7,6 +7,9 @@ convolutions): each distinct layer shape is timed at the input shape it meets on
 rescale steps included, against the float layer in the build's float dtype; where the low-precision layer is slower
 by more than ``margin``, the layer goes back to a float ``nn.Linear`` / ``nn.Conv2d`` holding its dequantized weights
 (so the result keeps the weight rounding and drops the activation rounding: at least as accurate as the int8 layer).
+The int8/fp8 convolutions of ``overdrive.quant.conv`` (any kernel size, Triton) are timed in the form the engine's
+fusion pass gives them (:func:`conv_plan`: residual, ReLU, 8-bit or dual output) against the float convolution as
+the fp16 engine runs it.
 
 Where it matters most: ``torch._int_mm`` on a CPU without VNNI or AMX (AVX2 only) runs a reference loop about 30x
 slower than fp32 matmul; there every int8 layer stays float, and the build says so rather than ship an "int8"
