@@ -127,6 +127,10 @@ def run(ctx: DemoContext) -> Table:
             kernels = loaded.header["backend_meta"].get("int8_kernels")
             if kernels:  # why an int8 engine may be slower than fp32 on this CPU
                 table.notes.append(f"{prec}: {kernels}")
+            if loaded.info.get("layers"):  # which layers ran on an int8/fp8 kernel, which stayed float and why
+                from overdrive.engine.layer_choice import placement_summary
+
+                table.notes.append(f"{prec} {placement_summary(loaded.info['layers'])}")
     table.notes.append(
         f"PyTorch fp32 test accuracy {ref_acc:.4f}; max err: max |engine - PyTorch fp32| logit on {n_cmp} test images; "
         f"img/s: median of timed calls on a batch of {B} real test images already on the {ctx.device.type} (CUDA "
