@@ -269,3 +269,21 @@ def test_module_on_gpu_matches_float_conv(cls) -> None:
         y, ref = q(x.half()), conv(x)
     assert y.dtype == torch.float16 and y.is_contiguous(memory_format=CL)
     assert _cos(y, ref) > (0.999 if cls is Int8Conv2d else 0.995)
+
+
+def test_default_tiles_are_candidates_and_follow_the_measured_choices() -> None:
+    # the untuned default for any shape is one of the configs tuning would time for it (its K tile fits the
+    # channels, its N tile is no wider than the layer); at ResNet-50's shapes it is the tile the H200 tuning picked
+    # (benchmarks/results/lowp_conv.json: same tile where the pick was a near-tie in stages)
+    from overdrive.quant.conv_tiles import CONFIGS, candidates, default_config
+
+    for c in (16, 32, 64, 128, 256, 512, 2048):
+        for n_out in (16, 64, 96, 128, 256, 1000, 2048):
+            for taps in (1, 9, 49):
+                for m in (49, 4096, 200704):
+                    assert default_config(m, n_out, c, taps) in candidates(c, n_out), (m, n_out, c, taps)
+    tile = lambda i: CONFIGS[i][:3]  # noqa: E731
+    assert tile(default_config(256 * 56 * 56, 64, 64, 9)) == tile(17)  # 64-channel 3x3 at 56x56
+    assert tile(default_config(256 * 28 * 28, 512, 128, 1)) == tile(15)  # 1x1 expansion with residual at 28x28
+    assert tile(default_config(256 * 14 * 14, 256, 256, 9)) == tile(1)  # 3x3 at 14x14
+    assert tile(default_config(256 * 56 * 56, 64, 256, 1)) == tile(14)  # channel-reducing 1x1 to 64

@@ -17,34 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates build-time tuning times (CONFIGS[i] is config i;
-# an engine stores the index, so new configs are appended). The two-stage ones (12-20) are for convolutions with few
-# K steps (1x1 over 64-256 channels): there more stages buy no overlap and cost the shared memory that would let a
-# second tile's loads run under the first one's epilogue; the 64-wide N tiles are for 64 output channels.
-CONFIGS: list[tuple[int, int, int, int, int]] = [
-    (128, 128, 128, 8, 3),
-    (128, 256, 128, 8, 3),
-    (256, 128, 128, 8, 3),
-    (128, 128, 64, 4, 4),
-    (128, 64, 128, 4, 4),
-    (64, 128, 128, 4, 4),
-    (64, 64, 128, 4, 3),
-    (128, 128, 128, 4, 4),
-    (128, 128, 64, 8, 5),
-    (128, 256, 64, 8, 4),
-    (256, 128, 64, 8, 4),
-    (64, 256, 64, 4, 4),
-    (128, 128, 128, 4, 2),
-    (128, 256, 128, 8, 2),
-    (128, 64, 128, 4, 2),
-    (64, 128, 128, 4, 2),
-    (256, 128, 128, 8, 2),
-    (128, 64, 64, 4, 3),
-    (128, 64, 64, 4, 2),
-    (256, 64, 64, 8, 3),
-    (128, 128, 64, 4, 2),
-]
-
+from overdrive.quant.conv_tiles import CONFIGS, candidates, default_config  # noqa: F401 - the tile table
 
 # sizes, strides and paddings vary per layer: compile once per tile config and flags, not per value class. N_OUT and C
 # stay specialized (Triton's "divisible by 16" hint): without it the output rows, the residual rows and the input
@@ -134,26 +107,6 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_
     tl.store(out_ptr + out_off, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def candidates(c: int, n_out: int | None = None) -> list[int]:
-    """The configs worth timing for ``c`` input channels and ``n_out`` output channels: K tiles of 64 when ``c`` <= 64
-    (a 128-wide tile would be half padding), else the 128-wide ones; N tiles no wider than ``n_out`` rounded up to a
-    power of two (at least 64), since the rest of a wider tile is padding."""
-    widest = max(64, 1 << max(0, (n_out or 0) - 1).bit_length()) if n_out else 1 << 30
-    return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64) and cfg[1] <= widest]
-
-
-def default_config(m: int, n_out: int, c: int) -> int:
-    """A config index for ``m`` output pixels by ``n_out`` channels over ``c`` input channels when none was tuned
-    (the choices the H200 tuning made most often at ResNet-50's shapes, ``benchmarks/results/lowp_conv.md``)."""
-    if c <= 64:
-        return 3
-    if n_out <= 64:
-        return 4
-    if m <= 4096:
-        return 6
-    return 2
-
-
 def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
            residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
            qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
@@ -167,7 +120,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     n_out, kh, kw, _ = w.shape
     _, ho, wo, _ = out.shape
     m = n * ho * wo
-    bm, bn, bk, warps, stages = CONFIGS[config if 0 <= config < len(CONFIGS) else default_config(m, n_out, c)]
+    bm, bn, bk, warps, stages = CONFIGS[config if 0 <= config < len(CONFIGS) else default_config(m, n_out, c, kh * kw)]
     grid = (triton.cdiv(m, bm) * triton.cdiv(n_out, bn),)
     dummy = scale
     _conv_kernel[grid](

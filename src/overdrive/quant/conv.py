@@ -242,7 +242,7 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
         >>> # cfg, ms = tune(xq, wq, relu=True, padding=[1, 1])   # CUDA only
     """
     from overdrive._utils.timing import time_fn
-    from overdrive.quant import _triton_conv
+    from overdrive.quant.conv_tiles import candidates
 
     dev = x.device
     if dev.type != "cuda":
@@ -261,7 +261,7 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
     quantized_out = out_dtype in _QUANTIZED
     out_scale = torch.ones((), device=dev) if quantized_out else None
     best: tuple[int, float] = (-1, float("inf"))
-    for i in _triton_conv.candidates(x.shape[1], cout):
+    for i in candidates(x.shape[1], cout):
         def call(i: int = i) -> Any:
             return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
 
