@@ -195,7 +195,7 @@ def test_kernel_compiles_to_wgmma_with_16_byte_stores(fmt: str) -> None:
     (2, 64, 15, 13, 40, 3, 1, 1, 1), (3, 32, 17, 17, 96, 3, 2, 1, 1), (4, 128, 7, 7, 256, 1, 1, 0, 1),
     (1, 48, 9, 11, 16, 5, 1, 2, 1), (2, 16, 12, 12, 24, 3, 1, 2, 2), (8, 256, 14, 14, 1024, 1, 2, 0, 1),
 ])
-@pytest.mark.parametrize("config", [-1, 0, 4, 12, 18])
+@pytest.mark.parametrize("config", [-1, 0, 18])  # -1: the default, a different tile per shape
 def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
     from overdrive.quant import _triton_conv  # noqa: F401 - Triton must be there on the GPU machine
 
