@@ -255,9 +255,10 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
         qs = (y.float().abs().amax().clamp_min(1e-6) / bound).reshape(())
         kernel_out = qdt if out_kind == "8-bit" else out_dtype
         config = -1
-        if device.type == "cuda":
-            config, _ = qconv.tune(xq, m.w_q, residual=z is not None, relu=relu, out_dtype=kernel_out,
-                                   stride=m.stride, padding=m.padding, dilation=m.dilation)
+        if device.type == "cuda":  # tiles tuned on the plain form (as the engine did before): the Triton kernel
+            # compiles once per config and epilogue flags, so tuning each epilogue variant would multiply the compiles
+            config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
+                                   dilation=m.dilation)
         res_in = zq if zq is not None else z
         geo = (m.stride, m.padding, m.dilation, config)
 
