@@ -35,6 +35,21 @@ def _quantized(m: nn.Module, cls: type, x: torch.Tensor) -> nn.Module:
     return m
 
 
+def _fused(q: nn.Module, x: torch.Tensor, **kw) -> tuple[torch.export.ExportedProgram, dict[str, int], torch.Tensor]:
+    """``q`` exported and fused in place: (its program, the pass's counts, its output on ``x``)."""
+    with torch.no_grad():
+        ep = torch.export.export(q, (x,))
+        counts = fuse_lowp_convs(ep, **kw)
+        return ep, counts, ep.module()(x)
+
+
+def _assert_close_up_to_8_bit_flips(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The same arithmetic in another order (BatchNorm folded into the scale): equal to fp32 rounding, except where a
+    value at an 8-bit rounding boundary flips one step."""
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() > 0.9999
+    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+
+
 @pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
 def test_bottlenecks_fold_and_quantize_outputs_same_function(cls) -> None:
     torch.manual_seed(0)
@@ -43,9 +58,7 @@ def test_bottlenecks_fold_and_quantize_outputs_same_function(cls) -> None:
     q = _quantized(m, cls, x).eval()
     with torch.no_grad():
         want = q(x)
-        ep = torch.export.export(q, (x,))
-        counts = fuse_lowp_convs(ep)
-        got = ep.module()(x)
+    ep, counts, got = _fused(q, x)
     # 4 convs per block, each with its BatchNorm; c1 -> c2 -> c3 hand over quantized tensors, and so does the first
     # block's output (read by the second block's c1 and shortcut, calibrated on the same tensor: equal scales); the
     # model input (read by c1 and the shortcut) is quantized once, by inlined ATen ops
@@ -54,10 +67,7 @@ def test_bottlenecks_fold_and_quantize_outputs_same_function(cls) -> None:
     assert torch.ops.overdrive.quantize.default not in targets
     assert not any(t in (torch.ops.aten.relu.default, torch.ops.aten.relu_.default, torch.ops.aten.add_.Tensor)
                    for t in targets)
-    # the same arithmetic in another order (BatchNorm folded into the scale): equal to fp32 rounding, except where a
-    # value at an 8-bit rounding boundary flips one step; the reference: the unfused quantized modules
-    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() > 0.9999
-    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+    _assert_close_up_to_8_bit_flips(got, want)  # the reference: the unfused quantized modules
 
 
 class _Two(nn.Module):
@@ -130,18 +140,13 @@ def test_identity_blocks_hand_over_dual_outputs(cls) -> None:
     q = _quantized(m, cls, x).eval()
     with torch.no_grad():
         want = q(x)
-        ep = torch.export.export(q, (x,))
-        counts = fuse_lowp_convs(ep)
-        got = ep.module()(x)
+    ep, counts, got = _fused(q, x)
     # the first and second blocks' outputs are both residuals and the next block's input: dual outputs; inside
     # each block c1 -> c2 -> c3 hand over quantized tensors; the model input is quantized once
     assert counts == {"folded": 10, "quantized_out": 6, "dual_out": 2, "inlined": 1}
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.overdrive.quantize.default not in targets
-    # the reference: the unfused quantized modules (BatchNorm folded into the scale reorders the fp32 arithmetic,
-    # so a value at an 8-bit rounding boundary may flip one step)
-    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() > 0.9999
-    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+    _assert_close_up_to_8_bit_flips(got, want)  # the reference: the unfused quantized modules
 
 
 def test_no_quantized_convs_is_a_no_op() -> None:
@@ -249,14 +254,11 @@ def test_quantized_residuals_hand_over_only_8_bit_tensors(cls) -> None:
         want = q(x)
         for blk in list(q)[1:]:
             blk.q_res = False
-        ep = torch.export.export(q, (x,))
-        counts = fuse_lowp_convs(ep, quantize_residuals=True)
-        got = ep.module()(x)
+    ep, counts, got = _fused(q, x, quantize_residuals=True)
     assert counts == {"folded": 10, "quantized_out": 8, "dual_out": 0, "inlined": 1, "quantized_residuals": 2}
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.overdrive.conv2d_q_dual.default not in targets
-    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item() > 0.9999
-    assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+    _assert_close_up_to_8_bit_flips(got, want)
     # against the float residuals: only the 8-bit rounding of the two residuals apart
     assert torch.nn.functional.cosine_similarity(got.flatten(), plain.flatten(), dim=0).item() > 0.999
 

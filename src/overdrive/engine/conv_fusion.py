@@ -171,6 +171,43 @@ def _folded(graph: torch.fx.Graph, conv: Node, bn: Node | None, channels_last: b
     return weight, bias
 
 
+_EPILOGUE: Any = None  # the add (+ ReLU) after a convolution, one dynamic-shape compile shared by every timing
+
+
+def _add_relu(y: torch.Tensor, r: torch.Tensor | None, relu: bool) -> torch.Tensor:
+    y = y + r if r is not None else y
+    return torch.relu(y) if relu else y
+
+
+def conv_paths_ms(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, z: torch.Tensor | None, stride: list[int],
+                  padding: list[int], dilation: list[int], groups: int, relu: bool = True) -> tuple[float | None, float]:
+    """ms of ``relu(conv2d(x, w, b) (+ z))`` on ``x``'s device both ways an fp16 engine can run it: cuDNN's fused
+    call (None without a ReLU, or where cuDNN refuses the shape) and ``conv2d`` then the add (+ ReLU) as one compiled
+    pass (eager on CPU), each replayed in a CUDA graph (``kernel_timing``).
+
+    Example:
+        >>> x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3)
+        >>> fused, plain = conv_paths_ms(x, w, torch.zeros(4), None, [1, 1], [1, 1], [1, 1], 1)
+        >>> plain > 0
+        True
+    """
+    global _EPILOGUE
+    from overdrive.engine.kernel_timing import median_ms
+
+    dev = x.device
+    if dev.type == "cuda" and _EPILOGUE is None:
+        _EPILOGUE = torch.compile(_add_relu, dynamic=True)
+    epilogue = _EPILOGUE if dev.type == "cuda" else _add_relu
+    t_plain = median_ms(lambda: epilogue(F.conv2d(x, w, b, stride, padding, dilation, groups), z, relu), dev)
+    t_fused = None
+    if relu:
+        try:
+            t_fused = median_ms(lambda: conv2d_relu(x, w, b, z, stride, padding, dilation, groups), dev)
+        except RuntimeError:
+            pass
+    return t_fused, t_plain
+
+
 class TimedChoice:
     """Decides per convolution shape, by timing on ``device``, whether the fused call beats the unfused path the engine
     would run otherwise: ``conv2d`` with its bias (cuDNN) then the add + ReLU as one compiled pass (one dynamic-shape
@@ -184,7 +221,6 @@ class TimedChoice:
     def __init__(self, device: torch.device, margin: float = 1.0) -> None:
         self.device, self.margin = device, margin
         self.verdicts: dict[tuple, tuple[bool, str]] = {}
-        self._epilogue: Any = None
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, residual: bool, stride: list[int], padding: list[int],
                  dilation: list[int], groups: int) -> bool:
@@ -198,8 +234,6 @@ class TimedChoice:
         return self.verdicts[key][0]
 
     def _time(self, key: tuple) -> tuple[bool, str]:
-        from overdrive.engine.kernel_timing import median_ms as _ms
-
         xs, ws, dtype, residual, stride, padding, dilation, groups, cl = key
         dev = self.device
         fmt = torch.channels_last if cl else torch.contiguous_format
@@ -211,22 +245,10 @@ class TimedChoice:
         out = _out_shape(x, w, list(stride), list(padding), list(dilation))
         z = torch.randn(out, generator=g).to(device=dev, dtype=dtype).contiguous(memory_format=fmt) \
             if residual else None
-        if self._epilogue is None:
-            self._epilogue = torch.compile(lambda y, r: torch.relu(y + r) if r is not None else torch.relu(y),
-                                           dynamic=True)
-        epilogue = self._epilogue
-
-        def fused() -> Any:
-            return conv2d_relu(x, w, b, z, list(stride), list(padding), list(dilation), groups)
-
-        def unfused() -> Any:
-            return epilogue(F.conv2d(x, w, b, stride, padding, dilation, groups), z)
-
         with torch.no_grad():
-            try:
-                t_fused, t_plain = _ms(fused, dev), _ms(unfused, dev)
-            except RuntimeError as exc:  # a shape cuDNN's fused path refuses: leave it unfused
-                return False, f"unfused: the fused call failed ({type(exc).__name__})"
+            t_fused, t_plain = conv_paths_ms(x, w, b, z, list(stride), list(padding), list(dilation), groups)
+        if t_fused is None:  # a shape cuDNN's fused path refuses: leave it unfused
+            return False, "unfused: the fused call failed"
         win = t_plain >= self.margin * t_fused
         return win, (f"{'fused' if win else 'unfused'} {t_plain / t_fused:.2f}x at {'x'.join(map(str, xs))} "
                      f"k{ws[2]} s{stride[0]}{' +add' if residual else ''}")

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from overdrive.engine.kernel_timing import median_ms as _ms
 
@@ -285,7 +284,6 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     return t_low > margin * t_float, why, config
 
 
-_EPILOGUE: Any = None
 _QUANTIZE: Any = None
 
 
@@ -301,31 +299,18 @@ def _quantize_ms(y: torch.Tensor, scale: torch.Tensor, fp8: bool, device: torch.
     return _ms(lambda: q(y, scale, -128, fp8), device)
 
 
-def _epilogue(y: torch.Tensor, r: torch.Tensor | None, relu: bool) -> torch.Tensor:
-    y = y + r if r is not None else y
-    return torch.relu(y) if relu else y
-
-
 def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, relu: bool, device: torch.device
                    ) -> float:
-    """ms of ``relu(conv(x) (+ z))`` as an fp16 engine runs it: the fastest of cuDNN's fused call (with a ReLU), the
-    convolution with its epilogue compiled into one pass (one shared dynamic-shape compile; eager on CPU), and for a
-    1x1 stride-1 convolution without residual the GEMM with cuBLAS's bias (+ ReLU) epilogue."""
-    global _EPILOGUE
-    from overdrive.engine.conv_fusion import conv2d_relu
+    """ms of ``relu(conv(x) (+ z))`` as an fp16 engine runs it: the faster of the two paths its conv fusion chooses
+    between (:func:`conv_fusion.conv_paths_ms`), and for a 1x1 stride-1 convolution without residual also the GEMM
+    with cuBLAS's bias (+ ReLU) epilogue."""
+    from overdrive.engine.conv_fusion import conv_paths_ms
 
     w = conv.weight
     b = conv.bias if conv.bias is not None else torch.zeros(conv.out_channels, device=w.device, dtype=w.dtype)
     st, pd, dl = list(conv.stride), list(conv.padding), list(conv.dilation)
-    if device.type == "cuda" and _EPILOGUE is None:
-        _EPILOGUE = torch.compile(_epilogue, dynamic=True)
-    epi = _EPILOGUE if device.type == "cuda" else _epilogue
-    times = [_ms(lambda: epi(F.conv2d(x, w, b, st, pd, dl), z, relu), device)]
-    if relu:
-        try:
-            times.append(_ms(lambda: conv2d_relu(x, w, b, z, st, pd, dl, 1), device))
-        except RuntimeError:  # a shape cuDNN's fused path refuses
-            pass
+    t_fused, t_plain = conv_paths_ms(x, w, b, z, st, pd, dl, 1, relu)
+    times = [t_plain] + ([t_fused] if t_fused is not None else [])
     if conv.kernel_size == (1, 1) and st == [1, 1] and pd == [0, 0] and z is None and \
             x.is_contiguous(memory_format=torch.channels_last):
         x2, wt = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]), w.reshape(w.shape[0], -1).t()

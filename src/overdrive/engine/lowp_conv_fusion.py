@@ -48,6 +48,7 @@ _QUANTIZE = torch.ops.overdrive.quantize.default
 _DUAL = torch.ops.overdrive.conv2d_q_dual.default
 # conv2d_q's arguments, by position
 X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE = range(14)
+DUAL_RES_SCALE = 14  # conv2d_q_dual's res_scale (its first six arguments are conv2d_q's)
 
 
 def _args(conv: Node) -> list[Any]:
@@ -244,10 +245,10 @@ def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor
         if len(served) == len(conv.users):  # every reader quantizes with one scale: step 2's case
             continue
         _, scale, qmin, fp8 = served[0].args
+        if isinstance(scale, Node) and scale.op != "placeholder":  # computed after the conv, maybe: not movable
+            continue
         a = _args(conv)
-        with graph.inserting_before(conv):  # the scale is a placeholder or computed before its readers: check
-            if isinstance(scale, Node) and scale.op != "placeholder":
-                continue
+        with graph.inserting_before(conv):
             new = graph.call_function(_DUAL, (a[X], a[W], a[SCALE], a[BIAS], a[RES], a[RELU], a[OUT_DTYPE], scale,
                                               qmin, fp8, a[STRIDE], a[PADDING], a[DILATION], a[CONFIG],
                                               a[RES_SCALE]))
@@ -358,8 +359,8 @@ def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
             continue
         name = list(stack.values())[-1][0]
         if n.target is _DUAL:
-            a = [*n.args, *[None] * (15 - len(n.args))]
-            res, res_scale, relu, kind = a[RES], a[14], a[RELU], "dual"
+            a = [*n.args, *[None] * (DUAL_RES_SCALE + 1 - len(n.args))]
+            res, res_scale, relu, kind = a[RES], a[DUAL_RES_SCALE], a[RELU], "dual"
         else:
             a = _args(n)
             res, res_scale, relu = a[RES], a[RES_SCALE], a[RELU]

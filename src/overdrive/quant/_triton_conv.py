@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from overdrive.quant.conv_tiles import CONFIGS, candidates, default_config  # noqa: F401 - the tile table
+from overdrive.quant.conv_tiles import CONFIGS, default_config
 
 # sizes, strides and paddings vary per layer: compile once per tile config and flags, not per value class. N_OUT and C
 # stay specialized (Triton's "divisible by 16" hint): without it the output rows, the residual rows and the input

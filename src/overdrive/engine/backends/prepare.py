@@ -207,13 +207,10 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
 
             x = tuple(t.to(device) for t in calib[0])
             x = tuple(t.to(dtype) if dtype is not None and t.is_floating_point() else t for t in x)
-            real = getattr(model, "_overdrive_real", None)
             # each int8/fp8 convolution is timed in the form the engine's fusion pass gives it (engine/README.md)
             plan = conv_plan(model, x, cfg.quantize_residuals)
             model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan)
             model._overdrive_kept_float = kept
-            if real is not None:
-                model._overdrive_real = real
         if src.onnx_bytes is None:
             model._overdrive_layers = layer_placement(model, dtype)
     elif dtype is not None:
