@@ -433,12 +433,13 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     if lowp.get("folded") or lowp.get("quantized_out"):
         fusions.append(f"int8/fp8 conv epilogues: {lowp.get('folded', 0)}, quantized outputs: "
                        f"{lowp.get('quantized_out', 0)}, dual outputs: {lowp.get('dual_out', 0)}"
-                       + (f", 8-bit residuals: {lowp['quantized_residuals']}" if "quantized_residuals" in lowp else ""))
+                       + (f", 8-bit residuals: {lowp['quantized_residuals']}" if lowp.get("quantized_residuals") else ""))
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
         "".join(f"; {f}" for f in fusions)
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
              "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
-             "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)}}
+             "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)},
+             "build_phases_s": meta.get("build_phases_s")}  # where the build time went (calibrate, layer timing, ...)
     return (lambda: eng.runner(*xs0)), (lambda *xs: eng.run(*xs)[0]), extra
 
 
@@ -638,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("cosine", "cos {:.4f}"), ("max_abs_err", "maxerr {:.3g}"), ("build_s", "build {:.0f} s")):
             if row.get(k) is not None:
                 bits.append(fmt.format(row[k]))
+        if row.get("build_phases_s"):
+            bits.append("(" + ", ".join(f"{k} {v:.0f} s" for k, v in row["build_phases_s"].items()) + ")")
         if row.get("error"):
             bits.append(f"ERROR {row['error'][:160]}")
         print(" | ".join(bits), flush=True)

@@ -69,6 +69,8 @@ def test_engine_reports_each_layer_once_either_int8_or_kept_float() -> None:
             warnings.simplefilter("ignore")
             eng = Builder(BuildConfig(precision="int8", backend="inductor", int8_activations="dynamic",
                                       layer_precision=lp)).build(model, (x,))
+        phases = eng.header["backend_meta"]["build_phases_s"]  # where the build time went, for the zoo's table
+        assert {"export", "passes", "compile"} <= set(phases) and ("layer_timing" in phases) == (lp == "timed")
         ops = sum((eng.info["int8"]["ops"] or {}).values())
         kept = eng.info["int8"].get("kept_float", {})
         assert ops + len(kept) == 2, (lp, eng.info["int8"])
@@ -137,6 +139,7 @@ def test_engine_info_says_where_each_layer_runs(tmp_path) -> None:
         eng = Builder(BuildConfig(precision="int8", device="cpu", backend="inductor", layer_precision="all",
                                   profiles=(ShapeProfile.fixed("x", (4, 16, 8, 8)),))).build(
             m, (x,), input_names=["x"], calib=[(x,)])
+    assert "calibrate" in eng.header["backend_meta"]["build_phases_s"]
     layers = eng.info["layers"]
     assert layers == {
         "0": "float32: QuantConv2d (3, 3) has no low-precision kernel here (float)",  # CPU: 1x1 convs only

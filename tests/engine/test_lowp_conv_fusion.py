@@ -62,7 +62,7 @@ def test_bottlenecks_fold_and_quantize_outputs_same_function(cls) -> None:
     # 4 convs per block, each with its BatchNorm; c1 -> c2 -> c3 hand over quantized tensors, and so does the first
     # block's output (read by the second block's c1 and shortcut, calibrated on the same tensor: equal scales); the
     # model input (read by c1 and the shortcut) is quantized once, by inlined ATen ops
-    assert counts == {"folded": 8, "quantized_out": 5, "dual_out": 0, "inlined": 1}
+    assert counts == {"folded": 8, "quantized_out": 5, "dual_out": 0, "inlined": 1, "quantized_residuals": 0}
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.overdrive.quantize.default not in targets
     assert not any(t in (torch.ops.aten.relu.default, torch.ops.aten.relu_.default, torch.ops.aten.add_.Tensor)
@@ -93,7 +93,7 @@ def test_a_conv_read_in_float_and_quantized_writes_both() -> None:
     m = _Two().eval()
     ep = torch.export.export(m, (x,))
     counts = fuse_lowp_convs(ep)
-    assert counts == {"folded": 0, "quantized_out": 0, "dual_out": 1, "inlined": 1}
+    assert counts == {"folded": 0, "quantized_out": 0, "dual_out": 1, "inlined": 1, "quantized_residuals": 0}
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.overdrive.conv2d_q_dual.default in targets
     torch.testing.assert_close(ep.module()(x), m(x))  # the reference: the unfused modules, same fp32 arithmetic
@@ -107,7 +107,8 @@ def test_quantizes_with_different_scales_are_not_merged() -> None:
     m = _Two(amax_b=6.0, amax_c=2.0).eval()
     ep = torch.export.export(m, (x,))
     counts = fuse_lowp_convs(ep)
-    assert counts == {"folded": 1, "quantized_out": 0, "dual_out": 1, "inlined": 2}  # c folds the last add
+    # c folds the last add
+    assert counts == {"folded": 1, "quantized_out": 0, "dual_out": 1, "inlined": 2, "quantized_residuals": 0}
     torch.testing.assert_close(ep.module()(x), m(x))
 
 
@@ -143,7 +144,7 @@ def test_identity_blocks_hand_over_dual_outputs(cls) -> None:
     ep, counts, got = _fused(q, x)
     # the first and second blocks' outputs are both residuals and the next block's input: dual outputs; inside
     # each block c1 -> c2 -> c3 hand over quantized tensors; the model input is quantized once
-    assert counts == {"folded": 10, "quantized_out": 6, "dual_out": 2, "inlined": 1}
+    assert counts == {"folded": 10, "quantized_out": 6, "dual_out": 2, "inlined": 1, "quantized_residuals": 0}
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert torch.ops.overdrive.quantize.default not in targets
     _assert_close_up_to_8_bit_flips(got, want)  # the reference: the unfused quantized modules
@@ -153,7 +154,8 @@ def test_no_quantized_convs_is_a_no_op() -> None:
     m = nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()).eval()
     ep = torch.export.export(m, (torch.randn(1, 4, 8, 8),))
     before = str(ep.graph)
-    assert fuse_lowp_convs(ep) == {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0}
+    assert fuse_lowp_convs(ep) == {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0,
+                                   "quantized_residuals": 0}
     assert str(ep.graph) == before
 
 
@@ -179,7 +181,8 @@ def test_cnn_engine_runs_convolutions_in_low_precision_on_gpu(precision: str) ->
         cos = torch.nn.functional.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
         assert cos > 0.99, (layer_precision, cos)
         if layer_precision == "all":
-            assert meta["lowp_conv"] == {"folded": 8, "quantized_out": 5, "dual_out": 0, "inlined": 1}
+            assert meta["lowp_conv"] == {"folded": 8, "quantized_out": 7, "dual_out": 0, "inlined": 1,
+                                         "quantized_residuals": 2}  # both shortcuts are quantized residuals
             if precision == "int8":
                 assert meta["int8_ops"] == {"overdrive::conv2d_q": 8}
 
@@ -263,10 +266,10 @@ def test_quantized_residuals_hand_over_only_8_bit_tensors(cls) -> None:
     assert torch.nn.functional.cosine_similarity(got.flatten(), plain.flatten(), dim=0).item() > 0.999
 
 
-def test_quantized_residuals_off_by_default_and_counted_when_on() -> None:
+def test_quantized_residuals_counted_with_and_without_the_option() -> None:
     m = nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()).eval()
     ep = torch.export.export(m, (torch.randn(1, 4, 8, 8),))
-    assert "quantized_residuals" not in fuse_lowp_convs(ep)
+    assert fuse_lowp_convs(ep)["quantized_residuals"] == 0
     assert fuse_lowp_convs(ep, quantize_residuals=True)["quantized_residuals"] == 0
 
 
@@ -298,8 +301,9 @@ def test_quantize_residuals_is_for_int8_and_fp8_builds(tmp_path) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["int8", "fp8"])
 def test_quantized_residual_engine_on_gpu(precision: str) -> None:
-    """An int8/fp8 engine with ``quantize_residuals``: the identity blocks' residual adds read 8-bit tensors in the
-    Triton kernel's epilogue (no dual outputs left), within 8-bit tolerance of the fp32 model (cosine)."""
+    """An int8/fp8 engine of ResNet blocks: the residual adds the calibration quantizes (quant's residual-add
+    quantizers) read the 8-bit tensors in the Triton kernel's epilogue, the projection shortcut and both identity
+    blocks (no dual outputs, no float block outputs left), within 8-bit tolerance of the fp32 model (cosine)."""
     from overdrive.engine import Builder, ShapeProfile
 
     torch.manual_seed(0)
@@ -308,9 +312,9 @@ def test_quantized_residual_engine_on_gpu(precision: str) -> None:
     with torch.no_grad():
         ref = m(x)
     eng = Builder(precision=precision, device="cuda", profiles=[ShapeProfile.fixed("x", (16, 64, 28, 28))],
-                  layer_precision="all", quantize_residuals=True).build(m, (x,), input_names=["x"], calib=[(x,)])
+                  layer_precision="all").build(m, (x,), input_names=["x"], calib=[(x,)])
     lowp = eng.header["backend_meta"]["lowp_conv"]
-    assert lowp["quantized_residuals"] == 2 and lowp["dual_out"] == 0, lowp
+    assert lowp["quantized_residuals"] == 3 and lowp["dual_out"] == 0, lowp
     out = eng(x).float().cpu()
     cos = torch.nn.functional.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
     assert cos > 0.99, cos
@@ -333,3 +337,80 @@ def test_a_fused_form_that_fails_to_time_falls_back_to_the_layer_alone(monkeypat
     plan = {"0": {"residual": None, "relu": True, "out": "float"}}
     _, kept = layer_choice.keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=1e-9, plan=plan)
     assert kept["0"].endswith("(alone: its fused form failed, RuntimeError)")
+
+
+def _calibrated_real(m: nn.Module, fmt: str, x: torch.Tensor) -> nn.Module:
+    """``m`` calibrated as an engine calibrates it (``quant.quantize``, residual-add quantizers included) and converted
+    as ``quant.to_real`` converts it on CUDA: every QuantConv2d an Int8Conv2d / Fp8Conv2d, every QuantAdd a
+    QuantizedResidualAdd (the CPU's to_real would leave 3x3 convolutions float)."""
+    from overdrive import quant
+    from overdrive.quant.real import _real_residual_add, _set
+
+    cfg = quant.INT8_DEFAULT if fmt == "int8" else quant.FP8_DEFAULT
+    cls = Int8Conv2d if fmt == "int8" else Fp8Conv2d
+    q = quant.quantize(copy.deepcopy(m), cfg, lambda mm: mm(x), fidelity=False)
+    for n, c in list(q.named_modules()):
+        if isinstance(c, quant.QuantConv2d):
+            _set(q, n, cls(c.weight, c.weight_quantizer.amax, c.input_quantizer.amax, c.bias, c.stride, c.padding,
+                           c.dilation, x_qmin=-127 if c.input_quantizer.config.narrow_range else -128))
+        elif isinstance(c, quant.QuantAdd):
+            _set(q, n, _real_residual_add(c))
+    return q.eval()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_residuals_the_model_quantizes_are_read_8_bit(fmt: str) -> None:
+    """Residual adds calibrated with quantizers (QuantizedResidualAdd: quantize + dequantize of the residual) are
+    folded with the 8-bit tensor as the residual and its scale as res_scale, with or without ``quantize_residuals``:
+    the projection shortcut and both identity blocks; every block hands over 8-bit tensors only (no dual output, no
+    dequantize left). The residual scales equal the next convolution's input scales (both calibrated on the block
+    output), so each block output is quantized once. Reference: the unfused model (same arithmetic)."""
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
+    x = torch.randn(4, 16, 12, 12).contiguous(memory_format=CL)
+    q = _calibrated_real(m, fmt, x)
+    with torch.no_grad():
+        want = q(x)
+    for qres in (False, True):
+        ep, counts, got = _fused(q, x, quantize_residuals=qres)
+        assert counts == {"folded": 10, "quantized_out": 9, "dual_out": 0, "inlined": 1, "quantized_residuals": 3}
+        targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+        assert torch.ops.overdrive.dequantize.default not in targets
+        assert torch.ops.overdrive.conv2d_q_dual.default not in targets
+        _assert_close_up_to_8_bit_flips(got, want)
+    from overdrive.engine.lowp_conv_fusion import conv_epilogues
+
+    ep, _, _ = _fused(q, x)  # what the per-layer timing times: these three with their 8-bit residual
+    assert {k: v["residual"] for k, v in conv_epilogues(ep).items() if v["residual"]} == {
+        "0.c3": "8-bit", "1.c3": "8-bit", "2.c3": "8-bit"}
+    # an fp16 remainder (the CUDA engine's) keeps the residual scales fp32, as the convolutions' scales
+    from overdrive.engine.backends.prepare import cast_float_remainder
+
+    half = cast_float_remainder(copy.deepcopy(q), torch.float16)
+    assert half[1].residual_add0.scale.dtype == torch.float32 and half[1].b1.weight.dtype == torch.float16
+
+
+def test_a_dequantize_not_read_by_a_convolution_is_inlined() -> None:
+    # a residual add after a non-convolution (here an input + a pooling) keeps its quantize-dequantize as ATen ops,
+    # which Inductor fuses into the add
+    from overdrive.quant import QuantizedResidualAdd
+
+    class PoolAdd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.add = QuantizedResidualAdd(torch.tensor(3.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.add(torch.nn.functional.avg_pool2d(x, 1), x)
+
+    m = PoolAdd()
+    x = torch.randn(2, 4, 6, 6)
+    with torch.no_grad():
+        want = m(x)
+        ep = torch.export.export(m, (x,))
+        counts = fuse_lowp_convs(ep)
+        got = ep.module()(x)
+    targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+    assert counts["inlined"] == 1 and counts["quantized_residuals"] == 0
+    assert not targets & {torch.ops.overdrive.quantize.default, torch.ops.overdrive.dequantize.default}
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -288,3 +288,57 @@ def test_calibrated_amax_lives_on_the_models_cuda_device(method: str) -> None:
     quant.quantize(model, cfg, lambda m: m(x))
     devices = {q.amax.device.type for _, q in quant.quantizers(model) if q.amax is not None}
     assert devices == {"cuda"}
+
+
+class _Residual(nn.Module):
+    """Two layers and a residual add, in either operand order (``quant.quantize`` puts a QuantAdd on it)."""
+
+    def __init__(self, residual_first: bool) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.residual_first = residual_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        return self.b(x + y if self.residual_first else y + x)
+
+
+@pytest.mark.parametrize("cfg,fmt", [(quant.INT8_DEFAULT, "int8"), (quant.FP8_DEFAULT, "fp8")])
+@pytest.mark.parametrize("residual_first", [False, True])
+def test_to_real_quantizes_residual_adds_as_the_fake_quantizer_does(cfg, fmt: str, residual_first: bool) -> None:
+    """A calibrated QuantAdd becomes QuantizedResidualAdd: overdrive::quantize + overdrive::dequantize of the residual
+    by the calibrated scale (fp32), the same values as the fake quantization (reference: the QuantAdd itself; tolerance:
+    one 8-bit step where x / s and x * (1 / s) round apart, which a random input does not hit here)."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 16) * 3
+    fq = quant.quantize(_Residual(residual_first), cfg, forward_loop=lambda m: m(x))
+    add = fq.residual_add0
+    assert isinstance(add, quant.QuantAdd)
+    with torch.no_grad():
+        want = add(fq.a(x), x) if not residual_first else add(x, fq.a(x))
+        real_add = quant.real._real_residual_add(add)
+        got = real_add(fq.a(x), x) if not residual_first else real_add(x, fq.a(x))
+    assert real_add.fmt == fmt and real_add.scale.dtype == torch.float32 and real_add.residual_first == residual_first
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    if cfg is quant.INT8_DEFAULT:  # fp8 to_real of the Linear layers needs a CUDA GPU; the add alone is tested above
+        real = quant.to_real(copy.deepcopy(fq))
+        assert isinstance(real.residual_add0, quant.QuantizedResidualAdd)
+        with torch.no_grad():
+            torch.testing.assert_close(real(x), fq(x), rtol=1e-4, atol=1e-4)
+        targets = {n.target for n in torch.export.export(real, (x,)).graph.nodes if n.op == "call_function"}
+        assert {torch.ops.overdrive.quantize.default, torch.ops.overdrive.dequantize.default} <= targets
+
+
+def test_to_real_keeps_a_disabled_residual_quantizer_fake() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(32, 16)
+    fq = quant.quantize(_Residual(False), quant.INT8_DEFAULT, forward_loop=lambda m: m(x))
+    fq.residual_add0.residual_quantizer.enabled = False
+    real = quant.to_real(fq)
+    assert isinstance(real.residual_add0, quant.QuantAdd)
+    assert quant.QuantizedResidualAdd(torch.tensor(1.0))(2, 3) == 5  # numbers are added as numbers
+
+
+def test_quantized_residual_add_errors() -> None:
+    with pytest.raises(UsageError, match=r"fmt='int4' must be 'int8' or 'fp8'"):
+        quant.QuantizedResidualAdd(torch.tensor(1.0), fmt="int4")

@@ -7,22 +7,24 @@ program so that:
 
 1. ``relu(batch_norm(conv2d_q(x)) [+ z])`` (each part optional, the add in either order) is one ``conv2d_q`` whose
    ``scale`` and ``bias`` carry the folded BatchNorm (graph ops on the weights, computed once by freezing) and whose
-   epilogue adds ``z`` and applies the ReLU;
+   epilogue adds ``z`` and applies the ReLU; where the model quantizes the residual itself (``quant``'s residual-add
+   quantizer, which ``to_real`` writes as ``overdrive::quantize`` + ``overdrive::dequantize``), the epilogue reads the
+   8-bit tensor and dequantizes it (same values, half the bytes, no float copy of the residual written);
 2. a ``conv2d_q`` whose every reader is ``overdrive::quantize`` with one scale writes that quantized tensor itself
    (int8 / fp8: one byte per element written, and read by the next convolution, instead of fp16 written, read, and a
    separate quantize pass);
 3. a ``conv2d_q`` read both in float (a residual add, a pooling) and through ``overdrive::quantize`` becomes one
    ``overdrive::conv2d_q_dual`` that writes both (a ResNet block's output: the next block's residual and its
    convolutions' input), so no separate pass reads the float tensor again to quantize it;
-   With ``quantize_residuals`` (``BuildConfig.quantize_residuals``, off by default), a residual that is also quantized
-   for a convolution is read in 8 bits instead (:func:`_quantize_residuals`), so ResNet blocks hand over only 8-bit
-   tensors;
-4. each ``overdrive::quantize`` left (an input from a pooling layer, a block output also used as a residual) is
+   With ``quantize_residuals`` (``BuildConfig.quantize_residuals``, off by default), a float residual that is also
+   quantized for a convolution is read in 8 bits instead (:func:`_quantize_residuals`; for models calibrated without
+   residual quantizers), so ResNet blocks hand over only 8-bit tensors;
+4. each ``overdrive::quantize`` / ``overdrive::dequantize`` left (an input from a pooling layer, a block output also used as a residual) is
    written back as plain ATen arithmetic, which Inductor fuses into the pass that produces its input.
 
 Example:
     >>> # ep = torch.export.export(prepared_int8_cnn, (x,)); fuse_lowp_convs(ep)
-    >>> # {'folded': 53, 'quantized_out': 33, 'dual_out': 15, 'inlined': 2}
+    >>> # {'folded': 53, 'quantized_out': 50, 'dual_out': 0, 'inlined': 1, 'quantized_residuals': 16}
 
 Quantize scales are compared by value where they are build-time constants: the convolutions that read one block
 output (the next block's first convolution and its shortcut) were calibrated on the same tensor.
@@ -46,6 +48,7 @@ aten = torch.ops.aten
 _CONV_Q = torch.ops.overdrive.conv2d_q.default
 _QUANTIZE = torch.ops.overdrive.quantize.default
 _DUAL = torch.ops.overdrive.conv2d_q_dual.default
+_DEQUANT = torch.ops.overdrive.dequantize.default
 # conv2d_q's arguments, by position
 X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE = range(14)
 DUAL_RES_SCALE = 14  # conv2d_q_dual's res_scale (its first six arguments are conv2d_q's)
@@ -131,7 +134,10 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
             ov, tv = _val(other) if isinstance(other, Node) else None, _val(tail)
             inplace_on_other = add.target is aten.add_.Tensor and add.args[0] is other
             if ov is not None and tv is not None and tuple(ov.shape) == tuple(tv.shape) and not inplace_on_other:
-                args[RES] = other
+                if other.target is _DEQUANT:  # a residual the model quantizes (quant's residual-add quantizer)
+                    args[RES], args[RES_SCALE] = other.args[0], other.args[1]  # read 8-bit, dequantized in-kernel
+                else:
+                    args[RES] = other
                 tail = add
                 chain.append(add)
         relu = _only_user(tail)
@@ -282,6 +288,14 @@ def _inline_quantizes(graph: torch.fx.Graph) -> int:
     """Step 4: each quantize left becomes the ATen ops it stands for (clamp(round(x / s)) -> int8, or x / s clamped
     to +-448 -> fp8), so Inductor fuses it into its producer."""
     n_done = 0
+    for d in [n for n in graph.nodes if n.op == "call_function" and n.target is _DEQUANT]:
+        q, scale, dtype = d.args
+        with graph.inserting_before(d):
+            y = graph.call_function(aten.mul.Tensor, (graph.call_function(aten._to_copy.default, (q,),
+                                                                         {"dtype": torch.float32}), scale))
+            y = graph.call_function(aten._to_copy.default, (y,), {"dtype": dtype})
+        d.replace_all_uses_with(y)
+        graph.erase_node(d)
     for q in [n for n in graph.nodes if n.op == "call_function" and n.target is _QUANTIZE]:
         if not q.users:  # merged into an equal quantize of the same tensor below
             continue
@@ -306,7 +320,8 @@ def _inline_quantizes(graph: torch.fx.Graph) -> int:
 def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]:
     """Fold epilogues into ``overdrive::conv2d_q`` nodes and quantize their outputs where every reader wants that, in
     place (module docstring: steps 1-4). Returns the counts: ``folded``, ``quantized_out``, ``dual_out``, ``inlined``
-    (and ``quantized_residuals`` with ``quantize_residuals``: residuals read 8-bit, see :func:`_quantize_residuals`).
+    and ``quantized_residuals`` (convolutions reading their residual in 8 bits: quantized by the model, or with
+    ``quantize_residuals`` by :func:`_quantize_residuals`).
 
     Example:
         >>> # fuse_lowp_convs(torch.export.export(quant.to_real(calibrated_cnn), (x,)))
@@ -316,13 +331,13 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
 
     gm = ep.graph_module
     graph = gm.graph
-    if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE) for n in graph.nodes):
-        none = {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0}
-        return {**none, "quantized_residuals": 0} if quantize_residuals else none
+    if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE, _DEQUANT) for n in graph.nodes):
+        return {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0, "quantized_residuals": 0}
     consts = constant_inputs(ep)
     folded = _fold_epilogues(ep, graph)
     graph.eliminate_dead_code()
-    residuals = _quantize_residuals(ep, graph) if quantize_residuals else 0
+    if quantize_residuals:
+        _quantize_residuals(ep, graph)
     quantized = _quantize_outputs(ep, graph, consts)
     graph.eliminate_dead_code()
     dual = _dual_outputs(ep, graph, consts)
@@ -336,8 +351,11 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
     with contextlib.suppress(Exception):  # meta values refresh; a failure leaves the (valid) graph as it is
         FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
-    counts = {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined}
-    return {**counts, "quantized_residuals": residuals} if quantize_residuals else counts
+    residuals = sum(1 for n in graph.nodes if n.op == "call_function" and (
+        (n.target is _CONV_Q and _args(n)[RES_SCALE] is not None)
+        or (n.target is _DUAL and len(n.args) > DUAL_RES_SCALE and n.args[DUAL_RES_SCALE] is not None)))
+    return {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined,
+            "quantized_residuals": residuals}
 
 
 def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:

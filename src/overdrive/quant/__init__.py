@@ -50,7 +50,8 @@ from overdrive.quant.modules import (
     QuantSDPA,
 )
 from overdrive.quant.quantizer import TensorQuantizer
-from overdrive.quant.real import Fp8Linear, Int8Linear, WeightOnlyLinear, dynamic_int8, to_real, weight_only
+from overdrive.quant.real import (Fp8Linear, Int8Linear, QuantizedResidualAdd, WeightOnlyLinear, dynamic_int8, to_real,
+                                  weight_only)
 from overdrive.quant.api import smoothed_float
 from overdrive.quant.smoothquant import SmoothedLinear
 
@@ -65,6 +66,6 @@ __all__ = [
     "TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d", "QuantAdd",
     "QuantMatmul", "QuantSDPA",
     # export and real low precision
-    "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "weight_only", "WeightOnlyLinear", "dynamic_int8",
+    "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "QuantizedResidualAdd", "weight_only", "WeightOnlyLinear", "dynamic_int8",
     "SmoothedLinear", "smoothed_float",
 ]

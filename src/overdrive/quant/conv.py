@@ -5,6 +5,7 @@ and the modules :class:`Int8Conv2d` / :class:`Fp8Conv2d` that ``quant.to_real`` 
 - ``overdrive::quantize(x, scale, qmin, fp8)``: symmetric per-tensor quantization of an activation, as the fake
   quantization computes it (int8: ``clamp(round(x / scale), qmin, 127)``; fp8 e4m3: ``clamp(x / scale, -448, 448)``).
   A separate op so that an engine can find it and move it into the epilogue of the layer that produces ``x``.
+- ``overdrive::dequantize(q, scale, out_dtype)``: ``q * scale`` in ``out_dtype``, its inverse.
 - ``overdrive::conv2d_q(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding,
   dilation, config, res_scale=None)``: ``relu(conv2d(x, weight) * scale + bias + residual)`` on quantized ``x`` and
   ``weight`` (both
@@ -62,6 +63,19 @@ def _quantize_cuda(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -
 @quantize.register_fake
 def _quantize_fake(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -> torch.Tensor:
     return torch.empty_like(x, dtype=FP8 if fp8 else torch.int8)
+
+
+@torch.library.custom_op("overdrive::dequantize", mutates_args=())
+def dequantize(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``q * scale`` in ``out_dtype``: the inverse of ``overdrive::quantize`` (same shape and strides). A separate op
+    so that an engine can find a quantized tensor read back in float (a residual quantized by ``quant``'s
+    residual-add quantizer) and let the kernel that reads it take the 8-bit tensor instead."""
+    return (q.float() * scale.float()).to(out_dtype)
+
+
+@dequantize.register_fake
+def _dequantize_fake(q: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_like(q, dtype=out_dtype)
 
 
 def _out_hw(h: int, w: int, kh: int, kw: int, stride: list[int], padding: list[int], dilation: list[int]

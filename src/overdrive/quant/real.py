@@ -10,6 +10,9 @@
   becomes ``Int8Conv2d`` / ``Fp8Conv2d`` (``quant/conv.py``: an implicit-GEMM kernel of any kernel size whose
   epilogue an engine extends with BatchNorm, residual, ReLU and the next layer's quantize); elsewhere 1x1
   convolutions run as GEMMs on channels-last data; other convolutions go back to float with the summary saying so.
+- Residual adds (``QuantAdd``, the residual-add quantizer ``quant.quantize`` inserts) become
+  :class:`QuantizedResidualAdd`: the residual goes through ``overdrive::quantize`` and ``overdrive::dequantize``, the
+  same values as the fake quantization, as ops an engine can see: a convolution's epilogue then reads the 8-bit tensor.
 - Weight-only int8 / int4 (group-wise scales) for memory-bound Linear layers: ``weight_only``.
 - On CUDA the elementwise steps around the GEMM (quantizing the activation; the int8 rescale + bias +
   cast) each run as one fused kernel (``torch.compile`` of the small functions below); on CPU, under
@@ -32,7 +35,7 @@ from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
 from overdrive.quant import conv as qconv
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
-from overdrive.quant.modules import QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
+from overdrive.quant.modules import QuantAdd, QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 from overdrive.quant.smoothquant import SmoothedLinear
 
 
@@ -380,8 +383,58 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
             new._overdrive_real = report
             return new
         _set(model, name, new)
+    for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, QuantAdd)]:
+        add = _real_residual_add(m)
+        if add is not None:
+            _set(model, name, add)
     model._overdrive_real = report
     return model
+
+
+class QuantizedResidualAdd(nn.Module):
+    """``a + b`` with the residual ``b`` quantized to int8 / fp8 by its calibrated per-tensor scale and read back
+    (``overdrive::quantize`` then ``overdrive::dequantize``): the values of :class:`~overdrive.quant.QuantAdd`'s fake
+    quantization, as ops an engine finds. ``quant.to_real`` puts one in place of each calibrated ``QuantAdd``; an
+    int8 / fp8 engine then hands the 8-bit tensor itself to the convolution that adds it (its epilogue dequantizes),
+    which is where TensorRT puts the Q/DQ of a residual too. ``scale`` stays fp32.
+
+    Example:
+        >>> add = QuantizedResidualAdd(torch.tensor(4.0), fmt="int8")
+        >>> add(torch.zeros(3), torch.tensor([0.01, 1.0, 9.0])).tolist()  # scale 4 / 127: 9 clips to 4
+        [0.0, 1.007874011993408, 4.0]
+    """
+
+    def __init__(self, amax: torch.Tensor, fmt: str = "int8", qmin: int = -128, residual_first: bool = False) -> None:
+        super().__init__()
+        if fmt not in ("int8", "fp8"):
+            raise UsageError(f"QuantizedResidualAdd fmt={fmt!r} must be 'int8' or 'fp8'")
+        bound = 127.0 if fmt == "int8" else 448.0
+        self.register_buffer("scale", amax.detach().float().clamp_min(1e-12).reshape(()) / bound)
+        self.fmt, self.qmin, self.residual_first = fmt, int(qmin), bool(residual_first)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return a + b  # numbers the tracer could not tell from tensors: nothing to quantize (as QuantAdd)
+        if self.residual_first:
+            a, b = b, a
+        q = torch.ops.overdrive.quantize(b, self.scale, self.qmin, self.fmt == "fp8")
+        r = torch.ops.overdrive.dequantize(q, self.scale, b.dtype)
+        return r + a if self.residual_first else a + r
+
+    def extra_repr(self) -> str:
+        return f"{self.fmt}, scale={float(self.scale):.4g}"
+
+
+def _real_residual_add(m: QuantAdd) -> QuantizedResidualAdd | None:
+    """The real form of a calibrated static per-tensor ``QuantAdd``; None where it has no quantizer to apply (disabled)
+    or one of another kind (dynamic, per-channel, pre-scaled): that add keeps its fake quantization."""
+    q = m.residual_quantizer
+    if not q.enabled or q.dynamic or q.amax is None or q.amax.numel() != 1 or q.axis is not None \
+            or q.pre_quant_scale is not None:
+        return None
+    fmt = "fp8" if q.config.format == "fp8_e4m3" else "int8"
+    new = QuantizedResidualAdd(q.amax, fmt, -127 if q.config.narrow_range else -128, m.residual_first)
+    return new.to(q.amax.device)
 
 
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:

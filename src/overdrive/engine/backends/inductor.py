@@ -270,6 +270,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
             raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
                                  f"try --backend onnxruntime, or {hint}") from exc
     t_export = time.perf_counter() - t0
+    t_passes = time.perf_counter()  # the graph passes, with the fusions they time on the GPU
     shared = check_exported_dims(ep, list(cfg.profiles), src.input_names) if dyn else []
     dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
                if cfg.drop_constant_masks else [])
@@ -281,6 +282,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     lowp = fuse_lowp_convs(ep, cfg.quantize_residuals) if cfg.precision in ("int8", "fp8") else {}
     groups = TimedGroups(device) if cuda else None
     siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
+    phases = {**getattr(module.model, "_overdrive_phases", {}), "export": t_export,
+              "passes": time.perf_counter() - t_passes}
     buf = io.BytesIO()
     torch.export.save(ep, buf)
     sections = {"exported_program": buf.getvalue()}
@@ -292,7 +295,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
                             "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
                             "sibling_gemms_fused": len(siblings),
                             "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else [],
-                            "fp32_precision": fp32}  # applied again at load
+                            "fp32_precision": fp32,  # applied again at load
+                            "build_phases_s": {k: round(v, 2) for k, v in phases.items()}}
     if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
         rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
@@ -310,6 +314,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         runner = _load_aoti(sections["aoti_package"], fp32)
         runner(*example)
         meta.update(compile_s=time.perf_counter() - t0, aot=True)
+        meta["build_phases_s"]["compile"] = round(meta["compile_s"], 2)
         return sections, runner, meta
     if whole_graph(cfg, device, dyn is not None):
         mode = meta["compile_mode"] = "default"
@@ -322,6 +327,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         runner(*example)
     torch.cuda.synchronize(device) if device.type == "cuda" else None
     meta["compile_s"] = time.perf_counter() - t0
+    meta["build_phases_s"]["compile"] = round(meta["compile_s"], 2)
     artifacts = torch.compiler.save_cache_artifacts()
     if artifacts is not None:
         sections["compile_cache"] = artifacts[0]

@@ -8,6 +8,7 @@ low-precision kernel loses. Backend-independent: the inductor backend exports wh
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -125,9 +126,9 @@ def cast_float_remainder(model: nn.Module, dtype: torch.dtype) -> nn.Module:
         >>> # cast_float_remainder(quant.to_real(calibrated), torch.float16)
     """
     from overdrive.quant.conv import Int8Conv2d
-    from overdrive.quant.real import _LowPrecisionGemm
+    from overdrive.quant.real import QuantizedResidualAdd, _LowPrecisionGemm
 
-    low = (_LowPrecisionGemm, Int8Conv2d)
+    low = (_LowPrecisionGemm, Int8Conv2d, QuantizedResidualAdd)
     keep = {id(t) for m in model.modules() if isinstance(m, low)
             for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
     for m in model.modules():
@@ -194,11 +195,14 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
     for p in model.parameters():
         p.requires_grad_(False)
     dtype = _HALF.get(cfg.precision)
+    phases: dict[str, float] = {}  # seconds of the slow build steps (backend_meta["build_phases_s"])
     if cfg.precision in ("int8", "fp8"):
         if src.onnx_bytes is None and cfg.int8_activations == "dynamic":  # per-token scales, no calibration
             model = _dynamic_int8(model)
         elif src.onnx_bytes is None:  # a Q/DQ ONNX model is quantized already (its Q/DQ graph runs as imported)
+            t0 = time.perf_counter()
             model = _quantize(model, cfg.precision, calib)
+            phases["calibrate"] = time.perf_counter() - t0
             dtype = remainder_dtype(cfg.precision, device)
             if dtype is not None:
                 model = cast_float_remainder(model, dtype)
@@ -208,8 +212,10 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             x = tuple(t.to(device) for t in calib[0])
             x = tuple(t.to(dtype) if dtype is not None and t.is_floating_point() else t for t in x)
             # each int8/fp8 convolution is timed in the form the engine's fusion pass gives it (engine/README.md)
+            t0 = time.perf_counter()
             plan = conv_plan(model, x, cfg.quantize_residuals)
             model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan)
+            phases["layer_timing"] = time.perf_counter() - t0
             model._overdrive_kept_float = kept
         if src.onnx_bytes is None:
             model._overdrive_layers = layer_placement(model, dtype)
@@ -222,4 +228,6 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
     if not out_dtype.is_floating_point:
         raise UsageError(f"--outputIOFormats {cfg.output_io_formats[0]}: the engine's outputs are floating point here; "
                          "give fp32, fp16 or bf16")
+    if phases:
+        model._overdrive_phases = phases
     return _Cast(model, dtype, cl, out_dtype).eval()
