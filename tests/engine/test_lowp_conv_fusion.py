@@ -228,6 +228,7 @@ def test_layer_timing_times_each_convolution_in_its_fused_form(qres: bool) -> No
         before = q(x)
     q, kept = keep_float_where_faster(q, (x,), torch.device("cpu"), torch.float32, margin=1e-9, plan=plan)
     assert len(kept) == 10 and not any(isinstance(c, Int8Conv2d) for c in q.modules())
+    assert set(q._overdrive_layer_timing_s) == {"lowp", "float"}  # the build's phases (CPU: no tile tuning)
     assert kept["1.c3"].endswith(f"{' +res8' if qres else ' +res'} relu ->{'8-bit' if qres else 'dual'}")
     assert kept["1.c1"].endswith(" relu ->8-bit") and kept["0.short.0"].endswith(" ->float")
     with torch.no_grad():

@@ -25,6 +25,9 @@ engine 30x slower than fp32.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -169,8 +172,23 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     finally:
         for h in hooks:
             h.remove()
+    _SPLIT.clear()
     with _compile_limits(len(layers)):
-        return model, _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {})
+        kept = _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {})
+    model._overdrive_layer_timing_s = dict(_SPLIT)  # where the timing went (tile tuning, 8-bit, float): the build meta
+    return model, kept
+
+
+_SPLIT: dict[str, float] = {}  # seconds per step of the last keep_float_where_faster, compiles included
+
+
+@contextlib.contextmanager
+def _timed(step: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _SPLIT[step] = _SPLIT.get(step, 0.0) + time.perf_counter() - t0
 
 
 def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[str, Any], device: torch.device,
@@ -207,7 +225,7 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
                 x = x.contiguous(memory_format=torch.channels_last)
             twin = _float_twin(m, fdt)
             xf = x.to(fdt)
-            with torch.no_grad():
+            with torch.no_grad(), _timed("gemm"):
                 t_low = _ms(_as_engine_runs(m, x, device), device)
                 t_float = _ms(_as_engine_runs(twin, xf, device), device)
             rows = shape.numel() // shape[-1] if getattr(m, "stride", None) is None else shape.numel() // shape[1]
@@ -256,8 +274,9 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
         config = -1
         if device.type == "cuda":  # tiles tuned on the plain form (as the engine did before): the Triton kernel
             # compiles once per config and epilogue flags, so tuning each epilogue variant would multiply the compiles
-            config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
-                                   dilation=m.dilation)
+            with _timed("tune"):
+                config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
+                                       dilation=m.dilation)
         res_in = zq if zq is not None else z
         geo = (m.stride, m.padding, m.dilation, config)
 
@@ -268,13 +287,15 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
             return torch.ops.overdrive.conv2d_q(xq, m.w_q, m.scale, m.bias, res_in, relu,
                                                 qs if out_kind == "8-bit" else None, kernel_out, -128, *geo, zs)
 
-        t_low = _ms(low, device)
-        if not epi:  # no plan: the layer alone against cuDNN alone
-            t_float = _ms(lambda: twin(x), device)
-        else:
-            t_float = _float_conv_ms(x, twin, z, relu, device)
-            if out_kind in ("8-bit", "dual"):  # the float path's output, quantized for its 8-bit reader
-                t_float += _quantize_ms(y, qs, fp8, device)
+        with _timed("lowp"):
+            t_low = _ms(low, device)
+        with _timed("float"):
+            if not epi:  # no plan: the layer alone against cuDNN alone
+                t_float = _ms(lambda: twin(x), device)
+            else:
+                t_float = _float_conv_ms(x, twin, z, relu, device)
+                if out_kind in ("8-bit", "dual"):  # the float path's output, quantized for its 8-bit reader
+                    t_float += _quantize_ms(y, qs, fp8, device)
     n, c, h, w_ = shape
     kh, kw = m.kernel_size
     form = "".join(s for s, on in ((" +res8" if res_kind == "8-bit" else " +res", res_kind is not None),

@@ -216,6 +216,7 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             plan = conv_plan(model, x, cfg.quantize_residuals)
             model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan)
             phases["layer_timing"] = time.perf_counter() - t0
+            phases.update({f"layer_timing.{k}": v for k, v in getattr(model, "_overdrive_layer_timing_s", {}).items()})
             model._overdrive_kept_float = kept
         if src.onnx_bytes is None:
             model._overdrive_layers = layer_placement(model, dtype)
