@@ -327,10 +327,10 @@ def test_a_fused_form_that_fails_to_time_falls_back_to_the_layer_alone(monkeypat
 
     real = layer_choice._time_conv
 
-    def flaky(m, shape, dtype, fdt, device, margin, epilogue=None):
+    def flaky(m, shape, dtype, fdt, device, margin, epilogue=None, config=None, warm_only=False):
         if epilogue:
             raise RuntimeError("no kernel for this epilogue")
-        return real(m, shape, dtype, fdt, device, margin, None)
+        return real(m, shape, dtype, fdt, device, margin, None, config, warm_only)
 
     monkeypatch.setattr(layer_choice, "_time_conv", flaky)
     m = nn.Sequential(Int8Conv2d.from_float(nn.Conv2d(16, 16, 3, padding=1), torch.tensor(4.0)), nn.ReLU()).eval()
@@ -415,3 +415,18 @@ def test_a_dequantize_not_read_by_a_convolution_is_inlined() -> None:
     assert counts["inlined"] == 1 and counts["quantized_residuals"] == 0
     assert not targets & {torch.ops.overdrive.quantize.default, torch.ops.overdrive.dequantize.default}
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_conv_timing_takes_a_given_tile_and_can_only_warm_up() -> None:
+    # the build tunes each shape's tiles once, compiles every layer's fused form side by side (warm_only: one run,
+    # no timing), then times each with the tuned config, which the verdict carries
+    from overdrive.engine import layer_choice
+
+    m = Int8Conv2d.from_float(nn.Conv2d(16, 32, 3, padding=1), torch.tensor(4.0)).eval()
+    shape = torch.Size((2, 16, 8, 8))
+    epi = {"residual": "8-bit", "relu": True, "out": "dual"}
+    cpu = torch.device("cpu")
+    assert layer_choice._time_conv(m, shape, torch.float32, torch.float32, cpu, 1.1, epi, 5, warm_only=True) is None
+    slower, why, cfg = layer_choice._time_conv(m, shape, torch.float32, torch.float32, cpu, 1.1, epi, 5)
+    assert cfg == 5 and why.endswith("+res8 relu ->dual")
+    assert layer_choice._tune_conv(m, shape, torch.float32, cpu) == -1  # CPU: the shape's default tile

@@ -287,3 +287,28 @@ def test_default_tiles_are_candidates_and_follow_the_measured_choices() -> None:
     assert tile(default_config(256 * 28 * 28, 512, 128, 1)) == tile(15)  # 1x1 expansion with residual at 28x28
     assert tile(default_config(256 * 14 * 14, 256, 256, 9)) == tile(1)  # 3x3 at 14x14
     assert tile(default_config(256 * 56 * 56, 64, 256, 1)) == tile(14)  # channel-reducing 1x1 to 64
+
+
+def test_compile_in_threads_runs_each_call_once_side_by_side(monkeypatch) -> None:
+    # the kernel configs a build tunes compile in parallel: after the first call (alone), the others run at once in
+    # threads (two calls meet at a barrier, which one-after-another would break), failures are left to the caller;
+    # with COMPILE_THREADS = 1 they run one after another
+    import threading
+
+    from overdrive.quant import conv as qconv
+
+    for threads, met in ((16, True), (1, False)):
+        monkeypatch.setattr(qconv, "COMPILE_THREADS", threads)
+        barrier, ran = threading.Barrier(2, timeout=30 if met else 0.01), []
+
+        def meet(tag: str) -> None:
+            barrier.wait()
+            ran.append(tag)
+
+        def fail() -> None:
+            raise RuntimeError("a tile that does not fit")
+
+        qconv.compile_in_threads([lambda: ran.append("first"), lambda: meet("a"), fail, lambda: meet("b")],
+                                 torch.device("cpu"))
+        assert ran[0] == "first"
+        assert (sorted(ran[1:]) == ["a", "b"]) is met

@@ -26,6 +26,7 @@ engine 30x slower than fp32.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -199,24 +200,47 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
 
     verdict: dict[tuple, tuple[Any, ...]] = {}
     kept: dict[str, str] = {}
-    for name, m in layers:
-        if name not in seen:  # not reached on the example: nothing to measure it on, keep it as built
-            continue
+
+    def key_of(name: str, m: nn.Module) -> tuple:
         shape, dtype, nhwc = seen[name]
-        fdt = float_dtype or dtype
-        key = (type(m).__name__, tuple(shape), dtype, fdt, m.in_features, m.out_features, m.rowwise,
+        key = (type(m).__name__, tuple(shape), dtype, float_dtype or dtype, m.in_features, m.out_features, m.rowwise,
                str(getattr(m, "stride", 1)), str(getattr(m, "kernel_size", 1)), str(getattr(m, "padding", 0)),
                str(getattr(m, "dilation", 1)), nhwc)
         if isinstance(m, Int8Conv2d):
             epi = plan.get(name)
             key = (*key, tuple(sorted(epi.items())) if epi else None)
+        return key
+
+    # convolutions: tiles tuned per shape first, then every layer's fused form compiled side by side (Triton compiles
+    # outside the GIL), then each timed alone
+    convs = {key_of(n, m): (n, m) for n, m in layers if n in seen and isinstance(m, Int8Conv2d)}
+    configs: dict[tuple, int] = {}
+    for key, (name, m) in convs.items():
+        plain = key[:-1]  # the tiles depend on the shape, not on the epilogue
+        if plain not in configs:
+            configs[plain] = _tune_conv(m, seen[name][0], float_dtype or seen[name][1], device)
+    if device.type == "cuda" and convs:
+        from overdrive.quant.conv import compile_in_threads
+
+        with _timed("lowp_compile"):
+            compile_in_threads([functools.partial(_time_conv, m, seen[n][0], seen[n][1], float_dtype or seen[n][1],
+                                                  device, margin, plan.get(n), configs[key[:-1]], True)
+                                for key, (n, m) in convs.items()], device)
+    for name, m in layers:
+        if name not in seen:  # not reached on the example: nothing to measure it on, keep it as built
+            continue
+        shape, dtype, nhwc = seen[name]
+        fdt = float_dtype or dtype
+        key = key_of(name, m)
+        if isinstance(m, Int8Conv2d):
+            epi, config = plan.get(name), configs[key[:-1]]
             if key not in verdict:
                 try:
-                    verdict[key] = _time_conv(m, shape, dtype, fdt, device, margin, epi)
+                    verdict[key] = _time_conv(m, shape, dtype, fdt, device, margin, epi, config)
                 except Exception as exc:  # noqa: BLE001 - the fused form failed to run here: time the layer alone
                     if not epi:
                         raise
-                    slower, why, cfg = _time_conv(m, shape, dtype, fdt, device, margin, None)
+                    slower, why, cfg = _time_conv(m, shape, dtype, fdt, device, margin, None, config)
                     verdict[key] = (slower, f"{why} (alone: its fused form failed, {type(exc).__name__})", cfg)
             m.config = verdict[key][2]
         elif key not in verdict:
@@ -239,8 +263,35 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
     return kept
 
 
+def _conv_input(m: nn.Module, shape: torch.Size, fdt: torch.dtype, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Generator]:
+    """The seeded float input of a convolution timing (channels_last), its quantized form, and the generator."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(shape, generator=g).to(device=device, dtype=fdt).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        xq = torch.ops.overdrive.quantize(x, m.x_scale, m.x_qmin, m.fmt == "fp8")
+    return x, xq, g
+
+
+def _tune_conv(m: nn.Module, shape: torch.Size, fdt: torch.dtype, device: torch.device) -> int:
+    """The tile config of an int8/fp8 convolution at ``shape``: tuned on CUDA on the plain form (the Triton kernel
+    compiles once per config and epilogue flags, so tuning each epilogue variant would multiply the compiles); the
+    shape's default (-1) elsewhere."""
+    from overdrive.quant import conv as qconv
+
+    if device.type != "cuda":
+        return -1
+    _, xq, _ = _conv_input(m, shape, fdt, device)
+    out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
+    with torch.no_grad(), _timed("tune"):
+        config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
+                               dilation=m.dilation)
+    return config
+
+
 def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.dtype, device: torch.device,
-               margin: float, epilogue: dict[str, Any] | None = None) -> tuple[bool, str, int]:
+               margin: float, epilogue: dict[str, Any] | None = None, config: int | None = None,
+               warm_only: bool = False) -> tuple[bool, str, int] | None:
     """(slower, why, kernel config) for an int8/fp8 convolution: its kernel tuned and timed on an input quantized
     already (in an engine its input's quantize runs in the producing layer's epilogue, or fused into the pass that
     makes it) against the float convolution (cuDNN) on the float input, each replayed in a CUDA graph.
@@ -248,18 +299,19 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     With ``epilogue`` (its entry of :func:`conv_plan`) both run as the engine would: the low-precision kernel with
     its residual (float or 8-bit), ReLU and 8-bit or dual output; the float side as the fp16 engine runs it
     (:func:`_float_conv_ms`), plus the quantize pass (one compiled kernel) that an 8-bit reader of its output then
-    needs."""
+    needs. ``config``: the tile config (:func:`_tune_conv`'s; None: tuned here). ``warm_only``: run the
+    low-precision kernel once and return None (its compile, which a build runs for many layers side by side)."""
     from overdrive.quant import conv as qconv
 
     epi = epilogue or {}
     res_kind, relu, out_kind = epi.get("residual"), bool(epi.get("relu")), epi.get("out", "float")
     fp8 = m.fmt == "fp8"
     qdt, bound = (qconv.FP8, 448.0) if fp8 else (torch.int8, 127.0)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(shape, generator=g).to(device=device, dtype=fdt).contiguous(memory_format=torch.channels_last)
+    if config is None:
+        config = _tune_conv(m, shape, fdt, device)
+    x, xq, g = _conv_input(m, shape, fdt, device)
     twin = _float_twin(m, fdt)
     with torch.no_grad():
-        xq = torch.ops.overdrive.quantize(x, m.x_scale, m.x_qmin, fp8)
         out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
         y = twin(x)
         z = zq = zs = None
@@ -271,12 +323,6 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
                 zq = torch.ops.overdrive.quantize(z, zs, -128, fp8)
         qs = (y.float().abs().amax().clamp_min(1e-6) / bound).reshape(())
         kernel_out = qdt if out_kind == "8-bit" else out_dtype
-        config = -1
-        if device.type == "cuda":  # tiles tuned on the plain form (as the engine did before): the Triton kernel
-            # compiles once per config and epilogue flags, so tuning each epilogue variant would multiply the compiles
-            with _timed("tune"):
-                config, _ = qconv.tune(xq, m.w_q, out_dtype=out_dtype, stride=m.stride, padding=m.padding,
-                                       dilation=m.dilation)
         res_in = zq if zq is not None else z
         geo = (m.stride, m.padding, m.dilation, config)
 
@@ -287,6 +333,9 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
             return torch.ops.overdrive.conv2d_q(xq, m.w_q, m.scale, m.bias, res_in, relu,
                                                 qs if out_kind == "8-bit" else None, kernel_out, -128, *geo, zs)
 
+        if warm_only:
+            low()
+            return None
         with _timed("lowp"):
             t_low = _ms(low, device)
         with _timed("float"):

@@ -26,7 +26,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -245,6 +247,41 @@ def triton_available() -> bool:
     return True
 
 
+COMPILE_THREADS = 16  # at most this many kernel configs compile at once (0 or 1: one after another)
+
+
+def compile_in_threads(calls: list[Callable[[], Any]], device: torch.device) -> None:
+    """Run each of ``calls`` once, up to :data:`COMPILE_THREADS` at a time, so that the Triton kernels they launch
+    compile side by side: Triton's compile (MLIR, LLVM, ptxas) runs mostly outside the GIL, and a build tunes 10-20
+    tile configs per kernel kind, each a compile of about a second. The first call runs alone (it sets up Triton's
+    per-device caches); a call that fails (a tile that does not fit this GPU) is left for the caller to meet again.
+
+    Example:
+        >>> compile_in_threads([], torch.device("cpu"))  # nothing to run
+    """
+    import concurrent.futures
+
+    def run(fn: Callable[[], Any]) -> None:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the caller's own call of it reports or skips the failure
+                pass
+
+    if not calls:
+        return
+    run(calls[0])
+    workers = min(len(calls) - 1, COMPILE_THREADS)
+    if workers > 1:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(run, calls[1:]))
+    else:
+        for fn in calls[1:]:
+            run(fn)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu: bool = False,
          out_dtype: torch.dtype = torch.float16, stride: list[int] | tuple[int, ...] = (1, 1),
          padding: list[int] | tuple[int, ...] = (0, 0), dilation: list[int] | tuple[int, ...] = (1, 1)
@@ -275,17 +312,20 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
     quantized_out = out_dtype in _QUANTIZED
     out_scale = torch.ones((), device=dev) if quantized_out else None
     best: tuple[int, float] = (-1, float("inf"))
-    for i in candidates(x.shape[1], cout):
-        def call(i: int = i) -> Any:
-            return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
+    cands = candidates(x.shape[1], cout)
 
+    def call(i: int) -> Any:
+        return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
+
+    compile_in_threads([functools.partial(call, i) for i in cands], dev)
+    for i in cands:
         try:
-            call()
+            call(i)
             torch.cuda.synchronize(dev)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(10):
-                    call()
+                    call(i)
             ms = 1e3 * sorted(time_fn(graph.replay, dev, warmup=2, repeat=7))[3] / 10
         except Exception:  # noqa: BLE001 - a config that does not fit this GPU (shared memory): skip it
             continue
