@@ -9,6 +9,9 @@
 #   bash scripts/gpu_engine.sh 4   # BERT input_ids only in fp8 (+ --gemm-gelu); cuDNN fused conv epilogues vs Inductor
 #   bash scripts/gpu_engine.sh 5   # the CNN rows of the zoo with the one-graph runner, eager and int8/fp8 included
 #                                  # (not yet run: the 2026-12-04 zoo has their fp16 rows only)
+#   bash scripts/gpu_engine.sh 6   # int8/fp8 CNN engines: their GPU tests; ResNet-50 fp16/int8/fp8 with the build
+#                                  # phases (8-bit residuals, kernels compiled in threads: not yet run)
+#   bash scripts/gpu_engine.sh 7   # where the fp8 ResNet-50 engine's time goes (profile); EfficientNet-B0 int8/fp8
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -19,7 +22,8 @@ step() {  # step SECONDS LABEL COMMAND...: run with a limit, keep the result lin
   local limit=$1 label=$2
   shift 2
   echo "== $label (limit ${limit}s, at $(( $(date +%s) - start ))s)"
-  timeout "$limit" "$@" 2>&1 | grep "^{\|^profile\|^  top\|Error\|passed\|failed\|^| " || echo "$label: timed out or failed"
+  timeout "$limit" "$@" 2>&1 | grep "^{\|^profile\|^  top\|Error\|passed\|failed\|^| \|^summary\| | build " \
+    || echo "$label: timed out or failed"
 }
 if [ "$part" = 1 ]; then
   step 240 "gpu tests" python3 -m pytest -q -m gpu tests/engine -p no:cacheprovider
@@ -41,6 +45,18 @@ elif [ "$part" = 3 ]; then
 elif [ "$part" = 5 ]; then
   step 560 "engine_zoo CNNs (serving, 1; every config)" python3 benchmarks/engine_zoo.py \
       --models resnet50,convnext_tiny,efficientnet_b0 --batches serving,1 --budget-s 520 --out engine_zoo_cnn_graph
+elif [ "$part" = 6 ]; then
+  step 150 "gpu tests: int8/fp8 CNN engines" python3 -m pytest -q -m gpu tests/engine/test_lowp_conv_fusion.py \
+      -p no:cacheprovider -p no:logging
+  step 420 "engine_zoo resnet50 fp16/int8/fp8 (build phases)" python3 benchmarks/engine_zoo.py --models resnet50 \
+      --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 330 \
+      --out engine_zoo_resnet50_par
+elif [ "$part" = 7 ]; then
+  step 250 "engine_profile resnet50 fp16,fp8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
+      --engines fp16,fp8 --name engine_profile_resnet50_res8
+  step 300 "engine_zoo efficientnet_b0 int8/fp8" python3 benchmarks/engine_zoo.py --models efficientnet_b0 \
+      --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 220 \
+      --out engine_zoo_effnet_lowp
 else
   step 170 "engine_profile bert_ids fp8 (+ --gemm-gelu)" python3 benchmarks/engine_profile.py --models bert_ids \
       --engines-only --engines fp8 --gemm-gelu --name engine_profile_bert_ids_fp8

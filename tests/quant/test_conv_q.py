@@ -144,30 +144,11 @@ def test_bad_inputs_are_refused_with_the_fix() -> None:
 # ---- wherever Triton is installed (no GPU needed): what the kernel compiles to for Hopper ----
 
 def _compile_sm90(is_int: bool, cfg: int, out_q: int, res_q: bool = False):
-    """The conv kernel compiled for sm_90 (no GPU: Triton compiles to PTX offline), specialized as its JIT would be
-    for ResNet-sized layers: pointers, C and N_OUT divisible by 16, the other sizes not specialized."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    """The conv kernel compiled for sm_90 without a GPU (``_triton_conv.compile_offline``)."""
+    pytest.importorskip("triton")
     from overdrive.quant import _triton_conv as tc
 
-    bm, bn, bk, warps, stages = tc.CONFIGS[cfg]
-    fn = tc._conv_kernel
-    names = fn.arg_names
-    xt = "*i8" if is_int else "*fp8e4nv"
-    sig = {n: "i32" for n in names}
-    sig.update(x_ptr=xt, w_ptr=xt, scale_ptr="*fp32", bias_ptr="*fp32", res_ptr="*i8" if res_q else "*fp16",
-               res_scale_ptr="*fp32", out_ptr={0: "*fp16", 1: "*fp8e4nv", 2: "*i8"}[out_q], out_scale_ptr="*fp32",
-               q_ptr="*i8", q_scale_ptr="*fp32")
-    const = dict(KH=1, KW=1, IS_INT=is_int, HAS_BIAS=True, HAS_RES=True, RES_Q=res_q, RELU=True, OUT_Q=out_q, Q2=0,
-                 QMIN=-128.0, ZERO=0 if is_int else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
-    sig.update({k: "constexpr" for k in const})
-    specialized = [i for i, n in enumerate(names) if n.endswith("_ptr") or (n in ("C", "N_OUT") and
-                                                                               n not in fn.do_not_specialize)]
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in specialized})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return tc.compile_offline(is_int, cfg, out_q, res_q)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])

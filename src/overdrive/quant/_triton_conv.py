@@ -134,3 +134,33 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         RELU=relu, OUT_Q=out_q, Q2=q_mode, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
         num_warps=warps, num_stages=stages)
     return out
+
+
+def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, kh: int = 1, arch: int = 90) -> object:
+    """The kernel compiled for ``sm_<arch>`` without a GPU (Triton compiles to PTX and a cubin offline), specialized as
+    its JIT specializes it for ResNet-sized layers: pointers, C and N_OUT divisible by 16, the other sizes not, a
+    float16 residual (``res_q``: int8) added, ReLU, output ``out_q`` (0 fp16, 1 fp8, 2 int8). For checking the code a
+    change generates (``kernel.asm["ptx"]``) and the compile's cost, here.
+
+    Example:
+        >>> # compile_offline(True, 15, out_q=2).asm["ptx"]   # needs Triton, no GPU
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    bm, bn, bk, warps, stages = CONFIGS[config]
+    fn = _conv_kernel
+    names = fn.arg_names
+    xt = "*i8" if is_int else "*fp8e4nv"
+    sig = {n: "i32" for n in names}
+    sig.update(x_ptr=xt, w_ptr=xt, scale_ptr="*fp32", bias_ptr="*fp32", res_ptr="*i8" if res_q else "*fp16",
+               res_scale_ptr="*fp32", out_ptr={0: "*fp16", 1: "*fp8e4nv", 2: "*i8"}[out_q], out_scale_ptr="*fp32",
+               q_ptr="*i8", q_scale_ptr="*fp32")
+    const = dict(KH=kh, KW=kh, IS_INT=is_int, HAS_BIAS=True, HAS_RES=True, RES_Q=res_q, RELU=True, OUT_Q=out_q, Q2=0,
+                 QMIN=-128.0, ZERO=0 if is_int else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+    sig.update({k: "constexpr" for k in const})
+    specialized = [i for i, n in enumerate(names) if n.endswith("_ptr") or (n in ("C", "N_OUT") and
+                                                                               n not in fn.do_not_specialize)]
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in specialized})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps, "num_stages": stages})
