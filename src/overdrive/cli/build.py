@@ -131,6 +131,10 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             from overdrive.engine.layer_choice import placement_summary
 
             click.echo(f"[I] {placement_summary(info['layers'])}")
+        if info.get("build_phases_s"):
+            from overdrive.engine.runtime import phases_summary
+
+            click.echo(f"[I] {phases_summary(info['build_phases_s'])}")
         if info.get("accuracy"):
             from overdrive.engine.accuracy import summary
 

@@ -85,7 +85,8 @@ class Engine:
                 "load_compile": self.load_compile,
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
                 "timing_cache": h.get("timing_cache"), "best": h.get("best"), "accuracy": h.get("accuracy"),
-                "int8": h.get("int8"), "layers": (h.get("backend_meta") or {}).get("layers"), "trust": self.trust}
+                "int8": h.get("int8"), "layers": (h.get("backend_meta") or {}).get("layers"),
+                "build_phases_s": (h.get("backend_meta") or {}).get("build_phases_s"), "trust": self.trust}
 
     def save(self, path: str | Path) -> None:
         """Write the engine atomically, signed with the user's key (overdrive._utils.signing; the default key
@@ -222,3 +223,20 @@ class Engine:
         from overdrive.engine.benchmark import benchmark
 
         return benchmark(self, **kwargs)
+
+
+def phases_summary(phases: dict[str, float]) -> str:
+    """One line from ``engine.info["build_phases_s"]``: where the build's seconds went, each step's parts (the keys
+    ``step.part``) in brackets after it.
+
+    Example:
+        >>> phases_summary({"calibrate": 2.04, "layer_timing": 40.0, "layer_timing.tune": 31.5, "compile": 20.2})
+        'build phases: calibrate 2.0 s, layer_timing 40.0 s (tune 31.5), compile 20.2 s'
+    """
+    parts = []
+    for step, s in phases.items():
+        if "." in step:
+            continue
+        subs = ", ".join(f"{k.partition('.')[2]} {v:.1f}" for k, v in phases.items() if k.startswith(step + "."))
+        parts.append(f"{step} {s:.1f} s" + (f" ({subs})" if subs else ""))
+    return "build phases: " + ", ".join(parts)
