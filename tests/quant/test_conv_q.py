@@ -176,7 +176,7 @@ def test_kernel_compiles_to_wgmma_with_16_byte_stores(fmt: str) -> None:
     (2, 64, 15, 13, 40, 3, 1, 1, 1), (3, 32, 17, 17, 96, 3, 2, 1, 1), (4, 128, 7, 7, 256, 1, 1, 0, 1),
     (1, 48, 9, 11, 16, 5, 1, 2, 1), (2, 16, 12, 12, 24, 3, 1, 2, 2), (8, 256, 14, 14, 1024, 1, 2, 0, 1),
 ])
-@pytest.mark.parametrize("config", [-1, 0, 18])  # -1: the default, a different tile per shape
+@pytest.mark.parametrize("config", [-1, 0, 18, 22])  # -1: the default (a different tile per shape); 22: persistent
 def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
     from overdrive.quant import _triton_conv  # noqa: F401 - Triton must be there on the GPU machine
 
@@ -293,3 +293,66 @@ def test_compile_in_threads_runs_each_call_once_side_by_side(monkeypatch) -> Non
                                  torch.device("cpu"))
         assert ran[0] == "first"
         assert (sorted(ran[1:]) == ["a", "b"]) is met
+
+
+def test_persistent_configs_fit_their_programs_per_sm_in_shared_memory() -> None:
+    # a persistent grid sized beyond what fits one SM would run in two waves; every variant of the kernel (int8 /
+    # fp8, float / 8-bit output, float / 8-bit residual) compiled for sm_90 must fit PERSISTENT[i] programs in
+    # Hopper's 227 KB (232448 bytes) of shared memory per SM, 1 KB reserved per program
+    pytest.importorskip("triton")
+    from overdrive.quant import _triton_conv as tc
+    from overdrive.quant.conv_tiles import PERSISTENT
+
+    for cfg, per_sm in PERSISTENT.items():
+        for is_int in (True, False):
+            for out_q, res_q in ((0, False), (2 if is_int else 1, True)):
+                shared = tc.compile_offline(is_int, cfg, out_q, res_q).metadata.shared
+                assert per_sm * (shared + 1024) <= 232448, (cfg, is_int, out_q, shared)
+
+
+_INTERPRETED = """
+import os, sys, types
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch
+import triton.language as tl
+from triton.runtime.interpreter import TensorHandle
+from overdrive.quant import _triton_conv as tc
+from overdrive.quant.conv import _nhwc, _reference
+
+def rint(x, _semantic=None):  # the interpreter has no libdevice.rint: numpy's (round half to even, as cvt.rni)
+    return tl.core.tensor(TensorHandle(np.rint(x.handle.data), x.handle.dtype.scalar), x.type)
+
+tc._conv_tile.fn.__globals__["libdevice"] = types.SimpleNamespace(rint=rint)
+torch.manual_seed(0)
+cfg = int(sys.argv[1])
+n, c, h, co = 4, 64, 16, 160  # M = 1024 pixels: more tiles than the interpreter's persistent programs (4 per SM)
+x = (torch.randn(n, c, h, h) * 20).clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+w = (torch.randn(co, c, 1, 1) * 20).clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+scale, bias = torch.rand(co) * 1e-3, torch.randn(co)
+res = (torch.randn(n, co, h, h) * 30).clamp(-127, 127).to(torch.int8).contiguous(memory_format=torch.channels_last)
+rs, osc = torch.tensor(0.03), torch.tensor(0.05)
+ref = _reference(x, w, scale, bias, res, True, osc, torch.int8, -128, [1, 1], [0, 0], [1, 1], rs)
+out = torch.empty(n, h, h, co, dtype=torch.int8)
+tc.launch(_nhwc(x), _nhwc(w), scale, bias, _nhwc(res), True, out, osc.reshape(1), 2, -128, [1, 1], [0, 0], [1, 1],
+          cfg, res_scale=rs.reshape(1))
+print("MISMATCH", (out.permute(0, 3, 1, 2) != ref).float().mean().item())
+"""
+
+
+@pytest.mark.parametrize("cfg", [21, 22])
+def test_persistent_tiles_match_the_reference_in_the_interpreter(cfg: int) -> None:
+    # the persistent kernel (each program loops over several tiles, N tiles partly masked) on the Triton interpreter,
+    # int8 with an 8-bit residual and an int8 output: equal to the fp32 reference (reference: _reference, exact)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    from overdrive.quant.conv_tiles import PERSISTENT
+
+    assert cfg in PERSISTENT
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED, str(cfg)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": src})
+    assert "MISMATCH 0.0" in done.stdout, done.stderr[-2000:]

@@ -12,12 +12,14 @@ round to int8), so a chain of quantized convolutions moves one byte per activati
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from overdrive.quant.conv_tiles import CONFIGS, default_config
+from overdrive.quant.conv_tiles import CONFIGS, PERSISTENT, default_config
 
 # sizes, strides and paddings vary per layer: compile once per tile config and flags, not per value class. N_OUT and C
 # stay specialized (Triton's "divisible by 16" hint): without it the output rows, the residual rows and the input
@@ -30,11 +32,34 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, RELU: tl.constexpr,
                  OUT_Q: tl.constexpr, Q2: tl.constexpr,
                  QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr):
+                 GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False):
     # OUT_Q: 0 = out_ptr's float dtype, 1 = fp8 e4m3 (/ out_scale, clamp +-448), 2 = int8 (/ out_scale, rint, clamp)
     # RES_Q: the residual is int8 / fp8, added as residual * res_scale (a block input quantized for its next conv)
     # Q2: 0 = nothing more; 1 / 2 = also write the result quantized (fp8 / int8, by q_scale) to q_ptr (dual output)
-    pid = tl.program_id(0)
+    # PERSISTENT: a grid of a few programs per SM, each looping over output tiles; the tile loop and the K loop are
+    # flattened into one pipelined loop, so the next tile's first loads are in flight during this tile's epilogue
+    # (what the 1x1 layers with one or two K steps lack: their time is mostly loads, then the epilogue's traffic)
+    if PERSISTENT:
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N_OUT, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+            _conv_tile(tile, x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_ptr, out_scale_ptr, q_ptr,
+                       q_scale_ptr, M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW, KH, KW,
+                       IS_INT, HAS_BIAS, HAS_RES, RES_Q, RELU, OUT_Q, Q2, QMIN, ZERO, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        _conv_tile(tl.program_id(0), x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_ptr, out_scale_ptr,
+                   q_ptr, q_scale_ptr, M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW, KH, KW,
+                   IS_INT, HAS_BIAS, HAS_RES, RES_Q, RELU, OUT_Q, Q2, QMIN, ZERO, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+
+
+@triton.jit
+def _conv_tile(pid, x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_ptr, out_scale_ptr, q_ptr,
+               q_scale_ptr, M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW,
+               KH: tl.constexpr, KW: tl.constexpr, IS_INT: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, RELU: tl.constexpr,
+               OUT_Q: tl.constexpr, Q2: tl.constexpr,
+               QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One BLOCK_M x BLOCK_N output tile ``pid`` (grouped order) of the convolution, epilogue and stores included."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N_OUT, BLOCK_N)
     # grouped order: GROUP_M row tiles share each column tile's weights while they sit in L2
@@ -107,6 +132,13 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_
     tl.store(out_ptr + out_off, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":  # the Triton interpreter (CPU tensors): any grid size works
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
            residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
            qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
@@ -120,8 +152,11 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     n_out, kh, kw, _ = w.shape
     _, ho, wo, _ = out.shape
     m = n * ho * wo
-    bm, bn, bk, warps, stages = CONFIGS[config if 0 <= config < len(CONFIGS) else default_config(m, n_out, c, kh * kw)]
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n_out, bn),)
+    config = config if 0 <= config < len(CONFIGS) else default_config(m, n_out, c, kh * kw)
+    bm, bn, bk, warps, stages = CONFIGS[config]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n_out, bn)
+    per_sm = PERSISTENT.get(config, 0)
+    grid = (min(tiles, per_sm * _sm_count(x.device)) if per_sm else tiles,)
     dummy = scale
     _conv_kernel[grid](
         x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy,
@@ -132,11 +167,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         KH=kh, KW=kw, IS_INT=x.dtype == torch.int8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         RES_Q=res_scale is not None,
         RELU=relu, OUT_Q=out_q, Q2=q_mode, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-        num_warps=warps, num_stages=stages)
+        PERSISTENT=bool(per_sm), num_warps=warps, num_stages=stages)
     return out
 
 
-def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, kh: int = 1, arch: int = 90) -> object:
+def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, kh: int = 1, arch: int = 90,
+                    persistent: bool | None = None) -> object:
     """The kernel compiled for ``sm_<arch>`` without a GPU (Triton compiles to PTX and a cubin offline), specialized as
     its JIT specializes it for ResNet-sized layers: pointers, C and N_OUT divisible by 16, the other sizes not, a
     float16 residual (``res_q``: int8) added, ReLU, output ``out_q`` (0 fp16, 1 fp8, 2 int8). For checking the code a
@@ -157,7 +193,8 @@ def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, 
                res_scale_ptr="*fp32", out_ptr={0: "*fp16", 1: "*fp8e4nv", 2: "*i8"}[out_q], out_scale_ptr="*fp32",
                q_ptr="*i8", q_scale_ptr="*fp32")
     const = dict(KH=kh, KW=kh, IS_INT=is_int, HAS_BIAS=True, HAS_RES=True, RES_Q=res_q, RELU=True, OUT_Q=out_q, Q2=0,
-                 QMIN=-128.0, ZERO=0 if is_int else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+                 QMIN=-128.0, ZERO=0 if is_int else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
+                 PERSISTENT=config in PERSISTENT if persistent is None else persistent)
     sig.update({k: "constexpr" for k in const})
     specialized = [i for i, n in enumerate(names) if n.endswith("_ptr") or (n in ("C", "N_OUT") and
                                                                                n not in fn.do_not_specialize)]

@@ -34,7 +34,18 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
     (128, 64, 64, 4, 2),
     (256, 64, 64, 8, 3),
     (128, 128, 64, 4, 2),
+    # persistent (PERSISTENT below): a few programs per SM loop over the tiles, the next tile's loads under this one's
+    # epilogue; for the layers whose K loop is one or two steps (1x1 over 64-512 channels, often with a residual)
+    (64, 128, 128, 4, 3),
+    (128, 128, 128, 8, 3),
+    (128, 256, 128, 8, 3),
+    (128, 128, 64, 4, 4),
+    (128, 64, 128, 4, 3),
 ]
+
+# config index -> programs per SM of its persistent grid: as many as fit Hopper's 227 KB of shared memory per SM with
+# the most any of the kernel's variants takes (compiled offline for sm_90: 80, 128, 176, 72 and 80 KB)
+PERSISTENT: dict[int, int] = {21: 2, 22: 1, 23: 1, 24: 3, 25: 2}
 
 
 def candidates(c: int, n_out: int | None = None) -> list[int]:
