@@ -70,9 +70,10 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
               help="Run Linears that read one input (Q/K/V, gate/up) as one GEMM where it times faster; inductor "
                    "backend, with freezing (default: on for CUDA builds, off on CPU).")
 @click.option("--quantize-residuals", "quantize_residuals", is_flag=True,
-              help="int8/fp8 CNNs on CUDA: a residual add whose input is also quantized for a convolution (a ResNet "
-                   "block's input) reads that 8-bit tensor, so blocks hand over only 8-bit tensors; the residual "
-                   "then carries 8-bit rounding (inductor backend).")
+              help="int8/fp8 CNNs on CUDA, for a model calibrated without residual-add quantizers (the build's own "
+                   "calibration has them, and then residuals are read in 8 bits anyway): a residual add whose input "
+                   "is also quantized for a convolution reads that 8-bit tensor, which adds 8-bit rounding to the "
+                   "residual (inductor backend).")
 @json_option("the engine info")
 @progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,

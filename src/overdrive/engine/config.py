@@ -161,10 +161,11 @@ class BuildConfig(ConfigBase):
     ``layer_precision`` (int8/fp8 from a PyTorch model): ``"timed"`` times each int8/fp8 GEMM layer against its
     float twin at build time and keeps the float one where it is faster, as TensorRT's tactic selection does
     (``engine.info["layers_kept_float"]`` lists them and why); ``"all"`` keeps every supported layer low-precision.
-    ``quantize_residuals`` (int8/fp8 convolutions on CUDA): a residual add whose input is also quantized for a
+    ``quantize_residuals`` (int8/fp8 convolutions on CUDA): a float residual add whose input is also quantized for a
     convolution (a ResNet block's input) reads that 8-bit tensor, so blocks hand over only 8-bit tensors (one byte
     per element each way); the residual then carries 8-bit rounding, as in pytorch-quantization's and TensorRT's int8
-    ResNets. Off by default.
+    ResNets. Off by default. Residual adds the calibration quantized (``quant``'s residual-add quantizers, on in the
+    build's own calibration) are read in 8 bits without it.
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
     effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
