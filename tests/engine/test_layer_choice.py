@@ -72,7 +72,7 @@ def test_engine_reports_each_layer_once_either_int8_or_kept_float() -> None:
         phases = eng.header["backend_meta"]["build_phases_s"]  # where the build time went, for the zoo's table
         assert {"export", "passes", "compile"} <= set(phases) and ("layer_timing" in phases) == (lp == "timed")
         if lp == "timed":  # the GEMMs' share of it (convolutions: tune, lowp, float)
-            assert 0 < phases["layer_timing.gemm"] <= phases["layer_timing"] + 0.01
+            assert 0 <= phases["layer_timing.gemm"] <= phases["layer_timing"] + 0.01  # rounded to 10 ms: may be 0
         ops = sum((eng.info["int8"]["ops"] or {}).values())
         kept = eng.info["int8"].get("kept_float", {})
         assert ops + len(kept) == 2, (lp, eng.info["int8"])
