@@ -430,3 +430,28 @@ def test_conv_timing_takes_a_given_tile_and_can_only_warm_up() -> None:
     slower, why, cfg = layer_choice._time_conv(m, shape, torch.float32, torch.float32, cpu, 1.1, epi, 5)
     assert cfg == 5 and why.endswith("+res8 relu ->dual")
     assert layer_choice._tune_conv(m, shape, torch.float32, cpu) == -1  # CPU: the shape's default tile
+
+
+def test_cached_convolution_timings_are_reused_with_their_tiles() -> None:
+    # a --timing-cache's verdicts: the second timing of the same model reuses every convolution's verdict and tile
+    # config (here edited in the cache, to see it taken) and times nothing
+    from overdrive.engine.layer_choice import keep_float_where_faster
+
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16))).eval()
+    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    q = _quantized(m, Int8Conv2d, x).eval()
+    timings: dict = {}
+    a, kept_a = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
+                                        timings=timings)
+    assert a._overdrive_timings_reused == 0 and len(timings) >= 5  # one per distinct layer shape and epilogue
+    assert set(a._overdrive_layer_timing_s) == {"lowp", "float"}
+    timings = {k: [v[0], v[1], 5] for k, v in timings.items()}  # every convolution's tile: config 5
+    b, kept_b = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
+                                        timings=timings)
+    assert b._overdrive_timings_reused == len(timings) and b._overdrive_layer_timing_s == {}
+    assert kept_b == kept_a == {} and all(c.config == 5 for c in b.modules() if isinstance(c, Int8Conv2d))
+    broken = {k: ["not", "a verdict"] for k in timings}  # a malformed entry is timed again, not trusted
+    c, _ = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
+                                   timings=broken)
+    assert c._overdrive_timings_reused == 0 and all(len(v) == 3 for v in broken.values())

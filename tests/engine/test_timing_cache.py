@@ -82,3 +82,45 @@ def test_onnxruntime_warns_and_cli_spellings(tmp_path: Path, digits_onnx: bytes,
     out = capsys.readouterr().out
     assert "timing cache" in out and good.stat().st_size > 0
     assert re.search(r"\[I\] build phases: export [0-9.]+ s, passes [0-9.]+ s, compile [0-9.]+ s", out)
+
+
+def test_a_rebuild_reuses_the_int8_layer_timings(tmp_path: Path, mlp: torch.nn.Module) -> None:
+    """The cache also keeps the int8 layer timing's verdicts (TensorRT's timing cache keeps tactic timings): the
+    second build takes both layers' verdicts from the file and times none, with the same layers kept float."""
+    import warnings
+
+    cache = tmp_path / "int8.cache"
+    cfg = BuildConfig(backend="inductor", device="cpu", precision="int8", int8_activations="dynamic",
+                      profiles=STATIC, timing_cache=str(cache))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = Builder(cfg).build(mlp)
+        second = Builder(cfg).build(mlp)
+    assert first.info["timing_cache"]["saved_layer_timings"] == 2
+    assert first.info["timing_cache"]["reused_layer_timings"] == 0
+    tc = second.info["timing_cache"]
+    assert tc["loaded_layer_timings"] == 2 and tc["reused_layer_timings"] == 2
+    assert "layer_timing.gemm" in first.info["build_phases_s"]
+    assert "layer_timing.gemm" not in second.info["build_phases_s"]  # nothing timed
+    assert second.header.get("layers_kept_float") == first.header.get("layers_kept_float")
+    assert second.info["layers"] == first.info["layers"]
+
+
+def test_an_old_cache_without_layer_timings_still_loads(tmp_path: Path, mlp: torch.nn.Module) -> None:
+    # a file written before the layer timings were kept (payload: Inductor's artifacts only) loads as before;
+    # a payload whose timings are not JSON is a clear error naming the file
+    from overdrive._utils.signing import sign, signing_key
+    from overdrive.engine.backends.timing_cache import CACHE_MAGIC, LAYERS_MAGIC, load_timing_cache
+
+    cache = tmp_path / "m.cache"
+    Builder(BuildConfig(backend="inductor", device="cpu", profiles=STATIC, timing_cache=str(cache))).build(mlp)
+    raw = cache.read_bytes()
+    artifacts = raw[len(CACHE_MAGIC) + 64:]
+    key = signing_key(create=True).key
+    cache.write_bytes(CACHE_MAGIC + sign(artifacts, key).encode("ascii") + artifacts)
+    info = load_timing_cache(str(cache))
+    assert info["loaded"] is True and info["loaded_layer_timings"] == 0 and info["layer_timings"] == {}
+    bad = LAYERS_MAGIC + (3).to_bytes(8, "little") + b"{x}" + artifacts
+    cache.write_bytes(CACHE_MAGIC + sign(bad, key).encode("ascii") + bad)
+    with pytest.raises(UsageError, match=r"m\.cache: its layer timings are not the JSON object"):
+        load_timing_cache(str(cache))

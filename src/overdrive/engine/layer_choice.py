@@ -144,7 +144,8 @@ def conv_plan(model: nn.Module, example: tuple[torch.Tensor, ...], quantize_resi
 
 def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...], device: torch.device,
                             float_dtype: torch.dtype | None = None, margin: float = 1.1,
-                            plan: dict[str, dict[str, Any]] | None = None) -> tuple[nn.Module, dict[str, str]]:
+                            plan: dict[str, dict[str, Any]] | None = None, timings: dict[str, Any] | None = None
+                            ) -> tuple[nn.Module, dict[str, str]]:
     """Time every distinct low-precision GEMM layer of ``model`` against its float twin at the input shape it meets on
     ``example``; layers slower than ``margin`` x the float twin are replaced by it. In place.
 
@@ -152,7 +153,9 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     ``float_dtype``: the float layers' dtype (default: each layer's input dtype on the example). ``plan``
     (:func:`conv_plan`): each convolution's fused form in the engine, so it is timed as it will run (its residual,
     ReLU and 8-bit or dual output) against the float convolution with the same epilogue plus the quantize pass the
-    float path would need for an 8-bit reader.
+    float path would need for an 8-bit reader. ``timings`` (a ``--timing-cache``'s): verdicts measured before on
+    this GPU with this torch and overdrive, by layer key; those found are reused instead of timed again
+    (``model._overdrive_timings_reused`` counts them) and the new ones are added to it.
     """
     from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import _LowPrecisionGemm, _set
@@ -175,7 +178,7 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
             h.remove()
     _SPLIT.clear()
     with _compile_limits(len(layers)):
-        kept = _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {})
+        kept = _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {}, timings)
     model._overdrive_layer_timing_s = dict(_SPLIT)  # where the timing went (tile tuning, 8-bit, float): the build meta
     return model, kept
 
@@ -192,10 +195,31 @@ def _timed(step: str) -> Iterator[None]:
         _SPLIT[step] = _SPLIT.get(step, 0.0) + time.perf_counter() - t0
 
 
+def _timing_key(key: tuple, device: torch.device) -> str:
+    """A layer key as a ``--timing-cache`` stores it: valid on this GPU (or CPU) with this torch and overdrive."""
+    import overdrive
+
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return f"{where} | torch {torch.__version__} | overdrive {overdrive.__version__} | {key!r}"
+
+
+def _cached(entry: Any, conv: bool) -> tuple[Any, ...] | None:
+    """A cached verdict as ``_choose`` keeps it: (slower, why) or, for a convolution, (slower, why, tile config)."""
+    from overdrive.quant.conv_tiles import CONFIGS
+
+    if not isinstance(entry, list) or len(entry) != (3 if conv else 2) or not isinstance(entry[0], bool) \
+            or not isinstance(entry[1], str):
+        return None
+    if conv and not (isinstance(entry[2], int) and -1 <= entry[2] < len(CONFIGS)):
+        return None
+    return tuple(entry)
+
+
 def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[str, Any], device: torch.device,
-            float_dtype: torch.dtype | None, margin: float, _set: Any, plan: dict[str, dict[str, Any]]
-            ) -> dict[str, str]:
-    """The timing loop of :func:`keep_float_where_faster`: one measurement per distinct layer key."""
+            float_dtype: torch.dtype | None, margin: float, _set: Any, plan: dict[str, dict[str, Any]],
+            timings: dict[str, Any] | None = None) -> dict[str, str]:
+    """The timing loop of :func:`keep_float_where_faster`: one measurement per distinct layer key (none for a key
+    ``timings`` holds)."""
     from overdrive.quant.conv import Int8Conv2d
 
     verdict: dict[tuple, tuple[Any, ...]] = {}
@@ -211,9 +235,18 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
             key = (*key, tuple(sorted(epi.items())) if epi else None)
         return key
 
+    reused = 0
+    for n, m in layers if timings is not None else ():
+        key = key_of(n, m) if n in seen else None
+        hit = _cached(timings.get(_timing_key(key, device)), isinstance(m, Int8Conv2d)) if key else None
+        if hit is not None and key not in verdict:
+            verdict[key] = hit
+            reused += 1
+    model._overdrive_timings_reused = reused
     # convolutions: tiles tuned per shape first, then every layer's fused form compiled side by side (Triton compiles
     # outside the GIL), then each timed alone
-    convs = {key_of(n, m): (n, m) for n, m in layers if n in seen and isinstance(m, Int8Conv2d)}
+    convs = {k: (n, m) for n, m in layers if n in seen and isinstance(m, Int8Conv2d)
+             for k in [key_of(n, m)] if k not in verdict}
     configs: dict[tuple, int] = {}
     for key, (name, m) in convs.items():
         plain = key[:-1]  # the tiles depend on the shape, not on the epilogue
@@ -233,8 +266,9 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
         fdt = float_dtype or dtype
         key = key_of(name, m)
         if isinstance(m, Int8Conv2d):
-            epi, config = plan.get(name), configs[key[:-1]]
+            epi = plan.get(name)
             if key not in verdict:
+                config = configs[key[:-1]]
                 try:
                     verdict[key] = _time_conv(m, shape, dtype, fdt, device, margin, epi, config)
                 except Exception as exc:  # noqa: BLE001 - the fused form failed to run here: time the layer alone
@@ -260,6 +294,8 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
         if slower:
             kept[name] = why
             _set(model, name, _float_twin(m, fdt))
+        if timings is not None:
+            timings[_timing_key(key, device)] = list(verdict[key])
     return kept
 
 

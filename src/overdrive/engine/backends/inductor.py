@@ -255,7 +255,9 @@ def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, free
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
           calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
     cache_info = load_timing_cache(cfg.timing_cache, cfg.trust_timing_cache) if cfg.timing_cache else None
-    module = prepare(src, cfg, device, calib or [example])
+    # the int8/fp8 layer timings the cache kept (reused, and extended by this build), not part of the header
+    timings = cache_info.pop("layer_timings", {}) if cache_info is not None else None
+    module = prepare(src, cfg, device, calib or [example], timings)
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
     fp32 = fp32_flags(cfg.precision)
     t0 = time.perf_counter()
@@ -332,7 +334,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     if artifacts is not None:
         sections["compile_cache"] = artifacts[0]
     if cache_info is not None:
-        save_timing_cache(cfg.timing_cache, artifacts[0] if artifacts is not None else None, cache_info)
+        cache_info["reused_layer_timings"] = getattr(module.model, "_overdrive_timings_reused", 0)
+        save_timing_cache(cfg.timing_cache, artifacts[0] if artifacts is not None else None, cache_info, timings)
         meta["timing_cache"] = cache_info
     if cfg.aot:
         if not aoti_works():

@@ -186,8 +186,9 @@ def layer_placement(model: nn.Module, float_dtype: torch.dtype | None) -> dict[s
 
 
 def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
-            calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
-    """The module to export: a copy of the model in the build precision on ``device``."""
+            calib: list[tuple[torch.Tensor, ...]], timings: dict[str, Any] | None = None) -> nn.Module:
+    """The module to export: a copy of the model in the build precision on ``device``. ``timings``: the layer
+    timings of a ``--timing-cache`` (reused, and extended with what this build measures)."""
     model = copy.deepcopy(src.module) if src.module is not None else src.as_module()
     if src.module is not None:  # called by its input names (GPT-2's second parameter is its cache, not the mask)
         model = by_name(model, src.input_names)
@@ -214,7 +215,7 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             # each int8/fp8 convolution is timed in the form the engine's fusion pass gives it (engine/README.md)
             t0 = time.perf_counter()
             plan = conv_plan(model, x, cfg.quantize_residuals)
-            model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan)
+            model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan, timings=timings)
             phases["layer_timing"] = time.perf_counter() - t0
             phases.update({f"layer_timing.{k}": v for k, v in getattr(model, "_overdrive_layer_timing_s", {}).items()})
             model._overdrive_kept_float = kept

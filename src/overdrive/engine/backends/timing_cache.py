@@ -1,11 +1,18 @@
-"""The ``--timing-cache`` file: Inductor's compile cache, signed with the user's key.
+"""The ``--timing-cache`` file: Inductor's compile cache and the build's per-layer timings, signed with the user's key.
 
 ``torch.compiler.load_cache_artifacts`` unpickles, so a cache loads only when it carries this user's signature
 (or the user says ``--trust-timing-cache``); it is written atomically, so concurrent builds cannot tear it.
+
+Like TensorRT's timing cache, it also keeps what the int8/fp8 layer timing measured (``layer_choice``: each layer
+shape's verdict and its kernel's tile config, keyed by the GPU, torch and overdrive versions and the layer's shape and
+epilogue), so a rebuild reuses them instead of timing again. Layout of the signed payload: ``LAYERS_MAGIC``, the JSON
+length (8 bytes, little-endian), the JSON, then Inductor's artifacts; a payload without ``LAYERS_MAGIC`` (written
+before the timings were kept) is all artifacts.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -16,6 +23,22 @@ from overdrive._utils.files import atomic_write
 from overdrive._utils.signing import sign, signing_key, verify
 
 CACHE_MAGIC = b"ODTCACH1"  # + the HMAC of the payload under the user's signing key (64 hex digits) + the payload
+LAYERS_MAGIC = b"ODTLAYR1"  # a payload that starts with the layer timings (JSON) before Inductor's artifacts
+
+
+def _split(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    """(layer timings, Inductor artifacts) of a payload; ({}, payload) for one written before timings were kept."""
+    if not payload.startswith(LAYERS_MAGIC):
+        return {}, payload
+    n = int.from_bytes(payload[len(LAYERS_MAGIC):len(LAYERS_MAGIC) + 8], "little")
+    start = len(LAYERS_MAGIC) + 8
+    try:
+        layers = json.loads(payload[start:start + n].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        layers = None
+    if not isinstance(layers, dict):
+        raise ValueError("its layer timings are not the JSON object this overdrive writes")
+    return layers, payload[start + n:]
 
 
 def load_timing_cache(path: str, trust: bool = False) -> dict[str, Any]:
@@ -46,13 +69,20 @@ def load_timing_cache(path: str, trust: bool = False) -> dict[str, Any]:
                          "path, or pass --trust-timing-cache if you know where it came from")
     if why is not None:  # trusted: the whole file, or the payload after a foreign signature
         data = raw[len(CACHE_MAGIC) + 64:] if raw.startswith(CACHE_MAGIC) else raw
+    try:
+        layers, data = _split(data)
+    except ValueError as exc:
+        raise UsageError(f"--timing-cache {path}: {exc}; delete it or give a new path, and the next build writes a "
+                         "fresh one") from exc
     cache_info = torch.compiler.load_cache_artifacts(data) if data else None
     if cache_info is None:  # torch returns None (and logs) when the bytes do not deserialize
         raise UsageError(f"--timing-cache {path}: the file is empty or not an Inductor compile cache "
                          f"(torch.compiler.save_cache_artifacts bytes from torch {torch.__version__}); delete it "
                          "or give a new path, and the next build writes a fresh one")
     info.update(loaded=True, loaded_bytes=len(raw),
-                loaded_artifacts=sum(len(v) for v in getattr(cache_info, "artifacts", {}).values()))
+                loaded_artifacts=sum(len(v) for v in getattr(cache_info, "artifacts", {}).values()),
+                loaded_layer_timings=len(layers))
+    info["layer_timings"] = layers  # the build takes them out (layer_choice reads and extends them) before saving
     return info
 
 
@@ -69,15 +99,21 @@ def _verified_cache(raw: bytes) -> tuple[bytes, str | None]:
     return payload, None
 
 
-def save_timing_cache(path: str, artifacts: bytes | None, info: dict[str, Any]) -> None:
-    """Write the compile cache to ``path``, signed with the user's key, atomically (temp file + rename);
-    keeps the old file if there is nothing new."""
+def save_timing_cache(path: str, artifacts: bytes | None, info: dict[str, Any],
+                      layer_timings: dict[str, Any] | None = None) -> None:
+    """Write the compile cache and the layer timings to ``path``, signed with the user's key, atomically (temp file +
+    rename); keeps the old file if there is nothing new."""
     if not artifacts:
         info["saved_bytes"] = 0
         return
+    payload = artifacts
+    if layer_timings:
+        text = json.dumps(layer_timings, sort_keys=True).encode("utf-8")
+        payload = LAYERS_MAGIC + len(text).to_bytes(8, "little") + text + artifacts
+        info["saved_layer_timings"] = len(layer_timings)
     key = signing_key(create=True)
     try:
-        blob = CACHE_MAGIC + sign(artifacts, key.key).encode("ascii") + artifacts
+        blob = CACHE_MAGIC + sign(payload, key.key).encode("ascii") + payload
         atomic_write(path, blob)
     except OSError as exc:
         raise UsageError(f"--timing-cache {path}: cannot write it ({exc}); give a path in a writable folder") from exc
