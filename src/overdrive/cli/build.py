@@ -148,4 +148,5 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         tc = info.get("timing_cache")
         if tc:
             loaded = f"loaded {tc['loaded_bytes']:,} bytes" if tc["loaded"] else "not found, started a new one"
-            click.echo(f"[I] timing cache {tc['path']}: {loaded}, saved {tc.get('saved_bytes', 0):,} bytes")
+            reused = f", reused {tc['reused_layer_timings']} layer timing(s)" if tc.get("reused_layer_timings") else ""
+            click.echo(f"[I] timing cache {tc['path']}: {loaded}{reused}, saved {tc.get('saved_bytes', 0):,} bytes")
