@@ -356,3 +356,20 @@ def test_persistent_tiles_match_the_reference_in_the_interpreter(cfg: int) -> No
     done = subprocess.run([sys.executable, "-c", _INTERPRETED, str(cfg)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": src})
     assert "MISMATCH 0.0" in done.stdout, done.stderr[-2000:]
+
+
+def test_agrees_tells_rounding_from_a_wrong_kernel() -> None:
+    # tune's guard: rounding (fp16 storage, one 8-bit step here and there) agrees; a tile left unwritten, a wrong
+    # shape or a NaN does not (reference: the float tensor itself)
+    from overdrive.quant.conv import agrees
+
+    torch.manual_seed(0)
+    want = torch.randn(4, 32, 8, 8) * 20
+    assert agrees(want.half(), want) and agrees(want.round().clamp(-127, 127).to(torch.int8), want.round())
+    holed = want.clone()
+    holed[:, :16] = 0  # half the channels never written
+    assert not agrees(holed, want)
+    assert not agrees(want[:2], want)
+    nan = want.clone()
+    nan[0, 0, 0, 0] = float("nan")
+    assert not agrees(nan, want)

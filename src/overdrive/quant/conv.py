@@ -282,12 +282,29 @@ def compile_in_threads(calls: list[Callable[[], Any]], device: torch.device) -> 
         torch.cuda.synchronize(device)
 
 
+def agrees(got: torch.Tensor, want: torch.Tensor, min_cosine: float = 0.999) -> bool:
+    """Whether a kernel config's output is the reference's up to rounding (8-bit steps, fp8 sums): finite, same
+    shape, cosine >= ``min_cosine``. ``tune`` skips a config that fails it (a miscompiled or mis-tiled kernel on some
+    GPU or Triton version), so tuning can never pick a wrong kernel for being fast.
+
+    Example:
+        >>> y = torch.randn(2, 8, 4, 4)
+        >>> agrees(y.half(), y), agrees(torch.zeros_like(y), y)
+        (True, False)
+    """
+    g, w = got.float().flatten(), want.float().flatten()
+    if g.shape != w.shape or not bool(torch.isfinite(g).all()):
+        return False
+    return bool(F.cosine_similarity(g, w, dim=0) >= min_cosine)
+
+
 def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu: bool = False,
          out_dtype: torch.dtype = torch.float16, stride: list[int] | tuple[int, ...] = (1, 1),
          padding: list[int] | tuple[int, ...] = (0, 0), dilation: list[int] | tuple[int, ...] = (1, 1)
          ) -> tuple[int, float]:
     """The fastest kernel config for this problem on ``x``'s GPU and its time in ms: every config timed on random
-    data of these shapes (CUDA graph replays, median). ``x``/``weight`` give shapes, dtypes and device only.
+    data of these shapes (CUDA graph replays, median), among those whose output :func:`agrees` with the op's fp32
+    reference on that data. ``x``/``weight`` give shapes, dtypes and device only.
 
     Example:
         >>> # cfg, ms = tune(xq, wq, relu=True, padding=[1, 1])   # CUDA only
@@ -318,9 +335,12 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
         return conv2d_q(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl, i)
 
     compile_in_threads([functools.partial(call, i) for i in cands], dev)
+    with torch.no_grad():  # what every config must compute: a tile that computes something else is never picked
+        want = _reference(xq, wq, scale, bias, res, relu, out_scale, out_dtype, -128, st, pd, dl)
     for i in cands:
         try:
-            call(i)
+            if not agrees(call(i), want):
+                continue
             torch.cuda.synchronize(dev)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
