@@ -12,6 +12,8 @@
 #   bash scripts/gpu_engine.sh 6   # int8/fp8 CNN engines: their GPU tests; ResNet-50 fp16/int8/fp8 with the build
 #                                  # phases (8-bit residuals, kernels compiled in threads: not yet run)
 #   bash scripts/gpu_engine.sh 7   # where the fp8 ResNet-50 engine's time goes (profile); EfficientNet-B0 int8/fp8
+#   bash scripts/gpu_engine.sh 8   # the conv kernel's new paths (SiLU/GELU epilogue, persistent config 22) against
+#                                  # the reference; per-layer speed with the persistent configs among the candidates
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -51,6 +53,10 @@ elif [ "$part" = 6 ]; then
   step 420 "engine_zoo resnet50 fp16/int8/fp8 (build phases)" python3 benchmarks/engine_zoo.py --models resnet50 \
       --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 330 \
       --out engine_zoo_resnet50_par
+elif [ "$part" = 8 ]; then
+  step 200 "gpu tests: conv kernel activations and persistent tiles" python3 -m pytest -q -m gpu \
+      tests/quant/test_conv_q.py -k "activations or 22" -p no:cacheprovider -p no:logging
+  step 330 "lowp_conv (ResNet-50 shapes, tuned tiles)" python3 benchmarks/lowp_conv.py --iters 10
 elif [ "$part" = 7 ]; then
   step 250 "engine_profile resnet50 fp16,fp8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
       --engines fp16,fp8 --name engine_profile_resnet50_res8

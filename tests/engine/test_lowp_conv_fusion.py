@@ -19,7 +19,8 @@ CL = torch.channels_last
 
 
 def _quantized(m: nn.Module, cls: type, x: torch.Tensor) -> nn.Module:
-    """``m`` with every Conv2d replaced by ``cls`` calibrated on ``x`` (max calibration of each conv's input)."""
+    """``m`` with every Conv2d replaced by ``cls`` calibrated on ``x`` (max calibration of each conv's input); grouped
+    ones (depthwise: no int8/fp8 kernel) stay float, as ``to_real`` leaves them."""
     m = copy.deepcopy(m)
     amax: dict[str, torch.Tensor] = {}
     hooks = [c.register_forward_pre_hook(lambda mod, a, n=n: amax.__setitem__(n, a[0].abs().amax()))
@@ -29,7 +30,7 @@ def _quantized(m: nn.Module, cls: type, x: torch.Tensor) -> nn.Module:
     for h in hooks:
         h.remove()
     for n, c in list(m.named_modules()):
-        if isinstance(c, nn.Conv2d):
+        if isinstance(c, nn.Conv2d) and c.groups == 1:
             parent, _, leaf = n.rpartition(".")
             setattr(m.get_submodule(parent) if parent else m, leaf, cls.from_float(c, amax[n]))
     return m
@@ -455,3 +456,77 @@ def test_cached_convolution_timings_are_reused_with_their_tiles() -> None:
     c, _ = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
                                    timings=broken)
     assert c._overdrive_timings_reused == 0 and all(len(v) == 3 for v in broken.values())
+
+
+class _MBConv(nn.Module):
+    """An EfficientNet-style block: 1x1 expand + BN + activation, depthwise 3x3 (groups: stays float) + BN +
+    activation, 1x1 project + BN, residual add (no activation after it)."""
+
+    def __init__(self, c: int, act: nn.Module) -> None:
+        super().__init__()
+        self.expand, self.b1, self.a1 = nn.Conv2d(c, 4 * c, 1, bias=False), nn.BatchNorm2d(4 * c), act
+        self.dw, self.b2 = nn.Conv2d(4 * c, 4 * c, 3, padding=1, groups=4 * c, bias=False), nn.BatchNorm2d(4 * c)
+        self.a2 = copy.deepcopy(act)
+        self.project, self.b3 = nn.Conv2d(4 * c, c, 1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a1(self.b1(self.expand(x)))
+        y = self.a2(self.b2(self.dw(y)))
+        return self.b3(self.project(y)) + x
+
+
+@pytest.mark.parametrize("act,code", [(nn.SiLU(inplace=True), "silu"), (nn.GELU(), "gelu"), (nn.SiLU(), "silu")])
+@pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
+def test_silu_and_gelu_fold_into_the_epilogue(act: nn.Module, code: str, cls) -> None:
+    """SiLU (in place or not) and GELU after a convolution's BatchNorm go into its epilogue (act), as ReLU does; the
+    projection folds BatchNorm and the residual; the program computes what the unfused modules compute; the plan
+    the layer timing reads names the activation."""
+    from overdrive.engine.lowp_conv_fusion import conv_epilogues
+
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(_MBConv(16, act), _MBConv(16, copy.deepcopy(act)))).eval()
+    x = torch.randn(2, 16, 10, 10).contiguous(memory_format=CL)
+    q = _quantized(m, cls, x).eval()  # the depthwise convolutions stay float
+    with torch.no_grad():
+        want = q(x)
+    ep, counts, got = _fused(q, x)
+    assert counts["folded"] == 4, counts
+    acts = [n.args[14] for n in ep.graph.nodes if n.op == "call_function" and n.target in (
+        torch.ops.overdrive.conv2d_q.default,) and len(n.args) > 14]
+    assert acts.count({"silu": 1, "gelu": 2}[code]) == 2, acts
+    plan = conv_epilogues(ep)
+    assert plan["0.expand"]["act"] == code and not plan["0.expand"]["relu"]
+    assert "act" not in plan["0.project"] and plan["0.project"]["residual"] == "float"
+    _assert_close_up_to_8_bit_flips(got, want)
+
+
+def test_tanh_gelu_and_relu_with_an_act_are_not_folded_or_refused() -> None:
+    # GELU's tanh form is another function (left to Inductor); conv2d_q refuses relu together with an act
+    from overdrive._utils.errors import UsageError
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(16, 32, 1), nn.GELU(approximate="tanh")).eval()
+    x = torch.randn(2, 16, 6, 6).contiguous(memory_format=CL)
+    q = _quantized(m, Int8Conv2d, x).eval()
+    with torch.no_grad():
+        want = q(x)
+    ep, counts, got = _fused(q, x)
+    assert counts["folded"] == 0
+    torch.testing.assert_close(got, want)
+    c = q[0]
+    xq = torch.ops.overdrive.quantize(x, c.x_scale, -128, False)
+    with pytest.raises(UsageError, match=r"act=1 with relu=True: act is 0 \(none\), 1 \(SiLU\) or 2 \(GELU\)"):
+        torch.ops.overdrive.conv2d_q(xq, c.w_q, c.scale, c.bias, None, True, None, torch.float32, -128, [1, 1],
+                                     [0, 0], [1, 1], -1, None, 1)
+
+
+@pytest.mark.parametrize("act", [1, 2])
+def test_conv_timing_runs_the_activation_form(act: int) -> None:
+    # the fused-form timing of a layer whose plan has an activation runs conv2d_q with it and says so
+    from overdrive.engine import layer_choice
+
+    m = Int8Conv2d.from_float(nn.Conv2d(16, 32, 1), torch.tensor(4.0)).eval()
+    epi = {"residual": None, "relu": False, "out": "float", "act": {1: "silu", 2: "gelu"}[act]}
+    _, why, _ = layer_choice._time_conv(m, torch.Size((2, 16, 6, 6)), torch.float32, torch.float32,
+                                        torch.device("cpu"), 1.1, epi, -1)
+    assert why.endswith(f" {epi['act']} ->float")

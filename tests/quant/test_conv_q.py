@@ -373,3 +373,76 @@ def test_agrees_tells_rounding_from_a_wrong_kernel() -> None:
     nan = want.clone()
     nan[0, 0, 0, 0] = float("nan")
     assert not agrees(nan, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("act", [1, 2])  # SiLU, GELU (erf)
+@pytest.mark.parametrize("config", [-1, 22])
+def test_triton_kernel_activations_match_reference(fmt: str, act: int, config: int) -> None:
+    # the SiLU / GELU epilogue (EfficientNet-style blocks) after a residual, float and dual outputs, against the
+    # op's fp32 reference (TF32 off): relative error as the ReLU cases
+    dev = torch.device("cuda")
+    dt = FP8 if fmt == "fp8" else torch.int8
+    g = torch.Generator().manual_seed(act)
+    xq = (torch.randn(4, 64, 14, 14, generator=g) * 40).clamp(-127, 127)
+    wq = (torch.randn(96, 64, 1, 1, generator=g) * 40).clamp(-127, 127)
+    xq = (xq.round() if fmt == "int8" else xq).to(dt).to(dev).contiguous(memory_format=CL)
+    wq = (wq.round() if fmt == "int8" else wq).to(dt).to(dev).contiguous(memory_format=CL)
+    scale = (torch.rand(96, generator=g) * 1e-4).to(dev)
+    bias = torch.randn(96, generator=g).to(dev)
+    res = torch.randn(4, 96, 14, 14, generator=g).half().to(dev).contiguous(memory_format=CL)
+    args = ([1, 1], [0, 0], [1, 1])
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        got = conv2d_q(xq, wq, scale, bias, res, False, None, torch.float32, -128, *args, config, None, act)
+        ref = _reference(xq, wq, scale, bias, res, False, None, torch.float32, -128, *args, None, act)
+        assert ((got - ref).norm() / ref.norm()).item() < (1e-5 if fmt == "int8" else 3e-3)
+        osc = torch.tensor(0.05, device=dev)
+        dgot, dq = conv2d_q_dual(xq, wq, scale, bias, res, False, torch.float16, osc, -127, fmt == "fp8", *args,
+                                 config, None, act)
+        assert ((dgot.float() - ref).norm() / ref.norm()).item() < 3e-3
+        assert (dq.float() - _quantize_ref(dgot, osc, -127, fmt == "fp8").float()).abs().max().item() <= \
+            (1.0 if fmt == "int8" else dgot.float().abs().max().item() / 8)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+
+
+_INTERPRETED_ACT = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from overdrive.quant import _triton_conv as tc
+from overdrive.quant.conv import _nhwc, _reference
+torch.manual_seed(0)
+n, c, h, co = 2, 64, 8, 48
+x = (torch.randn(n, c, h, h) * 20).clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+w = (torch.randn(co, c, 3, 3) * 20).clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+scale, bias = torch.rand(co) * 2e-4, torch.randn(co)
+res = torch.randn(n, co, h, h).half().contiguous(memory_format=torch.channels_last)
+for act in (1, 2):
+    ref = _reference(x, w, scale, bias, res, False, None, torch.float16, -128, [1, 1], [1, 1], [1, 1], None, act)
+    out = torch.empty(n, h, h, co, dtype=torch.float16)
+    tc.launch(_nhwc(x), _nhwc(w), scale, bias, _nhwc(res), False, out, None, 0, -128, [1, 1], [1, 1], [1, 1], 15,
+              act=act)
+    assert ref.min() < 0  # the activation's negative lobe is in the data
+    print("ACT", act, (out.permute(0, 3, 1, 2).float() - ref.float()).abs().max().item())
+"""
+
+
+def test_activation_epilogue_in_the_interpreter() -> None:
+    # the kernel's SiLU and GELU (erf) epilogue after an fp16 residual, on the Triton interpreter, against the op's
+    # fp32 reference in fp16 (tolerance: one fp16 step at the outputs' size, 8 here)
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_ACT], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": src})
+    diffs = [float(d) for d in re.findall(r"ACT \d ([0-9.e-]+)", done.stdout)]
+    assert len(diffs) == 2 and max(diffs) <= 8 / 1024, (done.stdout, done.stderr[-2000:])

@@ -174,16 +174,20 @@ def _folded(graph: torch.fx.Graph, conv: Node, bn: Node | None, channels_last: b
 _EPILOGUE: Any = None  # the add (+ ReLU) after a convolution, one dynamic-shape compile shared by every timing
 
 
-def _add_relu(y: torch.Tensor, r: torch.Tensor | None, relu: bool) -> torch.Tensor:
+def _add_relu(y: torch.Tensor, r: torch.Tensor | None, relu: bool, act: int = 0) -> torch.Tensor:
     y = y + r if r is not None else y
+    if act:  # 1 SiLU, 2 GELU (overdrive::conv2d_q's codes)
+        return F.silu(y) if act == 1 else F.gelu(y)
     return torch.relu(y) if relu else y
 
 
 def conv_paths_ms(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, z: torch.Tensor | None, stride: list[int],
-                  padding: list[int], dilation: list[int], groups: int, relu: bool = True) -> tuple[float | None, float]:
+                  padding: list[int], dilation: list[int], groups: int, relu: bool = True, act: int = 0
+                  ) -> tuple[float | None, float]:
     """ms of ``relu(conv2d(x, w, b) (+ z))`` on ``x``'s device both ways an fp16 engine can run it: cuDNN's fused
     call (None without a ReLU, or where cuDNN refuses the shape) and ``conv2d`` then the add (+ ReLU) as one compiled
-    pass (eager on CPU), each replayed in a CUDA graph (``kernel_timing``).
+    pass (eager on CPU), each replayed in a CUDA graph (``kernel_timing``). ``act`` (1 SiLU, 2 GELU) in place of
+    the ReLU: the compiled pass applies it (cuDNN's fused call has ReLU only).
 
     Example:
         >>> x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3)
@@ -198,9 +202,9 @@ def conv_paths_ms(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, z: torch.Te
     if dev.type == "cuda" and _EPILOGUE is None:
         _EPILOGUE = torch.compile(_add_relu, dynamic=True)
     epilogue = _EPILOGUE if dev.type == "cuda" else _add_relu
-    t_plain = median_ms(lambda: epilogue(F.conv2d(x, w, b, stride, padding, dilation, groups), z, relu), dev)
+    t_plain = median_ms(lambda: epilogue(F.conv2d(x, w, b, stride, padding, dilation, groups), z, relu, act), dev)
     t_fused = None
-    if relu:
+    if relu and not act:
         try:
             t_fused = median_ms(lambda: conv2d_relu(x, w, b, z, stride, padding, dilation, groups), dev)
         except RuntimeError:

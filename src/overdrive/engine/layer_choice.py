@@ -341,6 +341,7 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
 
     epi = epilogue or {}
     res_kind, relu, out_kind = epi.get("residual"), bool(epi.get("relu")), epi.get("out", "float")
+    act = {"silu": qconv.ACT_SILU, "gelu": qconv.ACT_GELU}.get(epi.get("act"), 0)
     fp8 = m.fmt == "fp8"
     qdt, bound = (qconv.FP8, 448.0) if fp8 else (torch.int8, 127.0)
     if config is None:
@@ -365,9 +366,9 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
         def low() -> Any:
             if out_kind == "dual":
                 return torch.ops.overdrive.conv2d_q_dual(xq, m.w_q, m.scale, m.bias, res_in, relu, out_dtype, qs,
-                                                         -128, fp8, *geo, zs)
+                                                         -128, fp8, *geo, zs, act)
             return torch.ops.overdrive.conv2d_q(xq, m.w_q, m.scale, m.bias, res_in, relu,
-                                                qs if out_kind == "8-bit" else None, kernel_out, -128, *geo, zs)
+                                                qs if out_kind == "8-bit" else None, kernel_out, -128, *geo, zs, act)
 
         if warm_only:
             low()
@@ -378,13 +379,14 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
             if not epi:  # no plan: the layer alone against cuDNN alone
                 t_float = _ms(lambda: twin(x), device)
             else:
-                t_float = _float_conv_ms(x, twin, z, relu, device)
+                t_float = _float_conv_ms(x, twin, z, relu, device, act)
                 if out_kind in ("8-bit", "dual"):  # the float path's output, quantized for its 8-bit reader
                     t_float += _quantize_ms(y, qs, fp8, device)
     n, c, h, w_ = shape
     kh, kw = m.kernel_size
     form = "".join(s for s, on in ((" +res8" if res_kind == "8-bit" else " +res", res_kind is not None),
-                                    (" relu", relu), (f" ->{out_kind}", bool(epi))) if on)
+                                    (" relu", relu), (f" {epi.get('act')}", bool(act)), (f" ->{out_kind}", bool(epi)))
+                   if on)
     why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w_} k{kh}x{kw} "
            f"s{m.stride[0]}->{m.out_channels}{form}")
     return t_low > margin * t_float, why, config
@@ -405,19 +407,19 @@ def _quantize_ms(y: torch.Tensor, scale: torch.Tensor, fp8: bool, device: torch.
     return _ms(lambda: q(y, scale, -128, fp8), device)
 
 
-def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, relu: bool, device: torch.device
-                   ) -> float:
+def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, relu: bool, device: torch.device,
+                   act: int = 0) -> float:
     """ms of ``relu(conv(x) (+ z))`` as an fp16 engine runs it: the faster of the two paths its conv fusion chooses
     between (:func:`conv_fusion.conv_paths_ms`), and for a 1x1 stride-1 convolution without residual also the GEMM
-    with cuBLAS's bias (+ ReLU) epilogue."""
+    with cuBLAS's bias (+ ReLU) epilogue. ``act`` (1 SiLU, 2 GELU) replaces the ReLU: the compiled path only."""
     from overdrive.engine.conv_fusion import conv_paths_ms
 
     w = conv.weight
     b = conv.bias if conv.bias is not None else torch.zeros(conv.out_channels, device=w.device, dtype=w.dtype)
     st, pd, dl = list(conv.stride), list(conv.padding), list(conv.dilation)
-    t_fused, t_plain = conv_paths_ms(x, w, b, z, st, pd, dl, 1, relu)
+    t_fused, t_plain = conv_paths_ms(x, w, b, z, st, pd, dl, 1, relu, act)
     times = [t_plain] + ([t_fused] if t_fused is not None else [])
-    if conv.kernel_size == (1, 1) and st == [1, 1] and pd == [0, 0] and z is None and \
+    if conv.kernel_size == (1, 1) and st == [1, 1] and pd == [0, 0] and z is None and not act and \
             x.is_contiguous(memory_format=torch.channels_last):
         x2, wt = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]), w.reshape(w.shape[0], -1).t()
         times.append(_ms((lambda: torch._addmm_activation(b, x2, wt)) if relu else (lambda: torch.addmm(b, x2, wt)),

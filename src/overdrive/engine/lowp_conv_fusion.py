@@ -5,9 +5,10 @@ inside each convolution's epilogue.
 (``quant/conv.py``), each convolution writing fp16. In an int8/fp8 engine :func:`fuse_lowp_convs` rewrites the exported
 program so that:
 
-1. ``relu(batch_norm(conv2d_q(x)) [+ z])`` (each part optional, the add in either order) is one ``conv2d_q`` whose
-   ``scale`` and ``bias`` carry the folded BatchNorm (graph ops on the weights, computed once by freezing) and whose
-   epilogue adds ``z`` and applies the ReLU; where the model quantizes the residual itself (``quant``'s residual-add
+1. ``relu(batch_norm(conv2d_q(x)) [+ z])`` (each part optional, the add in either order; SiLU or GELU in place of
+   the ReLU, as EfficientNet-style blocks have them) is one ``conv2d_q`` whose ``scale`` and ``bias`` carry the folded
+   BatchNorm (graph ops on the weights, computed once by freezing) and whose epilogue adds ``z`` and applies the
+   activation; where the model quantizes the residual itself (``quant``'s residual-add
    quantizer, which ``to_real`` writes as ``overdrive::quantize`` + ``overdrive::dequantize``), the epilogue reads the
    8-bit tensor and dequantizes it (same values, half the bytes, no float copy of the residual written);
 2. a ``conv2d_q`` whose every reader is ``overdrive::quantize`` with one scale writes that quantized tensor itself
@@ -50,13 +51,32 @@ _QUANTIZE = torch.ops.overdrive.quantize.default
 _DUAL = torch.ops.overdrive.conv2d_q_dual.default
 _DEQUANT = torch.ops.overdrive.dequantize.default
 # conv2d_q's arguments, by position
-X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE = range(14)
-DUAL_RES_SCALE = 14  # conv2d_q_dual's res_scale (its first six arguments are conv2d_q's)
+X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE, ACT = range(15)
+DUAL_RES_SCALE, DUAL_ACT = 14, 15  # conv2d_q_dual's res_scale and act (its first six arguments are conv2d_q's)
+_ACTS = {aten.silu.default: 1, aten.silu_.default: 1, aten.gelu.default: 2, aten.gelu_.default: 2}
+_ACT_NAMES = {0: None, 1: "silu", 2: "gelu"}
 
 
 def _args(conv: Node) -> list[Any]:
-    """A conv2d_q node's arguments, all 14 (export leaves the trailing default ``res_scale`` out)."""
-    return [*conv.args, *[None] * (14 - len(conv.args))]
+    """A conv2d_q node's arguments, all 15 (export leaves the trailing defaults ``res_scale`` and ``act`` out)."""
+    return [*conv.args, *[None] * (RES_SCALE + 1 - len(conv.args)), *([0] if len(conv.args) <= ACT else [])]
+
+
+def _dual_args(node: Node) -> list[Any]:
+    """A conv2d_q_dual node's arguments, all 16."""
+    a = list(node.args)
+    return [*a, *[None] * (DUAL_RES_SCALE + 1 - len(a)), *([0] if len(a) <= DUAL_ACT else [])]
+
+
+def _act_of(node: Node | None, tail: Node) -> int:
+    """The epilogue activation code of ``node`` reading ``tail`` (SiLU, GELU in its erf form), else 0."""
+    if node is None or node.target not in _ACTS or node.args[0] is not tail:
+        return 0
+    if _ACTS[node.target] == 2:
+        approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        if approx != "none":  # the tanh form is another function: left to Inductor
+            return 0
+    return _ACTS[node.target]
 
 
 def _only_user(node: Node) -> Node | None:
@@ -117,7 +137,7 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
     """Step 1 for every conv2d_q writing a float tensor: returns how many took at least one epilogue step."""
     folded = 0
     for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
-        if conv.args[OUT_SCALE] is not None or conv.args[RES] is not None or conv.args[RELU]:
+        if conv.args[OUT_SCALE] is not None or conv.args[RES] is not None or conv.args[RELU] or _args(conv)[ACT]:
             continue
         args = _args(conv)
         tail, chain = conv, [conv]
@@ -143,6 +163,10 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
         relu = _only_user(tail)
         if relu is not None and relu.target in _RELU and relu.args[0] is tail:
             args[RELU] = True
+            tail = relu
+            chain.append(relu)
+        elif _act_of(relu, tail):  # SiLU / GELU (EfficientNet's, ConvNeXt-style CNNs'): in the epilogue too
+            args[ACT] = _act_of(relu, tail)
             tail = relu
             chain.append(relu)
         if len(chain) == 1:
@@ -257,7 +281,7 @@ def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor
         with graph.inserting_before(conv):
             new = graph.call_function(_DUAL, (a[X], a[W], a[SCALE], a[BIAS], a[RES], a[RELU], a[OUT_DTYPE], scale,
                                               qmin, fp8, a[STRIDE], a[PADDING], a[DILATION], a[CONFIG],
-                                              a[RES_SCALE]))
+                                              a[RES_SCALE], a[ACT]))
             y = graph.call_function(operator.getitem, (new, 0))
             q = graph.call_function(operator.getitem, (new, 1))
         new.meta["val"] = (conv.meta.get("val"), served[0].meta.get("val"))
@@ -353,16 +377,17 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
         FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
     residuals = sum(1 for n in graph.nodes if n.op == "call_function" and (
         (n.target is _CONV_Q and _args(n)[RES_SCALE] is not None)
-        or (n.target is _DUAL and len(n.args) > DUAL_RES_SCALE and n.args[DUAL_RES_SCALE] is not None)))
+        or (n.target is _DUAL and _dual_args(n)[DUAL_RES_SCALE] is not None)))
     return {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined,
             "quantized_residuals": residuals}
 
 
 def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
     """What each int8/fp8 convolution of a program fused by :func:`fuse_lowp_convs` does besides convolving, by the
-    name of the module it came from: ``residual`` (None, ``"float"`` or ``"8-bit"``), ``relu``, and ``out``
-    (``"float"``, ``"8-bit"``: the next layer's quantized input, or ``"dual"``: both). The per-layer timing times
-    each convolution in this form (``layer_choice``).
+    name of the module it came from: ``residual`` (None, ``"float"`` or ``"8-bit"``), ``relu``, ``out``
+    (``"float"``, ``"8-bit"``: the next layer's quantized input, or ``"dual"``: both), and ``act`` (``"silu"`` /
+    ``"gelu"``) where the epilogue has one. The per-layer timing times each convolution in this form
+    (``layer_choice``).
 
     Example:
         >>> # conv_epilogues(ep)["layer1.0.conv3"]
@@ -377,12 +402,14 @@ def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
             continue
         name = list(stack.values())[-1][0]
         if n.target is _DUAL:
-            a = [*n.args, *[None] * (DUAL_RES_SCALE + 1 - len(n.args))]
-            res, res_scale, relu, kind = a[RES], a[DUAL_RES_SCALE], a[RELU], "dual"
+            a = _dual_args(n)
+            res, res_scale, relu, act, kind = a[RES], a[DUAL_RES_SCALE], a[RELU], a[DUAL_ACT], "dual"
         else:
             a = _args(n)
-            res, res_scale, relu = a[RES], a[RES_SCALE], a[RELU]
+            res, res_scale, relu, act = a[RES], a[RES_SCALE], a[RELU], a[ACT]
             kind = "8-bit" if a[OUT_SCALE] is not None else "float"
         out[name] = {"residual": None if res is None else "8-bit" if res_scale is not None else "float",
                      "relu": bool(relu), "out": kind}
+        if act:  # only where there is one, so plans without it read as before
+            out[name]["act"] = _ACT_NAMES[act]
     return out

@@ -32,10 +32,11 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_
                  HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, RELU: tl.constexpr,
                  OUT_Q: tl.constexpr, Q2: tl.constexpr,
                  QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False):
+                 GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, ACT: tl.constexpr = 0):
     # OUT_Q: 0 = out_ptr's float dtype, 1 = fp8 e4m3 (/ out_scale, clamp +-448), 2 = int8 (/ out_scale, rint, clamp)
     # RES_Q: the residual is int8 / fp8, added as residual * res_scale (a block input quantized for its next conv)
     # Q2: 0 = nothing more; 1 / 2 = also write the result quantized (fp8 / int8, by q_scale) to q_ptr (dual output)
+    # ACT: the activation after the residual instead of RELU: 0 none, 1 SiLU, 2 GELU (erf)
     # PERSISTENT: a grid of a few programs per SM, each looping over output tiles; the tile loop and the K loop are
     # flattened into one pipelined loop, so the next tile's first loads are in flight during this tile's epilogue
     # (what the 1x1 layers with one or two K steps lack: their time is mostly loads, then the epilogue's traffic)
@@ -44,11 +45,13 @@ def _conv_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_
         for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
             _conv_tile(tile, x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_ptr, out_scale_ptr, q_ptr,
                        q_scale_ptr, M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW, KH, KW,
-                       IS_INT, HAS_BIAS, HAS_RES, RES_Q, RELU, OUT_Q, Q2, QMIN, ZERO, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                       IS_INT, HAS_BIAS, HAS_RES, RES_Q, RELU, OUT_Q, Q2, QMIN, ZERO, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                       ACT)
     else:
         _conv_tile(tl.program_id(0), x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, out_ptr, out_scale_ptr,
                    q_ptr, q_scale_ptr, M, N_OUT, C, C_BLOCKS, K_ITERS, H, W, HO, WO, SH, SW, PH, PW, DH, DW, KH, KW,
-                   IS_INT, HAS_BIAS, HAS_RES, RES_Q, RELU, OUT_Q, Q2, QMIN, ZERO, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+                   IS_INT, HAS_BIAS, HAS_RES, RES_Q, RELU, OUT_Q, Q2, QMIN, ZERO, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                       ACT)
 
 
 @triton.jit
@@ -58,7 +61,7 @@ def _conv_tile(pid, x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, o
                HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, RES_Q: tl.constexpr, RELU: tl.constexpr,
                OUT_Q: tl.constexpr, Q2: tl.constexpr,
                QMIN: tl.constexpr, ZERO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, ACT: tl.constexpr):
     """One BLOCK_M x BLOCK_N output tile ``pid`` (grouped order) of the convolution, epilogue and stores included."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N_OUT, BLOCK_N)
@@ -118,6 +121,10 @@ def _conv_tile(pid, x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, res_scale_ptr, o
             y += tl.load(res_ptr + out_off, mask=mask, other=0.0).to(tl.float32)
     if RELU:
         y = tl.maximum(y, 0.0)
+    if ACT == 1:
+        y = y * tl.sigmoid(y)
+    elif ACT == 2:
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
     if Q2 != 0:  # quantize the value as stored (rounded to out's dtype), as a quantize reading ``out`` would
         yq = y.to(out_ptr.dtype.element_ty).to(tl.float32) / tl.load(q_scale_ptr)
         if Q2 == 1:
@@ -143,11 +150,11 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
            residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
            qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
            q_out: torch.Tensor | None = None, q_scale: torch.Tensor | None = None, q_mode: int = 0,
-           res_scale: torch.Tensor | None = None) -> torch.Tensor:
+           res_scale: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
     """Runs the kernel. ``x`` (N, H, W, C) and ``w`` (Cout, KH, KW, C) contiguous, int8 or fp8; ``out`` (and
     ``residual``, ``q_out``) (N, Ho, Wo, Cout) contiguous; ``scale`` / ``bias`` fp32 (Cout,). With ``q_mode`` 1 / 2
     the result is also written to ``q_out`` as fp8 / int8 by ``q_scale`` (the dual output); an int8 / fp8 ``residual``
-    comes with its ``res_scale`` (fp32, one element)."""
+    comes with its ``res_scale`` (fp32, one element); ``act`` 1 / 2: SiLU / GELU after the residual."""
     n, h, wd, c = x.shape
     n_out, kh, kw, _ = w.shape
     _, ho, wo, _ = out.shape
@@ -167,12 +174,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
         KH=kh, KW=kw, IS_INT=x.dtype == torch.int8, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         RES_Q=res_scale is not None,
         RELU=relu, OUT_Q=out_q, Q2=q_mode, QMIN=float(qmin), ZERO=0 if x.dtype == torch.int8 else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-        PERSISTENT=bool(per_sm), num_warps=warps, num_stages=stages)
+        PERSISTENT=bool(per_sm), ACT=act, num_warps=warps, num_stages=stages)
     return out
 
 
 def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, kh: int = 1, arch: int = 90,
-                    persistent: bool | None = None) -> object:
+                    persistent: bool | None = None, act: int = 0) -> object:
     """The kernel compiled for ``sm_<arch>`` without a GPU (Triton compiles to PTX and a cubin offline), specialized as
     its JIT specializes it for ResNet-sized layers: pointers, C and N_OUT divisible by 16, the other sizes not, a
     float16 residual (``res_q``: int8) added, ReLU, output ``out_q`` (0 fp16, 1 fp8, 2 int8). For checking the code a
@@ -192,9 +199,9 @@ def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, 
     sig.update(x_ptr=xt, w_ptr=xt, scale_ptr="*fp32", bias_ptr="*fp32", res_ptr="*i8" if res_q else "*fp16",
                res_scale_ptr="*fp32", out_ptr={0: "*fp16", 1: "*fp8e4nv", 2: "*i8"}[out_q], out_scale_ptr="*fp32",
                q_ptr="*i8", q_scale_ptr="*fp32")
-    const = dict(KH=kh, KW=kh, IS_INT=is_int, HAS_BIAS=True, HAS_RES=True, RES_Q=res_q, RELU=True, OUT_Q=out_q, Q2=0,
+    const = dict(KH=kh, KW=kh, IS_INT=is_int, HAS_BIAS=True, HAS_RES=True, RES_Q=res_q, RELU=not act, OUT_Q=out_q, Q2=0,
                  QMIN=-128.0, ZERO=0 if is_int else 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                 PERSISTENT=config in PERSISTENT if persistent is None else persistent)
+                 PERSISTENT=config in PERSISTENT if persistent is None else persistent, ACT=act)
     sig.update({k: "constexpr" for k in const})
     specialized = [i for i, n in enumerate(names) if n.endswith("_ptr") or (n in ("C", "N_OUT") and
                                                                                n not in fn.do_not_specialize)]

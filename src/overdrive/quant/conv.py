@@ -38,6 +38,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 
 FP8 = torch.float8_e4m3fn
+ACT_SILU, ACT_GELU = 1, 2  # conv2d_q's ``act``: the activation of its epilogue other than ReLU (GELU: the erf form)
 _QUANTIZED = (torch.int8, FP8)
 
 
@@ -94,7 +95,11 @@ def _empty_out(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
-           residual: torch.Tensor | None = None, res_scale: torch.Tensor | None = None) -> None:
+           residual: torch.Tensor | None = None, res_scale: torch.Tensor | None = None, relu: bool = False,
+           act: int = 0) -> None:
+    if act not in (0, ACT_SILU, ACT_GELU) or (act and relu):
+        raise UsageError(f"overdrive::conv2d_q: act={act} with relu={relu}: act is 0 (none), {ACT_SILU} (SiLU) or "
+                         f"{ACT_GELU} (GELU), and replaces the ReLU; pass relu=False with an act")
     if x.dtype not in _QUANTIZED or weight.dtype != x.dtype:
         raise UsageError(f"overdrive::conv2d_q takes int8 or fp8 x and weight of one dtype, got {x.dtype} and "
                          f"{weight.dtype}; quantize the input with overdrive::quantize first")
@@ -112,24 +117,24 @@ def _check(x: torch.Tensor, weight: torch.Tensor, out_scale: torch.Tensor | None
 def conv2d_q(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
              residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
              qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
-             res_scale: torch.Tensor | None = None) -> torch.Tensor:
+             res_scale: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
     """``relu(conv2d(x, weight) * scale + bias + residual)``, in ``out_dtype`` or quantized by ``out_scale``
     (int8 in [``qmin``, 127], or fp8); ``config`` picks the CUDA kernel's tiles (-1: a default); an int8 / fp8
-    ``residual`` is dequantized by ``res_scale``."""
-    _check(x, weight, out_scale, out_dtype, residual, res_scale)
+    ``residual`` is dequantized by ``res_scale``; ``act`` (instead of ``relu``): 1 SiLU, 2 GELU (erf), 0 none."""
+    _check(x, weight, out_scale, out_dtype, residual, res_scale, relu, act)
     return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding, dilation,
-                      res_scale)
+                      res_scale, act)
 
 
 @conv2d_q.register_kernel("cuda")
 def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
                    qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
-                   res_scale: torch.Tensor | None = None) -> torch.Tensor:
-    _check(x, weight, out_scale, out_dtype, residual, res_scale)
+                   res_scale: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+    _check(x, weight, out_scale, out_dtype, residual, res_scale, relu, act)
     if not triton_available():
         return _reference(x, weight, scale, bias, residual, relu, out_scale, out_dtype, qmin, stride, padding,
-                          dilation, res_scale)
+                          dilation, res_scale, act)
     from overdrive.quant import _triton_conv
 
     xn = _nhwc(x)
@@ -139,41 +144,42 @@ def _conv2d_q_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, b
     _triton_conv.launch(xn, wn, scale.float().contiguous(), None if bias is None else bias.float().contiguous(), res,
                         relu, out.permute(0, 2, 3, 1), None if out_scale is None else out_scale.float().reshape(1),
                         {torch.int8: 2, FP8: 1}.get(out_dtype, 0), qmin, list(stride), list(padding), list(dilation),
-                        config, res_scale=None if res_scale is None else res_scale.float().reshape(1))
+                        config, res_scale=None if res_scale is None else res_scale.float().reshape(1), act=act)
     return out
 
 
 def _check_dual(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, residual: torch.Tensor | None,
-                res_scale: torch.Tensor | None) -> None:
+                res_scale: torch.Tensor | None, relu: bool = False, act: int = 0) -> None:
     if out_dtype in _QUANTIZED:
         raise UsageError(f"overdrive::conv2d_q_dual: out_dtype {out_dtype} must be a float dtype (fp16, bf16, fp32): "
                          "the quantized output is the second one; use conv2d_q with out_scale for one quantized output")
-    _check(x, weight, None, out_dtype, residual, res_scale)
+    _check(x, weight, None, out_dtype, residual, res_scale, relu, act)
 
 
 @torch.library.custom_op("overdrive::conv2d_q_dual", mutates_args=())
 def conv2d_q_dual(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                   residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor, qmin: int,
                   q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int], config: int,
-                  res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  res_scale: torch.Tensor | None = None, act: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``conv2d_q``'s float output (``out_dtype``) and the same output quantized by ``q_scale`` (fp8 when
     ``q_fp8``, else int8 in [``qmin``, 127]), from one kernel: the dual output of a block whose result is both a
     residual (read in float) and the next convolution's input (read quantized). The quantized tensor equals
     ``overdrive::quantize`` of the float one."""
-    _check_dual(x, weight, out_dtype, residual, res_scale)
+    _check_dual(x, weight, out_dtype, residual, res_scale, relu, act)
     return _dual_reference(x, weight, scale, bias, residual, relu, out_dtype, q_scale, qmin, q_fp8, stride, padding,
-                           dilation, res_scale)
+                           dilation, res_scale, act)
 
 
 @conv2d_q_dual.register_kernel("cuda")
 def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                         residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
                         qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
-                        config: int, res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_dual(x, weight, out_dtype, residual, res_scale)
+                        config: int, res_scale: torch.Tensor | None = None, act: int = 0
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_dual(x, weight, out_dtype, residual, res_scale, relu, act)
     if not triton_available():
         return _dual_reference(x, weight, scale, bias, residual, relu, out_dtype, q_scale, qmin, q_fp8, stride,
-                               padding, dilation, res_scale)
+                               padding, dilation, res_scale, act)
     from overdrive.quant import _triton_conv
 
     out = _empty_out(x, weight, stride, padding, dilation, out_dtype)
@@ -183,7 +189,7 @@ def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         None if residual is None else _nhwc(residual), relu, out.permute(0, 2, 3, 1), None, 0, qmin,
                         list(stride), list(padding), list(dilation), config, q_out=q.permute(0, 2, 3, 1),
                         q_scale=q_scale.float().reshape(1), q_mode=1 if q_fp8 else 2,
-                        res_scale=None if res_scale is None else res_scale.float().reshape(1))
+                        res_scale=None if res_scale is None else res_scale.float().reshape(1), act=act)
     return out, q
 
 
@@ -191,7 +197,8 @@ def _conv2d_q_dual_cuda(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
 def _conv2d_q_dual_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                         residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
                         qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
-                        config: int, res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        config: int, res_scale: torch.Tensor | None = None, act: int = 0
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     return (_empty_out(x, weight, stride, padding, dilation, out_dtype),
             _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8))
 
@@ -199,9 +206,9 @@ def _conv2d_q_dual_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
 def _dual_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                     residual: torch.Tensor | None, relu: bool, out_dtype: torch.dtype, q_scale: torch.Tensor,
                     qmin: int, q_fp8: bool, stride: list[int], padding: list[int], dilation: list[int],
-                    res_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    res_scale: torch.Tensor | None = None, act: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     y = _reference(x, weight, scale, bias, residual, relu, None, out_dtype, qmin, stride, padding, dilation,
-                   res_scale)
+                   res_scale, act)
     q = _empty_out(x, weight, stride, padding, dilation, FP8 if q_fp8 else torch.int8)
     return y, q.copy_(_quantize_ref(y, q_scale, qmin, q_fp8))
 
@@ -209,7 +216,7 @@ def _dual_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
 def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                          residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None,
                          out_dtype: torch.dtype, qmin: int, stride: list[int], padding: list[int],
-                         dilation: list[int], res_scale: torch.Tensor | None = None) -> torch.Tensor:
+                         dilation: list[int], res_scale: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
     """The op as fp32 arithmetic on ``x``'s device: products of int8 / fp8 values are exact in fp32."""
     y = F.conv2d(x.float(), weight.float(), None, stride, padding, dilation) * scale.view(1, -1, 1, 1)
     if bias is not None:
@@ -218,6 +225,10 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias:
         y = y + (residual.float() if res_scale is None else residual.float() * res_scale.float())
     if relu:
         y = torch.relu(y)
+    if act == ACT_SILU:
+        y = F.silu(y)
+    elif act == ACT_GELU:
+        y = F.gelu(y)
     if out_scale is not None:
         y = _quantize_ref(y, out_scale, qmin, out_dtype == FP8)
     return _empty_out(x, weight, stride, padding, dilation, out_dtype).copy_(y)
@@ -227,7 +238,7 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias:
 def _conv2d_q_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, relu: bool, out_scale: torch.Tensor | None, out_dtype: torch.dtype,
                    qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
-                   res_scale: torch.Tensor | None = None) -> torch.Tensor:
+                   res_scale: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
     return _empty_out(x, weight, stride, padding, dilation, out_dtype)
 
 
