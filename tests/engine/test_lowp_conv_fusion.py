@@ -134,11 +134,17 @@ class _IdentityBlock(nn.Module):
         return torch.relu(self.b3(self.c3(y)) + r)
 
 
+def _resnet_blocks(identity: int = 2, batch: int = 2) -> tuple[nn.Module, torch.Tensor]:
+    """A projection bottleneck and ``identity`` identity bottlenecks at 16 channels (BatchNorm statistics
+    randomized, seed 0), and a channels_last input of ``batch`` 16x12x12 images."""
+    torch.manual_seed(0)
+    m = nn.Sequential(Bottleneck(c=16, down=True), *[_IdentityBlock(16) for _ in range(identity)])
+    return _randomize_bn(m).eval(), torch.randn(batch, 16, 12, 12).contiguous(memory_format=CL)
+
+
 @pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
 def test_identity_blocks_hand_over_dual_outputs(cls) -> None:
-    torch.manual_seed(0)
-    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
-    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    m, x = _resnet_blocks()
     q = _quantized(m, cls, x).eval()
     with torch.no_grad():
         want = q(x)
@@ -217,9 +223,7 @@ def test_layer_timing_times_each_convolution_in_its_fused_form(qres: bool) -> No
     layer reverts to its float twin and the model still computes the same function up to activation rounding."""
     from overdrive.engine.layer_choice import conv_plan, keep_float_where_faster
 
-    torch.manual_seed(0)
-    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
-    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    m, x = _resnet_blocks()
     q = _quantized(m, Int8Conv2d, x).eval()
     plan = conv_plan(q, (x,), quantize_residuals=qres)
     assert plan["1.c1"] == {"residual": None, "relu": True, "out": "8-bit"}
@@ -248,9 +252,7 @@ def test_quantized_residuals_hand_over_only_8_bit_tensors(cls) -> None:
     # with quantize_residuals, the identity blocks' residual adds read the block input's 8-bit tensor (c1's input):
     # the block outputs have no float reader left and are written 8-bit only; the reference is the unfused model
     # with each residual quantized by c1's scale
-    torch.manual_seed(0)
-    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
-    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    m, x = _resnet_blocks()
     q = _quantized(m, cls, x).eval()
     with torch.no_grad():
         plain = q(x)
@@ -367,9 +369,7 @@ def test_residuals_the_model_quantizes_are_read_8_bit(fmt: str) -> None:
     the projection shortcut and both identity blocks; every block hands over 8-bit tensors only (no dual output, no
     dequantize left). The residual scales equal the next convolution's input scales (both calibrated on the block
     output), so each block output is quantized once. Reference: the unfused model (same arithmetic)."""
-    torch.manual_seed(0)
-    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16), _IdentityBlock(16))).eval()
-    x = torch.randn(4, 16, 12, 12).contiguous(memory_format=CL)
+    m, x = _resnet_blocks(batch=4)
     q = _calibrated_real(m, fmt, x)
     with torch.no_grad():
         want = q(x)
@@ -438,9 +438,7 @@ def test_cached_convolution_timings_are_reused_with_their_tiles() -> None:
     # config (here edited in the cache, to see it taken) and times nothing
     from overdrive.engine.layer_choice import keep_float_where_faster
 
-    torch.manual_seed(0)
-    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), _IdentityBlock(16))).eval()
-    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    m, x = _resnet_blocks(identity=1)
     q = _quantized(m, Int8Conv2d, x).eval()
     timings: dict = {}
     a, kept_a = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,

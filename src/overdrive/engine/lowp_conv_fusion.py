@@ -43,7 +43,7 @@ from torch.fx.node import Node
 from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
 from overdrive.engine.passes import constant_inputs, rename_output
 from overdrive.engine.passes import node_value as _val
-from overdrive.quant import conv as _qconv  # noqa: F401 - registers overdrive::quantize and overdrive::conv2d_q
+from overdrive.quant import conv as _qconv  # also registers overdrive::quantize, dequantize and conv2d_q
 
 aten = torch.ops.aten
 _CONV_Q = torch.ops.overdrive.conv2d_q.default
@@ -53,8 +53,9 @@ _DEQUANT = torch.ops.overdrive.dequantize.default
 # conv2d_q's arguments, by position
 X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE, ACT = range(15)
 DUAL_RES_SCALE, DUAL_ACT = 14, 15  # conv2d_q_dual's res_scale and act (its first six arguments are conv2d_q's)
-_ACTS = {aten.silu.default: 1, aten.silu_.default: 1, aten.gelu.default: 2, aten.gelu_.default: 2}
-_ACT_NAMES = {0: None, 1: "silu", 2: "gelu"}
+_ACTS = {aten.silu.default: _qconv.ACT_SILU, aten.silu_.default: _qconv.ACT_SILU, aten.gelu.default: _qconv.ACT_GELU,
+         aten.gelu_.default: _qconv.ACT_GELU}
+_ACT_NAMES = {code: name for name, code in _qconv.ACTS.items()}
 
 
 def _args(conv: Node) -> list[Any]:
@@ -72,7 +73,7 @@ def _act_of(node: Node | None, tail: Node) -> int:
     """The epilogue activation code of ``node`` reading ``tail`` (SiLU, GELU in its erf form), else 0."""
     if node is None or node.target not in _ACTS or node.args[0] is not tail:
         return 0
-    if _ACTS[node.target] == 2:
+    if _ACTS[node.target] == _qconv.ACT_GELU:
         approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
         if approx != "none":  # the tanh form is another function: left to Inductor
             return 0
@@ -410,6 +411,6 @@ def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
             kind = "8-bit" if a[OUT_SCALE] is not None else "float"
         out[name] = {"residual": None if res is None else "8-bit" if res_scale is not None else "float",
                      "relu": bool(relu), "out": kind}
-        if act:  # only where there is one, so plans without it read as before
+        if act:  # only where there is one, so plans without it read as before (0 is no activation)
             out[name]["act"] = _ACT_NAMES[act]
     return out

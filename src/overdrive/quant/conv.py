@@ -39,6 +39,12 @@ from overdrive._utils.errors import UsageError
 
 FP8 = torch.float8_e4m3fn
 ACT_SILU, ACT_GELU = 1, 2  # conv2d_q's ``act``: the activation of its epilogue other than ReLU (GELU: the erf form)
+ACTS = {"silu": ACT_SILU, "gelu": ACT_GELU}  # by name, as engines' plans (lowp_conv_fusion.conv_epilogues) say it
+
+
+def apply_act(y: torch.Tensor, act: int) -> torch.Tensor:
+    """``y`` through the epilogue activation ``act`` (0: unchanged), as the reference and the fp16 timing apply it."""
+    return F.silu(y) if act == ACT_SILU else F.gelu(y) if act == ACT_GELU else y
 _QUANTIZED = (torch.int8, FP8)
 
 
@@ -225,10 +231,7 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias:
         y = y + (residual.float() if res_scale is None else residual.float() * res_scale.float())
     if relu:
         y = torch.relu(y)
-    if act == ACT_SILU:
-        y = F.silu(y)
-    elif act == ACT_GELU:
-        y = F.gelu(y)
+    y = apply_act(y, act)
     if out_scale is not None:
         y = _quantize_ref(y, out_scale, qmin, out_dtype == FP8)
     return _empty_out(x, weight, stride, padding, dilation, out_dtype).copy_(y)
