@@ -24,7 +24,8 @@ step() {  # step SECONDS LABEL COMMAND...: run with a limit, keep the result lin
   local limit=$1 label=$2
   shift 2
   echo "== $label (limit ${limit}s, at $(( $(date +%s) - start ))s)"
-  timeout "$limit" "$@" 2>&1 | grep "^{\|^profile\|^  top\|Error\|passed\|failed\|^| \|^summary\| | build " \
+  local log="${OUT:-/tmp}/step_$(echo "$label" | tr -c 'A-Za-z0-9\n' '_' | cut -c1-40).log"
+  timeout "$limit" "$@" 2>&1 | tee "$log" | grep "^{\|^profile\|^  top\|Error\|passed\|failed\|^| \|^summary\| | build " \
     || echo "$label: timed out or failed"
 }
 if [ "$part" = 1 ]; then
