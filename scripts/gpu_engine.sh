@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 part="${1:-1}"
 start=$(date +%s)
+[ -n "${OUT:-}" ] && mkdir -p "$OUT"
 marker=$(mktemp)  # results written after this are the ones that go back
 step() {  # step SECONDS LABEL COMMAND...: run with a limit, keep the result lines, say when it fails
   local limit=$1 label=$2
