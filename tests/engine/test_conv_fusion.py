@@ -89,6 +89,39 @@ def test_the_op_is_the_plain_composition_and_keeps_the_layout() -> None:
     assert tuple(fake.shape) == tuple(y_cl.shape) and fake.stride() == y_cl.stride()
 
 
+def test_one_channel_input_keeps_the_network_nhwc() -> None:
+    """A one-channel image (or 1x1 spatial map) is NCHW and NHWC at once. The op reads it as NHWC, so its output and
+    every fused convolution after it stay NHWC: read as NCHW, a grayscale ResNet-18 engine copied each later cuDNN
+    output back to NCHW and ran 0.38x torch.compile on the H200 (engine_demo_variants_static.md). The fake kernel and
+    the real one agree on the strides; the values are the plain composition's."""
+    from torch._subclasses import FakeTensorMode
+
+    from overdrive.engine.conv_fusion import _cudnn_operands
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 1, 9, 9), torch.randn(6, 1, 3, 3), torch.randn(6)
+    x_cl = x.contiguous(memory_format=CL)  # a no-op for one channel: the strides stay NCHW's
+    assert x_cl.is_contiguous()
+    want = torch.empty(2, 6, 9, 9, memory_format=CL).stride()
+    y = OP(x_cl, w, b, None, [1, 1], [1, 1], [1, 1], 1)
+    assert y.stride() == want
+    assert torch.equal(y, F.relu(F.conv2d(x, w, b, 1, 1)))
+    mode = FakeTensorMode()
+    with mode:
+        fake = OP(*(mode.from_tensor(t) for t in (x_cl, w, b)), None, [1, 1], [1, 1], [1, 1], 1)
+    assert fake.stride() == want
+    # what the CUDA kernel hands cuDNN: the input as an NHWC view of the same memory, the weight and residual
+    # laid out as the input (an NHWC weight beside an NCHW input would make cuDNN answer NHWC)
+    z = torch.randn(2, 6, 9, 9)
+    xo, wo, zo = _cudnn_operands(x_cl, w, z)
+    assert xo.stride() == (81, 1, 9, 1) and xo.data_ptr() == x_cl.data_ptr() and torch.equal(xo, x)
+    assert wo.stride() == torch.empty(6, 1, 3, 3, memory_format=CL).stride() and torch.equal(wo, w)
+    assert zo.stride() == want and torch.equal(zo, z)
+    x4 = torch.randn(2, 4, 9, 9)  # plain NCHW: a channels_last weight (frozen so) goes back to NCHW
+    xo, wo, _ = _cudnn_operands(x4, torch.randn(6, 4, 3, 3).contiguous(memory_format=CL), None)
+    assert xo is x4 and wo.is_contiguous()
+
+
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 def test_bottleneck_fuses_three_relus_and_keeps_the_projection(tmp_path: Path, layout: str) -> None:
     m = _model(down=True)
@@ -194,3 +227,20 @@ def test_timed_choice_times_both_paths() -> None:
     assert len(timer.verdicts) == 3
     assert all(v[1].split()[0] in ("fused", "unfused") and v[1].split()[1].endswith("x") for v in timer.verdicts.values())
     assert len(fused) == sum(v[0] for v in timer.verdicts.values())
+
+
+@pytest.mark.gpu
+def test_cuda_one_channel_stem_stays_nhwc_without_copies() -> None:
+    """On CUDA the fused call answers NHWC for a one-channel input and an NHWC weight (as freezing leaves it) straight
+    from cuDNN, and matches fp32 conv + ReLU within fp16 rounding (2e-3 of the output's scale)."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 1, 32, 32, device="cuda").half().contiguous(memory_format=CL)
+    w = torch.randn(16, 1, 7, 7, device="cuda").half().contiguous(memory_format=CL)
+    b = torch.randn(16, device="cuda").half()
+    y = OP(x, w, b, None, [2, 2], [3, 3], [1, 1], 1)
+    assert y.stride() == torch.empty(8, 16, 16, 16, memory_format=CL).stride()
+    ref = F.relu(F.conv2d(x.float(), w.float(), b.float(), 2, 3))
+    assert _close(y, ref, 2e-3)
+    z = torch.randn(8, 16, 16, 16, device="cuda").half()  # an NCHW residual beside an NHWC output: laid out to match
+    y2 = OP(x, w, b, z, [2, 2], [3, 3], [1, 1], 1)
+    assert _close(y2, F.relu(ref + z.float()), 2e-3)

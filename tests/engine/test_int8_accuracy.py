@@ -302,3 +302,22 @@ def test_calibration_saved_as_one_tensor_is_checked_in_engine_batches(digits_onn
     eng = Builder(precision="int8", backend="onnxruntime", device="cpu",
                   profiles=[ShapeProfile.fixed("x", (8, 1, 8, 8))]).build(digits_onnx, calib=[(calib[0][0][:5],)])
     assert eng.info["accuracy"]["on"].startswith("example inputs (no calibration batch fits")  # 5 < 8: nothing to split
+
+
+def test_calibration_in_smaller_batches_is_checked_in_engine_batches(digits_onnx: bytes) -> None:
+    """Calibration batches smaller than a fixed-batch engine's (a DataLoader of 2 for a batch-8 engine) are joined
+    and cut into the engine's batch: the check runs on calibration data (it fell back to random example inputs, and
+    on a GPU a trained ResNet-18 engine that was right on the test set warned cosine 0.92 there)."""
+    from overdrive.engine import ShapeProfile
+
+    g = torch.Generator().manual_seed(0)
+    calib = [(torch.rand(2, 1, 8, 8, generator=g) * 16,) for _ in range(20)]
+    eng = Builder(precision="int8", backend="onnxruntime", device="cpu",
+                  profiles=[ShapeProfile.fixed("x", (8, 1, 8, 8))]).build(digits_onnx, calib=calib)
+    acc = eng.info["accuracy"]
+    assert acc["on"] == "calibration data" and acc["batches"] == 4 and acc["passed"] is True
+    mixed = calib[:3] + [(torch.rand(2, 1, 4, 4, generator=g),)]  # samples of other shapes: nothing to join
+    from overdrive.engine.accuracy import _pooled
+
+    assert _pooled(mixed, 32) == ()
+    assert _pooled(calib, 8)[0].shape[0] == 8 and torch.equal(_pooled(calib, 8)[0][:2], calib[0][0])

@@ -159,6 +159,9 @@ def measure(engine: Any, reference: Reference, vs: str, calib: Sequence[tuple[to
     t0 = time.perf_counter()
     on = "calibration data"
     batches = [c for b in (calib or []) for c in _fitting(engine, b)][:MAX_BATCHES]
+    if not batches and calib:  # batches smaller than a fixed-batch engine's (a DataLoader of 64 for a 256 engine)
+        batches = _fitting(engine, _pooled(calib, MAX_BATCHES * max((p.opt[0] for p in engine.profiles if p.opt),
+                                                                    default=1)))[:MAX_BATCHES]
     if not batches:
         on = "example inputs" if not calib else "example inputs (no calibration batch fits the engine's shapes)"
         batches = [tuple(x.detach().cpu() for x in example)]
@@ -194,6 +197,32 @@ def _fitting(engine: Any, batch: tuple[torch.Tensor, ...]) -> list[tuple[torch.T
     (size,), (b,) = n, opt
     chunks = [tuple(x[i:i + b] for x in batch) for i in range(0, size - b + 1, b)] if 0 < b < size else []
     return [c for c in chunks if _fits(engine, c)]
+
+
+def _pooled(calib: Sequence[tuple[torch.Tensor, ...]], limit: int) -> tuple[torch.Tensor, ...]:
+    """The calibration batches joined along dim 0 (up to ``limit`` samples) when they agree in count, dtype and the
+    shape of each sample, so that :func:`_fitting` can cut them into a fixed-batch engine's size; ``()`` when they
+    do not.
+
+    Example:
+        >>> [x.shape[0] for x in _pooled([(torch.zeros(3, 2),), (torch.ones(3, 2),)], 5)]
+        [5]
+    """
+    first = calib[0] if calib else ()
+    same = all(len(b) == len(first) and all(x.dim() > 0 and x.shape[1:] == y.shape[1:] and x.dtype == y.dtype
+                                            for x, y in zip(b, first)) for b in calib)
+    if not first or not same:
+        return ()
+    n = sum(int(b[0].shape[0]) for b in calib)
+    if any(int(x.shape[0]) != int(b[0].shape[0]) for b in calib for x in b):
+        return ()
+    take, got = [], 0
+    for b in calib:
+        if got >= min(n, limit):
+            break
+        take.append(b)
+        got += int(b[0].shape[0])
+    return tuple(torch.cat([b[i].detach().cpu() for b in take])[:limit] for i in range(len(first)))
 
 
 def _fits(engine: Any, batch: tuple[torch.Tensor, ...]) -> bool:

@@ -39,7 +39,40 @@ _HALF = (torch.float16, torch.bfloat16)  # cuDNN's fused path computes fp32 inpu
 
 
 def _channels_last(x: torch.Tensor) -> bool:
-    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    """Whether the op lays ``x`` (and its output) out NHWC: ``x`` is channels_last-contiguous. That includes the
+    tensors that are both layouts at once (one channel, as a grayscale image; or 1x1 spatial): their memory is the same
+    either way, and NHWC keeps every layer after them NHWC. Read as NCHW, a one-channel stem made each later fused
+    convolution's cuDNN output (NHWC, after freezing laid the weights out NHWC) be copied back to NCHW: a ResNet-18
+    engine ran 0.38x torch.compile (``benchmarks/results/engine_demo_variants_static.md``)."""
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def _as_layout(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``t`` with exactly the strides of ``channels_last`` (NHWC) or NCHW: a view when its memory already is that
+    layout (only the strides of size-1 dims change, so cuDNN reads the layout meant), else a copy."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    if not t.is_contiguous(memory_format=fmt):
+        return t.contiguous(memory_format=fmt)
+    n, c, h, w = t.shape
+    want = (h * w * c, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
+    return t if t.stride() == want else t.as_strided(t.shape, want, t.storage_offset())
+
+
+def _cudnn_operands(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The fused call's operands all in the input's layout. cuDNN picks its output layout from the input and the
+    weight (NHWC if either is), so a weight laid out otherwise (Inductor's freezing lays conv weights out NHWC) would
+    make the output need a copy back to the layout the op promises.
+
+    Example:
+        >>> x = torch.randn(2, 1, 8, 8)  # one channel: NCHW and NHWC at once
+        >>> xo, wo, _ = _cudnn_operands(x, torch.randn(4, 1, 3, 3), None)
+        >>> xo.stride(), xo.data_ptr() == x.data_ptr()
+        ((64, 1, 8, 1), True)
+    """
+    cl = _channels_last(x)
+    return (_as_layout(x, cl), _as_layout(weight, cl),
+            None if residual is None else _as_layout(residual, cl))
 
 
 def _out_shape(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: list[int],
@@ -72,6 +105,7 @@ def conv2d_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, resid
 @conv2d_relu.register_kernel("cuda")
 def _conv2d_relu_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None,
                       stride: list[int], padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+    x, weight, residual = _cudnn_operands(x, weight, residual)
     if residual is None:
         y = torch.cudnn_convolution_relu(x, weight, bias, stride, padding, dilation, groups)
     else:
