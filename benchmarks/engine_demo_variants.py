@@ -85,7 +85,8 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
         del eng
     write_results(args.name, device_facts(torch.device("cuda")), rows,
-                  ["variant", "ms", "x_vs_ro", "compile_mode", "freezing", "conv_relu_fused", "cuda_graph", "via", "top"],
+                  ["variant", "ms", "x_vs_ro", "compile_mode", "freezing", "conv_relu_fused", "cuda_graph", "via", "accuracy_on",
+                   "top"],
                   ["ms: median of 30 engine calls (CUDA events; engine(x), the call the demo times), batch 256 fp32 "
                    "one-channel input on the GPU; x_vs_ro: torch.compile(mode='reduce-overhead') fp16 channels_last "
                    "ms / variant ms, same run; top: GPU kernel time per call and its largest kernels"],
