@@ -151,3 +151,20 @@ def test_engine_info_says_where_each_layer_runs(tmp_path) -> None:
     assert placement_summary(layers).startswith("layers: 2 float32 (no kernel), 1 int8 1x1 conv as a GEMM")
     eng.save(tmp_path / "m.engine")
     assert Engine.load(tmp_path / "m.engine").info["layers"] == layers
+
+
+@pytest.mark.parametrize("margin, warns", [(0.0, True), (1e9, False)])
+def test_the_all_float_warning_only_when_no_layer_is_left_low_precision(monkeypatch: pytest.MonkeyPatch,
+                                                                         margin: float, warns: bool) -> None:
+    """The build warns "every int8 layer ran slower than float" only when the timing kept every layer float; an fp8
+    build warned so beside 43 fp8 convolutions (no int8_ops record for fp8), now it reads how many are left."""
+    import overdrive.engine.layer_choice as lc
+
+    real = lc.keep_float_where_faster
+    monkeypatch.setattr(lc, "keep_float_where_faster", lambda *a, **kw: real(*a, **{**kw, "margin": margin}))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        eng = Builder(BuildConfig(precision="int8", backend="inductor", int8_activations="dynamic")).build(
+            _mlp(), (torch.randn(8, 64),))
+    said = [str(w.message) for w in got if "ran slower than float" in str(w.message)]
+    assert bool(said) == warns and eng.header["backend_meta"]["lowp_layers"] == (0 if warns else 2)

@@ -64,6 +64,21 @@ def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
     return accuracy.module_reference(src.module), "fake-quant" if quantized else "fp32"
 
 
+def all_float(meta: dict[str, Any], precision: str) -> bool:
+    """Whether an int8/fp8 build's layer timing kept every low-precision layer float (``backend_meta``): some layer
+    was kept float and none is left on an int8/fp8 kernel. An fp8 engine has no ``int8_ops`` record, so one kept
+    layer beside 43 fp8 convolutions read as all of them (EfficientNet-B0 warned "every fp8 layer ran slower").
+
+    Example:
+        >>> kept = {"layers_kept_float": {"fc": "fp8 0.8x float16 at 256x1280->1000"}}
+        >>> all_float({**kept, "lowp_layers": 43}, "fp8"), all_float({**kept, "lowp_layers": 0}, "fp8")
+        (False, True)
+    """
+    if precision not in ("int8", "fp8") or not meta.get("layers_kept_float"):
+        return False
+    return not meta.get("lowp_layers", 1 if meta.get("int8_ops") else 0)  # engines from before lowp_layers: int8_ops
+
+
 def _all_float_warning(precision: str, kept: dict[str, str], device: torch.device) -> str:
     """The one line a build prints when every int8/fp8 layer lost to float at build time and stayed float."""
     worst = min(kept.values(), key=lambda why: float(why.split()[1].rstrip("x")))
@@ -245,7 +260,7 @@ class Builder:
         }
         engine = Engine(header, sections, runner, device, build_s=build_s)
         kept = meta.get("layers_kept_float") or {}
-        if warn and kept and not meta.get("int8_ops") and precision in ("int8", "fp8") and src.onnx_bytes is None:
+        if warn and all_float(meta, precision) and src.onnx_bytes is None:
             warnings.warn(_all_float_warning(precision, kept, device), UserWarning, stacklevel=3)
         if precision in ("int8", "fp8"):
             reference, vs = _reference(given)

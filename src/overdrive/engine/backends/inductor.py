@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive.engine.backends.prepare import flatten_outputs, int8_gemms, prepare, remainder_dtype
+from overdrive.engine.backends.prepare import flatten_outputs, int8_gemms, lowp_layers, prepare, remainder_dtype
 from overdrive.engine.backends.timing_cache import load_timing_cache, save_timing_cache
 from overdrive.engine.config import BuildConfig
 from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines use)
@@ -304,6 +304,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
     if cfg.precision == "int8":  # {}: an imported Q/DQ graph, computed as fake-quant float arithmetic
         meta["int8_ops"] = int8_gemms(module)
+    if cfg.precision in ("int8", "fp8"):
+        meta["lowp_layers"] = lowp_layers(module)
     kept = getattr(module.model, "_overdrive_kept_float", None)
     if kept is not None:
         meta["layers_kept_float"] = kept

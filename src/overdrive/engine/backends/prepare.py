@@ -87,6 +87,19 @@ def int8_gemms(module: nn.Module) -> dict[str, int]:
     return {**({"torch._int_mm": n} if n else {}), **({"overdrive::conv2d_q": convs} if convs else {})}
 
 
+def lowp_layers(module: nn.Module) -> int:
+    """How many layers of a prepared module run on an int8 or fp8 kernel (GEMMs, 1x1 convs as GEMMs, Triton convs).
+
+    Example:
+        >>> lowp_layers(nn.Sequential(nn.Linear(4, 4)))
+        0
+    """
+    from overdrive.quant.conv import Int8Conv2d
+    from overdrive.quant.real import Int8Conv1x1, Int8Linear
+
+    return sum(isinstance(m, (Int8Linear, Int8Conv1x1, Int8Conv2d)) for m in module.modules())
+
+
 def _quantize(model: nn.Module, precision: str, calib: list[tuple[torch.Tensor, ...]]) -> nn.Module:
     try:
         from overdrive import quant
