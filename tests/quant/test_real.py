@@ -254,7 +254,7 @@ def test_fused_steps_compile_and_match_eager_cuda() -> None:
     for bias, dt in ((b, torch.bfloat16), (None, torch.float32)):
         torch.testing.assert_close(fused(real_mod._int8_epilogue, acc, s, ws, bias, dt),
                                    real_mod._int8_epilogue(acc, s, ws, bias, dt))
-    assert not fused.failed and len(fused.compiled) == 4
+    assert not fused.failed and len(fused.compiled) == 5  # the epilogue with and without bias: two variants
 
 
 @pytest.mark.parametrize("cfg", [
@@ -342,3 +342,24 @@ def test_to_real_keeps_a_disabled_residual_quantizer_fake() -> None:
 def test_quantized_residual_add_errors() -> None:
     with pytest.raises(UsageError, match=r"fmt='int4' must be 'int8' or 'fp8'"):
         quant.QuantizedResidualAdd(torch.tensor(1.0), fmt="int4")
+
+
+def test_fused_steps_compile_every_variant_past_dynamos_recompile_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each variant of a step (int8 / fp8, qmin, dtype) is compiled, however many there are: Dynamo's recompile limit
+    counts per code object, and a build that met more variants than the limit ran the rest eagerly (several passes
+    that the layer timing charged to the low-precision kernel). Reference: Dynamo's count of compiled frames."""
+    from torch._dynamo.utils import counters
+
+    from overdrive.quant import real as real_mod
+    from overdrive.quant.conv import _quantize_ref
+
+    monkeypatch.setattr(real_mod, "_can_compile", lambda t: True)
+    torch._dynamo.reset()
+    fused = real_mod._FusedSteps(compiler=lambda f: torch.compile(f, backend="eager", dynamic=True))
+    x, s = torch.randn(4, 8), torch.tensor(0.05)
+    before = counters["frames"]["ok"]
+    with torch._dynamo.config.patch(recompile_limit=2):
+        outs = [(fused(_quantize_ref, x.to(dt), s, qmin, fp8), _quantize_ref(x.to(dt), s, qmin, fp8))
+                for dt in (torch.float32, torch.float16) for qmin, fp8 in ((-128, False), (-127, False), (-128, True))]
+    assert counters["frames"]["ok"] - before == 6 and len(fused.compiled) == 6
+    assert all(torch.equal(a.float(), b.float()) for a, b in outs)

@@ -108,6 +108,32 @@ def _default_compiler(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=True, fullgraph=False, options=options or None)
 
 
+def _variant(fn: Callable[..., Any], x: torch.Tensor, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a compiled step is specialised on besides sizes: the function, each tensor's dtype, rank and layout,
+    the other arguments' values (a qmin, an fp8 flag, an output dtype, a missing bias) and grad mode.
+
+    Example:
+        >>> _variant(_quantize_int8, torch.zeros(2, 3), (torch.tensor(1.0), -128))[1:]
+        ((torch.float32, 2, True), (torch.float32, 0, True), -128, True)
+    """
+    def one(a: Any) -> Any:
+        return (a.dtype, a.dim(), a.is_contiguous()) if isinstance(a, torch.Tensor) else a
+
+    return (fn, one(x), *map(one, args), torch.is_grad_enabled())
+
+
+def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a code object of its own. Dynamo keeps its compiled variants, and counts them against its
+    recompile limit (8), per code object: one code per variant keeps every variant compiled. With one code, an
+    engine build that met int8 and fp8, fp16 and fp32, hit the limit (Dynamo logged it), and the variants after
+    ran eagerly: several memory passes, which the layer timing then charged to the low-precision kernel."""
+    import types
+
+    clone = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__, clone.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    return clone
+
+
 class _FusedSteps:
     """Runs the elementwise steps around a low-precision GEMM, each compiled into one fused kernel.
 
@@ -123,10 +149,11 @@ class _FusedSteps:
     def __call__(self, fn: Callable[..., Any], x: torch.Tensor, *args: Any) -> Any:
         if self.failed or not _can_compile(x):
             return fn(x, *args)
-        c = self.compiled.get(fn)
+        key = _variant(fn, x, args)
+        c = self.compiled.get(key)
         try:
             if c is None:
-                c = self.compiled[fn] = self.compiler(fn)
+                c = self.compiled[key] = self.compiler(_own_code(fn))
             return c(x, *args)
         except Exception as exc:  # noqa: BLE001 - any compile failure: fall back to the eager steps
             self.failed = True
