@@ -155,3 +155,22 @@ def test_build_refuses_a_missing_output_folder_before_building(tmp_path) -> None
         code = main(["build", "--model", "overdrive.recipes.models:DigitsCNN", "--shapes", "x:1x1x8x8",
                      "--save-engine", str(tmp_path / "missing" / "m.engine")])
     assert code == 2 and "does not exist" in err.getvalue()
+
+
+def test_channels_last_weights_save_without_warnings_and_load_equal(tmp_path: Path) -> None:
+    """A CUDA engine's convolution weights are channels_last; torch's packager warned "No complete tensor found" for
+    each build. save_exported stores them silently, and they load equal (the reference: the module's weights)."""
+    import warnings
+
+    from overdrive.engine.sources import load_exported, save_exported
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    ep = torch.export.export(conv, (torch.randn(1, 3, 8, 8),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = save_exported(ep)
+    back = load_exported(data)
+    assert torch.equal(back.state_dict["weight"], conv.weight.detach())
+    x = torch.randn(1, 3, 8, 8)
+    assert torch.equal(back.module()(x), conv(x))

@@ -9,12 +9,12 @@ packages are stored too when ``BuildConfig.aot`` asks for them, and loaded only 
 
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
-from overdrive.engine.sources import ModelSource, check_exported_dims, dynamic_shapes, load_exported
+from overdrive.engine.sources import ModelSource, check_exported_dims, dynamic_shapes, load_exported, save_exported
 
 NAME = "inductor"
 
@@ -286,9 +286,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
     phases = {**getattr(module.model, "_overdrive_phases", {}), "export": t_export,
               "passes": time.perf_counter() - t_passes}
-    buf = io.BytesIO()
-    torch.export.save(ep, buf)
-    sections = {"exported_program": buf.getvalue()}
+    sections = {"exported_program": save_exported(ep)}
     mode = _mode(cfg, device)
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
@@ -392,7 +390,7 @@ def _aoti_package(ep: Any, fp32: dict[str, str], freezing: bool) -> bytes:
     with tempfile.TemporaryDirectory() as tmp, precision_flags(fp32):
         path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(tmp, "model.pt2"),
                                                         inductor_configs={"freezing": freezing})
-        return open(path, "rb").read()
+        return Path(path).read_bytes()  # closed at once (an open() left to the collector warned ResourceWarning)
 
 
 def _load_aoti(package: bytes, fp32: dict[str, str]) -> Runner:
