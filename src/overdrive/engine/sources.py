@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,8 +294,6 @@ def save_exported(ep: Any) -> bytes:
         >>> len(save_exported(ep)) > 0
         True
     """
-    import warnings
-
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No complete tensor found in the group")
@@ -318,7 +317,10 @@ def load_exported(f: str | Path | bytes, what: str = "exported program") -> Any:
         old = os.environ.get(_FORCE)
         os.environ[_FORCE] = "1"
         try:
-            return torch.export.load(src)
+            with warnings.catch_warnings():  # torch reads the weights of an archive in memory with frombuffer over
+                # our read-only bytes and warns that they are not writable; an engine never writes its weights
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                return torch.export.load(src)
         except pickle.UnpicklingError as exc:
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
             detail = next((ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln), lines[0] if lines else "")
