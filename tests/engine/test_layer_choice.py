@@ -168,3 +168,49 @@ def test_the_all_float_warning_only_when_no_layer_is_left_low_precision(monkeypa
             _mlp(), (torch.randn(8, 64),))
     said = [str(w.message) for w in got if "ran slower than float" in str(w.message)]
     assert bool(said) == warns and eng.header["backend_meta"]["lowp_layers"] == (0 if warns else 2)
+
+
+def test_layers_kept_low_precision_carry_their_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.info["layers"] gives each layer the timing kept low precision its measured ratio (as TensorRT's verbose
+    log shows the tactic it chose), and the build line still counts them by kernel."""
+    import overdrive.engine.layer_choice as lc
+    from overdrive.engine.layer_choice import placement_summary
+
+    real = lc.keep_float_where_faster
+    monkeypatch.setattr(lc, "keep_float_where_faster", lambda *a, **kw: real(*a, **{**kw, "margin": 1e9}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eng = Builder(BuildConfig(precision="int8", backend="inductor", int8_activations="dynamic")).build(
+            _mlp(), (torch.randn(8, 64),))
+    layers = eng.info["layers"]
+    assert sorted(layers) == ["0", "2"]
+    assert all(v.startswith("int8 GEMM, per-token scales (torch._int_mm), timed int8 ") and " at 8x" in v
+               for v in layers.values()), layers
+    assert placement_summary(layers).startswith("layers: 2 int8 GEMM, per-token scales (torch._int_mm);")
+
+
+def test_convolutions_are_judged_with_no_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A convolution's fused form is timed as the engine runs it, so it stays low precision only where it is at least
+    as fast (CONV_MARGIN 1.0; the GEMMs' 1.1 let EfficientNet-B0's engines keep layers up to 10% slower); the margin
+    is part of a cached verdict's key."""
+    import overdrive.engine.layer_choice as lc
+    from overdrive.quant.conv import Int8Conv2d
+
+    assert lc.CONV_MARGIN == 1.0
+    seen: list[float] = []
+
+    def fake_time(m, shape, dtype, fdt, device, margin, epi=None, config=None, warm_only=False):  # noqa: ANN001
+        seen.append(margin)
+        return 1.05 > margin, f"{m.fmt} 0.95x float32 at conv", -1  # 5% slower than float
+
+    monkeypatch.setattr(lc, "_time_conv", fake_time)
+    monkeypatch.setattr(lc, "_tune_conv", lambda *a, **kw: -1)
+    conv = Int8Conv2d.from_float(nn.Conv2d(16, 16, 3, padding=1), torch.tensor(1.0))
+    model = nn.Sequential(conv)
+    seen_shapes = {"0": (torch.Size([2, 16, 8, 8]), torch.float32, False)}
+    swapped: list[str] = []
+    timings: dict = {}
+    kept = lc._choose(model, [("0", conv)], seen_shapes, torch.device("cpu"), None, 1.1,
+                      lambda mdl, n, new: swapped.append(n), {}, timings)
+    assert seen == [1.0] and list(kept) == ["0"] and swapped == ["0"]
+    assert any("1.0, None)" in k for k in timings)  # the margin in the cached key

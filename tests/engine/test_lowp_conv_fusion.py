@@ -206,7 +206,7 @@ def test_layer_timing_takes_quantized_convolutions(margin: float, reverted: int)
     x = torch.randn(2, 16, 8, 8).contiguous(memory_format=CL)
     with torch.no_grad():
         before = m(x)
-    m, kept = keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=margin)
+    m, kept = keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=margin, conv_margin=margin)
     assert len(kept) == reverted
     assert sum(type(c) is nn.Conv2d for c in m) == reverted
     if reverted:
@@ -231,7 +231,8 @@ def test_layer_timing_times_each_convolution_in_its_fused_form(qres: bool) -> No
     assert plan["0.short.0"] == {"residual": None, "relu": False, "out": "float"}
     with torch.no_grad():
         before = q(x)
-    q, kept = keep_float_where_faster(q, (x,), torch.device("cpu"), torch.float32, margin=1e-9, plan=plan)
+    q, kept = keep_float_where_faster(q, (x,), torch.device("cpu"), torch.float32, margin=1e-9, conv_margin=1e-9,
+                                        plan=plan)
     assert len(kept) == 10 and not any(isinstance(c, Int8Conv2d) for c in q.modules())
     assert set(q._overdrive_layer_timing_s) == {"lowp", "float"}  # the build's phases (CPU: no tile tuning)
     assert kept["1.c3"].endswith(f"{' +res8' if qres else ' +res'} relu ->{'8-bit' if qres else 'dual'}")
@@ -339,7 +340,8 @@ def test_a_fused_form_that_fails_to_time_falls_back_to_the_layer_alone(monkeypat
     m = nn.Sequential(Int8Conv2d.from_float(nn.Conv2d(16, 16, 3, padding=1), torch.tensor(4.0)), nn.ReLU()).eval()
     x = torch.randn(2, 16, 8, 8).contiguous(memory_format=CL)
     plan = {"0": {"residual": None, "relu": True, "out": "float"}}
-    _, kept = layer_choice.keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=1e-9, plan=plan)
+    _, kept = layer_choice.keep_float_where_faster(m, (x,), torch.device("cpu"), torch.float32, margin=1e-9,
+                                                   conv_margin=1e-9, plan=plan)
     assert kept["0"].endswith("(alone: its fused form failed, RuntimeError)")
 
 
@@ -442,17 +444,17 @@ def test_cached_convolution_timings_are_reused_with_their_tiles() -> None:
     q = _quantized(m, Int8Conv2d, x).eval()
     timings: dict = {}
     a, kept_a = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
-                                        timings=timings)
+                                        conv_margin=1e9, timings=timings)
     assert a._overdrive_timings_reused == 0 and len(timings) >= 5  # one per distinct layer shape and epilogue
     assert set(a._overdrive_layer_timing_s) == {"lowp", "float"}
     timings = {k: [v[0], v[1], 5] for k, v in timings.items()}  # every convolution's tile: config 5
     b, kept_b = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
-                                        timings=timings)
+                                        conv_margin=1e9, timings=timings)
     assert b._overdrive_timings_reused == len(timings) and b._overdrive_layer_timing_s == {}
     assert kept_b == kept_a == {} and all(c.config == 5 for c in b.modules() if isinstance(c, Int8Conv2d))
     broken = {k: ["not", "a verdict"] for k in timings}  # a malformed entry is timed again, not trusted
     c, _ = keep_float_where_faster(copy.deepcopy(q), (x,), torch.device("cpu"), torch.float32, margin=1e9,
-                                   timings=broken)
+                                   conv_margin=1e9, timings=broken)
     assert c._overdrive_timings_reused == 0 and all(len(v) == 3 for v in broken.values())
 
 

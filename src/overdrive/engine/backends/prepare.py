@@ -174,6 +174,7 @@ def layer_placement(model: nn.Module, float_dtype: torch.dtype | None) -> dict[s
 
     real = getattr(model, "_overdrive_real", None) or {}
     kept = getattr(model, "_overdrive_kept_float", None) or {}
+    timed = getattr(model, "_overdrive_layer_verdicts", None) or {}  # the build's timing of each layer kept low
     fdt = str(float_dtype or torch.float32).removeprefix("torch.")
     out: dict[str, str] = {}
     for name, what in real.items():
@@ -195,6 +196,9 @@ def layer_placement(model: nn.Module, float_dtype: torch.dtype | None) -> dict[s
             out[name] = f"{fmt} {kind}{scales} ({mm})"
         else:
             out[name] = f"{fdt}: {what}"
+            continue
+        if name in timed:  # how it timed against float, as TensorRT's verbose log shows the tactic it chose
+            out[name] += f", timed {timed[name]}"
     return out
 
 
