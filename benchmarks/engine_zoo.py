@@ -428,6 +428,7 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     ops = (info.get("int8") or {}).get("ops")
     meta = eng.header.get("backend_meta", {})
     fusions = [f"{label} {meta[k]}" for k, label in (("conv_relu_fused", "conv+relu fused:"),
+                                                     ("stem_channels_padded", "stem padded to 4 channels:"),
                                                      ("sibling_gemms_fused", "sibling GEMM groups:")) if meta.get(k)]
     lowp = meta.get("lowp_conv") or {}
     if lowp.get("folded") or lowp.get("quantized_out"):

@@ -244,3 +244,72 @@ def test_cuda_one_channel_stem_stays_nhwc_without_copies() -> None:
     z = torch.randn(8, 16, 16, 16, device="cuda").half()  # an NCHW residual beside an NHWC output: laid out to match
     y2 = OP(x, w, b, z, [2, 2], [3, 3], [1, 1], 1)
     assert _close(y2, F.relu(conv + z.float()), 2e-3)
+
+
+class _GrayStem(nn.Module):
+    """A network's first layers on one-channel images: conv 7x7 stride 2 + BN + ReLU, then a 3x3 conv."""
+
+    def __init__(self, c_in: int = 1) -> None:
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(c_in, 16, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(16)
+        self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.relu(self.bn(self.stem(x))))
+
+
+@pytest.mark.parametrize("c_in", [1, 3])
+def test_stem_channels_padded_to_four_nhwc_give_the_same_result(c_in: int) -> None:
+    """pad_stem_channels: the first convolution's input padded with zero channels to 4, NHWC, its weight with zero
+    input channels: the conv + ReLU fusion still takes it, and the output matches the unpadded module (bf16 on CPU:
+    within 3e-2 of the output's scale, the rounding of bf16 weights with BatchNorm folded in); the 16-channel conv
+    is left alone."""
+    from overdrive.engine.conv_fusion import STEM_CHANNELS, pad_stem_channels
+
+    torch.manual_seed(0)
+    m = _randomize_bn(_GrayStem(c_in)).eval().to(torch.bfloat16)
+    x = torch.randn(2, c_in, 16, 16).to(torch.bfloat16).contiguous(memory_format=CL)
+    ep = _export(m, x)
+    assert len(pad_stem_channels(ep)) == 1
+    convs = [n for n in ep.graph.nodes if n.target is torch.ops.aten.conv2d.default]
+    stem_in = convs[0].args[0].meta["val"]
+    assert stem_in.shape[1] == STEM_CHANNELS and stem_in.is_contiguous(memory_format=CL)
+    assert convs[1].args[0].meta["val"].shape[1] == 16  # the second conv: 16 channels, as it was
+    assert len(fuse_conv_relu(ep)) == 1
+    with torch.no_grad():
+        assert _close(ep.module()(x.clone()), m(x.clone()))
+    assert pad_stem_channels(ep) == []  # run again: nothing left on fewer than 4 channels
+    vetoed = _export(m, x)
+    assert pad_stem_channels(vetoed, lambda *a: False) == []
+
+
+def test_engine_pads_a_grayscale_stem_and_loads(tmp_path: Path) -> None:
+    """The engine's convolution passes (--conv-fusion) pad a one-channel stem to 4 NHWC channels: counted in
+    backend_meta, the output within bf16 rounding of the fp32 module, after a save and load too."""
+    m = _randomize_bn(_GrayStem(1)).eval()
+    x = torch.randn(2, 1, 16, 16)
+    eng = Builder(precision="bf16", device="cpu", conv_fusion=True, profiles=[ShapeProfile.fixed("x", (2, 1, 16, 16))]
+                  ).build(m, (x,), input_names=["x"])
+    meta = eng.header["backend_meta"]
+    assert meta["stem_channels_padded"] == 1 and meta["conv_relu_fused"] == 1
+    with torch.no_grad():
+        ref = m(x.clone())
+    assert _close(eng(x), ref)
+    eng.save(tmp_path / "m.engine")
+    assert _close(Engine.load(tmp_path / "m.engine")(x), ref)
+
+
+@pytest.mark.gpu
+def test_cuda_stem_pad_is_timed_and_exact() -> None:
+    """On CUDA the pad is decided by timing (a verdict per shape), and the padded fp16 convolution equals the plain
+    one to fp16 rounding (1e-3 of the output's scale): the added channels are zero on both sides."""
+    from overdrive.engine.conv_fusion import STEM_CHANNELS, TimedStemPad, _pad_channels
+
+    timer = TimedStemPad(torch.device("cuda"))
+    x = torch.randn(64, 1, 112, 112, device="cuda").half().contiguous(memory_format=CL)
+    w = torch.randn(32, 1, 7, 7, device="cuda").half()
+    assert isinstance(timer(x, w, [2, 2], [3, 3], [1, 1]), bool)
+    assert len(timer.verdicts) == 1 and next(iter(timer.verdicts.values()))[1].split()[0] in ("padded", "as")
+    y = F.conv2d(x, w, None, 2, 3)
+    yp = F.conv2d(_pad_channels(x, STEM_CHANNELS), _pad_channels(w, STEM_CHANNELS), None, 2, 3)
+    assert _close(yp, y, 1e-3)

@@ -24,7 +24,8 @@ from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive.engine.backends.prepare import flatten_outputs, int8_gemms, lowp_layers, prepare, remainder_dtype
 from overdrive.engine.backends.timing_cache import load_timing_cache, save_timing_cache
 from overdrive.engine.config import BuildConfig
-from overdrive.engine.conv_fusion import TimedChoice, fuse_conv_relu  # registers overdrive::conv2d_relu (engines use)
+# registers overdrive::conv2d_relu (which engines use)
+from overdrive.engine.conv_fusion import TimedChoice, TimedStemPad, fuse_conv_relu, pad_stem_channels
 from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_flags
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
@@ -279,7 +280,11 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
     cuda = device.type == "cuda"
     choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
-    convs = fuse_conv_relu(ep, choice) if use_conv_fusion(cfg, device, dyn is not None) else []
+    conv_passes = use_conv_fusion(cfg, device, dyn is not None)
+    # an image's 1 or 3 channels padded to cuDNN's 4-channel NHWC first-layer kernels, where timed faster
+    stem_timer = TimedStemPad(device) if cuda else None
+    stems = pad_stem_channels(ep, stem_timer) if conv_passes else []
+    convs = fuse_conv_relu(ep, choice) if conv_passes else []
     # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
     lowp = fuse_lowp_convs(ep, cfg.quantize_residuals) if cfg.precision in ("int8", "fp8") else {}
     groups = TimedGroups(device) if cuda else None
@@ -291,8 +296,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
                             "shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
-                            "conv_relu_fused": len(convs), "lowp_conv": lowp,
+                            "conv_relu_fused": len(convs), "stem_channels_padded": len(stems), "lowp_conv": lowp,
                             "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
+                            "stem_pad_timed": sorted({v[1] for v in stem_timer.verdicts.values()}) if stem_timer else [],
                             "sibling_gemms_fused": len(siblings),
                             "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else [],
                             "fp32_precision": fp32,  # applied again at load
