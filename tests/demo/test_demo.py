@@ -71,7 +71,7 @@ def test_diverged_level_is_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
     assert rows["O3"]["note"] == "diverged in epoch 2: O3 has no loss scaling" and rows["O3"]["test accuracy"] is None
     assert rows["O0"]["test accuracy"] > 0.15 and ctx.fp32_model is not None  # chance: 0.1
     lo, hi = (float(v.replace(",", "")) for v in rows["O0"]["epochs min-max"].split("-"))  # the spread beside samples/s
-    assert 0 < lo <= rows["O0"]["samples/s"] * 1.0001 and hi >= lo
+    assert 0 < lo <= rows["O0"]["samples/s"] + 0.5 and hi >= lo  # printed as whole samples/s: rounding moves it 0.5
     assert math.isnan(table.curves["O3"][-1]) and len(table.curves["O0"]) == 1
 
 
