@@ -14,6 +14,8 @@
 #   bash scripts/gpu_engine.sh 7   # where the fp8 ResNet-50 engine's time goes (profile); EfficientNet-B0 int8/fp8
 #   bash scripts/gpu_engine.sh 8   # the conv kernel's new paths (SiLU/GELU epilogue, persistent config 22) against
 #                                  # the reference; per-layer speed with the persistent configs among the candidates
+#   bash scripts/gpu_engine.sh 9   # the conv passes' GPU tests; the demo's ResNet-18 engines with the stem padded
+#   bash scripts/gpu_engine.sh 10  # ResNet-50 and EfficientNet-B0 fp16/int8/fp8 with convolutions judged at margin 1.0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -59,6 +61,16 @@ elif [ "$part" = 8 ]; then
   step 200 "gpu tests: conv kernel activations and persistent tiles" python3 -m pytest -q -m gpu \
       tests/quant/test_conv_q.py -k "activations or 22" -p no:cacheprovider -p no:logging
   step 330 "lowp_conv (ResNet-50 shapes, tuned tiles)" python3 benchmarks/lowp_conv.py --iters 10
+elif [ "$part" = 9 ]; then
+  step 200 "gpu tests: conv passes (one-channel layout, stem padding) and layer choice" python3 -m pytest -q -m gpu \
+      tests/engine/test_conv_fusion.py tests/engine/test_layer_choice.py -p no:cacheprovider -p no:logging
+  step 330 "engine_demo_variants (the demo's ResNet-18: stem padded, fp8 with conv margin 1.0)" python3 \
+      benchmarks/engine_demo_variants.py --variants "static loaded,static no conv fusion,fp8 loaded" \
+      --name engine_demo_variants_stem
+elif [ "$part" = 10 ]; then
+  step 560 "engine_zoo resnet50+efficientnet_b0 fp16/int8/fp8 (conv margin 1.0, stem padding)" python3 \
+      benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 520 --out engine_zoo_cnn_margin
 elif [ "$part" = 7 ]; then
   step 250 "engine_profile resnet50 fp16,fp8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
       --engines fp16,fp8 --name engine_profile_resnet50_res8
