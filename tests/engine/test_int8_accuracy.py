@@ -301,7 +301,9 @@ def test_calibration_saved_as_one_tensor_is_checked_in_engine_batches(digits_onn
     assert acc["on"] == "calibration data" and acc["batches"] == 4
     eng = Builder(precision="int8", backend="onnxruntime", device="cpu",
                   profiles=[ShapeProfile.fixed("x", (8, 1, 8, 8))]).build(digits_onnx, calib=[(calib[0][0][:5],)])
-    assert eng.info["accuracy"]["on"].startswith("example inputs (no calibration batch fits")  # 5 < 8: nothing to split
+    # 5 < 8: the five samples repeated to one batch of 8, not random example inputs
+    assert eng.info["accuracy"]["on"] == "calibration data (5 samples repeated to the engine's batch of 8)"
+    assert eng.info["accuracy"]["batches"] == 1
 
 
 def test_calibration_in_smaller_batches_is_checked_in_engine_batches(digits_onnx: bytes) -> None:

@@ -81,8 +81,10 @@ def meaningful(record: dict[str, Any], dynamic: bool) -> bool:
     Example:
         >>> meaningful({"on": "calibration data"}, False), meaningful({"on": "example inputs"}, False)
         (True, False)
+        >>> meaningful({"on": "calibration data (5 samples repeated to the engine's batch of 8)"}, False)
+        True
     """
-    return record.get("on") == "calibration data" or dynamic
+    return str(record.get("on", "")).startswith("calibration data") or dynamic
 
 
 @contextlib.contextmanager
@@ -160,8 +162,13 @@ def measure(engine: Any, reference: Reference, vs: str, calib: Sequence[tuple[to
     on = "calibration data"
     batches = [c for b in (calib or []) for c in _fitting(engine, b)][:MAX_BATCHES]
     if not batches and calib:  # batches smaller than a fixed-batch engine's (a DataLoader of 64 for a 256 engine)
-        batches = _fitting(engine, _pooled(calib, MAX_BATCHES * max((p.opt[0] for p in engine.profiles if p.opt),
-                                                                    default=1)))[:MAX_BATCHES]
+        size = max((p.opt[0] for p in engine.profiles if p.opt), default=1)
+        pooled = _pooled(calib, MAX_BATCHES * size)
+        batches = _fitting(engine, pooled)[:MAX_BATCHES]
+        n = int(pooled[0].shape[0]) if pooled else 0
+        if not batches and 0 < n < size:  # fewer samples than one batch: repeated to fill it (real data all the same)
+            batches = _fitting(engine, tuple(x.repeat(-(-size // n), *[1] * (x.dim() - 1))[:size] for x in pooled))
+            on = f"calibration data ({n} samples repeated to the engine's batch of {size})" if batches else on
     if not batches:
         on = "example inputs" if not calib else "example inputs (no calibration batch fits the engine's shapes)"
         batches = [tuple(x.detach().cpu() for x in example)]
