@@ -390,6 +390,7 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
                 fn(*xs0)
         return (lambda: fn(*xs0)), acc, {"precision": "fp16" if half == torch.float16 else "fp32"}
     from overdrive.engine import Builder, BuildConfig, ShapeProfile
+    from overdrive.engine.runtime import fusions_summary
 
     prec = cfg.removeprefix("engine_").removesuffix("_qres")
     if prec == "fp16" and device.type == "cpu":
@@ -427,16 +428,9 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     kept = eng.header.get("layers_kept_float") or {}
     ops = (info.get("int8") or {}).get("ops")
     meta = eng.header.get("backend_meta", {})
-    fusions = [f"{label} {meta[k]}" for k, label in (("conv_relu_fused", "conv+relu fused:"),
-                                                     ("stem_channels_padded", "stem padded to 4 channels:"),
-                                                     ("sibling_gemms_fused", "sibling GEMM groups:")) if meta.get(k)]
-    lowp = meta.get("lowp_conv") or {}
-    if lowp.get("folded") or lowp.get("quantized_out"):
-        fusions.append(f"int8/fp8 conv epilogues: {lowp.get('folded', 0)}, quantized outputs: "
-                       f"{lowp.get('quantized_out', 0)}, dual outputs: {lowp.get('dual_out', 0)}"
-                       + (f", 8-bit residuals: {lowp['quantized_residuals']}" if lowp.get("quantized_residuals") else ""))
+    fusions = fusions_summary(meta)  # the line overdrive build prints
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
-        "".join(f"; {f}" for f in fusions)
+        (f"; {fusions}" if fusions else "")
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
              "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
              "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)},

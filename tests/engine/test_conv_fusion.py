@@ -313,3 +313,18 @@ def test_cuda_stem_pad_is_timed_and_exact() -> None:
     y = F.conv2d(x, w, None, 2, 3)
     yp = F.conv2d(_pad_channels(x, STEM_CHANNELS), _pad_channels(w, STEM_CHANNELS), None, 2, 3)
     assert _close(yp, y, 1e-3)
+
+
+def test_cli_prints_the_fusions(tmp_path: Path, digits_onnx: bytes, capsys: pytest.CaptureFixture[str]) -> None:
+    """overdrive build prints the graph rewrites it made on one line (as trtexec reports its fusions): the digits
+    CNN's one-channel first convolution padded to 4 channels, and its conv + ReLU pairs fused."""
+    import re
+
+    from overdrive.cli.main import main
+
+    path = tmp_path / "d.onnx"
+    path.write_bytes(digits_onnx)
+    assert main(["build", "--onnx", str(path), "--saveEngine", str(tmp_path / "d.engine"), "--shapes", "x:2x1x8x8",
+                 "--device", "cpu", "--backend", "inductor", "--bf16", "--conv-fusion"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\[I\] fusions: conv\+ReLU \(cuDNN\) [1-9][0-9]*, stem padded to 4 channels 1\b", out), out

@@ -119,6 +119,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                               conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
                               quantize_residuals=quantize_residuals)
     info = engine.info
+    from overdrive.engine.runtime import fusions_summary
+
     if json_path is not None:
         write_json(info, json_path)
     if json_path != "-":
@@ -132,6 +134,9 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             from overdrive.engine.layer_choice import placement_summary
 
             click.echo(f"[I] {placement_summary(info['layers'])}")
+        fusions = fusions_summary(engine.header.get("backend_meta", {}))
+        if fusions:
+            click.echo(f"[I] {fusions}")
         if info.get("build_phases_s"):
             from overdrive.engine.runtime import phases_summary
 

@@ -240,3 +240,26 @@ def phases_summary(phases: dict[str, float]) -> str:
         subs = ", ".join(f"{k.partition('.')[2]} {v:.1f}" for k, v in phases.items() if k.startswith(step + "."))
         parts.append(f"{step} {s:.1f} s" + (f" ({subs})" if subs else ""))
     return "build phases: " + ", ".join(parts)
+
+
+def fusions_summary(meta: dict[str, Any]) -> str | None:
+    """One line from ``header["backend_meta"]``: the graph rewrites a build made (trtexec's layer fusions), or None
+    when it made none.
+
+    Example:
+        >>> fusions_summary({"conv_relu_fused": 17, "stem_channels_padded": 1,
+        ...                  "lowp_conv": {"folded": 51, "quantized_out": 50, "dual_out": 0, "quantized_residuals": 15}})
+        'fusions: conv+ReLU (cuDNN) 17, stem padded to 4 channels 1, int8/fp8 conv epilogues 51 (quantized outputs 50, dual outputs 0, 8-bit residuals 15)'
+    """
+    parts = [f"{label} {meta[k]}" for k, label in (("conv_relu_fused", "conv+ReLU (cuDNN)"),
+                                                   ("stem_channels_padded", "stem padded to 4 channels"),
+                                                   ("sibling_gemms_fused", "sibling GEMM groups"),
+                                                   ("gemm_gelu_fused", "GEMM+GELU"),
+                                                   ("attention_masks_dropped", "constant attention masks dropped"))
+             if meta.get(k)]
+    lowp = meta.get("lowp_conv") or {}
+    if lowp.get("folded") or lowp.get("quantized_out"):
+        res = f", 8-bit residuals {lowp['quantized_residuals']}" if lowp.get("quantized_residuals") else ""
+        parts.append(f"int8/fp8 conv epilogues {lowp.get('folded', 0)} (quantized outputs {lowp.get('quantized_out', 0)}, "
+                     f"dual outputs {lowp.get('dual_out', 0)}{res})")
+    return "fusions: " + ", ".join(parts) if parts else None
