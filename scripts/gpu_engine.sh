@@ -16,6 +16,7 @@
 #                                  # the reference; per-layer speed with the persistent configs among the candidates
 #   bash scripts/gpu_engine.sh 9   # the conv passes' GPU tests; the demo's ResNet-18 engines with the stem padded
 #   bash scripts/gpu_engine.sh 10  # ResNet-50 and EfficientNet-B0 fp16/int8/fp8 with convolutions judged at margin 1.0
+#   bash scripts/gpu_engine.sh 11  # ConvNeXt's int8/fp8 engines and the CNNs' int8/fp8 at batch 1 (the zoo's "not run")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -71,6 +72,10 @@ elif [ "$part" = 10 ]; then
   step 560 "engine_zoo resnet50+efficientnet_b0 fp16/int8/fp8 (conv margin 1.0, stem padding)" python3 \
       benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 520 --out engine_zoo_cnn_margin
+elif [ "$part" = 11 ]; then
+  step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
+      benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 520 --out engine_zoo_cnn_lowp_all
 elif [ "$part" = 7 ]; then
   step 250 "engine_profile resnet50 fp16,fp8" python3 benchmarks/engine_profile.py --models resnet50 --engines-only \
       --engines fp16,fp8 --name engine_profile_resnet50_res8
