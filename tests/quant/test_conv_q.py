@@ -446,3 +446,105 @@ def test_activation_epilogue_in_the_interpreter() -> None:
                           env={**os.environ, "PYTHONPATH": src})
     diffs = [float(d) for d in re.findall(r"ACT \d ([0-9.e-]+)", done.stdout)]
     assert len(diffs) == 2 and max(diffs) <= 8 / 1024, (done.stdout, done.stderr[-2000:])
+
+
+# ---- 16-bit operands: the same kernel and epilogue on fp16 / bf16 x and weight (scale 1, no quantize) ----
+
+def test_fp16_operands_are_taken_and_computed_as_the_float_conv() -> None:
+    """conv2d_q takes fp16 / bf16 x and weight of one dtype: the float convolution with the op's epilogue (here on
+    the CPU, where the op is its fp32 reference: equal to F.conv2d in fp32 on the same values, 1e-5)."""
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float16, torch.bfloat16):
+        x = torch.randn(2, 16, 9, 9, generator=g).to(dt).contiguous(memory_format=CL)
+        w = torch.randn(24, 16, 3, 3, generator=g).to(dt).contiguous(memory_format=CL)
+        b, z = torch.randn(24, generator=g), torch.randn(2, 24, 9, 9, generator=g).to(dt)
+        y = conv2d_q(x, w, torch.ones(24), b, z, True, None, torch.float32, -128, [1, 1], [1, 1], [1, 1], -1)
+        ref = torch.relu(F.conv2d(x.float(), w.float(), b, 1, 1) + z.float())
+        assert torch.allclose(y, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(UsageError, match="of one dtype, got torch.float16 and torch.bfloat16"):
+        conv2d_q(x.half(), w, torch.ones(24), None, None, False, None, torch.float32, -128, [1, 1], [1, 1], [1, 1], -1)
+
+
+@pytest.mark.parametrize("operand, cfg", [("fp16", 15), ("bf16", 1), ("fp16", 22)])
+def test_16_bit_operands_compile_to_wgmma_within_shared_memory(operand: str, cfg: int) -> None:
+    # fp16 / bf16 operands compile to Hopper's 16-bit warp-group MMA, with each config's K tile halved so that a
+    # pipeline stage holds the same bytes as with 8-bit operands: the largest tiles (config 1: 128x256, 3 stages)
+    # still fit the H200's 227 KiB of shared memory per block
+    import re
+
+    pytest.importorskip("triton")
+    from overdrive.quant import _triton_conv as tc
+
+    kernel = tc.compile_offline(False, cfg, out_q=0, operand=operand)
+    ptx_type = {"fp16": "f16", "bf16": "bf16"}[operand]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.{ptx_type}\.{ptx_type}", kernel.asm["ptx"])
+    assert kernel.metadata.shared <= 227 * 1024
+
+
+_INTERPRETED_FP16 = """
+import os
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from overdrive.quant import _triton_conv as tc
+from overdrive.quant.conv import _nhwc, _reference
+torch.manual_seed(0)
+n, c, h, co = 2, 48, 8, 40
+x = torch.randn(n, c, h, h).half().contiguous(memory_format=torch.channels_last)
+w = (torch.randn(co, c, 3, 3) / 20).half().contiguous(memory_format=torch.channels_last)
+bias, res = torch.randn(co), torch.randn(n, co, h, h).half().contiguous(memory_format=torch.channels_last)
+ones = torch.ones(co)
+ref = _reference(x, w, ones, bias, res, True, None, torch.float16, -128, [1, 1], [1, 1], [1, 1])
+out = torch.empty(n, h, h, co, dtype=torch.float16)
+tc.launch(_nhwc(x), _nhwc(w), ones, bias, _nhwc(res), True, out, None, 0, -128, [1, 1], [1, 1], [1, 1], 15)
+print("FP16", (out.permute(0, 3, 1, 2).float() - ref.float()).abs().max().item(), ref.float().abs().max().item())
+"""
+
+
+def test_fp16_operands_in_the_interpreter() -> None:
+    # a 3x3 fp16 convolution (C 48: the K tile masked in its last step) with bias, fp16 residual and ReLU on the
+    # Triton interpreter, against the op's fp32 reference rounded to fp16 (tolerance: two fp16 steps at the output's
+    # size, as the interpreter's dot sums in another order)
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run([sys.executable, "-c", _INTERPRETED_FP16], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": src})
+    got = re.findall(r"FP16 ([0-9.e-]+) ([0-9.e-]+)", done.stdout)
+    assert got, (done.stdout, done.stderr[-2000:])
+    diff, size = map(float, got[0])
+    assert diff <= 2 * size / 1024, (diff, size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("config", [-1, 1, 18, 22])
+def test_triton_kernel_16_bit_operands_match_reference(dt: torch.dtype, config: int) -> None:
+    """fp16 / bf16 x and weight on the GPU kernel (K tiles halved) against the op's fp32 reference on the same values:
+    within 1e-4 relative (16-bit products are exact in fp32; the MMA sums in fp32), with an fp16 residual, ReLU, and
+    an 8-bit output one quantization step apart at most."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(3)
+    for n, c, h, cout, k, s, p in ((2, 64, 15, 40, 3, 1, 1), (8, 256, 14, 1024, 1, 1, 0), (3, 32, 17, 96, 3, 2, 1)):
+        x = torch.randn(n, c, h, h, generator=g).to(dt).to(dev).contiguous(memory_format=CL)
+        w = (torch.randn(cout, c, k, k, generator=g) / (c * k * k) ** 0.5).to(dt).to(dev).contiguous(memory_format=CL)
+        ho = (h + 2 * p - k) // s + 1
+        res = torch.randn(n, cout, ho, ho, generator=g).half().to(dev).contiguous(memory_format=CL)
+        ones, bias = torch.ones(cout, device=dev), torch.randn(cout, generator=g).to(dev)
+        args = ([s, s], [p, p], [1, 1])
+        old = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            got = conv2d_q(x, w, ones, bias, res, True, None, torch.float32, -128, *args, config)
+            ref = _reference(x, w, ones, bias, res, True, None, torch.float32, -128, *args)
+            assert ((got - ref).norm() / ref.norm()).item() < 1e-4
+            osc = torch.tensor(0.02, device=dev)
+            q = conv2d_q(x, w, ones, bias, res, True, osc, torch.int8, -128, *args, config)
+            qref = _reference(x, w, ones, bias, res, True, osc, torch.int8, -128, *args)
+            assert (q.float() - qref.float()).abs().max().item() <= 1.0
+        finally:
+            torch.backends.cudnn.allow_tf32 = old

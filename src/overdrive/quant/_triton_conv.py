@@ -146,12 +146,24 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def block_k(bk: int, element_size: int) -> int:
+    """A config's K tile for operands of ``element_size`` bytes: the config's BLOCK_K is in 8-bit elements, so 16-bit
+    operands (fp16 / bf16) take half as many per step, with the same bytes in shared memory per pipeline stage (a
+    tile that fits for 8-bit fits for 16-bit).
+
+    Example:
+        >>> block_k(128, 1), block_k(128, 2), block_k(32, 2)
+        (128, 64, 16)
+    """
+    return max(16, bk // element_size)
+
+
 def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
            residual: torch.Tensor | None, relu: bool, out: torch.Tensor, out_scale: torch.Tensor | None, out_q: int,
            qmin: int, stride: list[int], padding: list[int], dilation: list[int], config: int,
            q_out: torch.Tensor | None = None, q_scale: torch.Tensor | None = None, q_mode: int = 0,
            res_scale: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
-    """Runs the kernel. ``x`` (N, H, W, C) and ``w`` (Cout, KH, KW, C) contiguous, int8 or fp8; ``out`` (and
+    """Runs the kernel. ``x`` (N, H, W, C) and ``w`` (Cout, KH, KW, C) contiguous, int8, fp8, fp16 or bf16; ``out`` (and
     ``residual``, ``q_out``) (N, Ho, Wo, Cout) contiguous; ``scale`` / ``bias`` fp32 (Cout,). With ``q_mode`` 1 / 2
     the result is also written to ``q_out`` as fp8 / int8 by ``q_scale`` (the dual output); an int8 / fp8 ``residual``
     comes with its ``res_scale`` (fp32, one element); ``act`` 1 / 2: SiLU / GELU after the residual."""
@@ -161,6 +173,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     m = n * ho * wo
     config = config if 0 <= config < len(CONFIGS) else default_config(m, n_out, c, kh * kw)
     bm, bn, bk, warps, stages = CONFIGS[config]
+    bk = block_k(bk, x.element_size())
     tiles = triton.cdiv(m, bm) * triton.cdiv(n_out, bn)
     per_sm = PERSISTENT.get(config, 0)
     grid = (min(tiles, per_sm * _sm_count(x.device)) if per_sm else tiles,)
@@ -179,11 +192,12 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Te
 
 
 def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, kh: int = 1, arch: int = 90,
-                    persistent: bool | None = None, act: int = 0) -> object:
+                    persistent: bool | None = None, act: int = 0, operand: str | None = None) -> object:
     """The kernel compiled for ``sm_<arch>`` without a GPU (Triton compiles to PTX and a cubin offline), specialized as
     its JIT specializes it for ResNet-sized layers: pointers, C and N_OUT divisible by 16, the other sizes not, a
-    float16 residual (``res_q``: int8) added, ReLU, output ``out_q`` (0 fp16, 1 fp8, 2 int8). For checking the code a
-    change generates (``kernel.asm["ptx"]``) and the compile's cost, here.
+    float16 residual (``res_q``: int8) added, ReLU, output ``out_q`` (0 fp16, 1 fp8, 2 int8); ``operand`` "fp16" /
+    "bf16" for 16-bit x and weight (``is_int`` then False). For checking the code a change generates
+    (``kernel.asm["ptx"]``) and the compile's cost, here.
 
     Example:
         >>> # compile_offline(True, 15, out_q=2).asm["ptx"]   # needs Triton, no GPU
@@ -192,9 +206,10 @@ def compile_offline(is_int: bool, config: int, out_q: int, res_q: bool = False, 
     from triton.compiler import ASTSource
 
     bm, bn, bk, warps, stages = CONFIGS[config]
+    bk = block_k(bk, 2 if operand else 1)
     fn = _conv_kernel
     names = fn.arg_names
-    xt = "*i8" if is_int else "*fp8e4nv"
+    xt = f"*{operand}" if operand else "*i8" if is_int else "*fp8e4nv"
     sig = {n: "i32" for n in names}
     sig.update(x_ptr=xt, w_ptr=xt, scale_ptr="*fp32", bias_ptr="*fp32", res_ptr="*i8" if res_q else "*fp16",
                res_scale_ptr="*fp32", out_ptr={0: "*fp16", 1: "*fp8e4nv", 2: "*i8"}[out_q], out_scale_ptr="*fp32",

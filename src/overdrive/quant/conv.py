@@ -46,6 +46,7 @@ def apply_act(y: torch.Tensor, act: int) -> torch.Tensor:
     """``y`` through the epilogue activation ``act`` (0: unchanged), as the reference and the fp16 timing apply it."""
     return F.silu(y) if act == ACT_SILU else F.gelu(y) if act == ACT_GELU else y
 _QUANTIZED = (torch.int8, FP8)
+_OPERANDS = (*_QUANTIZED, torch.float16, torch.bfloat16)  # x and weight: 8-bit, or 16-bit float (scale 1)
 
 
 def _quantize_ref(x: torch.Tensor, scale: torch.Tensor, qmin: int, fp8: bool) -> torch.Tensor:
@@ -106,9 +107,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, out_scale: torch.Tensor | None
     if act not in (0, ACT_SILU, ACT_GELU) or (act and relu):
         raise UsageError(f"overdrive::conv2d_q: act={act} with relu={relu}: act is 0 (none), {ACT_SILU} (SiLU) or "
                          f"{ACT_GELU} (GELU), and replaces the ReLU; pass relu=False with an act")
-    if x.dtype not in _QUANTIZED or weight.dtype != x.dtype:
-        raise UsageError(f"overdrive::conv2d_q takes int8 or fp8 x and weight of one dtype, got {x.dtype} and "
-                         f"{weight.dtype}; quantize the input with overdrive::quantize first")
+    if x.dtype not in _OPERANDS or weight.dtype != x.dtype:
+        raise UsageError(f"overdrive::conv2d_q takes int8, fp8, fp16 or bf16 x and weight of one dtype, got {x.dtype} "
+                         f"and {weight.dtype}; quantize the input with overdrive::quantize first, or cast both")
     if (out_dtype in _QUANTIZED) != (out_scale is not None):
         raise UsageError(f"overdrive::conv2d_q: out_dtype {out_dtype} needs out_scale exactly when it is int8 / fp8")
     quantized_res = residual is not None and residual.dtype in _QUANTIZED
