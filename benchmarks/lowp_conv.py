@@ -4,6 +4,7 @@ For each convolution shape of ResNet-50 whose input channels are a multiple of 1
 batch, in one run, every call captured in a CUDA graph and replayed (as an engine runs them):
 
 - fp16 cudnn: the fp16 engine's path, cuDNN's fused convolution + bias (+ residual) + ReLU (``overdrive::conv2d_relu``);
+- fp16 triton: ``overdrive::conv2d_q`` on the fp16 operands themselves (scale 1), the same epilogue, fp16 output;
 - fp8 / int8 -> fp16: ``overdrive::conv2d_q`` with the same epilogue, fp16 output, input quantized already;
 - fp8 / int8 -> q: the same with the next layer's quantize in the epilogue (one byte per output element);
 - fp8 / int8 -> fp16+q (rows with a residual: a block's output): both at once (``overdrive::conv2d_q_dual``);
@@ -69,7 +70,7 @@ def main() -> None:
     dev = torch.device("cuda")
     cl = torch.channels_last
     rows = []
-    weighted = {"fp16 cudnn": 0.0, "fp8 -> fp16": 0.0, "fp8 -> q": 0.0,
+    weighted = {"fp16 cudnn": 0.0, "fp16 triton": 0.0, "fp8 -> fp16": 0.0, "fp8 -> q": 0.0,
                 "int8 -> fp16": 0.0, "int8 -> q": 0.0}
     flops_total = 0.0
     for cin, cout, k, stride, size, residual, count in SHAPES:
@@ -91,6 +92,17 @@ def main() -> None:
             return torch.ops.overdrive.conv2d_relu(x, w, b, z, st, pd, dl, 1)
 
         times = {"fp16 cudnn": _graphed_ms(fp16, dev, args.iters)}
+        # the same Triton kernel on the fp16 operands themselves (scale 1): a fused fp16 path beside cuDNN's
+        ones = torch.ones(cout, device=dev)
+        cfg16, _ = qconv.tune(x, w, residual=residual, relu=True, out_dtype=torch.half, stride=st, padding=pd)
+
+        def tri16(x=x, w=w, ones=ones, b=b, z=z, cfg=cfg16):
+            return torch.ops.overdrive.conv2d_q(x, w, ones, b.float(), z, True, None, torch.half, -128, st, pd, dl, cfg)
+
+        ref16 = qconv._reference(x, w, ones, b.float(), z, True, None, torch.half, -128, st, pd, dl)
+        row["fp16 triton rel err"] = ((tri16().float() - ref16.float()).norm() / ref16.float().norm()).item()
+        row["fp16 triton cfg"] = cfg16
+        times["fp16 triton"] = _graphed_ms(tri16, dev, args.iters)
         for fmt, dt, bound in (("fp8", qconv.FP8, 448.0), ("int8", torch.int8, 127.0)):
             xs = x.float().abs().amax() / bound
             xq = torch.ops.overdrive.quantize(x, xs, -128, fmt == "fp8")
@@ -143,6 +155,7 @@ def main() -> None:
         row["best q vs fp16"] = times["fp16 cudnn"] / best
         row["fp8 -> q TF/s"] = flops / times["fp8 -> q"] / 1e9
         row["fp16 TF/s"] = flops / times["fp16 cudnn"] / 1e9
+        row["fp16 triton vs cudnn"] = times["fp16 cudnn"] / times["fp16 triton"]
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     notes = [f"batch {args.batch}, channels_last, CUDA-graph replays of 10 calls, median of {args.iters}; each row's "
@@ -156,10 +169,10 @@ def main() -> None:
              f"{flops_total / weighted['int8 -> q'] / 1e9:.0f} TOP/s",
              "rel err: ||triton - reference|| / ||reference|| against the op's fp32 reference on the same quantized "
              "inputs; bad: share of quantized outputs more than one quantization step from the reference"]
-    cols = ["shape", "count", "fp16 cudnn ms", "fp8 -> fp16 ms", "fp8 -> q ms",
+    cols = ["shape", "count", "fp16 cudnn ms", "fp16 triton ms", "fp16 triton vs cudnn", "fp8 -> fp16 ms", "fp8 -> q ms",
             "int8 -> fp16 ms", "int8 -> q ms", "fp8 -> fp16+q ms", "int8 -> fp16+q ms", "fp8 -> q, q residual ms",
             "int8 -> q, q residual ms", "best q vs fp16", "fp16 TF/s", "fp8 -> q TF/s", "fp8 -> fp16 rel err",
-            "int8 -> fp16 rel err", "fp8 -> q bad", "int8 -> q bad"]
+            "int8 -> fp16 rel err", "fp16 triton rel err", "fp8 -> q bad", "int8 -> q bad"]
     write_results(args.out, {**device_facts(dev), "batch": args.batch}, rows, cols, notes,
                   extra={"weighted_ms": weighted})
 
