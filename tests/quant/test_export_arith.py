@@ -5,6 +5,8 @@ with the inductor backend (it failed in torch.export before, on CUDA and on CPU)
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -81,3 +83,43 @@ def test_int8_cuda_engine_with_dynamic_batch_builds() -> None:
             ref = model(x)
         out = eng(x.cuda()).float().cpu()
         assert out.shape == ref.shape and (out - ref).abs().max() < 0.05 * ref.abs().max() + 0.05
+
+
+class _Block(nn.Module):
+    """A transformer-style block: two residual adds around Linear layers, LayerNorm reading the sums."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.ln = nn.Linear(d, d), nn.Linear(d, d), nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x + self.fc1(x))
+        return self.ln(h + self.fc2(torch.relu(h)))
+
+
+def test_residual_quantizers_no_kernel_reads_are_dropped() -> None:
+    """An int8 engine with no int8/fp8 convolution to take an 8-bit residual (a transformer; any CPU build) turns the
+    residual-add quantizers its calibration placed into plain adds, counted in backend_meta. A model quantized already
+    (the same calibration, by the user) keeps its own, and that engine is further from the fp32 model (reference: the
+    fp32 module; the difference is the residuals' int8 rounding)."""
+    from overdrive.engine import Builder
+
+    torch.manual_seed(0)
+    model = _Block().eval()
+    calib = [(torch.randn(64, 32) * 3,) for _ in range(2)]
+    x = torch.randn(64, 32) * 3
+    with torch.no_grad():
+        ref = model(x)
+    cfg = dict(precision="int8", device="cpu", backend="inductor", layer_precision="all", int8_activations="static")
+    eng = Builder(**cfg).build(model, calib[0], calib=calib)
+    assert eng.header["backend_meta"]["residual_quantizers_dropped"] == 2
+
+    def loop(m: nn.Module) -> None:
+        with torch.no_grad():
+            for (b,) in calib:
+                m(b)
+
+    mine = quant.quantize(copy.deepcopy(model), quant.INT8_DEFAULT, loop, fidelity=False)
+    kept = Builder(**cfg).build(mine, calib[0], calib=calib)
+    assert "residual_quantizers_dropped" not in kept.header["backend_meta"]
+    assert (eng(x) - ref).abs().max().item() < (kept(x) - ref).abs().max().item()

@@ -255,7 +255,9 @@ def fusions_summary(meta: dict[str, Any]) -> str | None:
                                                    ("stem_channels_padded", "stem padded to 4 channels"),
                                                    ("sibling_gemms_fused", "sibling GEMM groups"),
                                                    ("gemm_gelu_fused", "GEMM+GELU"),
-                                                   ("attention_masks_dropped", "constant attention masks dropped"))
+                                                   ("attention_masks_dropped", "constant attention masks dropped"),
+                                                   ("residual_quantizers_dropped",
+                                                    "residual quantizers no kernel reads dropped"))
              if meta.get(k)]
     lowp = meta.get("lowp_conv") or {}
     if lowp.get("folded") or lowp.get("quantized_out"):

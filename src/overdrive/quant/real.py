@@ -438,9 +438,10 @@ class QuantizedResidualAdd(nn.Module):
         bound = 127.0 if fmt == "int8" else 448.0
         self.register_buffer("scale", amax.detach().float().clamp_min(1e-12).reshape(()) / bound)
         self.fmt, self.qmin, self.residual_first = fmt, int(qmin), bool(residual_first)
+        self.enabled = True  # False: a plain add (an engine with no kernel to read the 8-bit residual drops it)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        if not self.enabled or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return a + b  # numbers the tracer could not tell from tensors: nothing to quantize (as QuantAdd)
         if self.residual_first:
             a, b = b, a
@@ -449,7 +450,7 @@ class QuantizedResidualAdd(nn.Module):
         return r + a if self.residual_first else a + r
 
     def extra_repr(self) -> str:
-        return f"{self.fmt}, scale={float(self.scale):.4g}"
+        return f"{self.fmt}, scale={float(self.scale):.4g}" + ("" if self.enabled else ", off")
 
 
 def _real_residual_add(m: QuantAdd) -> QuantizedResidualAdd | None:

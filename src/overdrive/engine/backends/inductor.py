@@ -310,6 +310,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         meta["int8_ops"] = int8_gemms(module)
     if cfg.precision in ("int8", "fp8"):
         meta["lowp_layers"] = lowp_layers(module)
+    dropped_res = getattr(module.model, "_overdrive_residuals_dropped", None)
+    if dropped_res is not None:  # residual quantizers no int8/fp8 kernel would read, made plain adds
+        meta["residual_quantizers_dropped"] = dropped_res
     kept = getattr(module.model, "_overdrive_kept_float", None)
     if kept is not None:
         meta["layers_kept_float"] = kept
