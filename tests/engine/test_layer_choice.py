@@ -8,6 +8,7 @@ layer as the int8 one does. The margins used here (0 and 1e9) make the timing de
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -153,18 +154,25 @@ def test_engine_info_says_where_each_layer_runs(tmp_path) -> None:
     assert Engine.load(tmp_path / "m.engine").info["layers"] == layers
 
 
-def test_the_all_float_warning_when_no_layer_is_left_low_precision(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The build warns "every int8 layer ran slower than float" when the timing kept every layer float (and only
-    then: an fp8 build warned so beside 43 fp8 convolutions, having no int8_ops record; the next test builds with
-    layers left low precision and no warning)."""
+def _mlp_engine_at_margin(monkeypatch: pytest.MonkeyPatch, margin: float) -> tuple[Any, list[Any]]:
+    """A dynamic int8 engine of :func:`_mlp` whose build judges its GEMMs at ``margin`` (0: every layer reverts to
+    float; 1e9: none does), and the warnings the build raised."""
     import overdrive.engine.layer_choice as lc
 
     real = lc.keep_float_where_faster
-    monkeypatch.setattr(lc, "keep_float_where_faster", lambda *a, **kw: real(*a, **{**kw, "margin": 0.0}))
+    monkeypatch.setattr(lc, "keep_float_where_faster", lambda *a, **kw: real(*a, **{**kw, "margin": margin}))
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         eng = Builder(BuildConfig(precision="int8", backend="inductor", int8_activations="dynamic")).build(
             _mlp(), (torch.randn(8, 64),))
+    return eng, got
+
+
+def test_the_all_float_warning_when_no_layer_is_left_low_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build warns "every int8 layer ran slower than float" when the timing kept every layer float (and only
+    then: an fp8 build warned so beside 43 fp8 convolutions, having no int8_ops record; the next test builds with
+    layers left low precision and no warning)."""
+    eng, got = _mlp_engine_at_margin(monkeypatch, 0.0)
     assert any("ran slower than float" in str(w.message) for w in got)
     assert eng.header["backend_meta"]["lowp_layers"] == 0
 
@@ -172,15 +180,9 @@ def test_the_all_float_warning_when_no_layer_is_left_low_precision(monkeypatch: 
 def test_layers_kept_low_precision_carry_their_timing(monkeypatch: pytest.MonkeyPatch) -> None:
     """engine.info["layers"] gives each layer the timing kept low precision its measured ratio (as TensorRT's verbose
     log shows the tactic it chose), and the build line still counts them by kernel."""
-    import overdrive.engine.layer_choice as lc
     from overdrive.engine.layer_choice import placement_summary
 
-    real = lc.keep_float_where_faster
-    monkeypatch.setattr(lc, "keep_float_where_faster", lambda *a, **kw: real(*a, **{**kw, "margin": 1e9}))
-    with warnings.catch_warnings(record=True) as got:
-        warnings.simplefilter("always")
-        eng = Builder(BuildConfig(precision="int8", backend="inductor", int8_activations="dynamic")).build(
-            _mlp(), (torch.randn(8, 64),))
+    eng, got = _mlp_engine_at_margin(monkeypatch, 1e9)
     assert not any("ran slower than float" in str(w.message) for w in got)
     assert eng.header["backend_meta"]["lowp_layers"] == 2
     layers = eng.info["layers"]

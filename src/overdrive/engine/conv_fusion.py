@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.fx.node import Node
 
 from overdrive.engine.passes import node_value as _val
+from overdrive.engine.passes import refresh_values
 from overdrive.engine.passes import rename_output
 
 aten = torch.ops.aten
@@ -307,7 +308,6 @@ def fuse_conv_relu(ep: Any, decide: Any = None) -> list[str]:
         33
     """
     from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     gm = ep.graph_module
     graph = gm.graph
@@ -360,9 +360,7 @@ def fuse_conv_relu(ep: Any, decide: Any = None) -> list[str]:
             graph.erase_node(src)
     if fused:
         graph.eliminate_dead_code()
-        gm.recompile()
-        inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
-        FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+        refresh_values(gm)
     return fused
 
 
@@ -436,8 +434,6 @@ def pad_stem_channels(ep: Any, decide: Any = None) -> list[str]:
         >>> pad_stem_channels(ep)                                                                  # doctest: +SKIP
         ['conv2d']
     """
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
     gm = ep.graph_module
     graph = gm.graph
@@ -466,7 +462,5 @@ def pad_stem_channels(ep: Any, decide: Any = None) -> list[str]:
         conv.update_arg(1, wp)
         padded.append(conv.name)
     if padded:
-        gm.recompile()
-        inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
-        FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+        refresh_values(gm)
     return padded

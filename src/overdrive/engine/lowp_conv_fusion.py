@@ -42,6 +42,7 @@ from torch.fx.node import Node
 
 from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
 from overdrive.engine.passes import constant_inputs, rename_output
+from overdrive.engine.passes import refresh_values
 from overdrive.engine.passes import node_value as _val
 from overdrive.quant import conv as _qconv  # also registers overdrive::quantize, dequantize and conv2d_q
 
@@ -351,9 +352,6 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     Example:
         >>> # fuse_lowp_convs(torch.export.export(quant.to_real(calibrated_cnn), (x,)))
     """
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     gm = ep.graph_module
     graph = gm.graph
     if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE, _DEQUANT) for n in graph.nodes):
@@ -373,9 +371,8 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()
-    inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
     with contextlib.suppress(Exception):  # meta values refresh; a failure leaves the (valid) graph as it is
-        FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+        refresh_values(gm)
     residuals = sum(1 for n in graph.nodes if n.op == "call_function" and (
         (n.target is _CONV_Q and _args(n)[RES_SCALE] is not None)
         or (n.target is _DUAL and _dual_args(n)[DUAL_RES_SCALE] is not None)))

@@ -229,9 +229,6 @@ def fuse_gemm_gelu(ep: Any) -> list[str]:
         >>> fuse_gemm_gelu(ep)                                       # doctest: +SKIP
         ['gelu']
     """
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     gm = ep.graph_module
     graph = gm.graph
     fused: list[str] = []
@@ -262,11 +259,19 @@ def fuse_gemm_gelu(ep: Any) -> list[str]:
         fused.append(gelu.name)
     if fused:
         graph.eliminate_dead_code()
-        gm.recompile()
-        inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
-        mode = detect_fake_mode(inputs)
-        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)  # shapes on the new nodes, for save
+        refresh_values(gm)
     return fused
+
+
+def refresh_values(gm: torch.fx.GraphModule) -> None:
+    """Recompile a rewritten graph module and propagate fake values (``meta["val"]``: shape, dtype, layout) through
+    it from its placeholders', so the new nodes carry them (later passes read them, and saving needs them)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    gm.recompile()
+    inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
 
 
 def node_value(n: Any) -> Any:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.fx.node import Node
 
 from overdrive.engine.passes import node_value as _val
+from overdrive.engine.passes import refresh_values
 from overdrive.engine.passes import rename_output
 
 aten = torch.ops.aten
@@ -120,9 +121,6 @@ def fuse_sibling_gemms(ep: Any, decide: Any = None) -> list[list[str]]:
     Example:
         >>> # fuse_sibling_gemms(torch.export.export(bert, (ids,)))  # [['linear', 'linear_1', 'linear_2'], ...]
     """
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     gm = ep.graph_module
     graph = gm.graph
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -149,7 +147,5 @@ def fuse_sibling_gemms(ep: Any, decide: Any = None) -> list[list[str]]:
             graph.erase_node(lin)
         fused.append([lin.name for lin in group])
     if fused:
-        gm.recompile()
-        inputs = [n.meta["val"] for n in graph.nodes if n.op == "placeholder"]
-        FakeTensorProp(gm, detect_fake_mode(inputs)).propagate_dont_convert_inputs(*inputs)
+        refresh_values(gm)
     return fused
