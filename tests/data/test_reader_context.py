@@ -35,3 +35,28 @@ def test_readers_from_a_forkserver_read_the_same_bytes(tmp_path: Path) -> None:
     assert len(got) == 2
     for a, b in zip(got, inline):
         assert a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) and a[6] == b[6]
+
+
+def test_cpu_pipeline_workers_start_from_a_forkserver_once_cuda_is_initialized(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU pipeline's workers forked from a CUDA process with live threads is what hung the GPU demo's
+    loader comparison: they now start as the GPU readers do, and give the batches in-process reading gives."""
+    from overdrive.data import ImageLoader, LoaderConfig
+
+    root = write_folder(tmp_path, 8)
+    cfg = LoaderConfig(batch_size=4, size=16, seed=3, num_workers=0, pipeline="cpu")
+    inline = list(ImageLoader(root, device="cpu", config=cfg))
+    seen = []
+    real = torch.utils.data.DataLoader.__init__
+
+    def spy(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003
+        seen.append(kw.get("multiprocessing_context"))
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.utils.data.DataLoader, "__init__", spy)
+    got = list(ImageLoader(root, device="cpu", config=cfg.replace(num_workers=2)))
+    assert [c.get_start_method() for c in seen] == ["forkserver"]
+    assert len(got) == len(inline) == 2
+    for (xa, ya), (xb, yb) in zip(got, inline):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)  # the same seeds give the same crops in any process

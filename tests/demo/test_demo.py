@@ -134,3 +134,41 @@ def test_quick_demo_on_gpu_every_stage(tmp_path) -> None:
     assert set(built) >= {"engine fp16", "engine int8"} and all(v == "PASSED" for v in built.values()), engine.rows
     if torch.cuda.get_device_capability() >= (8, 9):
         assert "engine fp8" in built
+
+
+def test_data_stage_keeps_its_training_rows_when_the_loading_comparison_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader that times out in the loading comparison (forked DataLoader workers hung for good on the H200)
+    marks the stage failed with the error in a row; the PNG training rows above it stay."""
+    from overdrive import demo
+    from overdrive.demo import data_stage
+
+    def hung(ctx, table):  # noqa: ANN001
+        raise RuntimeError("DataLoader timed out after 120 seconds")
+
+    monkeypatch.setattr(data_stage, "speed_rows", hung)
+    (table,) = demo.run_demo(device="cpu", epochs=1, stages=["data"], progress=False)
+    assert table.status == "failed"
+    assert table.rows[1][0].startswith("PNG folder via ImageLoader") and 0.0 <= table.rows[1][1] <= 1.0
+    assert "not measured (RuntimeError: DataLoader timed out" in table.rows[-1][0]
+    assert demo.summary([table]) == ("demo: 0 of 1 stage(s) ran; failed: data", True)
+
+
+def test_demo_baseline_loader_starts_workers_as_overdrive_does(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The DataLoader the demo times ImageLoader against: forkserver workers once CUDA is initialized (forked
+    from the CUDA process they hung the H200 demo), a timeout instead of a hang, and the images it promises."""
+    from PIL import Image
+
+    from overdrive.demo.data_stage import baseline_loader
+
+    files = []
+    for i in range(4):
+        f = tmp_path / str(i % 2) / f"{i}.jpg"
+        f.parent.mkdir(exist_ok=True)
+        Image.new("RGB", (12, 10), (40 * i, 20, 200)).save(f)
+        files.append(f)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    dl = baseline_loader(files, 8, 2, seed=0, workers=2)
+    assert dl.multiprocessing_context.get_start_method() == "forkserver" and dl.timeout == 120
+    batches = list(dl)
+    assert [tuple(x.shape) for x, _ in batches] == [(2, 3, 8, 8)] * 2
+    assert sorted(int(v) for _, y in batches for v in y) == [0, 0, 1, 1]

@@ -114,10 +114,14 @@ class _BatchDataset(torch.utils.data.Dataset):
 
 
 def reader_context() -> Any:
-    """How the GPU pipeline starts its reader processes: forked, unless CUDA is initialized in this process
-    (a model on the GPU, earlier training), where a forked reader inherits CUDA state it cannot use and died
-    with cudaErrorInitializationError on the H200; then from a forkserver (started once, without CUDA; the
-    readers fork from it, so later epochs start as fast as fork).
+    """How overdrive's loaders start their worker processes: forked, unless CUDA is initialized in this process
+    (a model on the GPU, earlier training); then from a forkserver (started once, without CUDA, with torch and
+    overdrive.data imported already, so the workers it forks start about as fast as forked ones).
+
+    Forking a process that has initialized CUDA and runs threads (CUDA's own, pin-memory and loader threads)
+    is unsafe: forked GPU-pipeline readers died with cudaErrorInitializationError on the H200, and forked
+    DataLoader workers hung for good in the GPU demo's data stage. Use it for any DataLoader with workers:
+    ``DataLoader(ds, num_workers=4, multiprocessing_context=reader_context())``.
 
     Example:
         >>> reader_context() is None or reader_context().get_start_method() == "forkserver"
@@ -126,7 +130,9 @@ def reader_context() -> Any:
     import multiprocessing as mp
 
     if torch.cuda.is_initialized() and "forkserver" in mp.get_all_start_methods():
-        return mp.get_context("forkserver")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["overdrive.data.loader"])  # no effect once the server runs
+        return ctx
     return None
 
 
@@ -252,7 +258,8 @@ class ImageLoader:
                   epoch: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = config or self.config
         ds = _BatchDataset(self.samples, batches, cfg, self.epoch if epoch is None else epoch)
-        kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch} if cfg.num_workers > 0 else {}
+        kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch,
+                              "multiprocessing_context": reader_context()} if cfg.num_workers > 0 else {}
         dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=cfg.num_workers,
                                          pin_memory=self.device.type == "cuda", **kw)
         dl_iter = iter(dl)
