@@ -16,7 +16,9 @@
 #                                  # (the SiLU/GELU and persistent-tile GPU tests passed on 2026-12-04)
 #   bash scripts/gpu_engine.sh 9   # the conv passes' GPU tests; the demo's ResNet-18 engines with the stem padded
 #   bash scripts/gpu_engine.sh 10  # ResNet-50 and EfficientNet-B0 fp16/int8/fp8 with convolutions judged at margin 1.0
+#   bash scripts/gpu_engine.sh 10  # (run 2026-12-04: engine_zoo_cnn_margin)
 #   bash scripts/gpu_engine.sh 11  # ConvNeXt's int8/fp8 engines and the CNNs' int8/fp8 at batch 1 (the zoo's "not run")
+#   bash scripts/gpu_engine.sh 12  # layer-choice GPU tests; ResNet-50 and EfficientNet-B0 int8/fp8 with re-planning
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -71,6 +73,12 @@ elif [ "$part" = 10 ]; then
   step 560 "engine_zoo resnet50+efficientnet_b0 fp16/int8/fp8 (conv margin 1.0, stem padding)" python3 \
       benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 520 --out engine_zoo_cnn_margin
+elif [ "$part" = 12 ]; then
+  step 120 "gpu tests: layer choice and the conv plan (re-planning)" python3 -m pytest -q -m gpu \
+      tests/engine/test_layer_choice.py tests/engine/test_lowp_conv_fusion.py -p no:cacheprovider -p no:logging
+  step 450 "engine_zoo resnet50+efficientnet_b0 int8/fp8 with re-planning" python3 \
+      benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out engine_zoo_cnn_replan
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \

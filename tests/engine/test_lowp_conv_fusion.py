@@ -530,3 +530,62 @@ def test_conv_timing_runs_the_activation_form(act: int) -> None:
     _, why, _ = layer_choice._time_conv(m, torch.Size((2, 16, 6, 6)), torch.float32, torch.float32,
                                         torch.device("cpu"), 1.1, epi, -1)
     assert why.endswith(f" {epi['act']} ->float")
+
+
+def test_an_input_quantized_after_a_float_convolution_is_marked_in_the_plan() -> None:
+    """A convolution whose input the engine quantizes after a float convolution (+ BatchNorm + ReLU: cuDNN's fused
+    kernel writes fp16, so the quantize is a pass of its own) says so in its plan; after a pooling (where Inductor
+    fuses the quantize into the pass it runs anyway) or another low-precision convolution it does not."""
+    from overdrive.engine.layer_choice import conv_plan
+
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f, self.bn = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            self.a = Int8Conv2d.from_float(nn.Conv2d(16, 16, 1), torch.tensor(4.0))
+            self.b = Int8Conv2d.from_float(nn.Conv2d(16, 16, 1), torch.tensor(4.0))
+            self.c = Int8Conv2d.from_float(nn.Conv2d(16, 16, 1), torch.tensor(4.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(torch.relu(self.bn(self.f(x))))  # after a float conv: quantized in a pass of its own
+            y = self.b(torch.relu(y))  # after a low-precision conv: its 8-bit output
+            return self.c(nn.functional.max_pool2d(y, 2))  # after a pooling: fused into it
+
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=CL)
+    plan = conv_plan(_randomize_bn(Net()).eval(), (x,))
+    assert plan["a"].get("input") == "float conv"
+    assert "input" not in plan["b"] and "input" not in plan["c"]
+
+
+def test_neighbours_of_a_convolution_gone_float_are_timed_again_in_their_new_form(monkeypatch) -> None:
+    """Once a convolution goes float its neighbours run in another form than planned (its producer writes float, not
+    8-bit; its reader quantizes its input in a pass of its own): each is timed again in that form and goes float too
+    where it loses there; layers whose form did not change are not timed again."""
+    import overdrive.engine.layer_choice as lc
+    from overdrive.engine.layer_choice import conv_plan, keep_float_where_faster
+
+    m, x = _resnet_blocks(identity=1)
+    q = _quantized(m, Int8Conv2d, x).eval()
+    timed: list[tuple[str, tuple]] = []
+    names = {id(mod): n for n, mod in q.named_modules()}
+
+    def fake_time(mod, shape, dtype, fdt, device, margin, epi=None, config=None, warm_only=False):  # noqa: ANN001
+        name, form = names[id(mod)], tuple(sorted((epi or {}).items()))
+        timed.append((name, form))
+        slower = name == "1.c2" or (name == "1.c3" and (epi or {}).get("input") == "float conv")
+        return slower, f"int8 {'0.9' if slower else '1.2'}x float32 at {name}", -1
+
+    monkeypatch.setattr(lc, "_time_conv", fake_time)
+    plan = conv_plan(q, (x,))
+    assert plan["1.c1"]["out"] == "8-bit" and "input" not in plan["1.c3"]
+    q, kept = keep_float_where_faster(q, (x,), torch.device("cpu"), torch.float32, plan=plan,
+                                        replan=lambda mdl: conv_plan(mdl, (x,)))
+    assert set(kept) == {"1.c2", "1.c3"}  # c3 loses once its input comes from the float c2
+    again = [n for n, _ in timed[len(plan):]]
+    assert sorted(again) == ["1.c1", "1.c3"] and q._overdrive_replanned == 2
+    assert dict(timed[len(plan):])["1.c1"] == tuple(sorted({"residual": None, "relu": True, "out": "float"}.items()))
+    with torch.no_grad():
+        want = _quantized(m, Int8Conv2d, x).eval()(x)
+        assert torch.nn.functional.cosine_similarity(q(x).flatten(), want.flatten(), dim=0).item() > 0.999

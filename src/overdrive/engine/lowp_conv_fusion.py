@@ -410,4 +410,33 @@ def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
                      "relu": bool(relu), "out": kind}
         if act:  # only where there is one, so plans without it read as before (0 is no activation)
             out[name]["act"] = _ACT_NAMES[act]
+        if _from_float_conv(a[X]):  # likewise: only where the input is quantized after a float convolution
+            out[name]["input"] = "float conv"
     return out
+
+
+# what the fp16 engine's conv fusion folds into a float convolution (engine/conv_fusion.py: cuDNN's fused
+# conv + bias (+ residual) + ReLU), and the inlined quantize (_inline_quantizes) that follows it
+_THROUGH = {aten._to_copy.default, aten.div.Tensor, aten.clamp.default, aten.round.default, *_RELU, *_ADD, *_BN,
+            *_BN_LEGIT, operator.getitem}
+_FLOAT_CONV = {aten.convolution.default, aten.conv2d.default}
+
+
+def _from_float_conv(x: Any, depth: int = 12) -> bool:
+    """Whether the 8-bit input ``x`` of a convolution is quantized from a float convolution's output through only
+    what the fp16 engine fuses into that convolution's cuDNN kernel (BatchNorm, a residual add, ReLU): the engine
+    then quantizes it in a pass of its own (the fused kernel writes fp16), which the low-precision convolution's
+    timing must pay. Quantized after anything else (a pooling, SiLU, an SE scale), the quantize joins the pass
+    Inductor runs there anyway and costs nothing extra.
+
+    Example:
+        >>> _from_float_conv(None)
+        False
+    """
+    if not isinstance(x, Node) or x.op != "call_function" or depth == 0:
+        return False
+    if x.target in _FLOAT_CONV:
+        return True
+    if x.target not in _THROUGH or x.target in (_CONV_Q, _DUAL):
+        return False
+    return any(_from_float_conv(a, depth - 1) for a in x.args if isinstance(a, Node))

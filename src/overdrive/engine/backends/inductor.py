@@ -316,6 +316,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     kept = getattr(module.model, "_overdrive_kept_float", None)
     if kept is not None:
         meta["layers_kept_float"] = kept
+    replanned = getattr(module.model, "_overdrive_replanned", 0)
+    if replanned:  # convolutions timed again in the form their float neighbours left them (layer_choice)
+        meta["layers_retimed_after_replan"] = replanned
     layers = getattr(module.model, "_overdrive_layers", None)
     if layers:
         meta["layers"] = layers

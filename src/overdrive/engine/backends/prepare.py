@@ -268,7 +268,8 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             # each int8/fp8 convolution is timed in the form the engine's fusion pass gives it (engine/README.md)
             t0 = time.perf_counter()
             plan = conv_plan(model, x, cfg.quantize_residuals)
-            model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan, timings=timings)
+            model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan, timings=timings,
+                                                  replan=lambda mdl: conv_plan(mdl, x, cfg.quantize_residuals))
             phases["layer_timing"] = time.perf_counter() - t0
             phases.update({f"layer_timing.{k}": v for k, v in getattr(model, "_overdrive_layer_timing_s", {}).items()})
             model._overdrive_kept_float = kept
