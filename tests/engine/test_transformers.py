@@ -133,3 +133,30 @@ def test_cli_builds_a_token_model_from_a_factory(tmp_path: Path, capsys: pytest.
     assert "built b.engine" in out and "built i.engine" in out and "Throughput" in out
     model = _bert()
     _check_all_lengths(Engine.load(tmp_path / "b.engine"), model)
+
+
+def test_a_token_model_builds_from_input_ids_alone() -> None:
+    """``build(hf_model, (input_ids,))``, the call a user makes when they call ``model(input_ids)``: the engine takes
+    one input (the attention_mask is optional in forward), where the build refused with "model takes inputs
+    ['input_ids', 'attention_mask'] but 1 example input(s) were given". Reference: the eager model, within 1e-4."""
+    model = _bert()
+    ids = torch.randint(0, 120, (2, 9))
+    eng = Builder(BuildConfig(precision="fp32", device="cpu")).build(model, (ids,))
+    assert [b["name"] for b in eng.header["inputs"]] == ["input_ids"]
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+    got = eng(ids)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_optional_positional_inputs_are_named_when_given() -> None:
+    """``forward(x, mask=None)`` built with both: the engine takes both (the build counted only the required one)."""
+    class Masked(torch.nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            return x * 2 if mask is None else x * mask
+
+    x, mask = torch.randn(2, 4), torch.rand(2, 4)
+    eng = Builder(BuildConfig(precision="fp32", device="cpu")).build(Masked(), (x, mask))
+    assert [b["name"] for b in eng.header["inputs"]] == ["x", "mask"]
+    assert torch.allclose(eng(x, mask), x * mask)

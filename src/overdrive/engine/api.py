@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from overdrive import __version__
 from overdrive._utils.device import resolve_device
@@ -22,7 +23,7 @@ from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.inputs import apply_io_formats, check_onnx_dims, ordered, random_inputs, resolve_profiles
 from overdrive.engine.runtime import Engine, device_facts
-from overdrive.engine.sources import ModelSource, to_source
+from overdrive.engine.sources import ModelSource, fit_input_names, to_source
 
 __all__ = ["Builder", "best_candidates", "choose_backend"]
 
@@ -179,6 +180,9 @@ class Builder:
         src = to_source(model, input_names)
         if isinstance(example_inputs, torch.Tensor):
             example_inputs = (example_inputs,)
+        if input_names is None and isinstance(model, nn.Module) and example_inputs \
+                and len(example_inputs) != len(src.input_names):
+            src = fit_input_names(src, len(example_inputs))  # model(input_ids) without its optional attention_mask
         cfg = cfg.replace(profiles=resolve_profiles(cfg.profiles, src, example_inputs))
         check_onnx_dims(cfg.profiles, src)
         if not example_inputs and cfg.input_io_formats:  # --inputIOFormats int64:chw: the binding holds integers

@@ -10,7 +10,7 @@ import pickle
 import re
 import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,27 @@ def from_module(module: nn.Module, input_names: list[str] | None = None) -> Mode
             input_names = ["input"]
     return ModelSource(module=module, input_names=list(input_names), input_dtypes=integer_dtypes(list(input_names)),
                        kind="module")
+
+
+def fit_input_names(src: ModelSource, n: int) -> ModelSource:
+    """A module source whose inputs are named for the ``n`` example inputs a user gave: a Hugging Face model called as
+    ``model(input_ids)`` (its attention_mask optional) takes one input, not the two it is built with by default; a
+    ``forward(x, mask=None)`` given two takes both. Unchanged when the signature cannot name ``n`` inputs (then the
+    build says how many it takes).
+
+    Example:
+        >>> class Net(nn.Module):
+        ...     def forward(self, x, mask=None):
+        ...         return x
+        >>> fit_input_names(from_module(Net()), 2).input_names
+        ['x', 'mask']
+    """
+    from overdrive._utils.inputs import default_input_names
+
+    names = default_input_names(src.module, n) if src.module is not None else None
+    if names is None:
+        return src
+    return replace(src, input_names=names, input_dtypes=integer_dtypes(names))
 
 
 def external_data_names(proto: Any) -> list[str]:
