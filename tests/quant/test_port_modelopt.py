@@ -173,3 +173,31 @@ def test_unsupported_attributes_teach():
     with pytest.raises(UsageError, match="weight_only"):
         mtq.quantize(model, cfg, forward_loop)
     assert type(model.lm_head) is nn.Linear  # refused before the model was touched
+
+
+def test_weight_only_int8_preset_quantizes_weights_only():
+    """mtq.INT8_WEIGHT_ONLY_CFG: every Linear but lm_head gets an int8 per-channel weight quantizer, no activation
+    quantizer; the output is the float model's with the weights rounded to int8 (reference: the weights
+    fake-quantized by hand, per output channel, amax / 127)."""
+    model = mtq.quantize(make_model(), mtq.INT8_WEIGHT_ONLY_CFG, forward_loop)
+    on = {n for n, q in quant.quantizers(model) if q.enabled}
+    assert on and all(n.endswith("weight_quantizer") and "lm_head" not in n for n in on)
+    ref = make_model()
+    with torch.no_grad():
+        for blk in ref.blocks:
+            for fc in (blk.fc1, blk.fc2):
+                s = fc.weight.abs().amax(dim=1, keepdim=True) / 127
+                fc.weight.copy_((fc.weight / s).round().clamp(-127, 127) * s)
+        assert torch.allclose(model(TEST), ref(TEST), atol=1e-5)
+
+
+def test_presets_the_port_lacks_say_what_to_use():
+    """mtq.INT4_AWQ_CFG, mtq.NVFP4_DEFAULT_CFG and the KV-cache presets: a one-line error naming the preset and the
+    alternative (was a bare AttributeError); hasattr stays False for them."""
+    with pytest.raises(UsageError, match=r"mtq\.INT4_AWQ_CFG .*weight_only\(model, bits=4"):
+        mtq.INT4_AWQ_CFG  # noqa: B018
+    with pytest.raises(AttributeError, match="FP8_DEFAULT_CFG"):
+        mtq.NVFP4_DEFAULT_CFG  # noqa: B018
+    assert not hasattr(mtq, "FP8_KV_CFG") and getattr(mtq, "W4A8_AWQ_BETA_CFG", None) is None
+    with pytest.raises(AttributeError, match="no attribute 'NOT_A_PRESET'"):
+        mtq.NOT_A_PRESET  # noqa: B018

@@ -97,6 +97,50 @@ INT8_SMOOTHQUANT_CFG = _read_only({
 """SmoothQuant (alpha 0.5; ``{"method": "smoothquant", "alpha": a}`` sets it) then max calibration: int8 per-channel
 weights, per-tensor activations (quant.INT8_SMOOTHQUANT's numerics with [-128, 127] weights)."""
 
+INT8_WEIGHT_ONLY_CFG = _read_only({
+    "quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"enable": False},
+                  **_DEFAULT_DISABLED},
+    "algorithm": "max",
+})
+"""int8 per-channel weights, activations left in float (ModelOpt's weight-only int8)."""
+
+# ModelOpt presets this port does not provide, and what to use instead: ``mtq.INT4_AWQ_CFG`` raises this (an
+# AttributeError that says so) instead of a bare "module has no attribute"
+_WEIGHT_4BIT = ("overdrive.quant has no 4-bit fake quantization for mtq.quantize; for 4-bit weights use "
+                "quant.weight_only(model, bits=4, group_size=128) (round-to-nearest per-group scales, no AWQ search)")
+_MISSING_PRESETS = {
+    **{n: _WEIGHT_4BIT for n in ("INT4_AWQ_CFG", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A8_AWQ_BETA_CFG")},
+    **{n: "NVFP4 / MX formats need Blackwell-class kernels and block scales, which overdrive.quant does not have; "
+          "use mtq.FP8_DEFAULT_CFG (Hopper fp8) or mtq.INT8_DEFAULT_CFG"
+       for n in ("NVFP4_DEFAULT_CFG", "NVFP4_AWQ_LITE_CFG", "NVFP4_AWQ_CLIP_CFG", "NVFP4_AWQ_FULL_CFG",
+                 "NVFP4_MLP_ONLY_CFG", "NVFP4_MLP_WEIGHT_ONLY_CFG", "W4A8_NVFP4_FP8_CFG", "MXFP8_DEFAULT_CFG",
+                 "MXFP6_DEFAULT_CFG", "MXFP4_DEFAULT_CFG", "MXINT8_DEFAULT_CFG", "W4A8_MXFP4_FP8_CFG")},
+    **{n: "KV-cache quantization is not in overdrive.quant; quantize the GEMMs with mtq.FP8_DEFAULT_CFG and keep the "
+          "KV cache in the model's dtype" for n in ("FP8_KV_CFG", "FP8_AFFINE_KV_CFG", "NVFP4_KV_CFG",
+                                                    "NVFP4_AFFINE_KV_CFG", "NVFP4_KV_ROTATE_CFG")},
+    "FP8_PER_CHANNEL_PER_TOKEN_CFG": "per-token fp8 activation scales are not in this port; use mtq.FP8_DEFAULT_CFG "
+                                     "(per-tensor) or quant.dynamic_int8(model) for per-token int8",
+    "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG": "block-wise fp8 weights are not in this port; use mtq.FP8_DEFAULT_CFG",
+}
+
+
+class MissingPresetError(UsageError, AttributeError):
+    """A ModelOpt preset name this port does not provide: says what to use instead (an AttributeError too, so
+    ``hasattr(mtq, name)`` is False and ``getattr(mtq, name, default)`` works).
+
+    Example:
+        >>> import overdrive.quant.modelopt as mtq
+        >>> hasattr(mtq, "NVFP4_DEFAULT_CFG"), hasattr(mtq, "INT8_DEFAULT_CFG")
+        (False, True)
+    """
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MISSING_PRESETS:
+        raise MissingPresetError(f"mtq.{name} is not available in overdrive.quant.modelopt: {_MISSING_PRESETS[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _NOT_IMPLEMENTED = {
     "awq": "AWQ is not implemented in overdrive.quant; for 4-bit weights use quant.weight_only(model, bits=4, "
            "group_size=128) (round-to-nearest, per-group scales)",
@@ -304,5 +348,5 @@ def print_quant_summary(model: nn.Module) -> None:
     print(f"{len(qs)} TensorQuantizers found in model")
 
 
-__all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "quantize", "calibrate",
+__all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_WEIGHT_ONLY_CFG", "quantize", "calibrate",
            "set_quantizer_by_cfg", "disable_quantizer", "enable_quantizer", "print_quant_summary"]
