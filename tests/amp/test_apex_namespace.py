@@ -112,3 +112,35 @@ def test_distributed_data_parallel_accepts_apex_kwargs(tmp_path) -> None:  # noq
             DistributedDataParallel(_model(), gradient_average=False)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_layer_norm_matches_a_float64_reference(dtype: torch.dtype) -> None:
+    """``from apex.normalization import FusedLayerNorm, FusedRMSNorm`` (and the Mixed forms) ported by the import:
+    outputs in the input's dtype, equal to layer / RMS norm computed in float64 from the same (random affine)
+    parameters within the dtype's rounding; fp32 parameters with half inputs (O2's norms, the Mixed classes) work."""
+    from overdrive.apex.normalization import FusedLayerNorm, FusedRMSNorm, MixedFusedLayerNorm, MixedFusedRMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x64 = torch.randn(3, 5, 16, generator=g, dtype=torch.float64) * 3 + 1
+    tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    for cls in (FusedLayerNorm, MixedFusedLayerNorm, FusedRMSNorm, MixedFusedRMSNorm):
+        norm = cls(16, eps=1e-5)
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(16, generator=g) + 0.5)
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.copy_(torch.randn(16, generator=g))
+        w = norm.weight.double()
+        if "LayerNorm" in cls.__name__:
+            want = (x64 - x64.mean(-1, keepdim=True)) / (x64.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+            want = want * w + norm.bias.double()
+        else:
+            want = x64 / (x64.square().mean(-1, keepdim=True) + 1e-5).sqrt() * w
+        got = norm(x64.to(dtype))  # fp32 parameters, input in dtype
+        assert got.dtype == dtype
+        assert (got.double() - want).abs().max().item() <= tol * want.abs().max().item(), cls.__name__
+        if not cls.__name__.startswith("Mixed"):  # the same dtype throughout (O2 with the norm cast too)
+            same = norm.to(dtype)(x64.to(dtype))
+            assert (same.double() - want).abs().max().item() <= 2 * tol * want.abs().max().item(), cls.__name__
+    assert set(FusedLayerNorm(16).state_dict()) == {"weight", "bias"}  # apex checkpoints' names
+    assert set(FusedRMSNorm(16).state_dict()) == {"weight"}
