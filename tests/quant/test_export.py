@@ -224,3 +224,28 @@ def test_export_restores_each_modules_training_flag(tmp_path) -> None:
     m[1].eval()
     quant.export_onnx(m, (x[:1],), tmp_path / "m.onnx")
     assert m.training and m[2].training and not m[1].training
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_torch_onnx_export_with_its_default_exporter_writes_q_dq(narrow: bool, tmp_path) -> None:
+    """A script that calls ``torch.onnx.export`` itself (pytorch-quantization's recipe), with the torch.export-based
+    exporter that is torch's default since 2.9: the quantizers are QuantizeLinear / DequantizeLinear, not the
+    Mul/Round/Clip arithmetic it wrote before (which a TensorRT-style builder runs in float), and ONNX Runtime
+    computes what the fake-quantized model computes (within 1e-5 of the output range)."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    cfg = quant.QuantConfig(weight=quant.QuantizerConfig(per_channel=True, narrow_range=narrow),
+                            input=quant.QuantizerConfig(narrow_range=narrow))
+    q = quant.quantize(m, cfg, forward_loop=lambda mod: mod(x), fidelity=False)
+    path = tmp_path / "dynamo.onnx"
+    torch.onnx.export(q, (x,), str(path), dynamo=True)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("QuantizeLinear") >= 4 and ops.count("DequantizeLinear") >= 4, ops
+    assert "Round" not in ops
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        want = q(x).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

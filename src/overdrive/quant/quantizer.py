@@ -251,7 +251,9 @@ class TensorQuantizer(nn.Module):
         if self.dynamic:
             return self._dynamic_fake_quant(x)
         scale = self.scale().to(x.device)
-        if torch.onnx.is_in_onnx_export():  # a constant in the graph, not ops on the amax buffer
+        if torch.onnx.is_in_onnx_export() and not torch.compiler.is_exporting():
+            # the TorchScript exporter: a constant in the graph, not ops on the amax buffer (torch.onnx.export's
+            # torch.export-based exporter, the default since torch 2.9, traces the buffer as it is)
             scale = torch.tensor(scale.tolist(), dtype=torch.float32, device=x.device)
         # fake_quantize runs in fp32 (it rejects fp16 on the CPU); the result goes back to x's dtype
         out = self._fake_quant(x if x.dtype == torch.float32 else x.float(), scale)
@@ -268,6 +270,9 @@ class TensorQuantizer(nn.Module):
             if self.config.narrow_range:
                 xf = self._clamp_for_export(xf, scale)
             if self.axis is None:
+                if torch.compiler.is_exporting():  # scale and zero point as tensors: no data-dependent float()
+                    zp = torch.zeros((), dtype=torch.int32, device=xf.device)
+                    return torch.fake_quantize_per_tensor_affine(xf, scale.reshape(()), zp, -128, 127)
                 return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, -128, 127)
             zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
             return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, -128, 127)
@@ -307,6 +312,9 @@ class TensorQuantizer(nn.Module):
         # quantizes to >= -127 (max-calibrated, untrained weights) the initializer keeps feeding
         # QuantizeLinear directly (TensorRT's weight pattern; weights found by name); weights that
         # QAT moved past -amax get Max/Min nodes.
+        if torch.compiler.is_exporting():  # torch.export-based ONNX export: values unknown, the clamp as graph ops
+            limit = 127.0 * s
+            return torch.minimum(torch.maximum(xf, -limit), limit)
         if isinstance(xf, nn.Parameter) and bool((xf.detach() / s > -127.5).all()):
             return xf
         if self.axis is None:
