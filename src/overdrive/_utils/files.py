@@ -13,10 +13,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 _UMASK: int | None = None
@@ -71,3 +73,43 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return atomic_write(path, buf.getvalue())
+
+
+@contextlib.contextmanager
+def quiet_fds() -> Iterator[None]:
+    """Send what C++ code writes to file descriptors 1 and 2 to /dev/null for the block (the TorchScript ONNX
+    exporter prints the whole IR graph, hundreds of lines, to stdout when it fails; overdrive tries it first and
+    falls back). Python-level ``sys.stdout`` / ``sys.stderr`` writes are silenced too. A no-op where the
+    descriptors cannot be duplicated.
+
+    Example:
+        >>> with quiet_fds():
+        ...     print("not shown")
+    """
+    import sys
+
+    saved: list[tuple[int, int]] = []
+    devnull = -1
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            saved.append((fd, os.dup(fd)))
+            os.dup2(devnull, fd)
+    except (OSError, ValueError, AttributeError):  # no real descriptors here: run the block as it is
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
+        saved = []
+    old = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = io.StringIO()
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = old
+        for fd, copy in saved:
+            os.dup2(copy, fd)
+            os.close(copy)
+        if devnull >= 0:
+            os.close(devnull)

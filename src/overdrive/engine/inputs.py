@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
-from overdrive._utils.inputs import takes_names
+from overdrive._utils.inputs import forward_parameters, takes_names
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
 from overdrive.engine.sources import ModelSource, integer_dtypes
 
@@ -66,6 +66,13 @@ def resolve_profiles(profiles: list[ShapeProfile], src: ModelSource, example: tu
             given |= set(fixed)
         if given != set(names):
             missing, unknown = sorted(set(names) - given), sorted(given - set(names))
+            params = forward_parameters(src.module) if src.module is not None else None
+            if unknown and params:  # a module: its forward's parameter names are what a profile may name
+                takes = [n for n, q in params.items() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD,
+                                                                     q.KEYWORD_ONLY)][:8]
+                raise UsageError(f"shape profiles name {unknown}, which the model's forward does not take; it takes "
+                                 f"{takes}: name the inputs as forward names them, e.g. {takes[0]}:"
+                                 f"{'x'.join(map(str, profiles[0].opt))}")
             raise UsageError(f"shape profiles must name every model input {names}: missing {missing}, unknown {unknown}")
         return ordered(profiles, names)
     if example:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.files import quiet_fds
 from overdrive._utils.inputs import ByName as _ByName
 from overdrive._utils.inputs import is_token_model, takes_names
 from overdrive._utils.optional import require
@@ -85,7 +86,7 @@ class ModelSource:
             # made here is in training mode, which would leave the user's model training (dropout on) afterwards
             wrapped.train(self.module.training)
             try:
-                with warnings.catch_warnings(), torch.no_grad():
+                with warnings.catch_warnings(), torch.no_grad(), quiet_fds():  # a failure prints the IR graph
                     warnings.simplefilter("ignore")
                     torch.onnx.export(wrapped, example, buf, dynamo=False,
                                       input_names=self.input_names, dynamic_axes=axes, opset_version=min(opset, 17))
@@ -97,9 +98,12 @@ class ModelSource:
             pass
         require("onnxscript", "onnx", "ONNX export")
         dyn = _dynamic_shapes(profiles, self.input_names) if dynamic else None
+        wrapped = by_name(self.module, self.input_names)
+        if dyn is not None and isinstance(wrapped, _ByName):  # forward(*xs): the inputs are one tuple argument
+            dyn = (dyn,)
         try:
             with torch.no_grad():
-                prog = torch.onnx.export(by_name(self.module, self.input_names), example, dynamo=True,
+                prog = torch.onnx.export(wrapped, example, dynamo=True,
                                          input_names=self.input_names, dynamic_shapes=dyn, opset_version=opset,
                                          verbose=False)
         except Exception as exc:  # noqa: BLE001 - both exporters failed: the model's own error, in one line
