@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.files import quiet_fds
 from overdrive._utils.inputs import ByName, default_input_names, forward_parameters, is_token_model, takes_names
 from overdrive._utils.optional import require
 from overdrive.quant.api import eval_mode, quantizers
@@ -228,11 +229,15 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with eval_mode(model), torch.no_grad(), warnings.catch_warnings():
+        with eval_mode(model), torch.no_grad(), warnings.catch_warnings(), quiet_fds():  # a failure prints the IR
             warnings.simplefilter("ignore")
             torch.onnx.export(traced, xs, str(path), opset_version=opset, dynamo=False,
                               input_names=names, output_names=outs, dynamic_axes=dyn, do_constant_folding=True)
     except Exception as exc:  # noqa: BLE001 - turn exporter failures into a message naming op and module
+        if _export_dynamo(model, traced, xs, path, opset, names, outs, dyn):
+            if check:
+                onnx.checker.check_model(onnx.load(str(path)))
+            return path
         msg = str(exc)
         m = re.search(r"aten::(\w+)", msg) or re.search(r"operator '?(\w+)'?", msg)
         if m is None:
@@ -249,6 +254,37 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
     if check:
         onnx.checker.check_model(onnx.load(str(path)))
     return path
+
+
+def _export_dynamo(model: nn.Module, traced: nn.Module, xs: tuple[torch.Tensor, ...], path: Path, opset: int,
+                   names: list[str], outs: list[str], dyn: Mapping[str, Any] | None) -> bool:
+    """The model exported with torch's torch.export-based ONNX exporter, where the TorchScript one cannot express an
+    op (Llama's ``aten::diff`` in transformers 5's mask code): the quantizers write QuantizeLinear/DequantizeLinear
+    there too (``TensorQuantizer._export_qdq``). Opset at least 18; the ``dynamic_axes`` dims become dynamic
+    dims. True when it wrote ``path``; False (the caller reports the first exporter's error) when it failed too."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxscript") is None:  # the exporter's own dependency
+        return False
+    shapes = tuple({d: torch.export.Dim.DYNAMIC for d in (dyn or {}).get(n, {})} for n in names) if dyn else None
+    if shapes is not None and isinstance(traced, ByName):  # forward(*xs): the inputs are one tuple argument
+        shapes = (shapes,)
+    try:
+        with eval_mode(model), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(traced, xs, dynamo=True, input_names=names, output_names=outs,
+                                     dynamic_shapes=shapes, opset_version=max(opset, 18), verbose=False)
+        proto = prog.model_proto
+        for inp in proto.graph.input:  # the dims by the names dynamic_axes gave them (batch, sequence), as before
+            for d, label in (dyn or {}).get(inp.name, {}).items():
+                dims = inp.type.tensor_type.shape.dim
+                if d < len(dims) and dims[d].dim_param:
+                    dims[d].dim_param = str(label)
+        onnx = require("onnx", extra="onnx", feature="ONNX export")
+        onnx.save(proto, str(path))
+    except Exception:  # noqa: BLE001 - both exporters failed: the caller names the op the first one could not take
+        return False
+    return True
 
 
 def qdq_counts(path: str | Path) -> dict[str, int]:

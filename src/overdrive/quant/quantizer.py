@@ -260,6 +260,8 @@ class TensorQuantizer(nn.Module):
         return out if out.dtype == x.dtype else out.to(x.dtype)  # (no Cast nodes in fp32 ONNX graphs)
 
     def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if torch.onnx.is_in_onnx_export() and torch.compiler.is_exporting():
+            return self._export_qdq(xf, scale)
         if self.config.format == "fp8_e4m3":
             return _FakeFp8.apply(xf, scale, -1 if self.axis is None else self.axis)
         qmin = -127 if self.config.narrow_range else -128
@@ -270,9 +272,6 @@ class TensorQuantizer(nn.Module):
             if self.config.narrow_range:
                 xf = self._clamp_for_export(xf, scale)
             if self.axis is None:
-                if torch.compiler.is_exporting():  # scale and zero point as tensors: no data-dependent float()
-                    zp = torch.zeros((), dtype=torch.int32, device=xf.device)
-                    return torch.fake_quantize_per_tensor_affine(xf, scale.reshape(()), zp, -128, 127)
                 return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, -128, 127)
             zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
             return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, -128, 127)
@@ -301,6 +300,24 @@ class TensorQuantizer(nn.Module):
             q = torch.clamp(torch.round(xf / scale), -127 if self.config.narrow_range else -128, 127) * scale
         out = xf + (q - xf).detach()
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def _export_qdq(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """QuantizeLinear + DequantizeLinear as ONNX ops, for ``torch.onnx.export``'s torch.export-based exporter
+        (torch's default since 2.9). Its trace has no Q/DQ form of ``fake_quantize`` (the op it decomposes to has
+        no fake kernel, and its strict fallback wrote Mul/Round/Clip, which a TensorRT-style builder runs in
+        float), so the nodes are written out: int8 with an int8 zero point (a narrow range clamped first, as the
+        TorchScript path does), fp8 with a float8e4m3fn one (opset >= 19), per channel along ``axis``."""
+        from torch.onnx import ops as onnx_ops
+
+        fp8 = self.config.format == "fp8_e4m3"
+        if not fp8 and self.config.narrow_range:
+            xf = self._clamp_for_export(xf, scale)
+        shape = () if self.axis is None else (scale.numel(),)
+        zp = torch.zeros(shape, dtype=torch.float8_e4m3fn if fp8 else torch.int8, device=xf.device)
+        s = scale.reshape(shape).to(torch.float32)
+        attrs = {"axis": self.axis % xf.dim()} if self.axis is not None else {}
+        q = onnx_ops.symbolic("QuantizeLinear", (xf, s, zp), attrs, dtype=zp.dtype, shape=xf.shape)
+        return onnx_ops.symbolic("DequantizeLinear", (q, s, zp), attrs, dtype=torch.float32, shape=xf.shape)
 
     def _clamp_for_export(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``xf`` clamped to [-127 * scale, 127 * scale] (per channel along ``axis``) for the ONNX graph."""
