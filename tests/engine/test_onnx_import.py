@@ -196,3 +196,24 @@ def test_split_num_outputs_with_a_remainder() -> None:
     refs = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     outs = import_onnx(model)(torch.from_numpy(x))
     assert [tuple(o.shape) for o in outs] == [r.shape for r in refs] == [(2, 2), (2, 2), (2, 1)]
+
+
+def test_a_constant_plus_a_symbolic_size_stays_symbolic() -> None:
+    """``Add(int64 constant, Shape(x)[1])`` on host sizes (the mask code of a dynamo-exported Llama): the sum is not
+    cast back to int64, which fixed the traced sequence length (torch.export: "specialized it to be a constant
+    (16)"), so an engine from that ONNX could not take a dynamic sequence. Reference: numpy, at two lengths."""
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "one"], ["t"], axis=0),
+             n("Add", ["one", "t"], ["t1"]),  # the constant first: the cast back to its int64 made t1 a plain int
+             n("Range", ["zero", "t1", "one"], ["r"]), n("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             n("ReduceSum", ["rf"], ["s"], keepdims=0), n("Add", ["x", "s"], ["y"])]
+    inits = {"one": np.array(1, np.int64), "zero": np.array(0, np.int64)}
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t"])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t"])], inits)
+    mod = import_onnx(model)
+    b, t = torch.export.Dim("b", min=1, max=8), torch.export.Dim("t", min=2, max=64)
+    ep = torch.export.export(mod, (torch.randn(2, 16),), dynamic_shapes=(({0: b, 1: t},),))
+    for shape in ((2, 16), (3, 9)):
+        x = torch.randn(*shape)
+        want = x + sum(range(shape[1] + 1))  # 0 + 1 + ... + t
+        torch.testing.assert_close(ep.module()(x), want)

@@ -27,7 +27,10 @@ def _binary(np_fn: Callable, t_fn: Callable) -> Callable:
         x, y = ins
         if _host(x, y):
             out = _as_value(np_fn(x, y))  # 0-d object operands give a bare (Sym)int back
-            return [out.astype(x.dtype) if out.dtype != x.dtype and x.dtype != object and np_fn not in _CMP else out]
+            # back to x's dtype (int64 + float32 scalars), never for a symbolic result: int() of a SymInt would
+            # fix that size in the trace (int64 1 + the sequence length made the sequence static)
+            cast = out.dtype != x.dtype and x.dtype != object and out.dtype != object and np_fn not in _CMP
+            return [out.astype(x.dtype) if cast else out]
         like = _like(ins)
         return [t_fn(_tensor(x, like), _tensor(y, like))]
     return run
