@@ -1,11 +1,12 @@
 """Coverage sweep of overdrive's ONNX importer against the models users export.
 
-Tiny randomly initialised models (no downloads): Hugging Face BERT, DistilBERT, RoBERTa, GPT-2, T5 encoder, ViT,
+Tiny randomly initialised models (no downloads): Hugging Face BERT, DistilBERT, RoBERTa, GPT-2, T5 encoder, Llama, ViT,
 ConvNeXt, ResNet, MobileNetV2, Swin, Whisper encoder, torchvision-style CNN blocks, LSTM and GRU. Each is
-exported with the TorchScript exporter (opset 17) and the dynamo exporter (opset 18), batch axis dynamic,
-imported with ``overdrive.engine.onnx.import_onnx`` and compared with ONNX Runtime (ORT_ENABLE_BASIC)
-and with eager PyTorch at batch 1 and 3 (the export used batch 2). ``--export`` also runs ``torch.export`` on
-the imported module with a dynamic batch (what the inductor backend does) and checks it at batch 3.
+exported with the TorchScript exporter (opset 17) and the dynamo exporter (opset 18), batch axis dynamic (and the
+sequence axis of the text models), imported with ``overdrive.engine.onnx.import_onnx`` and compared with ONNX
+Runtime (ORT_ENABLE_BASIC) and with eager PyTorch at batch 1 and 3 (the export used batch 2; text models at 12
+and 7 tokens). ``--export`` also runs ``torch.export`` on the imported module with those dims dynamic (what the
+inductor backend does) and checks it at batch 3 (7 tokens).
 
     python benchmarks/engine_onnx_sweep.py --export            # this 2-core CPU: ~2 minutes
     python benchmarks/engine_onnx_sweep.py bert swin --ts      # some models, one exporter
@@ -77,6 +78,11 @@ def text(kind: str):
     elif kind == "gpt2":
         m = tf.GPT2Model(tf.GPT2Config(bos_token_id=1, eos_token_id=2, vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False))
         keys = ["last_hidden_state"]
+    elif kind == "llama":
+        m = tf.LlamaModel(tf.LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                                         use_cache=False))
+        keys = ["last_hidden_state"]
     elif kind == "t5enc":
         m = tf.T5EncoderModel(tf.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                           relative_attention_num_buckets=8, relative_attention_max_distance=16))
@@ -84,14 +90,14 @@ def text(kind: str):
     m = m.eval()
     names = ["input_ids", "attention_mask"]
 
-    def inputs(b):
+    def inputs(b, t=T):
         g = torch.Generator().manual_seed(b)
-        ids = torch.randint(2, V, (b, T), generator=g)
-        mask = torch.ones(b, T, dtype=torch.int64)
-        mask[-1, T // 2:] = 0  # padding in the last row
+        ids = torch.randint(2, V, (b, t), generator=g)
+        mask = torch.ones(b, t, dtype=torch.int64)
+        mask[-1, t // 2:] = 0  # padding in the last row
         return (ids, mask)
 
-    return Outs(m, names, keys), names, inputs, {n: {0: "batch"} for n in names}
+    return Outs(m, names, keys), names, inputs, {n: {0: "batch", 1: "sequence"} for n in names}
 
 
 def vision(kind: str):
@@ -215,9 +221,21 @@ def handmade(kind: str):
     return m, ["x"], inputs, {"x": {0: "batch"}}
 
 
-MODELS = {k: (lambda k=k: text(k)) for k in ("bert", "distilbert", "roberta", "gpt2", "t5enc")}
+MODELS = {k: (lambda k=k: text(k)) for k in ("bert", "distilbert", "roberta", "gpt2", "t5enc", "llama")}
 MODELS.update({k: (lambda k=k: vision(k)) for k in ("vit", "convnext", "resnet", "mobilenetv2", "swin", "whisper_enc")})
 MODELS.update({k: (lambda k=k: handmade(k)) for k in ("cnn_blocks", "lstm", "gru")})
+
+
+def _dims(names, axes):
+    """torch.export dynamic shapes for the named axes: one Dim per axis name, shared by the inputs that have it."""
+    dims = {"batch": torch.export.Dim("batch", min=1, max=64), "sequence": torch.export.Dim("sequence", min=2, max=64)}
+    return tuple({d: dims[label] for d, label in axes[n].items()} for n in names)
+
+
+def _run_inputs(inputs, axes, names, b):
+    """The inputs at batch ``b``: text models at 12 tokens for batch 1 and 7 for batch 3 (a length not exported)."""
+    seq = any(1 in axes[n] for n in names)
+    return inputs(b, 7) if seq and b == 3 else inputs(b)
 
 
 def export(m, names, example, axes, exporter):
@@ -226,8 +244,7 @@ def export(m, names, example, axes, exporter):
             buf = io.BytesIO()
             torch.onnx.export(m, example, buf, dynamo=False, input_names=names, dynamic_axes=axes, opset_version=17)
             return buf.getvalue()
-        batch = torch.export.Dim("batch", min=1, max=64)
-        dyn = tuple({0: batch} for _ in names)
+        dyn = _dims(names, axes)
         prog = torch.onnx.export(m, example, dynamo=True, input_names=names, dynamic_shapes=dyn, opset_version=18,
                                  verbose=False)
         return prog.model_proto.SerializeToString()
@@ -263,7 +280,7 @@ def run_one(name: str, exporter: str) -> dict:
     worst = 0.0
     worst_abs = 0.0
     for b in (1, 3):
-        xs = inputs(b)
+        xs = _run_inputs(inputs, axes, names, b)
         refs = sess.run(None, {n: x.numpy() for n, x in zip(onames, xs)})
         try:
             with torch.no_grad():
@@ -293,9 +310,8 @@ def run_one(name: str, exporter: str) -> dict:
     res["result"] = "ok" if worst <= 1e-4 else "MISMATCH"
     if "--export" in sys.argv:  # the imported module under torch.export with a dynamic batch
         try:
-            batch = torch.export.Dim("batch", min=1, max=64)
-            ep = torch.export.export(mod, inputs(2), dynamic_shapes=(tuple({0: batch} for _ in names),))
-            xs = inputs(3)
+            ep = torch.export.export(mod, inputs(2), dynamic_shapes=(_dims(names, axes),))
+            xs = _run_inputs(inputs, axes, names, 3)
             got = ep.module()(*xs)
             got = got if isinstance(got, tuple) else (got,)
             ref = mod(*xs)
@@ -336,7 +352,7 @@ def main() -> None:
     if len(names) == len(MODELS) and len(exporters) == 2:
         cols = ["model", "exporter", "result", "max_rel", "max_rel_eager", "torch_export", "n_ops", "export_s", "error"]
         notes = ["max_rel: max |import - ORT| / max |ORT| over outputs, batch 1 and 3; max_rel_eager: the same "
-                 "against eager PyTorch", "torch_export: torch.export of the imported module, dynamic batch"]
+                 "against eager PyTorch", "torch_export: torch.export of the imported module, dynamic batch (and sequence for the text models)"]
         write_results("engine_onnx_sweep", device_facts(torch.device("cpu")), rows, cols, notes)
 
 
