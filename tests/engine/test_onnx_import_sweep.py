@@ -313,18 +313,22 @@ def test_hf_mobilenetv2_tf_padding_matches_onnxruntime() -> None:
 class _Rnn(nn.Module):
     def __init__(self, kind: str, bidirectional: bool, batch_first: bool) -> None:
         super().__init__()
-        cls = nn.LSTM if kind == "lstm" else nn.GRU
-        self.rnn = cls(16, 24, num_layers=2, bidirectional=bidirectional, batch_first=batch_first)
+        if kind.startswith("rnn"):  # rnn_tanh / rnn_relu
+            self.rnn = nn.RNN(16, 24, num_layers=2, nonlinearity=kind[4:], bidirectional=bidirectional,
+                              batch_first=batch_first)
+        else:
+            cls = nn.LSTM if kind == "lstm" else nn.GRU
+            self.rnn = cls(16, 24, num_layers=2, bidirectional=bidirectional, batch_first=batch_first)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.rnn(x)[0]
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
 @pytest.mark.parametrize("bidirectional, batch_first", [(False, False), (True, True)])
 def test_lstm_and_gru_match_onnxruntime_and_eager(kind: str, bidirectional: bool, batch_first: bool) -> None:
-    """nn.LSTM / nn.GRU (2 layers) through the TorchScript exporter: ONNX LSTM / GRU nodes, imported as torch's fused
-    lstm / gru (gates reordered), equal to ONNX Runtime and eager within 1e-5 at batch 1 and 3 and at sequence
+    """nn.LSTM / nn.GRU / nn.RNN (2 layers) through the TorchScript exporter: ONNX LSTM / GRU / RNN nodes, imported
+    as torch's fused lstm / gru / rnn_tanh / rnn_relu (gates reordered), equal to ONNX Runtime and eager within 1e-5 at batch 1 and 3 and at sequence
     lengths 5 and 9 (exported at 7); and under torch.export with the batch dynamic (torch.export fixes the sequence
     length of torch's own nn.LSTM too, on CPU). They were refused."""
     torch.manual_seed(0)
@@ -339,7 +343,7 @@ def test_lstm_and_gru_match_onnxruntime_and_eager(kind: str, bidirectional: bool
         torch.onnx.export(model, (torch.randn(*shape(2, 7)),), buf, dynamo=False, input_names=["x"], opset_version=17,
                           dynamic_axes={"x": {0: "d0", 1: "d1"}})
     onx = buf.getvalue()
-    assert kind.upper() in {n.op_type for n in onnx.load_from_string(onx).graph.node}
+    assert kind.split("_")[0].upper() in {n.op_type for n in onnx.load_from_string(onx).graph.node}
     mod = import_onnx(onx)
     sess = ort.InferenceSession(onx, providers=["CPUExecutionProvider"])
     for b, t in ((1, 5), (3, 9)):

@@ -522,14 +522,15 @@ def _is_inf(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 
 
 def _rnn(kind: str) -> Op:
-    """ONNX LSTM / GRU as torch's fused ``lstm`` / ``gru`` (cuDNN on CUDA): ONNX's gate blocks reordered into
-    PyTorch's (LSTM i,o,f,c -> i,f,c,o; GRU z,r,h -> r,z,h), its W/R/B split per direction, ``layout`` 0 (sequence
-    first) or 1 (batch first), forward / reverse / bidirectional. What torch's cells cannot compute is named: other
-    activations, ``clip``, ``input_forget``, peepholes, per-row ``sequence_lens``, GRU with linear_before_reset=0.
-    Outputs Y (seq, dirs, batch, hidden) (layout 1: batch, seq, dirs, hidden), Y_h (and LSTM's Y_c)."""
-    gates = 4 if kind == "LSTM" else 3
-    order = [0, 2, 3, 1] if kind == "LSTM" else [1, 0, 2]  # PyTorch's gate k is ONNX's block order[k]
-    default_acts = ["Sigmoid", "Tanh", "Tanh"] if kind == "LSTM" else ["Sigmoid", "Tanh"]
+    """ONNX LSTM / GRU / RNN as torch's fused ``lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu`` (cuDNN on CUDA):
+    ONNX's gate blocks reordered into PyTorch's (LSTM i,o,f,c -> i,f,c,o; GRU z,r,h -> r,z,h), its W/R/B split per
+    direction, ``layout`` 0 (sequence first) or 1 (batch first), forward / reverse / bidirectional. What torch's
+    cells cannot compute is named: other activations, ``clip``, ``input_forget``, peepholes, per-row
+    ``sequence_lens``, GRU with linear_before_reset=0. Outputs Y (seq, dirs, batch, hidden) (layout 1: batch, seq,
+    dirs, hidden), Y_h (and LSTM's Y_c)."""
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+    order = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}[kind]  # PyTorch's gate k is ONNX's block order[k]
+    default_acts = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[kind]
 
     def run(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
         ins = ins + [None] * (8 - len(ins))
@@ -538,6 +539,9 @@ def _rnn(kind: str) -> Op:
         direction = a.get("direction", "forward")
         direction = direction.decode() if isinstance(direction, bytes) else direction
         acts = [v.decode() if isinstance(v, bytes) else v for v in a.get("activations", [])]
+        relu = kind == "RNN" and bool(acts) and set(acts) == {"Relu"}  # torch's rnn_relu
+        if relu:
+            acts = []
         bad = [f"activations {acts}" if acts and acts != default_acts * (2 if direction == "bidirectional" else 1)
                else "", "clip" if "clip" in a else "", "input_forget" if int(a.get("input_forget", 0)) else "",
                "peepholes (P)" if peep is not None else "",
@@ -576,7 +580,8 @@ def _rnn(kind: str) -> Op:
                 cx = cx.transpose(0, 1)
             y, h, c = torch.lstm(x, (hx, cx), params, True, 1, 0.0, False, bidir, batch_first)
         else:
-            y, h = torch.gru(x, hx, params, True, 1, 0.0, False, bidir, batch_first)
+            fn = torch.gru if kind == "GRU" else torch.rnn_relu if relu else torch.rnn_tanh
+            y, h = fn(x, hx, params, True, 1, 0.0, False, bidir, batch_first)
             c = None
         if direction == "reverse":
             y = y.flip(1 if batch_first else 0)
@@ -591,7 +596,7 @@ def _rnn(kind: str) -> Op:
 
 
 OPS: dict[str, Op] = {
-    "LSTM": _rnn("LSTM"), "GRU": _rnn("GRU"),
+    "LSTM": _rnn("LSTM"), "GRU": _rnn("GRU"), "RNN": _rnn("RNN"),
     "Identity": lambda m, ins, a: [ins[0]],
     "Dropout": lambda m, ins, a: [ins[0]],
     "Relu": _unary(F.relu), "Sigmoid": _unary(torch.sigmoid), "Tanh": _unary(torch.tanh),
