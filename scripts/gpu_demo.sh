@@ -24,6 +24,6 @@ if [ "${1:-all}" != tests ]; then
   fi
 fi
 [ "${1:-all}" = demo ] && exit "$rc"
-timeout "${TESTS_LIMIT_S:-240}" python3 -m pytest -q -m gpu tests/demo tests/quant/test_export_arith.py tests/quant/test_real.py tests/distributed/test_gpu.py \
+timeout "${TESTS_LIMIT_S:-240}" python3 -m pytest -q -m gpu tests/demo tests/data/test_gpu.py tests/quant/test_export_arith.py tests/quant/test_real.py tests/distributed/test_gpu.py \
     -p no:cacheprovider 2>&1 | tail -5
 exit "$rc"
