@@ -410,3 +410,27 @@ def test_lstm_with_what_torch_cannot_compute_names_it() -> None:
     onx, _ = _lstm_node_model(clip=3.0)
     with pytest.raises(UsageError, match=r"LSTM with clip has no torch.lstm form.*onnxruntime backend"):
         import_onnx(onx)(torch.randn(5, 2, 4), torch.zeros(1, 2, 6), torch.zeros(1, 2, 6))
+
+
+def test_lstm_sequence_lengths_are_checked_or_refused() -> None:
+    """sequence_lens as an initializer (any batch size, 100 rows here) equal to the sequence length runs; shorter rows
+    are named and refused; lengths given at run time are refused (rows could stop early, which torch.lstm cannot
+    do), instead of silently running every row to the end."""
+    onx, w = _lstm_node_model()
+    m = onnx.load_from_string(onx)
+    m.graph.node[0].input[4] = "lens"
+    for lens, ok in ((np.full(100, 5, np.int32), True), (np.array([5] * 99 + [3], np.int32), False)):
+        mm = onnx.ModelProto()
+        mm.CopyFrom(m)
+        mm.graph.initializer.append(numpy_helper.from_array(lens, "lens"))
+        mod = import_onnx(mm.SerializeToString())
+        args = (torch.randn(5, 100, 4), torch.zeros(1, 100, 6), torch.zeros(1, 100, 6))
+        if ok:
+            assert mod(*args)[0].shape == (5, 1, 100, 6)
+        else:
+            with pytest.raises(UsageError, match=r"per-row sequence_lens \[5, 5, .*3\]"):
+                mod(*args)
+    m.graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, ["b"]))
+    mod = import_onnx(m.SerializeToString())
+    with pytest.raises(UsageError, match="sequence_lens computed at run time"):
+        mod(torch.randn(5, 2, 4), torch.zeros(1, 2, 6), torch.zeros(1, 2, 6), torch.full((2,), 5, dtype=torch.int32))

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive._utils.files import quiet_fds
+from overdrive._utils.files import atomic_write, quiet_fds
 from overdrive._utils.inputs import ByName, default_input_names, forward_parameters, is_token_model, takes_names
 from overdrive._utils.optional import require
 from overdrive.quant.api import eval_mode, quantizers
@@ -280,8 +280,7 @@ def _export_dynamo(model: nn.Module, traced: nn.Module, xs: tuple[torch.Tensor, 
                 dims = inp.type.tensor_type.shape.dim
                 if d < len(dims) and dims[d].dim_param:
                     dims[d].dim_param = str(label)
-        onnx = require("onnx", extra="onnx", feature="ONNX export")
-        onnx.save(proto, str(path))
+        atomic_write(path, proto.SerializeToString())  # no half-written file where the model was
     except Exception:  # noqa: BLE001 - both exporters failed: the caller names the op the first one could not take
         return False
     return True

@@ -69,7 +69,8 @@ class ONNXModule(nn.Module):
             # kept on the host, they trace to literals (a 0-d float buffer, once frozen, broke Inductor's reshape)
             # but not the data of a DequantizeLinear (int32 biases): that is dequantized beside device tensors
             if ((arr.dtype.kind in "iub" and arr.size <= 64 and t.name not in dq_data)
-                    or (arr.dtype.kind == "f" and arr.size == 1) or (t.name in host_args and arr.size <= 64)):
+                    or (arr.dtype.kind == "f" and arr.size == 1)
+                    or (t.name in host_args and (arr.size <= 64 or arr.dtype.kind in "iu"))):
                 self._host[t.name] = arr
             else:
                 key = f"w{i}"
