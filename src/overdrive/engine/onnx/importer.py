@@ -26,13 +26,14 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import ops, qdq
-from overdrive.engine.onnx.ops import HOST_INPUTS, _split
+from overdrive.engine.onnx import ops, qdq, rnn
+from overdrive.engine.onnx.ops import _split
 from overdrive.engine.onnx.values import Op, Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
-_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS}  # op name -> function; Constant and Split are handled below
+_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS, **rnn.OPS}  # op name -> function; Constant and Split are handled below
+HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS}  # inputs read as Python numbers, by op and position
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 
 

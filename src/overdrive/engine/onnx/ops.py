@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from overdrive._utils.errors import UsageError
 from overdrive.engine.onnx.values import (_DTYPES, _NP, Op, OpModule, Value, _as_value, _floats, _host, _ints,
                                           _like, _tensor)
-from overdrive.engine.onnx.rnn import recurrent
 
 
 def _binary(np_fn: Callable, t_fn: Callable) -> Callable:
@@ -523,7 +522,6 @@ def _is_inf(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 
 
 OPS: dict[str, Op] = {
-    "LSTM": recurrent("LSTM"), "GRU": recurrent("GRU"), "RNN": recurrent("RNN"),
     "Identity": lambda m, ins, a: [ins[0]],
     "Dropout": lambda m, ins, a: [ins[0]],
     "Relu": _unary(F.relu), "Sigmoid": _unary(torch.sigmoid), "Tanh": _unary(torch.tanh),
@@ -563,6 +561,4 @@ OPS: dict[str, Op] = {
     "Softmax": _softmax(torch.softmax), "LogSoftmax": _softmax(torch.log_softmax),
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "ReduceMin": _reduce("min"),
 }
-# inputs read as Python numbers, by position: Resize's scales and sizes, the recurrent ops' sequence_lens (an
-# initializer of any length stays on the host, so its values are checked when the graph is built)
-HOST_INPUTS = {"Resize": (1, 2, 3), "LSTM": (4,), "GRU": (4,), "RNN": (4,)}
+HOST_INPUTS = {"Resize": (1, 2, 3)}  # inputs read as Python numbers (Resize's scales and sizes), by position

@@ -1,7 +1,7 @@
 """The ONNX recurrent ops (LSTM, GRU, RNN) of overdrive's importer, as torch's fused cells.
 
 Example:
-    >>> sorted(k for k in ("LSTM", "GRU", "RNN") if callable(recurrent(k)))
+    >>> sorted(OPS)
     ['GRU', 'LSTM', 'RNN']
 """
 
@@ -88,3 +88,9 @@ def recurrent(kind: str) -> Op:
         return [y, h] + ([c] if c is not None else [])
 
     return run
+
+
+OPS: dict[str, Op] = {kind: recurrent(kind) for kind in ("LSTM", "GRU", "RNN")}
+# sequence_lens (input 4) read on the host: an initializer of any length stays there, so its values are checked
+# when the graph is built
+HOST_INPUTS = {kind: (4,) for kind in OPS}
