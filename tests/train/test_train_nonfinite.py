@@ -168,3 +168,35 @@ def test_a_nan_loss_mid_accumulation_survives_a_checkpoint(tmp_path: Path) -> No
     assert resumed.skipped_steps == ref.skipped_steps == 1
     for p, q in zip(ref.model.parameters(), resumed.model.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("level", ["O0", "O2_bf16"])
+def test_an_empty_batch_is_a_zero_gradient_not_a_skipped_step(level: str) -> None:
+    """A batch of no samples (overdrive.data yields one when all its files were undecodable) reports a NaN loss
+    but is not a non-finite step: no warning, nothing skipped, a zero gradient (plain SGD leaves the weights
+    unchanged), the custom loss is not called on it, and fit's mean is over the other batches. Before, the NaN
+    mean made the step a skipped one, which under DDP only the empty rank skipped."""
+    policy = Policy(opt_level="O2", dtype=torch.bfloat16) if level == "O2_bf16" else "O0"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    calls = []
+
+    def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls.append(out.shape[0])
+        return nn.functional.cross_entropy(out, y)
+
+    t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), policy=policy, progress=False, loss_fn=loss_fn)
+    before = copy.deepcopy(t.model.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = t.train_step((torch.empty(0, 4), torch.empty(0, dtype=torch.long)))
+    assert torch.isnan(loss) and t.skipped_steps == 0 and t.step_count == 1 and calls == []
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    g = torch.Generator().manual_seed(1)
+    full = (torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g))
+    with torch.no_grad(), t.mp.autocast():
+        first = float(nn.functional.cross_entropy(t.forward(full[0]).float(), full[1]))  # before fit's first step
+    res = t.fit([full, (torch.empty(0, 4), torch.empty(0, dtype=torch.long))], epochs=1)
+    assert res.history[0].skipped_steps == 0 and res.history[0].samples == 6
+    assert res.final_loss == pytest.approx(first, abs=1e-6)  # the empty batch's NaN is left out of the mean

@@ -170,17 +170,28 @@ class Trainer:
         about ("skip", the default) or raises an OverdriveError ("raise"). The check is amp's (one host
         sync per step, none more with a dynamic loss scale, which checks every backward).
 
+        A batch of no samples (``x.shape[0] == 0``) contributes a zero gradient and reports a NaN loss; the step
+        is taken as usual, so every rank of a DDP/FSDP job steps alike.
+
         Returns the micro-batch loss as a detached tensor (no host sync of its own).
         """
         x, y = batch
         x, y = self._to_device(x), y.to(self.device, non_blocking=True)
         k = self._micro % self.accumulate + 1  # micro-batches in this accumulation, this one included
         last = k == self.accumulate or end_of_epoch
+        empty = x.dim() > 0 and x.shape[0] == 0
         with self._grad_sync(last):
             with self.mp.autocast():
                 out = self.forward(x)
-                loss = self.loss_fn(out.float(), y)
+                # a batch of no samples: overdrive.data yields one when every file of it was undecodable, so
+                # that the ranks keep the same step count. Its mean loss is NaN, which made this rank skip the
+                # step while the others applied theirs: DDP replicas drifted apart. It backpropagates a zero
+                # gradient instead (every parameter reached, so DDP's and FSDP's collectives still match) and
+                # reports a NaN loss, which fit leaves out of the epoch's mean; loss_fn is not called on it.
+                loss = out.float().sum() * 0.0 if empty else self.loss_fn(out.float(), y)
             self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
+            if empty:
+                loss = torch.full((), math.nan, device=loss.device)
         self._micro += 1
         if last:
             if self.parallel is not None:
