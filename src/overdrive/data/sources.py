@@ -75,19 +75,31 @@ def max_file_bytes() -> int:
 def from_folder(root: str | os.PathLike) -> tuple[list[Sample], list[str]]:
     """``root/<class>/<image>``: one label per class subfolder, classes sorted by name.
 
+    Images may sit in nested folders of a class. Links to folders are followed, as torchvision's ImageFolder
+    follows them (a folder reached twice, through a link loop, is read once). Hidden folders and files (a name
+    starting with ``.``: ``.ipynb_checkpoints``, macOS ``._x.jpg`` forks) are skipped: a hidden class folder
+    would take label 0 and shift every other class's label.
+
     Example:
         >>> # samples, classes = from_folder("train/")
     """
     root = Path(root)
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise UsageError(f"{root} has no class subfolders; expected {root}/<class>/<image>.jpg")
     samples = []
     for label, c in enumerate(classes):
-        for dirpath, _, files in sorted(os.walk(root / c)):
-            for name in sorted(files):
-                if name.lower().endswith(IMAGE_EXTS):
-                    samples.append(Sample(os.path.join(dirpath, name), label))
+        seen: set[str] = set()  # real paths of the folders walked: a link back up must not loop
+        found = []
+        for dirpath, dirs, files in os.walk(root / c, followlinks=True):  # top-down: pruning `dirs` takes effect
+            real = os.path.realpath(dirpath)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found += [(dirpath, name) for name in files if name.lower().endswith(IMAGE_EXTS) and not name.startswith(".")]
+        samples += [Sample(os.path.join(d, name), label) for d, name in sorted(found)]
     return samples, classes
 
 
