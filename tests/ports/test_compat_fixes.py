@@ -91,3 +91,30 @@ def test_asp_registry_forgets_a_deleted_model_pruned_after_amp_o2() -> None:
         model, opt = pruned_after_o2()
         ASP.compute_sparse_masks()
         assert ASP.is_sparsity_enabled()
+
+
+def test_dle_bert_allreduce_post_accumulation_step_imports_and_skips_as_apex() -> None:
+    # DLE BERT's take_optimizer_step: `import amp_C`, `apex_C`, `multi_tensor_applier` had no module here, and the
+    # scaler view had no _overflow_buf / update_scale()
+    from overdrive.apex import amp, amp_C, apex_C
+    from overdrive.apex.multi_tensor_apply import multi_tensor_applier
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", dtype=BF16, loss_scale="dynamic")
+    with amp.scale_loss(model(torch.ones(3, 4)).float().sum(), optimizer, delay_overflow_check=True) as scaled:
+        scaled.backward()
+    grads = [p.grad for p in amp.master_params(optimizer)]
+    unscaled = [g.clone() for g in grads]
+    flat = torch.empty(sum(g.numel() for g in grads))
+    views = apex_C.unflatten(flat, grads)
+    overflow_buf = torch.zeros(1, dtype=torch.int)
+    scaler = amp._amp_state.loss_scalers[0]
+    multi_tensor_applier(amp_C.multi_tensor_scale, overflow_buf, [grads, views], scaler.loss_scale() / 2)
+    flat[0] = float("inf")  # an overflow from another rank's gradients, arriving through the all-reduce
+    multi_tensor_applier(amp_C.multi_tensor_scale, overflow_buf, [views, grads], 1.0 / scaler.loss_scale())
+    old, scaler._overflow_buf = scaler._overflow_buf, overflow_buf
+    assert scaler.update_scale() is True and scaler.loss_scale() == 2.0**15
+    scaler._overflow_buf = old
+    torch.testing.assert_close(grads[1], unscaled[1] / 2, rtol=0, atol=0)  # powers of two: exact

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.amp.apex_state import AmpStash, AmpState
+from overdrive.amp.apex_state import AmpStash, AmpState, overflow_record
 from overdrive.amp.config import Fp8, Policy
 from overdrive.amp.core import MixedPrecision, prepare
-from overdrive.amp.scaler import WARN_AFTER_SKIPS
+from overdrive.amp.guard import found_nonfinite, read_flags
+from overdrive.amp.scaler import WARN_AFTER_SKIPS, LossScaler
 
 # Values are weak too: a MixedPrecision holds its optimizers, so a strong value would keep its own
 # key (and the model) alive forever. The optimizer's step hooks hold the MixedPrecision, which
@@ -32,6 +33,9 @@ _by_optimizer: weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.ref[Mixe
 _in_order: list[weakref.ref[MixedPrecision]] = []
 # Optimizers from initialize(..., enabled=False): scale_loss hands their loss back untouched, as apex did.
 _disabled: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+# Optimizers whose gradients came from scale_loss(..., delay_overflow_check=True), with the scaler of that loss:
+# their next step checks the gradients itself (the script may have all-reduced or rescaled them since).
+_checked_at_step: weakref.WeakKeyDictionary[torch.optim.Optimizer, LossScaler] = weakref.WeakKeyDictionary()
 
 
 def _bool_arg(value: Any) -> bool | None:
@@ -109,7 +113,14 @@ def initialize(
     for opt in opt_list:
         if _lookup(opt) is not None:
             raise UsageError("this optimizer was already passed to amp.initialize; call initialize once per optimizer")
-    mp = prepare(models, opt_list, policy, num_losses=num_losses, autocast_scope="step")
+    # registered before prepare's hooks so that it runs first: a skip it decides is then counted and applied there
+    delayed_checks = [opt.register_step_pre_hook(_check_delayed_overflow) for opt in opt_list]
+    try:
+        mp = prepare(models, opt_list, policy, num_losses=num_losses, autocast_scope="step")
+    except BaseException:
+        for h in delayed_checks:
+            h.remove()
+        raise
     for opt in opt_list:
         _by_optimizer[opt] = weakref.ref(mp)
         _disabled.discard(opt)
@@ -119,6 +130,23 @@ def initialize(
         opt._lazy_init_maybe_master_weights = _masters_made_at_initialize  # type: ignore[attr-defined]
     _in_order.append(weakref.ref(mp))
     return models if optimizers is None else (models, optimizers)
+
+
+def _check_delayed_overflow(optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+    """Before a step whose gradients came from ``scale_loss(..., delay_overflow_check=True)``: check them (one
+    host sync) and skip the step on inf/NaN; update the scale here if the script did not call ``update_scale()``."""
+    scaler = _checked_at_step.pop(optimizer, None)
+    mp = _lookup(optimizer)
+    if scaler is None or mp is None:
+        return
+    grads = [q.grad for q in master_params(optimizer) if q.grad is not None]
+    record = overflow_record(scaler, mp.device)
+    bad, flagged = read_flags(found_nonfinite(grads), record.buf if record.awaiting_update else None)
+    if record.awaiting_update:
+        record.awaiting_update = False
+        scaler.update(bad or flagged)
+    if bad:
+        mp.set_pending_skips(mp.pending_skips() | {id(optimizer)})
 
 
 def _masters_made_at_initialize() -> None:
@@ -168,14 +196,43 @@ def scale_loss(
 
     ``delay_unscale`` is accepted for compatibility and unnecessary: accumulation over several
     ``scale_loss`` blocks is exact here. ``loss_id`` picks the scaler of ``initialize(..., num_losses=N)``.
+    The overflow found is written to the scaler's ``_overflow_buf`` (``amp._amp_state.loss_scalers[loss_id]``).
+    ``delay_overflow_check=True`` (a dynamic scale) leaves the scale and the step alone, as apex did, for a script
+    that checks the gradients itself and calls the scaler's ``update_scale()`` (DeepLearningExamples BERT's
+    all-reduce after accumulation); the next ``optimizer.step()`` then checks its gradients once more and skips
+    inf/NaN ones, and updates the scale if ``update_scale()`` was not called.
     """
     handle = _handle(optimizers)
     if handle is None:  # amp.initialize(..., enabled=False): apex yields the loss unchanged
         yield loss
         return
     opts = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+    scaler = handle.scalers[loss_id] if 0 <= loss_id < len(handle.scalers) else None  # else scale_loss raises
+    before = None if scaler is None else (scaler.scale, scaler.unskipped, scaler.overflows, scaler.consecutive_skips)
+    skips = handle.pending_skips()
     with handle.scale_loss(loss, opts, loss_id=loss_id) as scaled:
         yield scaled
+    if scaler is None or before is None:
+        return
+    found = scaler.overflows > before[2]  # the native check has run (and synced) for a dynamic scale
+    record = overflow_record(scaler, handle.device)
+    if delay_overflow_check and scaler.dynamic:
+        # undo the native update: the script's update_scale(), or the step, makes it once per step
+        scaler.scale, scaler.unskipped, scaler.overflows, scaler.consecutive_skips = before
+        added = handle.pending_skips() - skips
+        handle.set_pending_skips(skips)
+        if not record.awaiting_update:  # the first delayed backward since the last update: a fresh flag
+            record.buf.zero_()
+        record.awaiting_update = True
+        if found:
+            record.buf.fill_(1)
+        for opt in handle.optimizers:
+            if opt in opts or id(opt) in added:
+                _checked_at_step[opt] = scaler
+    else:
+        record.buf.fill_(int(found))
+        for opt in opts:
+            _checked_at_step.pop(opt, None)
 
 
 def master_params(optimizer: torch.optim.Optimizer) -> Iterator[nn.Parameter]:

@@ -4,6 +4,10 @@ Both are views over the :class:`~overdrive.amp.MixedPrecision` that ``amp.initia
 setting ``amp._amp_state.loss_scalers[0]._loss_scale = 2**20`` (DeepLearningExamples BERT's initial scale)
 sets the scale the next ``scale_loss`` uses, and ``optimizer._amp_stash.all_fp32_from_fp16_params`` are the
 fp32 masters the optimizer steps. They hold weak references and pickle to an empty view.
+
+A loss scaler's ``_overflow_buf`` (apex's one-element int overflow flag, which scripts pass to
+``multi_tensor_applier`` and read through ``update_scale()``) lives in :class:`OverflowRecord`, one per scaler,
+kept in a weak map so the views can be made afresh on each access.
 """
 
 from __future__ import annotations
@@ -18,6 +22,32 @@ from torch import nn
 
 from overdrive.amp.core import MixedPrecision
 from overdrive.amp.scaler import LossScaler
+
+
+class OverflowRecord:
+    """What apex kept on its scaler besides the scale: the overflow buffer and whether ``update_scale()`` is due.
+
+    ``buf`` is what ``_overflow_buf`` names (a script may swap in its own, as DeepLearningExamples BERT does for
+    its all-reduce); ``scale_loss`` writes what it found into it. ``awaiting_update`` is True after a
+    ``scale_loss(..., delay_overflow_check=True)`` until ``update_scale()`` or the next optimizer step updates the
+    scale, so a delayed check is never lost.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.buf = torch.zeros(1, dtype=torch.int32, device=device)
+        self.awaiting_update = False
+
+
+# One record per LossScaler, weakly: it goes with its scaler (and so with its initialize call).
+_records: weakref.WeakKeyDictionary[LossScaler, OverflowRecord] = weakref.WeakKeyDictionary()
+
+
+def overflow_record(scaler: LossScaler, device: torch.device | str = "cpu") -> OverflowRecord:
+    """The :class:`OverflowRecord` of ``scaler``, made on ``device`` at the first call."""
+    record = _records.get(scaler)
+    if record is None:
+        record = _records[scaler] = OverflowRecord(torch.device(device))
+    return record
 
 
 class ApexLossScaler:
@@ -76,6 +106,38 @@ class ApexLossScaler:
     @property
     def _scale_seq_len(self) -> int:
         return self.scaler.growth_interval
+
+    @property
+    def _overflow_buf(self) -> torch.Tensor:
+        return overflow_record(self.scaler).buf
+
+    @_overflow_buf.setter
+    def _overflow_buf(self, value: torch.Tensor) -> None:
+        overflow_record(self.scaler, value.device).buf = value
+
+    def clear_overflow_state(self) -> None:
+        """Zero the overflow buffer (apex did at every ``scale_loss``)."""
+        overflow_record(self.scaler).buf.zero_()
+
+    def update_scale(self) -> bool:
+        """apex's ``LossScaler.update_scale()``: read ``_overflow_buf`` (one host sync), back off on an overflow or
+        count a clean step (x2 after the growth interval), and return whether the step should be skipped.
+
+        For a dynamic scale only, as in apex (a static one returns False). The caller skips the step, as in apex;
+        a later ``optimizer.step()`` still checks the gradients of a delayed check itself and skips inf/NaN ones.
+
+        Example:
+            >>> view = ApexLossScaler(LossScaler(init_scale=2.0**16))
+            >>> _ = view._overflow_buf.fill_(1); view.update_scale(), view.loss_scale()
+            (True, 32768.0)
+        """
+        record = overflow_record(self.scaler)
+        record.awaiting_update = False
+        if not self.scaler.dynamic:
+            return False
+        found = bool(record.buf.item())
+        self.scaler.update(found)
+        return found
 
     def __repr__(self) -> str:
         return f"ApexLossScaler(loss_scale={self.scaler.scale:g}, dynamic={self.scaler.dynamic})"

@@ -9,6 +9,8 @@
 | ``from apex.fp16_utils import to_python_float``       | ``from overdrive.apex.fp16_utils import ...``: ``.item()`` |
 | ``from apex.normalization import FusedLayerNorm``     | ``from overdrive.apex.normalization import ...``: torch's LayerNorm / RMSNorm (``FusedRMSNorm``, ``Mixed...``), fp32 statistics, mixed dtypes |
 | ``from apex.contrib.sparsity import ASP``             | ``from overdrive.apex.contrib.sparsity import ASP`` (:class:`overdrive.sparsity.ASP`) |
+| ``import amp_C``, ``import apex_C``                   | ``from overdrive.apex import amp_C, apex_C``: ``multi_tensor_scale`` / ``axpby`` / ``l2norm`` and ``flatten`` / ``unflatten`` as torch ops |
+| ``from apex.multi_tensor_apply import multi_tensor_applier`` | ``from overdrive.apex.multi_tensor_apply import ...`` |
 
 Example:
     >>> from overdrive.apex import amp
