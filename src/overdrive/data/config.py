@@ -6,6 +6,7 @@ import numbers
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from overdrive._utils.config import ConfigBase
@@ -106,6 +107,11 @@ class LoaderConfig(ConfigBase):
                 raise UsageError(f"{name}={value!r} must be an int" + (" (use // for integer division, e.g. "
                                  "batch_size=global_batch // world_size)" if isinstance(value, float) else ""))
             object.__setattr__(self, name, int(value))  # NumPy ints become ints: to_json() can write them
+        for name in ("train", "channels_last", "drop_last", "fused"):  # train="no" is truthy: it trained
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise UsageError(f"{name}={value!r} must be True or False")
+            object.__setattr__(self, name, bool(value))
         if self.batch_size < 1:
             raise UsageError(f"batch_size={self.batch_size} must be >= 1")
         if self.size < 1:

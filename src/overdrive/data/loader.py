@@ -13,6 +13,7 @@ two pipelines that compute the same transform:
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import queue
 import threading
@@ -211,7 +212,10 @@ class ImageLoader:
             raise UsageError(f"ImageLoader got unknown option(s) {unknown}; options are LoaderConfig's fields: "
                              f"{[f.name for f in fields(LoaderConfig)]}")
         self.config = replace(cfg, **overrides)
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):  # torch's message lists every device type it knows
+            raise UsageError(f"device={device!r} is not a device; use 'cpu', 'cuda' or 'cuda:N'") from None
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UsageError("device='cuda' but CUDA is not available here; use device='cpu'")
         self.samples, self.classes = resolve(source)
@@ -224,6 +228,8 @@ class ImageLoader:
     # --- DataLoader-like surface --------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle (and redraw the augmentations) for ``epoch``, identically on every rank."""
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):  # int(1.5) picked epoch 1's order
+            raise UsageError(f"set_epoch({epoch!r}): expected the epoch number as an int, e.g. loader.set_epoch(3)")
         self.epoch = int(epoch)
 
     def _indices(self) -> list[int]:

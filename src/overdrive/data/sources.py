@@ -161,6 +161,30 @@ def _scan_tar(shard: str | os.PathLike, images: dict[str, tuple[tuple[int, int, 
                          f"{size_on_disk:,} bytes: truncated?); re-create or re-download the shard")
 
 
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"BZh", "bzip2", "bunzip2"), (b"\xfd7zXZ\x00", "xz", "unxz"),
+               (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"))
+_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
+
+
+def compressed_shard_error(path: str | os.PathLike) -> UsageError | None:
+    """The error for a compressed tar shard (by its first bytes), None if ``path`` is not compressed.
+
+    Example:
+        >>> compressed_shard_error(__file__) is None
+        True
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return None
+    for magic, kind, tool in _COMPRESSED:
+        if head.startswith(magic):
+            return UsageError(f"{path} is a {kind}-compressed tar; shards must be uncompressed .tar files (members are "
+                              f"read as byte ranges): decompress it with `{tool} -k {path}` and pass the .tar")
+    return None
+
+
 def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     """WebDataset-style shards: members ``<key>.jpg`` (or .png, ...) with ``<key>.cls`` holding the label.
 
@@ -176,6 +200,8 @@ def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     for shard in shards:
         images: dict[str, tuple[tuple[int, int, str], int, int]] = {}  # key -> (rank, offset, size) of its image
         found: dict[str, dict[str, str]] = {}  # key -> {label extension: text}
+        if (err := compressed_shard_error(shard)) is not None:
+            raise err
         try:
             _scan_tar(shard, images, found)
         except (tarfile.ReadError, EOFError) as exc:
@@ -279,12 +305,17 @@ def resolve(source: str | os.PathLike | Sequence) -> tuple[list[Sample], list[st
         p = Path(source)
         if p.is_dir():
             tars = sorted(p.glob("*.tar"))
-            if tars and not any(d.is_dir() and not d.name.startswith(".") for d in p.iterdir()):  # hidden: .ipynb_checkpoints
+            subdirs = any(d.is_dir() and not d.name.startswith(".") for d in p.iterdir())  # hidden: .ipynb_checkpoints
+            packed = [q for q in sorted(p.iterdir()) if q.name.lower().endswith(_COMPRESSED_SUFFIXES)]
+            if tars and not subdirs:
                 samples, classes = from_tars(tars), None
+            elif packed and not subdirs:  # compressed shards only: say so, not "no class subfolders"
+                raise compressed_shard_error(packed[0]) or UsageError(
+                    f"{packed[0]} is a compressed tar; shards must be uncompressed .tar files")
             else:
                 samples, classes = from_folder(p)
-        elif p.suffix == ".tar" and p.is_file():  # a missing one gets the "does not exist" message below
-            samples, classes = from_tars([p]), None
+        elif p.is_file() and (p.suffix == ".tar" or compressed_shard_error(p) is not None):
+            samples, classes = from_tars([p]), None  # a missing one gets the "does not exist" message below
         elif p.is_file():
             samples, classes = from_list(p), None
         else:
