@@ -68,7 +68,7 @@ def test_tokenizer_json_path(tok, tmp_path: Path) -> None:
 
 
 def test_bad_inputs(tok) -> None:
-    with pytest.raises(UsageError, match="sequence of strings"):
+    with pytest.raises(UsageError, match="is one string; pass a list of texts"):
         tokenize("one string", tok)
     with pytest.raises(UsageError, match=r"texts\[1\]"):
         tokenize(["ok", 3], tok)
@@ -208,3 +208,42 @@ def test_concurrent_cache_writers_of_one_key(corpus: list[str], tok, tmp_path: P
     again = tokenize(texts, tok, num_workers=0, cache_dir=tmp_path)
     assert again.from_cache and np.array_equal(again.ids, first.ids)
     assert [p.name for p in tmp_path.iterdir()] == [next(tmp_path.glob("*.npz")).name]  # no temporary left behind
+
+
+@pytest.mark.parametrize("make", [lambda t: (x for x in t), np.array, lambda t: iter(t)])
+def test_any_iterable_of_strings(tok, make) -> None:
+    """A generator or a NumPy array of strings (a pandas column's .to_numpy()) is tokenized like the list; it was
+    refused with 'texts must be a sequence of strings, got generator'."""
+    texts = ["hello world", "", "ünïcödé 日本語 🙂"]
+    out = tokenize(make(texts), tok, num_workers=0)
+    assert [out[i] for i in range(len(out))] == [tok.encode(t).ids for t in texts]
+
+
+@pytest.mark.parametrize("texts,message", [
+    ({"text": ["a"]}, r"texts is a mapping with keys \['text'\]; pass the column of texts, e.g. texts\['text'\]"),
+    ([{"text": "a"}], r"texts\[0\] is a dict .*; a JSONL row\? pass \[row\['text'\] for row in rows\]"),
+    (["a", b"b"], r"texts\[1\] is a bytes .*; decode it first"),
+    (["a", None], r"texts\[1\] is a NoneType .*; drop or replace missing texts"),
+])
+def test_what_is_not_texts_says_what_to_pass(tok, texts, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        tokenize(texts, tok)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_lone_surrogate_is_named(tok, workers: int) -> None:
+    """tokenizers raised 'TextEncodeInput must be Union[TextInputSequence, ...]' (a TypeError naming no text)."""
+    texts = ["fine"] * 3 + ["bad \udc80 byte"]
+    with pytest.raises(UsageError, match=r"texts\[3\] holds '\\udc80' at character 4, a lone surrogate"):
+        tokenize(texts, tok, num_workers=workers, chunk_size=2)
+
+
+def test_bad_tokenizer_files_and_cache_dir(tok, tmp_path: Path) -> None:
+    notjson = tmp_path / "vocab.txt"
+    notjson.write_text("hello\nworld\n")
+    with pytest.raises(UsageError, match=r"tokenizer file '.*vocab.txt' is not a tokenizer.json \(expected value"):
+        tokenize(["ok"], notjson)  # was a bare Exception from tokenizers
+    with pytest.raises(UsageError, match=r"tokenizer 'nope.json' is not a file; pass the path of a tokenizer.json"):
+        tokenize(["ok"], "nope.json")
+    with pytest.raises(UsageError, match=r"cache_dir=.*vocab.txt' is a file; give a folder"):
+        tokenize(["ok"], tok, cache_dir=notjson)  # was FileExistsError

@@ -9,7 +9,7 @@ import io
 import multiprocessing as mp
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +71,15 @@ def _backend(tokenizer: Any) -> Any:
     if hasattr(tokenizer, "backend_tokenizer"):  # transformers PreTrainedTokenizerFast
         return tokenizer.backend_tokenizer
     if isinstance(tokenizer, (str, os.PathLike)) and Path(tokenizer).is_file():
-        return tk.Tokenizer.from_file(str(tokenizer))
+        try:
+            return tk.Tokenizer.from_file(str(tokenizer))
+        except Exception as exc:  # tokenizers raises a bare Exception ("expected value at line 1 column 1")
+            raise UsageError(f"tokenizer file {str(tokenizer)!r} is not a tokenizer.json ({exc}); pass the "
+                             "tokenizer.json a tokenizers.Tokenizer saved (tok.save(path)) or a fast tokenizer "
+                             "wrote (save_pretrained)") from None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        raise UsageError(f"tokenizer {str(tokenizer)!r} is not a file; pass the path of a tokenizer.json, a "
+                         "tokenizers.Tokenizer, or a transformers fast tokenizer (AutoTokenizer.from_pretrained(name))")
     raise UsageError(f"tokenizer {tokenizer!r} is not a tokenizers.Tokenizer, a transformers fast tokenizer, "
                      "or a path to a tokenizer.json; slow (Python) tokenizers are not supported")
 
@@ -137,6 +145,40 @@ def _cache_key(tok_json: str, texts: Sequence[str], max_length: int | None, add_
     return h.hexdigest()[:32]
 
 
+def _as_texts(texts: Any) -> Sequence[str]:
+    """``texts`` as a sequence of str: a list or tuple as it is, any other iterable of strings (a generator, a NumPy
+    array, a pandas Series) as a list; what is not texts is a UsageError saying what to pass instead."""
+    if isinstance(texts, (str, os.PathLike)):
+        raise UsageError(f"texts={str(texts)[:60]!r} is one string; pass a list of texts, e.g. the lines of a file: "
+                         "Path(p).read_text(encoding='utf-8').splitlines(), or [text] for a single one")
+    if isinstance(texts, Mapping):
+        raise UsageError(f"texts is a mapping with keys {list(texts)[:5]}; pass the column of texts, e.g. "
+                         "texts['text']")
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise UsageError(f"texts must be a list of strings, got {type(texts).__name__}")
+    if not isinstance(texts, (list, tuple)):
+        texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            hint = (f"; a JSONL row? pass [row[{next(iter(t))!r}] for row in rows]" if isinstance(t, Mapping) and t
+                    else "; decode it first: b.decode('utf-8')" if isinstance(t, (bytes, bytearray))
+                    else "; drop or replace missing texts" if t is None else "")
+            raise UsageError(f"texts[{i}] is a {type(t).__name__} ({str(t)[:40]!r}), expected str{hint}")
+    return texts
+
+
+def _raise_unencodable(texts: Sequence[str]) -> None:
+    """Raise a UsageError naming the first text that is not valid Unicode (a lone surrogate, as
+    ``errors='surrogateescape'`` decoding leaves for undecodable bytes); return if there is none."""
+    for i, t in enumerate(texts):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UsageError(f"texts[{i}] holds {t[exc.start]!r} at character {exc.start}, a lone surrogate that is "
+                             "not valid Unicode (bytes decoded with errors='surrogateescape'?); decode the source "
+                             "with errors='replace', or drop the text") from None
+
+
 def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None, add_special_tokens: bool = True,
              num_workers: int | None = None, chunk_size: int = 2048, cache_dir: str | os.PathLike | None = None) -> TokenizedTexts:
     """Token ids of every text, equal to ``tokenizer.encode(text).ids`` (truncated to ``max_length``).
@@ -155,8 +197,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         >>> # out = tokenize(texts, tokenizers.Tokenizer.from_file("tokenizer.json"), max_length=128,
         >>> #                cache_dir="~/.cache/overdrive/tok"); out[0] -> [101, 7592, ...]
     """
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
-        raise UsageError(f"texts must be a sequence of strings, got {type(texts).__name__}")
+    texts = _as_texts(texts)
     if max_length is not None and not (_is_int(max_length) and max_length >= 1):
         raise UsageError(f"max_length={max_length!r} must be an int >= 1, or None (no truncation)")
     if not (_is_int(chunk_size) and chunk_size >= 1):
@@ -164,14 +205,14 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     if num_workers is not None and not (_is_int(num_workers) and num_workers >= 0):
         raise UsageError(f"num_workers={num_workers!r} must be an int >= 0 (0: encode in this process) or None "
                          "(one process per CPU core for large inputs)")
-    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
-    if bad is not None:
-        raise UsageError(f"texts[{bad}] is a {type(texts[bad]).__name__}, expected str")
     tok = _backend(tokenizer)
     hf_side = getattr(tokenizer, "truncation_side", "right") if hasattr(tokenizer, "backend_tokenizer") else None
     tok_json = _prepared(tok, max_length, hf_side)  # holds max_length, truncation side and padding: the cache key's part
     path = None
     if cache_dir is not None:
+        if Path(cache_dir).expanduser().exists() and not Path(cache_dir).expanduser().is_dir():
+            raise UsageError(f"cache_dir={str(cache_dir)!r} is a file; give a folder for the tokenized cache (it is "
+                             "made if missing)")
         path = Path(cache_dir).expanduser() / f"{_cache_key(tok_json, texts, max_length, add_special_tokens)}.npz"
         if path.is_file():
             with np.load(path) as z:
@@ -179,15 +220,19 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     if num_workers is None:
         num_workers = (os.cpu_count() or 1) if len(texts) >= 8 * chunk_size else 0
     chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
-    if num_workers == 0 or len(chunks) <= 1:
-        local = require("tokenizers").Tokenizer.from_str(tok_json)
-        parts = [_flatten(local.encode_batch(c, add_special_tokens=add_special_tokens)) for c in chunks]
-    else:
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        # no more processes than chunks: with fork, the pool starts all of its workers at once
-        with ProcessPoolExecutor(min(num_workers, len(chunks)), mp_context=ctx, initializer=_init_worker,
-                                 initargs=(tok_json, add_special_tokens)) as ex:
-            parts = list(ex.map(_encode_chunk, chunks))
+    try:
+        if num_workers == 0 or len(chunks) <= 1:
+            local = require("tokenizers").Tokenizer.from_str(tok_json)
+            parts = [_flatten(local.encode_batch(c, add_special_tokens=add_special_tokens)) for c in chunks]
+        else:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            # no more processes than chunks: with fork, the pool starts all of its workers at once
+            with ProcessPoolExecutor(min(num_workers, len(chunks)), mp_context=ctx, initializer=_init_worker,
+                                     initargs=(tok_json, add_special_tokens)) as ex:
+                parts = list(ex.map(_encode_chunk, chunks))
+    except TypeError:  # tokenizers' words for a text it cannot take: "TextEncodeInput must be Union[...]"
+        _raise_unencodable(texts)
+        raise
     ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
     lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
