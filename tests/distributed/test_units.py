@@ -296,3 +296,41 @@ def test_bandwidth_warns_before_oversubscribing_the_cores(monkeypatch: pytest.Mo
         warnings.simplefilter("error", UserWarning)
         with pytest.raises(Exception):
             launch_mod.bandwidth(2, backend="gloo")  # one rank per core: no warning
+
+
+def test_doctor_checks_gloo_socket_ifname() -> None:
+    """GLOO_SOCKET_IFNAME, what CPU ranks read, was not checked: `overdrive launch` started the ranks and each died
+    at init with gloo's "Unable to find address for: eth7" and a traceback."""
+    ifaces = [{"name": "lo", "state": "unknown", "ipv4": "127.0.0.1"}, {"name": "eth0", "state": "up", "ipv4": None},
+              {"name": "ib0", "state": "down", "ipv4": "10.0.0.2"}]
+    rows, findings = doctor.env_findings({"GLOO_SOCKET_IFNAME": "eth7"}, ifaces)
+    assert [r["name"] for r in rows] == ["GLOO_SOCKET_IFNAME"]
+    assert [(f.level, f.what) for f in findings] == [("error", "GLOO_SOCKET_IFNAME")]
+    assert "'eth7' is not an interface here (have: eth0, ib0, lo)" in findings[0].detail
+    assert doctor.check_gloo_ifname("lo", ifaces) == []
+    assert doctor.check_gloo_ifname("eth", ifaces)[0].level == "error"  # exact names: no prefix match as in NCCL
+    assert doctor.check_gloo_ifname("lo,ib0", ifaces)[0].detail == "'ib0' is down; pick an interface that is up"
+    assert doctor.check_gloo_ifname("eth0", ifaces)[0].level == "warning"  # no IPv4 address
+
+
+def test_launch_preflight_stops_on_a_wrong_gloo_interface(tmp_path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("raise SystemExit(3)\n")
+    with pytest.raises(OverdriveError, match=r"GLOO_SOCKET_IFNAME: 'nope9' is not an interface here"):
+        launch(LaunchConfig(nproc_per_node=1), str(script), env={"GLOO_SOCKET_IFNAME": "nope9", "PATH": "/usr/bin"})
+    report = doctor.diagnose(env={}, topology=False)
+    if not report["gpus"]:
+        assert any(f["what"] == "backend" and "gloo" in f["detail"] for f in report["findings"])
+
+
+def test_doctor_text_names_the_variable_of_each_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text report printed "error: 'nope9' matches no interface here" without saying which variable."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nope9")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "nope8")
+    from overdrive.cli.doctor import command
+
+    r = CliRunner().invoke(command, [])
+    assert r.exit_code == 1, r.output
+    text = " ".join(r.output.split())  # rich wraps long lines
+    assert "error: GLOO_SOCKET_IFNAME: 'nope9' is not an interface here" in text
+    assert "error: NCCL_SOCKET_IFNAME: 'nope8' matches no interface here" in text

@@ -65,7 +65,9 @@ def command(master_addr: str | None, master_port: int | None, node_rank: int, np
     con.print("interfaces: " + ", ".join(f"{i['name']} ({i['state']}, {i['ipv4'] or '-'})" for i in report["interfaces"]))
     for f in report["findings"]:
         color = {"error": "red", "warning": "yellow"}.get(f["level"], "green")
-        con.print(f"[{color}]{f['level']}[/]: {f['detail']}")
+        # the detail names the variable for most findings; where it does not ("'eth7' matches no interface"), say which
+        name = "" if f["detail"].startswith(f["what"]) else f"{f['what']}: "
+        con.print(f"[{color}]{f['level']}[/]: {name}{f['detail']}")
     if "bandwidth" in report:
         bw = report["bandwidth"]
         t = Table(title=f"collectives ({bw['backend']}, {bw['world_size']} ranks): median over iterations")

@@ -56,6 +56,7 @@ NCCL_VARS: dict[str, tuple[str, dict[str, str]]] = {
     "TORCH_DISTRIBUTED_DEBUG": ("c10d debug (OFF, INFO, DETAIL)", {"detail": "DETAIL debug on: every collective is checked (slow)",
                                                                    "info": "debug logging left on"}),
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": ("1 keeps symmetric memory off NVLink multicast", {}),
+    "GLOO_SOCKET_IFNAME": ("interfaces gloo (CPU ranks) uses: comma list of exact names", {}),
 }
 
 
@@ -141,6 +142,29 @@ def check_socket_ifname(value: str, ifaces: list[dict[str, Any]]) -> list[Findin
     return out
 
 
+def check_gloo_ifname(value: str, ifaces: list[dict[str, Any]]) -> list[Finding]:
+    """GLOO_SOCKET_IFNAME: comma list of exact interface names, each of which gloo opens (no prefixes, no ``^``). A
+    name that is not here made every gloo rank die at init ("Unable to find address for: eth7") after the launch.
+
+    Example:
+        >>> check_gloo_ifname("lo", [{"name": "lo", "state": "unknown", "ipv4": "127.0.0.1"}])
+        []
+    """
+    names = {i["name"]: i for i in ifaces}
+    out: list[Finding] = []
+    for want in filter(None, (w.strip() for w in value.split(","))):
+        iface = names.get(want)
+        if iface is None:
+            out.append(Finding("error", "GLOO_SOCKET_IFNAME", f"{want!r} is not an interface here (have: "
+                               f"{', '.join(sorted(names))}); gloo takes exact names: set it to one of them or unset it"))
+        elif iface["state"] == "down":
+            out.append(Finding("error", "GLOO_SOCKET_IFNAME", f"{want!r} is down; pick an interface that is up"))
+        elif iface["ipv4"] is None:
+            out.append(Finding("warning", "GLOO_SOCKET_IFNAME", f"{want!r} has no IPv4 address; gloo needs an address "
+                               "on it (IPv6 will do)"))
+    return out
+
+
 def env_findings(env: dict[str, str], ifaces: list[dict[str, Any]]) -> tuple[list[dict[str, str]], list[Finding]]:
     rows, findings = [], []
     for k in sorted(env):
@@ -153,6 +177,8 @@ def env_findings(env: dict[str, str], ifaces: list[dict[str, Any]]) -> tuple[lis
             findings.append(Finding("warning", k, f"{k}={env[k]}: {warn}"))
     if "NCCL_SOCKET_IFNAME" in env:
         findings += check_socket_ifname(env["NCCL_SOCKET_IFNAME"], ifaces)
+    if "GLOO_SOCKET_IFNAME" in env:
+        findings += check_gloo_ifname(env["GLOO_SOCKET_IFNAME"], ifaces)
     return rows, findings
 
 
@@ -202,6 +228,9 @@ def diagnose(master_addr: str | None = None, master_port: int | None = None, nod
     if addr is not None and port is not None:
         findings += check_master(addr, port, node_rank)
     g = gpus()
+    if not g:  # what a user checking an NCCL set-up on a CPU machine needs to know first
+        findings.append(Finding("info", "backend", "no CUDA GPU is visible: ranks started here join with gloo over TCP "
+                                "(CPU), which reads GLOO_SOCKET_IFNAME, not the NCCL_* variables"))
     topo = _cmd(["nvidia-smi", "topo", "-m"]) if (topology and g) else None
     return {
         "versions": versions(), "gpus": g, "topology": topo, "env": rows, "interfaces": ifaces,
