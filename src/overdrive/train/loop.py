@@ -238,6 +238,10 @@ class Trainer:
         ``ReduceLROnPlateau``, which needs a metric: it steps once at the end of each epoch, on the
         eval loss when ``eval_data`` is given and otherwise on the epoch's mean training loss.
 
+        Each epoch starts with ``set_epoch(trainer.epoch)`` on ``train_data`` when it has one (an
+        ``overdrive.data.ImageLoader``), else on its sampler (a DataLoader over a ``DistributedSampler`` or
+        ``ResumableSampler``), as a hand-written torch loop does: each epoch gets its own shuffle.
+
         A step with an inf/NaN loss or gradient is reported as it happens (see :meth:`train_step`); with
         ``on_nonfinite="skip"`` it is skipped and the epoch's mean loss is over its finite losses. An epoch
         with no finite loss raises "training diverged".
@@ -251,6 +255,7 @@ class Trainer:
         with _progress(self.progress, description) as bar:
             task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
             for _ in range(epochs):
+                _set_epoch(train_data, self.epoch)
                 self.model.train()
                 skipped0 = self.skipped_steps
                 losses: list[torch.Tensor] = []
@@ -396,6 +401,16 @@ def memory_mib(trainer: Trainer) -> float:
         for v in st.values():
             add(v)
     return total / 2**20
+
+
+def _set_epoch(data: Any, epoch: int) -> None:
+    """Tell the data which epoch starts, as a torch loop calls ``sampler.set_epoch(epoch)``: on the data itself
+    (overdrive.data.ImageLoader) or, for a DataLoader, on its sampler or its batch sampler's sampler
+    (DistributedSampler, ResumableSampler). Without it every epoch had the first one's order and crops."""
+    for obj in (data, getattr(data, "sampler", None), getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        if callable(getattr(obj, "set_epoch", None)):
+            obj.set_epoch(epoch)
+            return
 
 
 def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
