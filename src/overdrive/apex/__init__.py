@@ -6,7 +6,7 @@
 | ``from apex.amp import _amp_state``                   | ``from overdrive.apex.amp import _amp_state``             |
 | ``from apex.optimizers import FusedAdam, FusedLAMB``  | ``from overdrive.apex.optimizers import ...``: torch.optim.Adam/AdamW (fused where the device has it, else foreach) and a LAMB in torch |
 | ``from apex.parallel import DistributedDataParallel`` | ``from overdrive.apex.parallel import ...``: torch DDP, apex's kwargs accepted |
-| ``from apex.fp16_utils import to_python_float``       | ``from overdrive.apex.fp16_utils import ...``: ``.item()`` |
+| ``from apex.fp16_utils import FP16_Optimizer, ...``   | ``from overdrive.apex.fp16_utils import ...``: FP16_Optimizer on amp's LossScaler, network_to_half, the master-params helpers |
 | ``from apex.normalization import FusedLayerNorm``     | ``from overdrive.apex.normalization import ...``: torch's LayerNorm / RMSNorm (``FusedRMSNorm``, ``Mixed...``), fp32 statistics, mixed dtypes |
 | ``from apex.contrib.sparsity import ASP``             | ``from overdrive.apex.contrib.sparsity import ASP`` (:class:`overdrive.sparsity.ASP`) |
 | ``import amp_C``, ``import apex_C``                   | ``from overdrive.apex import amp_C, apex_C``: ``multi_tensor_scale`` / ``axpby`` / ``l2norm`` and ``flatten`` / ``unflatten`` as torch ops |
