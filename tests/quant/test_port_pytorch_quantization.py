@@ -19,6 +19,7 @@ from overdrive._utils.errors import UsageError
 # was: from pytorch_quantization import quant_modules, nn as quant_nn, calib, tensor_quant
 from overdrive.quant.pytorch_quantization import calib, quant_modules, tensor_quant
 from overdrive.quant.pytorch_quantization import nn as quant_nn
+from overdrive.quant.pytorch_quantization import utils as quant_utils
 from overdrive.quant.pytorch_quantization.tensor_quant import QuantDescriptor
 
 
@@ -222,3 +223,123 @@ def test_initialize_and_deactivate():
         model = SmallCNN()
     assert type(model.fc) is nn.Linear and isinstance(model.conv1, nn.Conv2d)
     assert nn.Conv2d.__module__ == "torch.nn.modules.conv"
+
+
+# --- the qdqbert quant_trainer's private names, keep-dims amax, pooling, calibrators, legacy checkpoints ------
+def _fake_int8(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """pytorch-quantization's fake quantization in float64, full range [-128, 127], amax broadcast."""
+    s = amax.double() / 127
+    return (torch.clamp(torch.round(x.double() / s), -128, 127) * s).float()
+
+
+def test_amax_and_disabled_aliases_and_keepdims_amax():
+    torch.manual_seed(0)
+    fc = quant_nn.QuantLinear(6, 4)
+    q = fc._weight_quantizer
+    assert not hasattr(q, "_amax") and not q._disabled  # uncalibrated: no _amax, as in pytorch-quantization
+    # recalibrate_weights: reduce_amax(keepdims=True) -> (4, 1) assigned to _amax; the quantizer keeps (4,)
+    amax = quant_utils.reduce_amax(fc.weight, axis={1}, keepdims=True)
+    assert amax.shape == (4, 1)
+    q._amax = amax
+    assert q.amax.shape == (4,) and q._amax is q.amax
+    torch.testing.assert_close(q(fc.weight), _fake_int8(fc.weight.detach(), amax), rtol=0, atol=1e-7)
+    q._amax.fill_(0.5)  # in place on the buffer (fuse_qkv)
+    assert torch.equal(q.amax, torch.full((4,), 0.5))
+    q.amax = torch.full((4, 1), 0.25)  # ModelOpt-style assignment in keep-dims shape
+    assert q.amax.shape == (4,)
+    setattr(q, "_disabled", True)
+    assert not q.enabled and torch.equal(q(fc.weight), fc.weight)
+    with pytest.raises(UsageError, match="per tensor"):
+        fc._input_quantizer.amax = torch.ones(3)
+
+
+def test_axis_iterates_like_the_descriptor_and_saves_as_int(tmp_path):
+    conv = quant_nn.QuantConv2d(2, 3, 3, quant_desc_weight=QuantDescriptor(axis=(0,)))
+    axis = conv._weight_quantizer.axis
+    assert axis == 0 and set(axis) == {0} and list(axis) == [0] and len(axis) == 1
+    assert conv._input_quantizer.axis is None
+    x = torch.randn(2, 2, 5, 5)
+    quant.calibrate(conv, lambda m: m(x))
+    import overdrive.quant.modelopt.opt as mto
+
+    state = mto.modelopt_state(conv)
+    torch.save(state, tmp_path / "s.pt")
+    torch.load(tmp_path / "s.pt", weights_only=True)  # plain ints only
+
+
+def test_reduce_amax_matches_torch():
+    x = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(1))
+    utils = quant_utils
+    assert torch.equal(utils.reduce_amax(x), x.abs().max())
+    assert torch.equal(utils.reduce_amax(x, axis={1, 2}), x.abs().amax(dim=(1, 2), keepdim=True))
+    assert torch.equal(utils.reduce_amax(x, axis=(1, 2), keepdims=False), x.abs().amax(dim=(1, 2)))
+    assert utils.reduce_amax(x, axis=[0, 1, 2]).dim() == 0  # one element: squeezed, as there
+
+
+def test_pytorch_quantization_checkpoint_loads_into_a_fresh_model():
+    """Keys ``_input_quantizer._amax`` and per-channel amax in keep-dims shape (what pytorch-quantization saves)."""
+    torch.manual_seed(0)
+    with quant_modules.enabled():
+        model = SmallCNN().eval()
+    quant.calibrate(model, lambda m: [m(x) for x, _ in DATA])
+    legacy = {}
+    for k, v in model.state_dict().items():
+        if k.endswith("quantizer.amax"):
+            layer, qname, _ = k.rsplit(".", 2)
+            w = model.get_submodule(layer).weight
+            v = v.reshape(-1, *[1] * (w.dim() - 1)) if v.dim() == 1 else v
+            k = f"{layer}._{qname}._amax"
+        legacy[k] = v
+    with quant_modules.enabled():
+        fresh = SmallCNN().eval()
+    fresh.load_state_dict(legacy)  # strict: every key placed
+    with torch.no_grad():
+        assert torch.equal(fresh(TEST), model(TEST))
+    # a natively quantized model takes the same checkpoint
+    native = quant.quantize(SmallCNN().eval(), quant.QuantConfig(residual_add=False))
+    native.load_state_dict(legacy)
+    assert torch.equal(native.conv2.weight_quantizer.amax, model.conv2.weight_quantizer.amax)
+
+
+@pytest.mark.parametrize("name, ref", [("QuantMaxPool2d", lambda x: nn.functional.max_pool2d(x, 2)),
+                                       ("QuantAvgPool2d", lambda x: nn.functional.avg_pool2d(x, 2)),
+                                       ("QuantAdaptiveAvgPool2d", lambda x: nn.functional.adaptive_avg_pool2d(x, 2))])
+def test_pooling_quantizes_its_input(name, ref):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    pool = getattr(quant_nn, name)(2, quant_desc_input=QuantDescriptor(amax=1.5))
+    torch.testing.assert_close(pool(x), ref(_fake_int8(x, torch.tensor(1.5))), rtol=0, atol=1e-6)
+    assert pool._input_quantizer is pool.input_quantizer
+    quant_nn.QuantAvgPool2d.set_default_quant_desc_input(QuantDescriptor(calib_method="histogram"))
+    try:
+        assert quant_nn.QuantAvgPool2d(2)._input_quantizer.histogram
+        assert not quant_nn.QuantMaxPool2d(2)._input_quantizer.histogram  # per class, as in pytorch-quantization
+    finally:
+        del quant_nn.QuantAvgPool2d.default_quant_desc_input
+
+
+def test_initialize_swaps_average_pools_and_takes_custom_entries():
+    with quant_modules.enabled(float_module_list=["LSTM", "Linear"],
+                               custom_quant_modules=[(torch.nn, "MaxPool2d", quant_nn.QuantMaxPool2d)]):
+        avg, mx, fc = nn.AdaptiveAvgPool2d(1), nn.MaxPool2d(2), nn.Linear(2, 2)
+    assert isinstance(avg, quant_nn.QuantAdaptiveAvgPool2d) and isinstance(mx, quant_nn.QuantMaxPool2d)
+    assert type(fc) is nn.Linear and nn.MaxPool2d.__name__ == "MaxPool2d"
+    with pytest.raises(AttributeError, match="recurrent layers"):
+        quant_nn.QuantLSTM  # noqa: B018
+
+
+def test_calibrators_built_directly_match_the_native_ones():
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(3))
+    from overdrive.quant.calibrators import HistogramCalibrator as NativeHist
+
+    hist, native = calib.HistogramCalibrator(8, None, False), NativeHist()
+    hist.collect(x)
+    native.collect(x)
+    for method, kw in (("percentile", {"percentile": 99.9}), ("mse", {}), ("entropy", {})):
+        assert torch.equal(hist.compute_amax(method, **kw), native.compute_amax(method, kw.get("percentile")))
+    mx = calib.MaxCalibrator(8, (0,), False)
+    assert mx.compute_amax() is None
+    mx.collect(x.view(64, 64))
+    assert torch.equal(mx.compute_amax(), x.view(64, 64).abs().amax(dim=1))
+    with pytest.raises(UsageError, match="per tensor"):
+        calib.HistogramCalibrator(8, (0,), False)
+    assert isinstance(quant_nn.QuantLinear(2, 2)._weight_quantizer._calibrator, calib.MaxCalibrator)

@@ -88,6 +88,19 @@ class _QuantMixin:
         new._modules = {k: v for k, v in self._modules.items() if k not in ("input_quantizer", "weight_quantizer")}
         return new
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        rename_legacy_quantizer_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]
+
+
+def rename_legacy_quantizer_keys(state_dict: dict, prefix: str) -> None:
+    """A pytorch-quantization checkpoint names a layer's quantizers ``_input_quantizer`` / ``_weight_quantizer``
+    (``conv1._input_quantizer._amax``): rename them to this package's ``input_quantizer`` / ``weight_quantizer``
+    in ``state_dict`` (the quantizer itself takes ``_amax``, in the keep-dims shape)."""
+    for old in ("_input_quantizer.", "_weight_quantizer."):
+        for key in [k for k in state_dict if k.startswith(prefix + old)]:
+            state_dict[prefix + old[1:] + key[len(prefix + old):]] = state_dict.pop(key)
+
 
 class QuantLinear(_QuantMixin, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:

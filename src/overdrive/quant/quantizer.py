@@ -200,8 +200,82 @@ class TensorQuantizer(nn.Module):
     def set_amax(self, amax: torch.Tensor) -> None:
         self.amax = amax.detach().float().clone()
 
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "amax" and isinstance(value, torch.Tensor):
+            value = self._amax_shape(value)
+        super().__setattr__(name, value)
+
+    def _amax_shape(self, amax: torch.Tensor) -> torch.Tensor:
+        """``amax`` as this quantizer keeps it: () per tensor, (C,) per channel. pytorch-quantization and
+        ModelOpt keep the reduced dimensions ((C, 1) for a Linear weight, (C, 1, 1, 1) for a conv), so an amax
+        assigned or loaded in that shape is flattened here; any other shape is refused."""
+        axis = getattr(self, "axis", None)
+        if axis is None and amax.numel() == 1:
+            return amax.reshape(())
+        if axis is not None and amax.dim() > 1 and sorted(amax.shape)[:-1] == [1] * (amax.dim() - 1):
+            return amax.reshape(-1)
+        if axis is None and amax.dim() > 0:
+            raise UsageError(f"quantizer {self.name or '?'} quantizes per tensor, but the amax given has shape "
+                             f"{tuple(amax.shape)}; give one value, or make the quantizer per channel")
+        return amax
+
+    # --- pytorch-quantization's private names, which its users' scripts read and write (the Hugging Face
+    # qdqbert quant_trainer: ``_amax.fill_``, ``setattr(q, "_disabled", True)``), and ModelOpt's is_enabled
+    @property
+    def _amax(self) -> torch.Tensor:
+        """pytorch-quantization's amax buffer: :attr:`amax` itself (in-place edits reach it); an AttributeError
+        before calibration, as there (``hasattr(q, "_amax")`` is False)."""
+        if self.amax is None:
+            raise AttributeError(f"quantizer {self.name or '?'} has no _amax: it is not calibrated")
+        return self.amax
+
+    @_amax.setter
+    def _amax(self, value: torch.Tensor) -> None:
+        self.amax = value.detach().float() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
+
+    @property
+    def num_bits(self) -> int | tuple[int, int]:
+        """8 (int8) or (4, 3) (fp8 e4m3), as pytorch-quantization and ModelOpt name the format."""
+        return (4, 3) if self.config.format == "fp8_e4m3" else 8
+
+    @property
+    def unsigned(self) -> bool:
+        return False  # symmetric, zero point 0
+
+    @property
+    def narrow_range(self) -> bool:
+        return self.config.narrow_range
+
+    @property
+    def fake_quant(self) -> bool:
+        return True  # real low precision is quant.to_real(model)
+
+    @property
+    def step_size(self) -> torch.Tensor | None:
+        """amax / 127 (pytorch-quantization's name for the scale); None before calibration."""
+        return None if self.amax is None else self.amax / self.config.bound
+
+    @property
+    def is_enabled(self) -> bool:
+        """ModelOpt's name for :attr:`enabled`."""
+        return self.enabled
+
+    @property
+    def _disabled(self) -> bool:
+        """pytorch-quantization's flag: ``not enabled``."""
+        return not self.enabled
+
+    @_disabled.setter
+    def _disabled(self, value: bool) -> None:
+        self.enabled = not value
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:  # noqa: ANN001
+        if prefix + "_amax" in state_dict and prefix + "amax" not in state_dict:
+            # a pytorch-quantization checkpoint: its buffer is _amax, in the keep-dims shape
+            state_dict[prefix + "amax"] = self._amax_shape(state_dict.pop(prefix + "_amax"))
+        elif prefix + "amax" in state_dict:
+            state_dict[prefix + "amax"] = self._amax_shape(state_dict[prefix + "amax"])
         # amax is None until calibration; take it from a calibrated checkpoint so quantize() + load works.
         for attr in ("amax", "pre_quant_scale"):
             key = prefix + attr

@@ -21,7 +21,7 @@ Example:
     (torch.Size([2, 4]), torch.Size([4]))
 """
 
-from overdrive.quant.pytorch_quantization import calib, nn, quant_modules, tensor_quant
+from overdrive.quant.pytorch_quantization import calib, nn, quant_modules, tensor_quant, utils
 from overdrive.quant.pytorch_quantization.tensor_quant import QuantDescriptor
 
-__all__ = ["quant_modules", "nn", "calib", "tensor_quant", "QuantDescriptor"]
+__all__ = ["quant_modules", "nn", "calib", "tensor_quant", "utils", "QuantDescriptor"]

@@ -8,7 +8,7 @@ Example:
     >>> import torch
     >>> conv = QuantConv2d(3, 8, 3, padding=1)
     >>> type(conv._weight_quantizer._calibrator).__name__, conv._weight_quantizer.axis
-    ('MaxCalibrator', 0)
+    ('MaxCalibrator', (0,))
 """
 
 from __future__ import annotations
@@ -41,6 +41,24 @@ class _AnyTensorQuantizer(type(torch.nn.Module)):
         return super().__instancecheck__(obj)
 
 
+class _Axis(int):
+    """A per-channel axis as pytorch-quantization gives it back from ``quantizer.axis``: its QuantDescriptor's
+    ``(0,)``, which scripts iterate (``set(q.axis)`` in the qdqbert quant_trainer), and still the int that
+    overdrive.quant indexes with."""
+
+    def __iter__(self):  # noqa: ANN204
+        return iter((int(self),))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> int:
+        return (int(self),)[i]
+
+    def __repr__(self) -> str:
+        return f"({int(self)},)"
+
+
 class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer):
     """overdrive.quant's TensorQuantizer built from a QuantDescriptor, with pytorch-quantization's flags.
 
@@ -64,6 +82,20 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
             self.disable_quant()
         if if_calib:
             self.enable_calib()
+
+    @property  # type: ignore[override]
+    def axis(self) -> int | None:
+        """The per-channel axis, iterable as pytorch-quantization's ``(0,)`` (None: per tensor)."""
+        axis = self.__dict__.get("_channel_axis")
+        return None if axis is None else _Axis(axis)
+
+    @axis.setter
+    def axis(self, value: int | tuple[int, ...] | None) -> None:
+        if isinstance(value, (tuple, list)):
+            if len(value) != 1:
+                raise UsageError(f"axis={value!r}: one per-channel axis at most, e.g. (0,)")
+            value = value[0]
+        self.__dict__["_channel_axis"] = None if value is None else int(value)
 
 
 class _QuantDescLayer:
@@ -133,4 +165,69 @@ class QuantConvTranspose2d(_QuantDescLayer, _modules.QuantConvTranspose2d):
     default_quant_desc_weight = QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
 
 
-__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d"]
+class _QuantInputLayer:
+    """pytorch-quantization's pooling layers: the float layer's arguments plus ``quant_desc_input``; the input is
+    fake-quantized by ``input_quantizer`` (``_input_quantizer``), then pooled by the float layer's forward."""
+
+    default_quant_desc_input: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR
+    _float_class: type[torch.nn.Module]
+
+    def __init__(self, *args: Any, quant_desc_input: QuantDescriptor | None = None, **kwargs: Any) -> None:
+        self._float_class.__init__(self, *args, **kwargs)
+        din = quant_desc_input or type(self).default_quant_desc_input
+        if din.axis is not None:
+            raise UsageError(f"{type(self).__name__}: quant_desc_input axis={din.axis} is not supported; pooling "
+                             "inputs are quantized per tensor (axis=None)")
+        self.input_quantizer = TensorQuantizer(din)
+
+    @classmethod
+    def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
+        """Quantize the inputs of every layer of this class built from now on with ``value``."""
+        if not isinstance(value, QuantDescriptor):
+            raise UsageError(f"expected a QuantDescriptor, got {type(value).__name__}")
+        cls.default_quant_desc_input = value
+
+    _input_quantizer = _QuantDescLayer._input_quantizer
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self._float_class.forward(self, self.input_quantizer(input))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        _modules.rename_legacy_quantizer_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]
+
+
+def _pool(name: str) -> type:
+    base = getattr(torch.nn, name)
+    return type(f"Quant{name}", (_QuantInputLayer, base), {
+        "__module__": __name__, "_float_class": base,
+        "__doc__": f"``torch.nn.{name}`` with its input fake-quantized (pytorch-quantization's)."})
+
+
+QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d = (_pool(f"MaxPool{d}d") for d in (1, 2, 3))
+QuantAvgPool1d, QuantAvgPool2d, QuantAvgPool3d = (_pool(f"AvgPool{d}d") for d in (1, 2, 3))
+QuantAdaptiveAvgPool1d, QuantAdaptiveAvgPool2d, QuantAdaptiveAvgPool3d = (_pool(f"AdaptiveAvgPool{d}d")
+                                                                          for d in (1, 2, 3))
+
+_MISSING = {
+    **{n: "recurrent layers are not quantized by overdrive.quant; keep the LSTM in float (build it with "
+          "quant_modules.initialize(float_module_list=...) not covering it, or before initialize())"
+       for n in ("QuantLSTM", "QuantLSTMCell", "QuantRNN", "QuantGRU")},
+    **{n: "only ConvTranspose2d has a quantized class; keep this layer in float"
+       for n in ("QuantConvTranspose1d", "QuantConvTranspose3d")},
+    **{n: "quantized instance norm is not in overdrive.quant; keep the norm in float"
+       for n in ("QuantInstanceNorm1d", "QuantInstanceNorm2d", "QuantInstanceNorm3d")},
+    "Clip": "learned clipping (learn_amax) is not supported: amax stays fixed in QAT",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MISSING:
+        raise AttributeError(f"quant_nn.{name} is not available in overdrive.quant.pytorch_quantization: "
+                             f"{_MISSING[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d",
+           "QuantMaxPool1d", "QuantMaxPool2d", "QuantMaxPool3d", "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d",
+           "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d"]

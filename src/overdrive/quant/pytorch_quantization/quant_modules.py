@@ -1,5 +1,7 @@
 """pytorch-quantization's ``quant_modules``: ``initialize()`` makes ``torch.nn.Linear`` / ``Conv1d`` / ``Conv2d``
-/ ``Conv3d`` / ``ConvTranspose2d`` build quantized layers until ``deactivate()``.
+/ ``Conv3d`` / ``ConvTranspose2d`` and the average pools (``AvgPool1d/2d/3d``, ``AdaptiveAvgPool1d/2d/3d``, as
+pytorch-quantization swaps them) build quantized layers until ``deactivate()``; its LSTM and ConvTranspose1d/3d
+stay float.
 
 This is the one place overdrive replaces torch attributes, because the scripts being ported call
 ``initialize()`` before building a torchvision-style model: it only rebinds the names in ``torch.nn``
@@ -33,7 +35,11 @@ from overdrive.quant.pytorch_quantization import nn as quant_nn
 
 _DEFAULT_QUANT_MAP = ((torch.nn, "Linear", quant_nn.QuantLinear), (torch.nn, "Conv1d", quant_nn.QuantConv1d),
                       (torch.nn, "Conv2d", quant_nn.QuantConv2d), (torch.nn, "Conv3d", quant_nn.QuantConv3d),
-                      (torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d))
+                      (torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d),
+                      *((torch.nn, f"{kind}{d}d", getattr(quant_nn, f"Quant{kind}{d}d"))
+                        for kind in ("AvgPool", "AdaptiveAvgPool") for d in (1, 2, 3)))
+# in pytorch-quantization's list but not swapped here (they stay float): naming them in float_module_list is fine
+_KEPT_FLOAT = ("ConvTranspose1d", "ConvTranspose3d", "LSTM", "LSTMCell")
 # (module, name) -> the original class, while initialize() is in effect. Process-wide by nature: the names it
 # rebinds in torch.nn are process-wide.
 _ORIGINALS: dict[tuple[Any, str], type] = {}
@@ -44,7 +50,7 @@ def initialize(float_module_list: Sequence[str] | None = None,
     """Rebind ``torch.nn.Linear`` etc. to the quantized layers. ``float_module_list``: names to leave alone
     (e.g. ``["Linear"]``); ``custom_quant_modules``: extra ``(module, "Name", QuantClass)`` entries."""
     skip = set(float_module_list or ())
-    unknown = skip - {name for _, name, _ in _DEFAULT_QUANT_MAP}
+    unknown = skip - {name for _, name, _ in _DEFAULT_QUANT_MAP} - set(_KEPT_FLOAT)
     if unknown:
         raise UsageError(f"float_module_list names {sorted(unknown)} are not swapped anyway; swapped: "
                          f"{[name for _, name, _ in _DEFAULT_QUANT_MAP]}")
