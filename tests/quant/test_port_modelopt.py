@@ -201,3 +201,69 @@ def test_presets_the_port_lacks_say_what_to_use():
     assert not hasattr(mtq, "FP8_KV_CFG") and getattr(mtq, "W4A8_AWQ_BETA_CFG", None) is None
     with pytest.raises(AttributeError, match="no attribute 'NOT_A_PRESET'"):
         mtq.NOT_A_PRESET  # noqa: B018
+
+
+def test_set_quantizer_by_cfg_leaves_unmatched_quantizers_as_they_are():
+    """ModelOpt applies only the entries given; every other quantizer keeps its format and amax (this call used
+    to reset them all to uncalibrated int8)."""
+    model = mtq.quantize(make_model(), mtq.FP8_DEFAULT_CFG, forward_loop)
+    before = amaxes(model)
+    mtq.set_quantizer_by_cfg(model, {"*blocks.0.fc1*": {"enable": False}})
+    assert not model.blocks[0].fc1.input_quantizer.enabled
+    after = amaxes(model)
+    assert set(after) == set(before) - {"blocks.0.fc1.input_quantizer", "blocks.0.fc1.weight_quantizer"}
+    assert all(torch.equal(after[n], before[n]) for n in after)
+    assert model.blocks[1].fc2.weight_quantizer.config.format == "fp8_e4m3"
+
+
+def test_set_quantizer_attribute_by_pattern_function_and_parent_class():
+    model = mtq.quantize(make_model(), mtq.INT8_DEFAULT_CFG, forward_loop)
+    mtq.set_quantizer_attribute(model, "*", {"enable": False})
+    with torch.no_grad():
+        torch.testing.assert_close(model(TEST), make_model()(TEST), rtol=0, atol=0)  # every quantizer off: float
+    mtq.set_quantizer_attribute(model, lambda n: n.endswith("input_quantizer"), {"enable": True})
+    assert model.blocks[0].fc1.input_quantizer.enabled and not model.blocks[0].fc1.weight_quantizer.enabled
+    # a change of axis: the weight is per tensor now, recalibrated by mtq.calibrate from the weight
+    mtq.set_quantizer_attribute(model, "*weight_quantizer", {"enable": True, "axis": None}, parent_class=nn.Linear)
+    q = model.lm_head.weight_quantizer
+    assert q.axis is None and q.amax is None
+    mtq.calibrate(model, "max", forward_loop)
+    assert torch.equal(q.amax, model.lm_head.weight.detach().abs().max())
+
+
+def test_postprocess_amax_and_forward_loop_without_arguments():
+    model = make_model()
+    with pytest.warns(DeprecationWarning, match="take the model"):
+        model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda: forward_loop(model))
+    before = amaxes(model)
+    floor = 2 * float(model.blocks[0].fc1.input_quantizer.amax)
+    model = mtq.postprocess_amax(model, "*fc1.input_quantizer", lambda amax: torch.clamp(amax, min=floor))
+    for name, amax in amaxes(model).items():
+        expected = before[name].clamp(min=floor) if name.endswith("fc1.input_quantizer") else before[name]
+        assert torch.equal(amax, expected), name
+
+
+@pytest.mark.parametrize("cfg", ["INT8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "FP8_DEFAULT_CFG"])
+def test_fold_weight_keeps_the_outputs(cfg):
+    model = mtq.quantize(make_model(), getattr(mtq, cfg), forward_loop)
+    with torch.no_grad():
+        before = model(TEST)
+        mtq.fold_weight(model)
+        after = model(TEST)
+    torch.testing.assert_close(after, before, rtol=1e-6, atol=1e-6)
+    assert not any(q.is_enabled for n, q in quant.quantizers(model) if n.endswith("weight_quantizer"))
+    w = model.blocks[0].fc1.weight.detach()
+    q = model.blocks[0].fc1.weight_quantizer
+    assert q.pre_quant_scale is None
+    if cfg == "INT8_DEFAULT_CFG":  # the folded weight lies on the int8 grid of its row
+        steps = w / (q.amax.view(-1, 1) / 127)
+        torch.testing.assert_close(steps, steps.round(), rtol=0, atol=1e-4)
+
+
+def test_modelopt_nn_tensor_quantizer_finds_every_quantizer():
+    from overdrive.quant.modelopt.nn import TensorQuantizer
+
+    model = mtq.quantize(make_model(), mtq.INT8_DEFAULT_CFG, forward_loop)
+    found = [n for n, m in model.named_modules() if isinstance(m, TensorQuantizer)]
+    assert found == [n for n, _ in quant.quantizers(model)] and len(found) == 10
+    assert mtq.nn.TensorQuantizer is TensorQuantizer

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from torch import nn
+import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.quant import api
@@ -34,7 +36,7 @@ from overdrive.quant.config import QuantConfig, QuantizerConfig
 from overdrive.quant.modules import _QuantMixin
 from overdrive.quant.quantizer import TensorQuantizer
 
-ForwardLoop = Callable[[nn.Module], Any]
+ForwardLoop = Callable[[torch.nn.Module], Any]
 
 
 class _ReadOnlyDict(dict):
@@ -193,10 +195,14 @@ def _check_entry(pattern: str, attrs: Any) -> dict[str, Any]:
     return dict(attrs)
 
 
-def _resolve(name: str, owner: nn.Module, quant_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The attributes ModelOpt would give the quantizer ``name`` (owned by ``owner``): defaults, then
-    ``default``, then every matching entry in order."""
-    attrs: dict[str, Any] = {"enable": True, "num_bits": 8, "axis": None, "narrow_range": False}
+_FRESH = {"enable": True, "num_bits": 8, "axis": None, "narrow_range": False}  # a quantizer ModelOpt just inserted
+
+
+def _resolve(name: str, owner: torch.nn.Module, quant_cfg: Mapping[str, Any],
+             start: Mapping[str, Any] = _FRESH) -> dict[str, Any]:
+    """The attributes ModelOpt would give the quantizer ``name`` (owned by ``owner``): ``start`` (a fresh
+    quantizer's, or its current ones), then ``default``, then every matching entry in order."""
+    attrs: dict[str, Any] = dict(start)
     entries = ([("*", quant_cfg["default"], name)] if "default" in quant_cfg else [])
     local = name.rsplit(".", 1)[-1]
     for pattern, value in quant_cfg.items():
@@ -242,13 +248,13 @@ def _quantizer_config(name: str, attrs: dict[str, Any], weight_axis: int | None)
     return cfg, axis is not None
 
 
-def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, int | None, int | None]]:
+def _owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, int | None, int | None]]:
     """quantizer name -> (owning module, the weight axis ModelOpt's configs name, the weight axis of the tensor)
     for weight quantizers of quantized layers, (module, None, None) for the others.
 
     The two differ for Hugging Face's Conv1D (GPT-2), whose weight is stored (in, out): ModelOpt's configs say
     ``axis: 0`` meaning per output channel, which is axis 1 of that tensor."""
-    out: dict[str, tuple[nn.Module, int | None, int | None]] = {}
+    out: dict[str, tuple[torch.nn.Module, int | None, int | None]] = {}
     for mname, m in model.named_modules():
         for cname, child in m.named_children():
             if isinstance(child, TensorQuantizer):
@@ -258,12 +264,76 @@ def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, int | None, int | No
     return out
 
 
-def set_quantizer_by_cfg(model: nn.Module, quant_cfg: Mapping[str, Any]) -> None:
-    """Give every quantizer of ``model`` the attributes ``quant_cfg`` assigns it (ModelOpt's function of that
-    name). A quantizer whose attributes change loses its amax and statistics (recalibrate)."""
+def _current(q: TensorQuantizer, named_axis: int | None) -> dict[str, Any]:
+    """A quantizer's settings as ModelOpt attributes."""
+    bits = {"int8": 8, "fp8_e4m3": (4, 3)}[q.config.format]
+    return {"enable": q.enabled, "num_bits": bits, "axis": None if q.axis is None else named_axis,
+            "narrow_range": q.config.narrow_range}
+
+
+def _apply(model: torch.nn.Module, quant_cfg: Mapping[str, Any], fresh: bool) -> None:
+    """Set each quantizer from ``quant_cfg``, starting from a fresh quantizer's attributes (``fresh``, what
+    mtq.quantize does) or from its current ones (ModelOpt's set_quantizer_by_cfg: a quantizer no entry
+    matches is left as it is)."""
     for name, (owner, named_axis, weight_axis) in _owners(model).items():
         q = getattr(owner, name.rsplit(".", 1)[-1])
-        cfg, per_channel = _quantizer_config(name, _resolve(name, owner, quant_cfg), named_axis)
+        now = _current(q, named_axis)
+        attrs = _resolve(name, owner, quant_cfg, _FRESH if fresh else now)
+        if not fresh and {k: v for k, v in attrs.items() if k != "enable"} == {k: v for k, v in now.items()
+                                                                               if k != "enable"}:
+            q.enabled = bool(attrs["enable"])  # only switched on or off: amax, statistics, dynamic kept
+            continue
+        cfg, per_channel = _quantizer_config(name, attrs, named_axis)
+        _reconfigure(q, cfg, weight_axis if per_channel else None)
+
+
+def set_quantizer_by_cfg(model: torch.nn.Module, quant_cfg: Mapping[str, Any]) -> None:
+    """ModelOpt's ``mtq.set_quantizer_by_cfg``: ``quant_cfg["default"]`` on every quantizer, then each entry in
+    order on the quantizers its pattern matches (fnmatch on the name, or ``"nn.Linear": {"*input*": ...}`` by
+    layer class); the others keep their settings. A quantizer whose format or axis changes loses its amax and
+    statistics (recalibrate: ``mtq.calibrate``); one only switched on or off keeps them.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG,
+        ...                  lambda m: m(torch.randn(8, 4)))
+        >>> mtq.set_quantizer_by_cfg(m, {"*input_quantizer": {"enable": False}})
+        >>> m[0].input_quantizer.enabled, m[0].weight_quantizer.amax.shape
+        (False, torch.Size([4]))
+    """
+    _apply(model, quant_cfg, fresh=False)
+
+
+def set_quantizer_attribute(model: torch.nn.Module, wildcard_or_filter_func: str | Callable[[str], bool],
+                            attribute: Mapping[str, Any], parent_class: type | None = None) -> None:
+    """ModelOpt's ``mtq.set_quantizer_attribute``: the attributes in ``attribute`` (``enable``, ``num_bits``,
+    ``axis``, ``narrow_range``) on the quantizers whose names match (fnmatch pattern, or a function of the
+    name), only those owned by a ``parent_class`` instance if given; other attributes are kept.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG,
+        ...                  lambda m: m(torch.randn(8, 4)))
+        >>> mtq.set_quantizer_attribute(m, lambda name: name.endswith("weight_quantizer"), {"enable": False})
+        >>> m[0].weight_quantizer.enabled, m[0].input_quantizer.enabled
+        (False, True)
+    """
+    if isinstance(attribute, (list, tuple)):
+        raise UsageError("a list of attributes (ModelOpt's SequentialQuantizer, used for W4A8) is not supported; "
+                         "give one dict of attributes")
+    _check_entry(str(wildcard_or_filter_func), attribute)
+    match = wildcard_or_filter_func if callable(wildcard_or_filter_func) else (
+        lambda n: fnmatch.fnmatch(n, wildcard_or_filter_func))  # type: ignore[arg-type]
+    for name, (owner, named_axis, weight_axis) in _owners(model).items():
+        if not match(name) or (parent_class is not None and not isinstance(owner, parent_class)):
+            continue
+        q = getattr(owner, name.rsplit(".", 1)[-1])
+        now = _current(q, named_axis)
+        attrs = {**now, **attribute}
+        if {k: v for k, v in attrs.items() if k != "enable"} == {k: v for k, v in now.items() if k != "enable"}:
+            q.enabled = bool(attrs["enable"])
+            continue
+        cfg, per_channel = _quantizer_config(name, attrs, named_axis)
         _reconfigure(q, cfg, weight_axis if per_channel else None)
 
 
@@ -278,7 +348,7 @@ def _reconfigure(q: TensorQuantizer, cfg: QuantizerConfig, axis: int | None) -> 
     q.calibrator = None
 
 
-def quantize(model: nn.Module, config: Mapping[str, Any], forward_loop: ForwardLoop | None = None) -> nn.Module:
+def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: ForwardLoop | None = None) -> torch.nn.Module:
     """ModelOpt's ``mtq.quantize(model, config, forward_loop)``: quant.quantize's layer swap, then each quantizer
     set from ``config["quant_cfg"]``, weights max-calibrated and ``forward_loop(model)`` run once for the
     activations (``config["algorithm"]`` ``"max"``). Residual adds and attention matmuls get no quantizers
@@ -293,6 +363,7 @@ def quantize(model: nn.Module, config: Mapping[str, Any], forward_loop: ForwardL
     if bad:
         raise UsageError(f"config keys {bad} are not supported; a ModelOpt config has 'quant_cfg' and 'algorithm'")
     method = _method(config.get("algorithm", "max"))
+    forward_loop = _takes_model(forward_loop)
     for pattern, value in config["quant_cfg"].items():  # refuse bad entries before the model is touched
         for p, v in (value.items() if str(pattern).startswith("nn.") and isinstance(value, Mapping)
                      and all(isinstance(x, Mapping) for x in value.values()) else [(pattern, value)]):
@@ -301,7 +372,7 @@ def quantize(model: nn.Module, config: Mapping[str, Any], forward_loop: ForwardL
                                        **_check_entry(str(p), v), "axis": None}, weight_axis=None)
     alpha = _smoothquant_alpha(config.get("algorithm", "max"))
     model = api.quantize(model, QuantConfig(residual_add=False, smoothquant=alpha), forward_loop=None)
-    set_quantizer_by_cfg(model, config["quant_cfg"])
+    _apply(model, config["quant_cfg"], fresh=True)
     if alpha is not None and forward_loop is not None:
         from overdrive.quant.smoothquant import smooth
 
@@ -312,33 +383,110 @@ def quantize(model: nn.Module, config: Mapping[str, Any], forward_loop: ForwardL
     return model
 
 
-def calibrate(model: nn.Module, algorithm: Any = "max", forward_loop: ForwardLoop | None = None) -> nn.Module:
-    """ModelOpt's ``mtq.calibrate``: recalibrate the activations of a quantized model with ``forward_loop``."""
+def _takes_model(forward_loop: ForwardLoop | None) -> ForwardLoop | None:
+    """ModelOpt's older ``forward_loop()`` without arguments (still accepted there, with a warning) as one
+    taking the model."""
+    if forward_loop is None:
+        return None
+    try:
+        params = inspect.signature(forward_loop).parameters.values()
+    except (TypeError, ValueError):
+        return forward_loop
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params) or len(params) > 0:
+        return forward_loop
+    warnings.warn("forward_loop should take the model as its argument (def forward_loop(model): ...); one with no "
+                  "arguments is run as it is", DeprecationWarning, stacklevel=3)
+    return lambda model: forward_loop()  # type: ignore[call-arg]
+
+
+def calibrate(model: torch.nn.Module, algorithm: Any = "max", forward_loop: ForwardLoop | None = None) -> torch.nn.Module:
+    """ModelOpt's ``mtq.calibrate``: weights without amax get max |w| (after a format or axis change), then the
+    enabled activation quantizers are recalibrated with ``forward_loop``; ``algorithm`` None calibrates nothing.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG)
+        >>> m = mtq.calibrate(m, "max", forward_loop=lambda m: m(torch.ones(2, 4)))
+        >>> float(m[0].input_quantizer.amax)
+        1.0
+    """
     method = _method(algorithm)
-    if forward_loop is not None and method is not None:
+    forward_loop = _takes_model(forward_loop)
+    if method is None:
+        return model
+    api._calibrate_weights(model, missing_only=True)
+    if forward_loop is not None and any(q.enabled for q in api._activation_quantizers(model)):
         api.calibrate(model, forward_loop, method=method)
     return model
 
 
-def _select(model: nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> list[TensorQuantizer]:
+def postprocess_amax(model: torch.nn.Module, key: str, post_process_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.nn.Module:
+    """ModelOpt's ``mtq.postprocess_amax``: ``amax = post_process_fn(amax)`` for every calibrated quantizer whose
+    name matches the fnmatch pattern ``key``; returns the model. A result in ModelOpt's keep-dims shape
+    ((C, 1) per channel) is taken as (C,).
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG,
+        ...                  lambda m: m(torch.full((2, 4), 1e-4)))
+        >>> m = mtq.postprocess_amax(m, "*input_quantizer", lambda amax: torch.clamp(amax, min=0.01))
+        >>> round(float(m[0].input_quantizer.amax), 6)
+        0.01
+    """
+    if not isinstance(key, str):
+        raise UsageError(f"key must be an fnmatch pattern on quantizer names, e.g. '*input_quantizer'; got {key!r}")
+    for name, q in api.quantizers(model):
+        if q.amax is not None and fnmatch.fnmatch(name, key):
+            amax = post_process_fn(q.amax)
+            if not isinstance(amax, torch.Tensor):
+                raise UsageError(f"post_process_fn must return a tensor (amax of {name}); got {type(amax).__name__}")
+            q.amax = amax.detach().float().to(q.amax.device)
+    return model
+
+
+@torch.no_grad()
+def fold_weight(model: torch.nn.Module) -> None:
+    """ModelOpt's ``mtq.fold_weight``: write each quantized layer's fake-quantized weight into the weight
+    (SmoothQuant's factor included) and turn its weight quantizer off, so evaluation skips re-quantizing the
+    weights; the outputs stay the same. Input quantizers are untouched.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG,
+        ...                  lambda m: m(torch.randn(8, 4)))
+        >>> x = torch.randn(2, 4); before = m(x); mtq.fold_weight(m)
+        >>> bool(torch.equal(before, m(x))), m[0].weight_quantizer.enabled
+        (True, False)
+    """
+    for m in model.modules():
+        if not isinstance(m, _QuantMixin):
+            continue
+        q = m.weight_quantizer
+        if q.enabled and q.quant_enabled and not q.calibrating and q.is_calibrated:
+            m.weight.copy_(q(m.weight).to(m.weight.dtype))
+            q.pre_quant_scale = None  # already in the folded weight
+            q.enabled = False
+
+
+def _select(model: torch.nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> list[TensorQuantizer]:
     match = wildcard_or_filter if callable(wildcard_or_filter) else (
         lambda n: fnmatch.fnmatch(n, wildcard_or_filter))  # type: ignore[arg-type]
     return [q for n, q in api.quantizers(model) if match(n)]
 
 
-def disable_quantizer(model: nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> None:
+def disable_quantizer(model: torch.nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> None:
     """Turn off the quantizers whose names match (fnmatch pattern, or a function of the name)."""
     for q in _select(model, wildcard_or_filter):
         q.enabled = False
 
 
-def enable_quantizer(model: nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> None:
+def enable_quantizer(model: torch.nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> None:
     """Turn on the quantizers whose names match (fnmatch pattern, or a function of the name)."""
     for q in _select(model, wildcard_or_filter):
         q.enabled = True
 
 
-def print_quant_summary(model: nn.Module) -> None:
+def print_quant_summary(model: torch.nn.Module) -> None:
     """One line per quantizer (name, format, axis, amax), then the count, as ModelOpt prints it; the table with
     skipped layers and why is quant.print_summary(model)."""
     qs = list(api.quantizers(model))
@@ -349,4 +497,7 @@ def print_quant_summary(model: nn.Module) -> None:
 
 
 __all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_WEIGHT_ONLY_CFG", "quantize", "calibrate",
-           "set_quantizer_by_cfg", "disable_quantizer", "enable_quantizer", "print_quant_summary"]
+           "set_quantizer_by_cfg", "set_quantizer_attribute", "postprocess_amax", "fold_weight", "disable_quantizer",
+           "enable_quantizer", "print_quant_summary", "nn"]
+
+from overdrive.quant.modelopt import nn  # noqa: E402  (mtq.nn.TensorQuantizer; imported last: it needs nothing above)
