@@ -13,7 +13,7 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive.engine import Builder, ShapeProfile
 from overdrive.engine.backends.onnxruntime import has_qdq
-from overdrive.engine.onnx import quantize_onnx
+from overdrive.engine.onnx import quantize_onnx, quantize_onnx_integer
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -25,9 +25,11 @@ def _calib() -> list[tuple[torch.Tensor, ...]]:
     return [(torch.randn(8, 1, 8, 8, generator=g),) for _ in range(4)]
 
 
-def _ort(model: bytes, x: torch.Tensor) -> np.ndarray:
+def _ort(model: bytes, x: torch.Tensor, fused: bool = False) -> np.ndarray:
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # exact Q/DQ arithmetic
+    # exact Q/DQ arithmetic; fused: ONNX Runtime's integer kernels, whose requantization rounds as the engine's does
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
+                                   else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
 
 
@@ -56,7 +58,9 @@ def test_float_onnx_int8_engine_is_calibrated(digits_onnx: bytes, backend: str) 
     eng = Builder(precision="int8", backend=backend, device="cpu", profiles=STATIC).build(digits_onnx, calib=calib)
     assert eng.header["precision"] == "int8" and "quantize_static" in eng.header["calibration"]
     x = calib[0][0]
-    ref_qdq = _ort(quantize_onnx(digits_onnx, calib, "int8"), x)
+    integer = eng.header["backend_meta"].get("int8_layout") == "integer"  # onnxruntime: the faster layout, timed
+    qdq = quantize_onnx_integer(digits_onnx, calib) if integer else quantize_onnx(digits_onnx, calib, "int8")
+    ref_qdq = _ort(qdq, x, fused=integer)
     out = eng(x)
     out = (out[0] if isinstance(out, (list, tuple)) else out).float().numpy()
     assert np.abs(out - ref_qdq).max() <= 1e-4 * max(np.abs(ref_qdq).max(), 1.0)  # the same Q/DQ arithmetic

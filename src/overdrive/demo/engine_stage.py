@@ -127,6 +127,9 @@ def run(ctx: DemoContext) -> Table:
             kernels = loaded.header["backend_meta"].get("int8_kernels")
             if kernels:  # why an int8 engine may be slower than fp32 on this CPU
                 table.notes.append(f"{prec}: {kernels}")
+            layout = loaded.header["backend_meta"].get("int8_layout_why")
+            if layout:  # which Q/DQ layout ONNX Runtime runs, chosen by timing at build
+                table.notes.append(f"{prec} layout: {loaded.header['backend_meta']['int8_layout']} ({layout})")
             if loaded.info.get("layers"):  # which layers ran on an int8/fp8 kernel, which stayed float and why
                 from overdrive.engine.layer_choice import placement_summary
 
@@ -141,6 +144,5 @@ def run(ctx: DemoContext) -> Table:
         from overdrive._utils.device import cpu_summary
 
         table.notes.append(f"CPU {cpu_summary()}: ONNX Runtime's int8 convolutions use VNNI/AMX dot products where "
-                           "the CPU has them; on a model this small, quantize/dequantize passes cost about what the "
-                           "int8 math saves.")
+                           "the CPU has them (without them its Q/DQ graph runs as dequantize + fp32: no int8 speed).")
     return table

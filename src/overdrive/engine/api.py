@@ -215,7 +215,9 @@ class Builder:
             int8 = {"activations": mode, "why": why}
         if precision in ("int8", "fp8") and cfg.int8_activations != "dynamic":  # dynamic scales need no calibration
             _warn_uncalibrated(src, precision, calib, stacklevel=4)
-            if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes):  # float ONNX: calibrate it into Q/DQ
+            ort_int8 = name == "onnxruntime" and precision == "int8"  # that backend chooses its int8 layout itself
+            if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes) and not ort_int8:
+                # float ONNX: calibrate it into Q/DQ
                 from overdrive.engine.onnx import quantize_onnx
 
                 batches, t_cal = calib or [tuple(x.cpu() for x in example)], time.perf_counter()
@@ -246,6 +248,7 @@ class Builder:
         t0 = time.perf_counter()
         sections, runner, meta = backend.build(src, example, cfg, device, calib)
         build_s = time.perf_counter() - t0
+        calibration = calibration or meta.pop("calibration", None)
         outs = runner(*example)
         header = {
             "overdrive": __version__, "backend": name, "backend_reason": reason, "precision": precision,

@@ -10,6 +10,7 @@ counts the integer kernels of the optimized graph by op type: an int8 engine who
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -111,7 +112,7 @@ def int8_kernels_exact() -> tuple[bool, str]:
 
 
 def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None, unfused_qdq: bool = False,
-             profile_prefix: str | None = None, int8_matmuls: bool = False) -> Any:
+             profile_prefix: str | None = None, int8_matmuls: bool = False, full: bool = False) -> Any:
     ort = require("onnxruntime", "onnx", "the onnxruntime backend")
     # int8_matmuls: a Q/DQ model with only its inputs quantized (overdrive.quant's layout) keeps each MatMul and
     # its bias Add apart, so DQ -> MatMul becomes MatMulIntegerToFloat (an int8 GEMM); fused into a Gemm first, it
@@ -122,9 +123,10 @@ def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None =
         so.enable_profiling, so.profile_file_prefix = True, profile_prefix
     if unfused_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")  # keep Q/DQ out of the saturating kernels
-    if optimize_to:
+    if optimize_to or full:  # full: every optimization, as a build applies them, without saving the result
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.optimized_model_filepath = optimize_to
+        if optimize_to:
+            so.optimized_model_filepath = optimize_to
     else:  # stored models are optimized already
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.log_severity_level = 3
@@ -150,8 +152,12 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         model_bytes = quantize_onnx_dynamic(src.as_onnx(example, cfg.profiles, cfg.opset), reduce_range=not exact)
         meta["int8_kernels"] = "dynamic int8: " + ("8-bit weights, " if exact else "7-bit weights (reduce_range), ") + why
         meta["reduce_range"] = not exact
-    elif cfg.precision == "int8" and src.onnx_bytes is None:
+    elif cfg.precision == "int8" and src.onnx_bytes is None and _quantized_already(src):
         model_bytes = _quantized_onnx(src, example, calib or [example], cfg.profiles, cfg.opset)
+    elif cfg.precision == "int8" and (src.onnx_bytes is None or not has_qdq(src.onnx_bytes)):  # a float model
+        fp32 = src.onnx_bytes if src.onnx_bytes is not None else src.as_onnx(example, cfg.profiles, cfg.opset)
+        model_bytes, chosen = choose_int8_layout(fp32, example, calib or [tuple(x.cpu() for x in example)], device)
+        meta.update(chosen)
     else:
         model_bytes = src.as_onnx(example, cfg.profiles, cfg.opset)
     qdq = not dynamic and has_qdq(model_bytes)  # parsed once, here: loads read the decision from the header
@@ -183,7 +189,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
 
 def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]],
                     profiles: Any = (), opset: int = 18) -> bytes:
-    """The int8 Q/DQ ONNX model of a PyTorch module, calibrated on ``calib``."""
+    """The int8 Q/DQ ONNX model of a PyTorch module quantized already (QAT, sparse-quantized), exported with
+    its own ranges."""
     try:
         from overdrive import quant
     except ImportError as exc:
@@ -196,15 +203,6 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
     if fmts and fmts != {"int8"}:
         raise UsageError(f"the model is quantized already to {sorted(fmts)}, not int8; the onnxruntime backend runs int8 "
                          "Q/DQ models: quantize the float model with quant.INT8_DEFAULT")
-    if not any(True for _ in quant.quantizers(src.module)):
-        # a float model: its fp32 export calibrated by quantize_onnx, in overdrive.quant's layout without the
-        # residual-add quantizers. Those share their Q/DQ pair with the next layer's GEMM inputs (one tensor, one
-        # scale), and a DequantizeLinear read by an Add as well does not fuse into MatMulIntegerToFloat: a 2-layer
-        # BERT got 4 integer GEMMs of 13 that way, 12 this way (the pooler's Gemm stays float)
-        from overdrive.engine.onnx import quantize_onnx
-
-        fp32 = src.as_onnx(example, profiles, opset)
-        return quantize_onnx(fp32, [tuple(x.detach().cpu() for x in batch) for batch in calib], "int8")
     model = src.module  # quantized already (QAT, sparse-quantized): exported as calibrated
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "qdq.onnx")
@@ -214,6 +212,103 @@ def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: 
         quant.export_onnx(by_name(model, list(names)), example, path, input_names=names)
         with open(path, "rb") as fh:
             return fh.read()
+
+
+def _quantized_already(src: ModelSource) -> bool:
+    """Whether ``src`` is a PyTorch module with overdrive.quant quantizers in it (QAT, sparse-quantized)."""
+    try:
+        from overdrive import quant
+    except ImportError:
+        return False
+    return any(True for _ in quant.quantizers(src.module))
+
+
+INTEGER_LAYOUT_GAIN = 1.05
+"""How much faster (median time ratio) ONNX Runtime's integer layout must run than overdrive's inputs-only layout to
+be chosen: a margin over the timing noise of a build-time measurement."""
+
+
+def choose_int8_layout(fp32: bytes, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]],
+                       device: torch.device) -> tuple[bytes, dict[str, Any]]:
+    """The int8 Q/DQ model of a float ONNX model that runs fastest here, chosen by timing, and what was measured.
+
+    Two layouts are calibrated on ``calib``: overdrive.quant's (Q/DQ on the inputs of each Conv/Gemm/MatMul, never on
+    their outputs; :func:`~overdrive.engine.onnx.quantize_onnx`) and, for a model with convolutions on a CPU whose
+    int8 kernels are exact, ONNX Runtime's own (:func:`~overdrive.engine.onnx.quantize_onnx_integer`: outputs, adds
+    and pooling quantized as well). The first keeps the residual stream float, and its MatMuls fuse into integer
+    GEMMs; but ONNX Runtime has no integer convolution that returns float, so each of its convolutions runs in fp32
+    behind a DequantizeLinear. The second fuses a CNN into integer kernels end to end (QLinearConv, QLinearAdd). The
+    faster one on ``example`` (by :data:`INTEGER_LAYOUT_GAIN` for the integer layout) whose outputs on the first
+    calibration batch keep cosine >= 0.99 to the fp32 model's is kept; ``meta["int8_layouts"]`` has both.
+
+    Example:
+        >>> # q, meta = choose_int8_layout(fp32_bytes, (x,), [(x,)], torch.device("cpu")); meta["int8_layout"]
+    """
+    from overdrive.engine.onnx import calibration_feeds, quantize_onnx, quantize_onnx_integer
+
+    t0 = time.perf_counter()
+    batches = [tuple(x.detach().cpu() for x in b) for b in calib]
+    inputs_layout = quantize_onnx(fp32, batches, "int8")
+    meta: dict[str, Any] = {"int8_layout": "inputs"}
+    exact, _ = int8_kernels_exact() if device.type == "cpu" else (False, "")
+    import onnx
+
+    graph = onnx.load_from_string(fp32).graph
+    convs = any(n.op_type in ("Conv", "ConvTranspose") for n in graph.node)
+    if not (exact and convs):
+        meta["int8_layout_why"] = ("no convolutions: the inputs-only layout's MatMuls run as integer GEMMs" if exact
+                                   else "ONNX Runtime's int8 kernels are not exact here (see int8_kernels)")
+        meta["calibration"] = f"ONNX Runtime quantize_static (int8 Q/DQ) on {len(batches)} batch(es) in {time.perf_counter() - t0:.1f} s"
+        return inputs_layout, meta
+    layouts = {"inputs": inputs_layout}
+    try:
+        layouts["integer"] = quantize_onnx_integer(fp32, batches)
+    except UsageError as exc:
+        meta["int8_layout_why"] = f"ONNX Runtime's integer layout could not be made: {exc}"
+    t_cal = time.perf_counter() - t0
+    if "integer" in layouts:
+        feed = calibration_feeds(fp32, batches[:1])[0]
+        ref = _float_outputs(_session(fp32, device, optimize_to=None, full=True).run(None, feed))
+        sessions = {k: _session(b, device, full=True, int8_matmuls=True) for k, b in layouts.items()}
+        names = [i.name for i in sessions["inputs"].get_inputs()]
+        timing_feed = {n: x.detach().cpu().numpy() for n, x in zip(names, example)}
+        measured = {k: {"cosine": _cosine(ref, _float_outputs(s.run(None, feed))), "ms": []} for k, s in sessions.items()}
+        for s in sessions.values():
+            s.run(None, timing_feed)  # warm-up
+        t_run = time.perf_counter()
+        for rnd in range(8):  # interleaved rounds, so that a noisy stretch of the machine hits both layouts
+            for k, s in sessions.items():
+                t = time.perf_counter()
+                s.run(None, timing_feed)
+                measured[k]["ms"].append((time.perf_counter() - t) * 1e3)
+            if rnd >= 2 and time.perf_counter() - t_run > 2.0:
+                break
+        rows = {k: {"ms": round(statistics.median(v["ms"]), 4), "cosine": round(v["cosine"], 6)} for k, v in measured.items()}
+        meta["int8_layouts"] = rows
+        fast = rows["integer"]["ms"] * INTEGER_LAYOUT_GAIN < rows["inputs"]["ms"]
+        good = rows["integer"]["cosine"] >= 0.99
+        if fast and good:
+            meta["int8_layout"] = "integer"
+        why = (f"integer layout {rows['inputs']['ms'] / rows['integer']['ms']:.2f}x the inputs-only layout, cosine "
+               f"{rows['integer']['cosine']:.4f} (inputs-only {rows['inputs']['cosine']:.4f})")
+        meta["int8_layout_why"] = why + ("" if good else ": below cosine 0.99, not used")
+    meta["calibration"] = (f"ONNX Runtime quantize_static (int8 Q/DQ, {'/'.join(layouts)} layout"
+                           f"{'s' if len(layouts) > 1 else ''}) on {len(batches)} batch(es) in {t_cal:.1f} s")
+    return layouts[meta["int8_layout"]], meta
+
+
+def _float_outputs(outs: list[Any]) -> list[np.ndarray]:
+    return [np.asarray(o, dtype=np.float64).ravel() for o in outs
+            if isinstance(o, np.ndarray) and np.issubdtype(o.dtype, np.floating)]
+
+
+def _cosine(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """The lowest cosine similarity over the float outputs (1.0 where there are none)."""
+    worst = 1.0
+    for a, b in zip(ref, got):
+        den = float(np.linalg.norm(a) * np.linalg.norm(b))
+        worst = min(worst, float(a @ b) / den if den > 0 else float(np.array_equal(a, b)))
+    return worst
 
 
 def profile_nodes(model_bytes: bytes, header: dict[str, Any], device: torch.device, xs: list[torch.Tensor],

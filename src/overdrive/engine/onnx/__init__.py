@@ -14,6 +14,8 @@ Example:
 """
 
 from overdrive.engine.onnx.importer import SUPPORTED_OPS, ONNXModule, import_onnx
-from overdrive.engine.onnx.quantize import quantizable_nodes, quantize_onnx, quantize_onnx_dynamic
+from overdrive.engine.onnx.quantize import (calibration_feeds, quantizable_nodes, quantize_onnx, quantize_onnx_dynamic,
+                                            quantize_onnx_integer)
 
-__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "quantize_onnx", "quantize_onnx_dynamic", "quantizable_nodes"]
+__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "quantize_onnx", "quantize_onnx_dynamic", "quantize_onnx_integer",
+           "quantizable_nodes", "calibration_feeds"]

@@ -139,20 +139,17 @@ def fit_batches(calib: Sequence[tuple[torch.Tensor, ...]], shapes: list[list[int
     return [tuple(c[s:s + b] for c in cols) for s in range(0, rows - b + 1, b)]
 
 
-def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], precision: str = "int8") -> bytes:
-    """A Q/DQ copy of a float ONNX model, calibrated on ``calib`` (batches, one tensor per model input).
+def calibration_feeds(onnx_model: bytes | object, calib: Sequence[tuple[torch.Tensor, ...]],
+                      precision: str = "int8") -> list[dict[str, np.ndarray]]:
+    """``calib`` (batches, one tensor per model input) as ONNX Runtime feeds for a float ONNX model (bytes or a
+    ``ModelProto``): checked against its inputs, cut to its fixed batch size (:func:`fit_batches`) and cast to
+    its input types.
 
     Example:
-        >>> # qdq = quantize_onnx(open("model.onnx", "rb").read(), [(torch.randn(8, 3, 224, 224),)], "int8")
+        >>> # feeds = calibration_feeds(open("model.onnx", "rb").read(), [(torch.randn(8, 3, 224, 224),)])
     """
-    if precision not in ("int8", "fp8"):
-        raise UsageError(f"quantize_onnx makes int8 or fp8 Q/DQ models, not {precision!r}")
     onnx = require("onnx", "onnx", "ONNX calibration")
-    require("onnxruntime", "onnxruntime", "ONNX calibration")
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
-
-    model = onnx.load_from_string(onnx_bytes)
+    model = onnx.load_from_string(onnx_model) if isinstance(onnx_model, bytes) else onnx_model
     inits = {t.name for t in model.graph.initializer}
     inputs = [(i.name, _NP.get(i.type.tensor_type.elem_type, np.float32)) for i in model.graph.input if i.name not in inits]
     if not calib:
@@ -163,21 +160,43 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
                              f"{len(inputs)} input(s) {[n for n, _ in inputs]}; give one tensor per input")
     fixed = {i.name: [d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
              for i in model.graph.input if i.name not in inits}
-    calib = fit_batches(calib, [fixed[n] for n, _ in inputs], [n for n, _ in inputs])
+    batches = fit_batches(calib, [fixed[n] for n, _ in inputs], [n for n, _ in inputs])
+    return [{n: x.detach().cpu().numpy().astype(dt) for (n, dt), x in zip(inputs, batch)} for batch in batches]
+
+
+def _reader(feeds: list[dict[str, np.ndarray]]) -> object:
+    """An ONNX Runtime ``CalibrationDataReader`` over ``feeds``."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it: Iterator[dict[str, np.ndarray]] = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    return _Reader()
+
+
+def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], precision: str = "int8") -> bytes:
+    """A Q/DQ copy of a float ONNX model, calibrated on ``calib`` (batches, one tensor per model input).
+
+    Example:
+        >>> # qdq = quantize_onnx(open("model.onnx", "rb").read(), [(torch.randn(8, 3, 224, 224),)], "int8")
+    """
+    if precision not in ("int8", "fp8"):
+        raise UsageError(f"quantize_onnx makes int8 or fp8 Q/DQ models, not {precision!r}")
+    onnx = require("onnx", "onnx", "ONNX calibration")
+    require("onnxruntime", "onnxruntime", "ONNX calibration")
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    model = onnx.load_from_string(onnx_bytes)
+    feeds = calibration_feeds(model, calib, precision)
     nodes = quantizable_nodes(model)
     if not nodes:
         raise UsageError(f"--precision {precision}: the ONNX model has no Conv, ConvTranspose, Gemm or weight MatMul "
                          "(a constant weight, as a Linear exports) to quantize; build it in fp32/fp16 instead")
     _private_inputs(model, nodes)
-
-    class _Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self._it: Iterator[dict[str, np.ndarray]] = (
-                {n: x.detach().cpu().numpy().astype(dt) for (n, dt), x in zip(inputs, batch)} for batch in calib)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self._it, None)
-
     qtype = QuantType.QInt8 if precision == "int8" else QuantType.QFLOAT8E4M3FN
     method = CalibrationMethod.MinMax if precision == "int8" else CalibrationMethod.Distribution
     options = {"ActivationSymmetric": True, "WeightSymmetric": True,
@@ -185,7 +204,7 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
     with _quiet_root_logger(), tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "qdq.onnx")
         try:
-            quantize_static(model, out, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+            quantize_static(model, out, _reader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=qtype, weight_type=qtype, nodes_to_quantize=nodes,
                             op_types_to_quantize=list(QUANTIZED_OPS), calibrate_method=method, extra_options=options)
         except UsageError:
@@ -196,6 +215,50 @@ def quantize_onnx(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]], 
         qdq = onnx.load(out)
     _drop_copies(qdq)
     return qdq.SerializeToString()
+
+
+def quantize_onnx_integer(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor, ...]]) -> bytes:
+    """A Q/DQ copy of a float ONNX model in ONNX Runtime's own int8 layout, the one its CPU integer kernels fuse
+    end to end: Q/DQ on the inputs *and outputs* of every op ONNX Runtime has an integer kernel for (Conv,
+    MatMul, Add, pooling, Concat, ...; a ReLU after a quantized op is folded into its output range), activations
+    uint8 with a zero point (so a ReLU's output uses all 256 levels), weights int8 per output channel, max
+    calibration on ``calib``. ONNX Runtime's optimizer then turns a CNN into QLinearConv -> QLinearAdd -> ... in
+    NHWC, with no float tensor in between; :func:`quantize_onnx`'s layout (inputs only) leaves each convolution
+    in float behind a DequantizeLinear there. This layout quantizes the residual stream too, which costs accuracy
+    on transformers: callers measure it (the onnxruntime backend times and checks both layouts).
+
+    Example:
+        >>> # q = quantize_onnx_integer(open("resnet.onnx", "rb").read(), [(torch.randn(8, 3, 224, 224),)])
+    """
+    onnx = require("onnx", "onnx", "ONNX calibration")
+    require("onnxruntime", "onnxruntime", "ONNX calibration")
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    model = onnx.load_from_string(onnx_bytes)
+    feeds = calibration_feeds(model, calib)
+    if not quantizable_nodes(model):
+        raise UsageError("--precision int8: the ONNX model has no Conv, ConvTranspose, Gemm or weight MatMul to "
+                         "quantize; build it in fp32 instead")
+    with _quiet_root_logger(), tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "int8.onnx")
+        onnx.save(model, src)
+        try:  # ONNX Runtime's pre-processing (shape inference, graph fusions) helps its quantizer find the patterns
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            pre = os.path.join(tmp, "pre.onnx")
+            quant_pre_process(src, pre, skip_symbolic_shape=True)
+            src = pre
+        except Exception:  # noqa: BLE001 - optional: the quantizer runs on the exported model as it is
+            pass
+        try:
+            quantize_static(src, out, _reader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            calibrate_method=CalibrationMethod.MinMax,
+                            extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+        except Exception as exc:
+            raise UsageError(f"ONNX Runtime could not calibrate the model to int8: {type(exc).__name__}: {exc}; "
+                             "build from the PyTorch model with --calib, or from a Q/DQ ONNX model") from exc
+        return onnx.load(out).SerializeToString()
 
 
 DYNAMIC_OPS = ("MatMul", "Attention")
