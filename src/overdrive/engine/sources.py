@@ -120,8 +120,16 @@ def export_summary(exc: BaseException) -> str:
         >>> export_summary(RuntimeError("Failed ... ## Exception summary <class 'RuntimeError'>: Given groups=1, "
         ...                             "expected 3 channels (Refer to the full stack trace above for more information.)"))
         'RuntimeError: Given groups=1, expected 3 channels'
+        >>> export_summary(RuntimeError("The following operation failed in the TorchScript interpreter.\\n  File code.py"
+        ...                             "\\nRuntimeError: expected input to have 3 channels\\n"))
+        'RuntimeError: expected input to have 3 channels'
     """
-    text = " ".join(str(exc).split())
+    raw = str(exc)
+    if "TorchScript interpreter" in raw:  # a TorchScript traceback (code and Python frames), the error on its last line
+        last = [ln.strip() for ln in raw.splitlines() if ln.strip()][-1]
+        if re.match(r"\w+(Error|Exception): ", last):
+            return last[:300]
+    text = " ".join(raw.split())
     m = re.search(r"## Exception summary\s*<class '(?:[\w.]+\.)?(\w+)'>:\s*(.*?)\s*(?:\(Refer to the full stack trace.*)?$", text)
     if m:
         return f"{m.group(1)}: {m.group(2)}"
@@ -289,15 +297,97 @@ def from_factory(spec: str) -> ModelSource:
     return from_module(load_factory(spec).eval())
 
 
-def from_torchscript(path: str | Path, example: tuple[torch.Tensor, ...], input_names: list[str] | None = None) -> ModelSource:
-    """TorchScript goes through ONNX (the TorchScript exporter), like trtexec's workflow."""
+# how a TorchScript graph uses an input that holds indices or a mask, (op, argument position): the file does not
+# record input dtypes, and an index input given as floats fails the export (embedding needs Long or Int indices)
+_INDEX_USES = {("aten::embedding", 1), ("aten::embedding_bag", 1), ("aten::embedding_bag", 2),
+               ("aten::_embedding_bag", 1), ("aten::_embedding_bag", 2), ("aten::index_select", 2),
+               ("aten::gather", 2), ("aten::one_hot", 0), ("aten::take", 1), ("aten::take_along_dim", 1)}
+_BOOL_USES = {("aten::bitwise_not", 0), ("aten::logical_not", 0), ("aten::logical_and", 0), ("aten::logical_and", 1),
+              ("aten::logical_or", 0), ("aten::logical_or", 1), ("aten::logical_xor", 0), ("aten::logical_xor", 1),
+              ("aten::masked_fill", 1), ("aten::masked_fill_", 1), ("aten::where", 0)}
+# ops that pass their first argument's values on unchanged: an index input reshaped before its embedding_bag
+_SAME_VALUES = {"aten::reshape", "aten::view", "aten::flatten", "aten::unsqueeze", "aten::squeeze", "aten::contiguous",
+                "aten::slice", "aten::select", "aten::transpose", "aten::permute", "aten::expand", "aten::clone",
+                "aten::narrow", "aten::t", "aten::repeat"}
+
+
+def torchscript_inputs(scripted: Any) -> list[tuple[str, torch.dtype]]:
+    """The inputs of a TorchScript module's forward as (name, dtype): the name its graph gives (``input_ids``), the
+    dtype from how the graph uses it: int64 where it indexes (embedding, gather) or its name says token ids or a
+    mask, bool where it is a mask (``~mask``, masked_fill, where), else float32.
+
+    Example:
+        >>> class Lookup(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.emb = nn.Embedding(10, 4)
+        ...     def forward(self, ids, x):
+        ...         return self.emb(ids.flatten(1)).sum(1) + x
+        >>> torchscript_inputs(torch.jit.trace(Lookup(), (torch.zeros(2, 3, dtype=torch.long), torch.randn(2, 4))))
+        [('ids', torch.int64), ('x', torch.float32)]
+    """
+    values = list(scripted.inlined_graph.inputs())[1:]  # [0] is the module itself
+    out = []
+    for v in values:
+        name = v.debugName().split(".")[0]
+        dtype = integer_dtypes([name]).get(name)
+        todo, seen = [v], set()
+        while todo and dtype is None:
+            value = todo.pop()
+            for use in value.uses():
+                kind = use.user.kind()
+                if (kind, use.offset) in _INDEX_USES:
+                    dtype = torch.int64
+                elif (kind, use.offset) in _BOOL_USES:
+                    dtype = torch.bool
+                elif kind in _SAME_VALUES and use.offset == 0 and id(use.user) not in seen:
+                    seen.add(id(use.user))
+                    todo.extend(use.user.outputs())
+                if dtype is not None:
+                    break
+        out.append((name, dtype or torch.float32))
+    return out
+
+
+def from_torchscript(path: str | Path, profiles: list[ShapeProfile], seed: int = 0) -> ModelSource:
+    """TorchScript goes through ONNX (the TorchScript exporter), like trtexec's workflow, at the profiles' opt shapes.
+
+    The inputs are the profiles in the order of the module's forward when they name its parameters (``--shapes
+    attention_mask:..,input_ids:..`` binds by name), else in the order given; their dtypes come from
+    :func:`torchscript_inputs` (token ids and gather indices int64, masks bool).
+    """
     if not Path(path).is_file():
         raise UsageError(f"TorchScript file {str(path)!r} does not exist")
-    scripted = torch.jit.load(str(path), map_location="cpu").eval()
-    names = input_names or [f"input{i}" if len(example) > 1 else "input" for i in range(len(example))]
+    try:
+        scripted = torch.jit.load(str(path), map_location="cpu").eval()
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError with the archive's C++ trace
+        raise UsageError(f"{path}: not a loadable TorchScript file ({export_summary(exc)}); save it with "
+                         "torch.jit.save(torch.jit.trace(model, example), path)") from exc
+    inputs = torchscript_inputs(scripted)
+    names = [n for n, _ in inputs]
+    if len(profiles) != len(inputs):
+        raise UsageError(f"TorchScript {path} takes {len(inputs)} input(s) {names}, but the shapes name "
+                         f"{len(profiles)}: {[p.name for p in profiles]}; give one shape per input, e.g. --shapes "
+                         + ",".join(f"{n}:{'x'.join(map(str, profiles[0].opt)) if profiles else 'AxB'}" for n in names))
+    if {p.name for p in profiles} == set(names):
+        by = {p.name: p for p in profiles}
+        profiles = [by[n] for n in names]
+    g = torch.Generator().manual_seed(seed)
+    # the export only traces: any valid values do (index 0 is in every table, a mask of ones keeps every position)
+    example = tuple(torch.randn(p.opt, generator=g) if dt.is_floating_point else torch.ones(p.opt, dtype=dt)
+                    if dt == torch.bool else torch.zeros(p.opt, dtype=dt) for p, (_, dt) in zip(profiles, inputs))
     buf = io.BytesIO()
-    with torch.no_grad():
-        torch.onnx.export(scripted, example, buf, dynamo=False, input_names=names, opset_version=17)
+    try:
+        with warnings.catch_warnings(), torch.no_grad(), quiet_fds():  # a failure prints the TorchScript IR graph
+            warnings.simplefilter("ignore")
+            torch.onnx.export(scripted, example, buf, dynamo=False, input_names=[p.name for p in profiles],
+                              opset_version=17)
+    except Exception as exc:  # noqa: BLE001 - the exporter's own error, in one line
+        given = ", ".join(f"{p.name} {'x'.join(map(str, p.opt))} {str(x.dtype).replace('torch.', '')}"
+                          for p, x in zip(profiles, example))
+        raise OverdriveError(f"TorchScript {path} could not be exported to ONNX with inputs {given}: "
+                             f"{export_summary(exc)}; check --shapes against what the model takes, or export it to "
+                             "ONNX yourself (torch.onnx.export with real example inputs) and build with --onnx") from exc
     src = from_onnx(buf.getvalue())
     src.kind = "torchscript"
     src.onnx_output_names = []  # the exporter's numbered names: the header says output / outputN instead

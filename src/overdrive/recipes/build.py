@@ -71,9 +71,9 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
     if torchscript:
         if not profiles:
             raise UsageError("--torchscript needs --shapes (TorchScript files do not record input shapes)")
-        src = from_torchscript(torchscript, tuple(torch.randn(p.opt) for p in profiles), [p.name for p in profiles])
-        if any(not p.static for p in profiles):
+        if any(not p.static for p in profiles):  # before the export, which can take a while
             raise UsageError("--torchscript builds static shapes only (the TorchScript->ONNX export fixes them); use --shapes")
+        src = from_torchscript(torchscript, profiles)
     elif onnx:
         src = from_onnx(onnx)
     elif exported:
