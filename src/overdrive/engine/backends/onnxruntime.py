@@ -261,15 +261,17 @@ def choose_int8_layout(fp32: bytes, example: tuple[torch.Tensor, ...], calib: li
         meta["calibration"] = f"ONNX Runtime quantize_static (int8 Q/DQ) on {len(batches)} batch(es) in {time.perf_counter() - t0:.1f} s"
         return inputs_layout, meta
     layouts = {"inputs": inputs_layout}
-    try:
+    sessions: dict[str, Any] = {}
+    try:  # a candidate only: whatever stops it (a model ONNX Runtime's quantizer or optimizer cannot take) is recorded
         layouts["integer"] = quantize_onnx_integer(fp32, batches)
-    except UsageError as exc:
-        meta["int8_layout_why"] = f"ONNX Runtime's integer layout could not be made: {exc}"
+        sessions = {k: _session(b, device, full=True, int8_matmuls=True) for k, b in layouts.items()}
+    except Exception as exc:  # noqa: BLE001
+        layouts.pop("integer", None)
+        meta["int8_layout_why"] = f"ONNX Runtime's integer layout could not be made or loaded: {type(exc).__name__}: {exc}"[:400]
     t_cal = time.perf_counter() - t0
     if "integer" in layouts:
         feed = calibration_feeds(fp32, batches[:1])[0]
         ref = _float_outputs(_session(fp32, device, optimize_to=None, full=True).run(None, feed))
-        sessions = {k: _session(b, device, full=True, int8_matmuls=True) for k, b in layouts.items()}
         names = [i.name for i in sessions["inputs"].get_inputs()]
         timing_feed = {n: x.detach().cpu().numpy() for n, x in zip(names, example)}
         measured = {k: {"cosine": _cosine(ref, _float_outputs(s.run(None, feed))), "ms": []} for k, s in sessions.items()}

@@ -241,19 +241,20 @@ def quantize_onnx_integer(onnx_bytes: bytes, calib: Sequence[tuple[torch.Tensor,
                          "quantize; build it in fp32 instead")
     with _quiet_root_logger(), tempfile.TemporaryDirectory() as tmp:
         src, out = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "int8.onnx")
-        onnx.save(model, src)
+        big = model.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights beside the file
+        onnx.save(model, src, save_as_external_data=big)
         try:  # ONNX Runtime's pre-processing (shape inference, graph fusions) helps its quantizer find the patterns
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             pre = os.path.join(tmp, "pre.onnx")
-            quant_pre_process(src, pre, skip_symbolic_shape=True)
+            quant_pre_process(src, pre, skip_symbolic_shape=True, save_as_external_data=big)
             src = pre
         except Exception:  # noqa: BLE001 - optional: the quantizer runs on the exported model as it is
             pass
         try:
             quantize_static(src, out, _reader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                            calibrate_method=CalibrationMethod.MinMax,
+                            calibrate_method=CalibrationMethod.MinMax, use_external_data_format=big,
                             extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
         except Exception as exc:
             raise UsageError(f"ONNX Runtime could not calibrate the model to int8: {type(exc).__name__}: {exc}; "
