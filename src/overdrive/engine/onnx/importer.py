@@ -9,8 +9,9 @@ Shape arithmetic (Shape -> Gather -> Concat -> Reshape) stays on the host: small
 the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic export), so no
 data-dependent ``.tolist()`` reaches the traced graph.
 
-The operators are in ``ops.py`` (Q/DQ in ``qdq.py``), the value conversions in ``values.py``; the operator
-table is assembled here from both, so neither operator module imports the other or this one.
+The operators are in ``ops.py`` (Q/DQ in ``qdq.py``, LSTM/GRU/RNN in ``rnn.py``, TopK/ArgMax/ArgMin in
+``select.py``), the value conversions in ``values.py``; the operator table is assembled here from them all, so no
+operator module imports another or this one.
 
 Example:
     >>> "Conv" in SUPPORTED_OPS and "QuantizeLinear" in SUPPORTED_OPS and "Split" in SUPPORTED_OPS
@@ -26,14 +27,14 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import ops, qdq, rnn
+from overdrive.engine.onnx import ops, qdq, rnn, select
 from overdrive.engine.onnx.ops import _split
 from overdrive.engine.onnx.values import Op, Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
-_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS, **rnn.OPS}  # op name -> function; Constant and Split are handled below
-HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS}  # inputs read as Python numbers, by op and position
+_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS, **rnn.OPS, **select.OPS}  # op name -> function; Constant and Split are handled below
+HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS}  # inputs read as Python numbers, by op and position
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 
 
