@@ -63,6 +63,9 @@ def test_integer_layout_runs_convolutions_on_integer_kernels(monkeypatch: pytest
     n_conv = sum(isinstance(m, nn.Conv2d) for m in model.modules())
     assert meta["int8_ops"].get("QLinearConv") == n_conv  # every convolution in int8, none in float behind a DQ
     assert set(meta["int8_layouts"]) == {"inputs", "integer"} and meta["int8_layouts"]["integer"]["cosine"] >= 0.99
+    from overdrive.engine.int8 import summary
+
+    assert "integer Q/DQ layout (integer layout" in summary(eng.header["int8"])  # overdrive build's line says which
     x = _calib()[0][0]
     with torch.no_grad():
         ref = model(x)

@@ -256,6 +256,8 @@ class Builder:
             "source": src.kind, "build_s": build_s, "backend_meta": meta, "config": cfg.to_dict(),
             "timing_cache": meta.get("timing_cache"), **({"calibration": calibration} if calibration else {}),
             **({"int8": {**int8, "ops": meta.get("int8_ops"),
+                         **({"layout": {"chosen": meta["int8_layout"], "why": meta.get("int8_layout_why")}}
+                            if meta.get("int8_layout") else {}),
                          **({"kept_float": meta["layers_kept_float"]} if meta.get("layers_kept_float") else {})}}
                if int8 else {}),
             **({"layers_kept_float": meta["layers_kept_float"]} if meta.get("layers_kept_float") else {}),

@@ -113,6 +113,9 @@ def summary(record: dict[str, Any]) -> str:
     kept = record.get("kept_float") or {}
     tail = (f"; {len(kept)} layer(s) kept float, timed faster than their int8 GEMM (engine.info['layers_kept_float'])"
             if kept else "")
+    layout = record.get("layout")
+    if layout:  # the onnxruntime backend's Q/DQ layout, chosen by timing at build
+        tail += f"; {layout['chosen']} Q/DQ layout" + (f" ({layout['why']})" if layout.get("why") else "")
     if not ops:
         return head + (": no integer kernels, the int8 graph computes in float here (dequantize + fp32: no int8 "
                        "speedup; backend_meta says why)") + tail
