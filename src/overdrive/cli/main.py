@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import pkgutil
 import re
 import sys
@@ -98,10 +99,29 @@ def _drop(record: logging.LogRecord) -> bool:
     return False
 
 
+def _library_internal(category: type[Warning], filename: str) -> bool:
+    """A deprecation that one installed library raises about its own or another library's code (torch's
+    compiler deep-copying its deprecated ``LeafSpec`` warns from ``copyreg.py`` on every CPU engine build): not
+    overdrive's and not the user's code, so nothing the CLI user can change. Python hides DeprecationWarning
+    outside ``__main__`` for the same reason; FutureWarning is dropped only when raised from a library file."""
+    import sysconfig
+
+    if not issubclass(category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)):
+        return False
+    path = os.path.realpath(filename)
+    if path.startswith(os.path.dirname(os.path.realpath(overdrive.__file__)) + os.sep):
+        return False  # overdrive's own call of a deprecated API: ours to fix, so shown
+    libs = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")}
+    return any(path.startswith(lib + os.sep) for lib in libs)
+
+
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
     """A warning as one line, ``warning: <message>``, without the source path and line that Python
-    prints (which name overdrive's or torch's files, not anything the user typed); --verbose shows them."""
+    prints (which name overdrive's or torch's files, not anything the user typed); --verbose shows them.
+    Deprecations inside installed libraries are not shown (:func:`_library_internal`), unless --verbose."""
+    if _library_internal(category, filename):
+        return
     from rich.console import Console
 
     text = " ".join(str(message).split())
