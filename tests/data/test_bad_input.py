@@ -67,3 +67,14 @@ def test_set_epoch_takes_ints(tmp_path: Path, epoch: object) -> None:
         loader.set_epoch(epoch)
     loader.set_epoch(3)
     assert loader.epoch == 3
+
+
+def test_undecodable_image_message_names_no_buffer_address() -> None:
+    """Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" reached the skip warnings, which name
+    the file already."""
+    from overdrive.data.decode import DecodeError, decode_cpu
+
+    with pytest.raises(DecodeError) as info:
+        decode_cpu(b"not an image")
+    assert "BytesIO" not in str(info.value) and "0x" not in str(info.value)
+    assert "cannot identify image file" in str(info.value)

@@ -6,6 +6,7 @@ torchvision is imported lazily and only for the GPU path, so the CPU pipeline ne
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,7 +73,10 @@ def decode_cpu(data: bytes) -> torch.Tensor:
             rgb = im.convert("RGB") if im.mode != "RGB" else im
             arr = np.asarray(rgb)
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
-        raise DecodeError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+        # Pillow names the buffer it was given ("cannot identify image file <_io.BytesIO object at 0x7f...>"): the
+        # caller names the file, so the address is dropped
+        why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(exc))
+        raise DecodeError(f"cannot decode image ({type(exc).__name__}: {why})") from exc
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)  # (3, H, W), a view over HWC memory
 
 
