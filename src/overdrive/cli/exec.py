@@ -22,12 +22,18 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
 @click.option("--precision", default=None, help="Refuse the engine unless it was built for this precision.")
 @click.option("--export-times", "--exportTimes", "export_times", default=None, metavar="FILE", help="Per-iteration times as JSON.")
 @click.option("--export-profile", "--exportProfile", "export_profile", default=None, metavar="FILE", help="Per-kernel profile as JSON.")
+@click.option("--export-output", "--exportOutput", "export_output", default=None, metavar="FILE",
+              help="The outputs of one inference as JSON (name, dimensions, values), as trtexec's.")
+@click.option("--load-inputs", "--loadInputs", "load_inputs", default=None, metavar="NAME:FILE,...|FILE",
+              help="Run on these inputs instead of random ones: name:file.bin raw files in each input's dtype at "
+                   "--shapes (default the opt shapes), as trtexec's; or one .pt / .npz file (as compare --inputs).")
 @click.option("--trust", is_flag=True, help="Load an engine not signed with your key whole (its native library and "
               "compile cache run): only for engines from a source you trust.")
 @json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
-            export_profile: str | None, trust: bool, json_path: str | None) -> None:
+            export_profile: str | None, export_output: str | None, load_inputs: str | None, trust: bool,
+            json_path: str | None) -> None:
     """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
 
     An engine is code for the machine it was built on, like a TensorRT plan: its sections can hold an
@@ -40,15 +46,19 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     Examples:
       overdrive exec --load-engine model.engine
       overdrive exec --loadEngine rn50_fp16.engine --duration 10 --percentile 50,99 --json summary.json
+      overdrive exec --loadEngine model.engine --loadInputs input:x.bin --exportOutput out.json --iterations 1
     """
     from overdrive._utils.errors import UsageError
     from overdrive.engine import Engine, parse_shapes
-    from overdrive.engine.benchmark import check_cuda_graph, check_percentiles, format_summary
+    from overdrive.engine.benchmark import check_cuda_graph, check_load_inputs, check_percentiles, format_summary
+    from overdrive.engine.benchmark import load_inputs as read_inputs
 
     check_json_target(json_path)
     check_device("--device", device)
     check_output("--export-times", export_times)  # before the load, which can take a compile
     check_output("--export-profile", export_profile)
+    check_output("--export-output", export_output)
+    check_load_inputs(load_inputs)
     try:
         pct = tuple(float(p) for p in percentile.split(",") if p.strip())
     except ValueError as exc:
@@ -57,9 +67,11 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     engine = Engine.load(load_engine, device=device, precision=precision, trust=trust)
     if use_cuda_graph:
         check_cuda_graph(engine.device.type, engine.header["backend"])
-    summary = engine.benchmark(shapes=parse_shapes(shapes) or None, iterations=iterations, warmup_ms=warm_up,
+    given = parse_shapes(shapes) or None
+    xs = read_inputs(engine, load_inputs, given) if load_inputs else None
+    summary = engine.benchmark(inputs=xs, shapes=given, iterations=iterations, warmup_ms=warm_up,
                                duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
-                               export_times=export_times, export_profile=export_profile)
+                               export_times=export_times, export_profile=export_profile, export_output=export_output)
     summary["load_s"] = engine.load_s
     summary["load_compile"] = engine.load_compile
     if json_path is not None:

@@ -50,11 +50,111 @@ def check_cuda_graph(device_type: str, backend: str) -> None:
                          "CUDA replay them always (build with --backend inductor)")
 
 
+def _entries(spec: str) -> list[str]:
+    return [e.strip() for e in spec.split(",") if e.strip()]
+
+
+def _entry_file(entry: str) -> str | None:
+    """The file of a ``name:file`` entry (names may hold ``:``, as ``input:0:x.bin``): the first split that is a file."""
+    cuts = [i for i, ch in enumerate(entry) if ch == ":"]
+    return next((entry[i + 1:] for i in cuts if Path(entry[i + 1:]).is_file()), None)
+
+
+def check_load_inputs(spec: str | None) -> None:
+    """Refuse a ``--load-inputs`` whose files do not exist before the engine loads (which can take a compile)."""
+    if not spec:
+        return
+    if Path(spec).suffix in (".pt", ".npz") or ":" not in spec:
+        if not Path(spec).is_file():
+            raise UsageError(f"--load-inputs {spec!r} does not exist; give a .pt (torch.save of a tensor, a list of "
+                             "tensors or a dict name -> tensor), an .npz of named arrays, or name:file.bin raw files")
+        return
+    for e in _entries(spec):
+        if _entry_file(e.replace("'", "")) is None:
+            raise UsageError(f"--load-inputs {e!r}: no such file; give name:file with an existing file, e.g. "
+                             "input:input.bin (raw values in the input's dtype, as trtexec's --loadInputs)")
+
+
+def load_inputs(engine: Any, spec: str, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[torch.Tensor, ...]:
+    """trtexec's ``--loadInputs``: ``name:file.bin,...`` raw files of each input's values in its binding dtype, at the
+    ``shapes`` given for it (default the profile's opt shape); or one ``.pt`` / ``.npz`` file (as ``compare
+    --inputs``: a tensor, a list in input order, or a dict name -> tensor). Inputs are in the engine's order.
+
+    Example:
+        >>> # x.numpy().tofile("x.bin"); load_inputs(engine, "x:x.bin", {"x": (1, 3, 224, 224)})
+    """
+    import numpy as np
+
+    check_load_inputs(spec)
+    names = list(engine.input_names)
+    if Path(spec).suffix in (".pt", ".npz") and Path(spec).is_file():
+        try:  # weights_only: a data file never runs code
+            if spec.endswith(".npz"):
+                with np.load(spec, allow_pickle=False) as z:
+                    data: Any = {k: torch.from_numpy(z[k]) for k in z.files}
+            else:
+                data = torch.load(spec, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a torn zip, a pickle of code, an object array
+            raise UsageError(f"--load-inputs {spec}: cannot read it ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}); "
+                             "expected a .pt of tensors (torch.save) or an .npz of named arrays") from exc
+        if isinstance(data, torch.Tensor):
+            data = (data,)
+        ok = (isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values())) or (
+            isinstance(data, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in data))
+        if not ok or not data:
+            raise UsageError(f"--load-inputs {spec} holds a {type(data).__name__}, not tensors; save a tensor, a list "
+                             "of tensors or a dict of input name -> tensor")
+        if isinstance(data, dict):
+            missing, unknown = [n for n in names if n not in data], [n for n in data if n not in names]
+            if missing or unknown:
+                raise UsageError(f"--load-inputs {spec}: the engine's inputs are {names}; the file has "
+                                 f"{list(data)} (missing {missing}, unknown {unknown})")
+            return tuple(data[n] for n in names)
+        if len(data) != len(names):
+            raise UsageError(f"--load-inputs {spec} holds {len(data)} tensor(s); the engine takes {len(names)} {names}")
+        return tuple(data)
+    files: dict[str, str] = {}
+    for e in _entries(spec):
+        e = e.replace("'", "")
+        name = next((n for n in sorted(names, key=len, reverse=True) if e.startswith(n + ":")), None)
+        if name is None:
+            raise UsageError(f"--load-inputs {e!r} names no input of this engine; its inputs are {names} "
+                             "(give name:file for each)")
+        files[name] = e[len(name) + 1:]
+    if set(files) != set(names):
+        raise UsageError(f"--load-inputs gives {sorted(files)}; the engine takes {names}: give name:file for each input")
+    out = []
+    for p, dt in zip(engine.profiles, engine.input_dtypes):
+        shape = tuple((shapes or {}).get(p.name, p.opt))
+        np_dt = torch.empty(0, dtype=dt).numpy().dtype
+        raw = np.fromfile(files[p.name], dtype=np.uint8)
+        need = int(np.prod(shape)) * np_dt.itemsize
+        if raw.size != need:
+            raise UsageError(f"--load-inputs {p.name}:{files[p.name]} holds {raw.size} bytes; input {p.name!r} at "
+                             f"{'x'.join(map(str, shape))} {np_dt} needs {need}: give --shapes {p.name}:AxBx... matching "
+                             "the file, or write the file as x.numpy().tofile(path)")
+        out.append(torch.from_numpy(raw.view(np_dt).reshape(shape).copy()))
+    return tuple(out)
+
+
+def export_outputs(engine: Any, xs: list[torch.Tensor], path: str) -> None:
+    """trtexec's ``--exportOutput``: one inference's outputs as JSON, ``[{"name", "dimensions": "AxB", "values"}]``."""
+    outs = engine.runner(*xs)
+    names = [o.get("name", f"output{i}") for i, o in enumerate(engine.header.get("outputs", []))]
+    rows = [{"name": names[i] if i < len(names) else f"output{i}", "dimensions": "x".join(map(str, o.shape)),
+             "dtype": str(o.dtype).replace("torch.", ""),
+             "values": o.detach().float().cpu().reshape(-1).tolist() if o.is_floating_point() else
+             o.detach().cpu().reshape(-1).tolist()} for i, o in enumerate(outs)]
+    atomic_write(path, json.dumps(rows))
+
+
 def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
               iterations: int = 10, warmup_ms: float = 200.0, duration_s: float = 3.0,
               percentiles: tuple[float, ...] = (90, 95, 99), no_data_transfers: bool = False, rotate: int = 4,
-              export_times: str | None = None, export_profile: str | None = None) -> dict[str, Any]:
+              export_times: str | None = None, export_profile: str | None = None,
+              export_output: str | None = None) -> dict[str, Any]:
     """Run the engine for at least ``iterations`` and at least ``duration_s``; return trtexec's summary.
+    ``export_output`` writes the outputs of the first input set (``inputs`` when given) as JSON.
 
     Example:
         >>> # s = engine.benchmark(duration_s=1); s["throughput_qps"], s["latency_ms"]["median"]
@@ -62,7 +162,8 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     if iterations < 1 or not duration_s >= 0 or not warmup_ms >= 0:  # `not x >= 0` also refuses NaN
         raise UsageError(f"need iterations >= 1, duration >= 0, warm-up >= 0; got {iterations}, {duration_s}, {warmup_ms}")
     check_percentiles(percentiles)
-    for flag, path in (("--export-times", export_times), ("--export-profile", export_profile)):
+    for flag, path in (("--export-times", export_times), ("--export-profile", export_profile),
+                       ("--export-output", export_output)):
         if path and not Path(path).parent.is_dir():  # fail now, not after a --duration of timing
             raise UsageError(f"{flag} {path}: folder {str(Path(path).parent)!r} does not exist; create it or give "
                              "another path")
@@ -147,6 +248,8 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
         atomic_write(export_times, json.dumps(rows, indent=1))
     if export_profile:
         atomic_write(export_profile, json.dumps(profile(engine, dev_sets[0]), indent=1))
+    if export_output:
+        export_outputs(engine, dev_sets[0], export_output)
     return summary
 
 
