@@ -1,9 +1,11 @@
-"""apex.optimizers over torch.optim: ``FusedAdam``, ``FusedSGD`` and ``FusedLAMB`` with apex's arguments.
+"""apex.optimizers over torch.optim, with apex's arguments.
 
 ``FusedAdam`` is torch's AdamW (apex's default ``adam_w_mode=True``) or Adam, ``FusedSGD`` torch's SGD, each
-with ``fused=True`` when every parameter is on a device torch has a fused kernel for, else ``foreach=True``.
-torch has no LAMB, so ``FusedLAMB`` is :class:`Lamb`, apex's FusedLAMB algorithm written with torch's
-``_foreach`` ops. Arguments apex had and torch lacks are refused with what to do instead.
+with ``fused=True`` when every parameter is on a device torch has a fused kernel for, else ``foreach=True``;
+``FusedAdagrad`` is torch's Adagrad with apex's decoupled ``adagrad_w_mode``. torch has no LAMB or NovoGrad, so
+``FusedLAMB`` / ``FusedMixedPrecisionLamb`` (:mod:`overdrive.apex.lamb`) and ``FusedNovoGrad``
+(:mod:`overdrive.apex.novograd`) are apex's algorithms written in torch, checked against float64 references.
+Arguments apex had and torch lacks are refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive.apex.lamb import Lamb, MixedPrecisionLamb
+from overdrive.apex.novograd import NovoGrad
 
 _FUSED_DEVICES = ("cuda", "cpu", "mps", "xpu")
 
@@ -81,82 +85,82 @@ def FusedSGD(  # noqa: N802
                            nesterov=nesterov, **_fast_path(params))
 
 
-class Lamb(torch.optim.Optimizer):
-    """apex's FusedLAMB in torch: Adam moments, then each tensor's step scaled by its trust ratio
-    ``||w|| / ||update||``, after clipping the global gradient norm to ``max_grad_norm``.
+class FusedAdagrad(torch.optim.Adagrad):
+    """apex.optimizers.FusedAdagrad: ``torch.optim.Adagrad`` (no lr decay, the sum starting at 0), with apex's
+    ``adagrad_w_mode``: ``False`` adds ``weight_decay * w`` to the gradient (torch's L2), ``True`` decays the
+    weight itself, ``w -= lr * (g / (sqrt(sum) + eps) + weight_decay * w)`` with the weight before the step.
 
-    Per tensor: ``m = b1*m + (1-b1)*g`` (``g`` without the ``1-b1`` when ``grad_averaging=False``),
-    ``v = b2*v + (1-b2)*g*g``, ``u = m_hat / (sqrt(v_hat) + eps) + weight_decay*w`` (``adam_w_mode``; else the
-    decay is added to ``g`` first), ``w -= lr * r * u`` with ``r = ||w|| / ||u||`` when both are nonzero
-    and the group has weight decay (or ``use_nvlamb``), else 1. As apex's kernel does.
+    The state (``sum``, ``step``, torch's layout) is made at a parameter's first step, as apex did, not at
+    construction as torch does: ``amp.initialize`` takes only optimizers that have not stepped.
 
     Example:
-        >>> w = torch.nn.Parameter(torch.ones(4)); opt = Lamb([w], lr=0.1)
-        >>> w.grad = torch.ones(4); opt.step(); round(float(w.detach()[0]), 4)
-        0.9
+        >>> w = torch.nn.Parameter(torch.ones(2)); opt = FusedAdagrad([w], lr=0.1, weight_decay=0.5,
+        ...                                                           adagrad_w_mode=True)
+        >>> w.grad = torch.ones(2); opt.step(); round(float(w.detach()[0]), 4)  # 1 - 0.1 * (1/1 + 0.5)
+        0.85
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
-                 amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
-                 set_grad_none: bool = True, max_grad_norm: float = 1.0, use_nvlamb: bool = False) -> None:
-        _refuse("FusedLAMB", amsgrad=(amsgrad, amsgrad, "apex's FusedLAMB refused it too"))
-        if not lr >= 0 or not eps >= 0 or not all(0 <= b < 1 for b in betas):
-            raise UsageError(f"FusedLAMB(lr={lr}, betas={betas}, eps={eps}): lr and eps >= 0, betas in [0, 1)")
-        defaults = {"lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
-                    "weight_decay": weight_decay, "grad_averaging": grad_averaging, "max_grad_norm": max_grad_norm}
-        super().__init__(params, defaults)
-        self.adam_w_mode = adam_w_mode
-        self.use_nvlamb = use_nvlamb
+    def __init__(self, params: Iterable[Any], lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
+                 set_grad_none: bool = True, adagrad_w_mode: bool = False) -> None:
+        params = list(params)
+        # torch has a fused Adagrad for CPU tensors only
+        tensors = [q for g in params for q in (g["params"] if isinstance(g, dict) else [g])]
+        fast = {"fused": True} if tensors and all(q.device.type == "cpu" for q in tensors) else {"foreach": True}
+        super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay, **fast)
+        self.state.clear()  # torch's constructor made it; see _init_state
+        self.adagrad_w_mode = adagrad_w_mode
+
+    def _init_state(self) -> None:
+        """torch's Adagrad state for the parameters about to get their first step."""
+        scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        for group in self.param_groups:
+            for q in group["params"]:
+                if q.grad is not None and not self.state[q]:
+                    on = q.device if group["fused"] else torch.device("cpu")
+                    self.state[q]["step"] = torch.zeros((), dtype=torch.float32 if group["fused"] else scalar,
+                                                        device=on)
+                    self.state[q]["sum"] = torch.zeros_like(q, memory_format=torch.preserve_format)
+
+    def _torch_step(self) -> None:
+        # torch wraps the step of each optimizer class it builds with the step hooks; once a plain Adagrad exists
+        # its step is wrapped too, and calling it through super() would run this optimizer's hooks a second time
+        step = torch.optim.Adagrad.step
+        getattr(step, "__wrapped__", step)(self)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
+        """Make the state of parameters stepped for the first time, decay the weights (``adagrad_w_mode``),
+        then torch's Adagrad step. Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grads = [q.grad for g in self.param_groups for q in g["params"] if q.grad is not None]
-        if not grads:
+        self._init_state()
+        if not self.adagrad_w_mode:
+            self._torch_step()
             return loss
-        # one global norm over every gradient (apex: before the moments), in fp32
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x.float()) for x in grads]))
-        for group in self.param_groups:
+        decays = [g["weight_decay"] for g in self.param_groups]
+        # torch's GradScaler sets found_inf on a fused optimizer: a skipped step must not decay the weights either
+        found_inf = getattr(self, "found_inf", None)
+        for group, wd in zip(self.param_groups, decays):
             params = [q for q in group["params"] if q.grad is not None]
-            if not params:
-                continue
-            b1, b2 = group["betas"]
-            max_norm = group["max_grad_norm"]
-            clip = torch.where(norm > max_norm, norm / max_norm, torch.ones_like(norm)) if max_norm > 0 else None
-            for q in params:
-                state = self.state[q]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(q, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(q, dtype=torch.float32)
-                state["step"] += 1
-                t = state["step"]
-                g = q.grad.float()
-                if clip is not None:
-                    g = g / clip.to(g.device)
-                w = q.float()
-                if not self.adam_w_mode and group["weight_decay"]:
-                    g = g + group["weight_decay"] * w
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(b1).add_(g, alpha=(1 - b1) if group["grad_averaging"] else 1.0)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                c1 = 1 - b1**t if group["bias_correction"] else 1.0
-                c2 = 1 - b2**t if group["bias_correction"] else 1.0
-                update = (m / c1) / ((v / c2).sqrt() + group["eps"])
-                if self.adam_w_mode and group["weight_decay"]:
-                    update = update + group["weight_decay"] * w
-                ratio = 1.0
-                if self.use_nvlamb or group["weight_decay"]:
-                    w_norm, u_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(update)
-                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                q.copy_(w - group["lr"] * ratio * update)
+            if wd and params:
+                keep = 1 - group["lr"] * wd
+                if found_inf is not None:
+                    keep = torch.where(found_inf.reshape(()) > 0, 1.0, keep)
+                torch._foreach_mul_(params, keep)
+            group["weight_decay"] = 0.0
+        try:
+            self._torch_step()
+        finally:
+            for group, wd in zip(self.param_groups, decays):
+                group["weight_decay"] = wd
         return loss
 
 
 FusedLAMB = Lamb
+FusedMixedPrecisionLamb = MixedPrecisionLamb
+FusedNovoGrad = NovoGrad
 
-__all__ = ["FusedAdam", "FusedSGD", "FusedLAMB", "Lamb"]
+__all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedMixedPrecisionLamb", "FusedNovoGrad", "FusedSGD", "Lamb",
+           "MixedPrecisionLamb", "NovoGrad"]

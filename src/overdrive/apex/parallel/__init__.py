@@ -1,4 +1,6 @@
-"""apex.parallel: ``DistributedDataParallel`` as torch's, with apex's keyword arguments, and SyncBatchNorm.
+"""apex.parallel: ``DistributedDataParallel`` as torch's, with apex's keyword arguments, SyncBatchNorm, and
+:class:`~overdrive.apex.parallel.LARC.LARC` (``from apex.parallel import LARC`` and ``from apex.parallel.LARC
+import LARC`` both port).
 
 apex's DDP averaged gradients with bucketed all-reduces overlapped with backward, as torch's does. Its
 keywords map as follows: ``message_size`` (elements per bucket) becomes ``bucket_cap_mb`` (at 4 bytes per
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive.apex.parallel.LARC import LARC
 
 SyncBatchNorm = nn.SyncBatchNorm
 
@@ -71,4 +74,4 @@ def DistributedDataParallel(  # noqa: N802 - apex's class name; returns torch's 
     return nn.parallel.DistributedDataParallel(module, **torch_kwargs)
 
 
-__all__ = ["DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model"]
+__all__ = ["DistributedDataParallel", "LARC", "SyncBatchNorm", "convert_syncbn_model"]
