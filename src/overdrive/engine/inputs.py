@@ -53,6 +53,8 @@ def resolve_profiles(profiles: list[ShapeProfile], src: ModelSource, example: tu
     names = src.input_names
     if profiles:
         if src.onnx_bytes is None and len(names) == 1 == len(profiles) and profiles[0].name != names[0]:
+            if names[0] in src.input_dtypes:  # its dtype (an index input of an embedding) goes with it
+                src.input_dtypes = {profiles[0].name: src.input_dtypes[names[0]]}
             src.input_names = names = [profiles[0].name]  # a module's one input takes the profile's name
         elif (src.module is not None and {p.name for p in profiles} != set(names)
               and takes_names(src.module, [p.name for p in profiles])):

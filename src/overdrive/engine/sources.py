@@ -213,8 +213,67 @@ def from_module(module: nn.Module, input_names: list[str] | None = None) -> Mode
             input_names = [p.name for p in params] or ["input"]
         except (TypeError, ValueError):
             input_names = ["input"]
-    return ModelSource(module=module, input_names=list(input_names), input_dtypes=integer_dtypes(list(input_names)),
+    names = list(input_names)
+    return ModelSource(module=module, input_names=names, input_dtypes={**integer_dtypes(names), **module_input_dtypes(module, names)},
                        kind="module")
+
+
+# how a module's forward uses an input that holds indices or a mask (torch.fx): made as float32, an index input
+# failed the export ("Expected tensor for argument #1 'indices' to have ... Long, Int")
+_FX_INDEX_MODULES = (nn.Embedding, nn.EmbeddingBag)
+_FX_INDEX_FUNCS = {"embedding": 0, "embedding_bag": 0, "gather": 2, "index_select": 2, "take_along_dim": 1, "one_hot": 0}
+_FX_BOOL_FUNCS = {"invert": 0, "logical_not": 0, "logical_and": 0, "logical_or": 0, "masked_fill": 1, "where": 0}
+_FX_SAME_VALUES = {"reshape", "view", "flatten", "unsqueeze", "squeeze", "contiguous", "transpose", "permute", "expand",
+                   "clone", "narrow", "repeat", "getitem", "t"}
+
+
+def module_input_dtypes(module: nn.Module, names: list[str]) -> dict[str, torch.dtype]:
+    """int64 for the forward inputs that index (an ``nn.Embedding``/``EmbeddingBag``, ``gather``, ``index_select``),
+    bool for those used as a mask (``~mask``, ``masked_fill``, ``where``), as far as ``torch.fx`` can trace the
+    module without inputs; {} where it cannot (data-dependent control flow: Hugging Face models go by input names).
+
+    Example:
+        >>> class Bag(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.bag = nn.EmbeddingBag(10, 4)
+        ...     def forward(self, ids, x, mask):
+        ...         return self.bag(ids.flatten(1)) + x.masked_fill(~mask, 0.0)
+        >>> module_input_dtypes(Bag(), ["ids", "x", "mask"])
+        {'ids': torch.int64, 'mask': torch.bool}
+    """
+    try:
+        import torch.fx
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gm = torch.fx.symbolic_trace(module)
+    except Exception:  # noqa: BLE001 - not traceable without inputs: the names (and calibration data) decide
+        return {}
+    mods = dict(gm.named_modules())
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out: dict[str, torch.dtype] = {}
+    for name, ph in zip(names, placeholders):
+        todo, seen, dtype = [ph], set(), None
+        while todo and dtype is None:
+            node = todo.pop()
+            for user in node.users:
+                pos = next((i for i, a in enumerate(user.args) if a is node), None)
+                what = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
+                if user.op == "call_module" and isinstance(mods.get(user.target), _FX_INDEX_MODULES) and pos == 0:
+                    dtype = torch.int64
+                elif user.op in ("call_function", "call_method") and _FX_INDEX_FUNCS.get(what, -1) == pos:
+                    dtype = torch.int64
+                elif user.op in ("call_function", "call_method") and _FX_BOOL_FUNCS.get(what, -1) == pos:
+                    dtype = torch.bool
+                elif what in _FX_SAME_VALUES and pos == 0 and user not in seen:
+                    seen.add(user)
+                    todo.append(user)
+                if dtype is not None:
+                    break
+        if dtype is not None:
+            out[name] = dtype
+    return out
 
 
 def fit_input_names(src: ModelSource, n: int) -> ModelSource:

@@ -94,9 +94,10 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
                       input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     batches = _calibration(calib, src)
-    if batches and src.module is not None and not src.input_dtypes:
-        # a module does not say its input dtypes: the calibration data does (int64 token ids, not random floats)
-        src.input_dtypes = {n: x.dtype for n, x in zip(src.input_names, batches[0])}
+    if batches and src.module is not None:
+        # a module does not say its input dtypes: the calibration data does (int64 token ids, not random floats),
+        # over what the names and the forward's uses suggest
+        src.input_dtypes = {**src.input_dtypes, **{n: x.dtype for n, x in zip(src.input_names, batches[0])}}
         if len(profiles) == 1 == len(batches[0]):
             src.input_dtypes[profiles[0].name] = batches[0][0].dtype
     engine = Builder(cfg, on_low_accuracy="warn" if accept_low_accuracy else "raise").build(src, example, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))

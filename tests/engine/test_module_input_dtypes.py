@@ -1,0 +1,66 @@
+"""A PyTorch model built from shape profiles alone (``overdrive build --model pkg:factory --shapes ...``, or
+``Builder(BuildConfig(profiles=...)).build(module)``): an input that indexes an embedding or gather is made int64
+and one used as a mask bool, from the forward's torch.fx graph (they were random floats and the export failed).
+Outputs against eager fp32 on the same integer/bool inputs, tolerance 1e-5."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from overdrive.engine import Builder, BuildConfig, ShapeProfile
+from overdrive.engine.sources import from_module
+
+pytest.importorskip("onnxruntime")
+
+
+class BagMask(nn.Module):
+    """ids (B, L) -> embedding bag; x (B, L, D) masked by mask (B, L) bool; top (B, K) indices gathered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.bag = nn.EmbeddingBag(30, 8, mode="sum")
+        self.proj = nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+        h = self.bag(ids.reshape(ids.shape[0], -1)) + x.masked_fill(~mask.unsqueeze(-1), 0.0).sum(1)  # (B, D)
+        return torch.gather(self.proj(h), 1, top)  # (B, K)
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(30, 6)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.emb(tokens).mean(1)
+
+
+def test_dtypes_from_the_forward() -> None:
+    assert from_module(BagMask()).input_dtypes == {"ids": torch.int64, "mask": torch.bool, "top": torch.int64}
+
+
+def test_build_from_profiles_matches_eager() -> None:
+    model = BagMask().eval()
+    profiles = [ShapeProfile.fixed("ids", (2, 5)), ShapeProfile.fixed("x", (2, 5, 8)), ShapeProfile.fixed("mask", (2, 5)),
+                ShapeProfile.fixed("top", (2, 3))]
+    eng = Builder(BuildConfig(device="cpu", backend="onnxruntime", profiles=profiles)).build(model)
+    assert [str(d) for d in eng.input_dtypes] == ["torch.int64", "torch.float32", "torch.bool", "torch.int64"]
+    g = torch.Generator().manual_seed(1)
+    xs = (torch.randint(0, 30, (2, 5), generator=g), torch.randn(2, 5, 8, generator=g),
+          torch.tensor([[True] * 5, [True, False, True, False, False]]), torch.randint(0, 4, (2, 3), generator=g))
+    with torch.no_grad():
+        torch.testing.assert_close(eng(*xs), model(*xs), atol=1e-5, rtol=1e-5)
+
+
+def test_one_input_renamed_by_the_profile_keeps_its_dtype() -> None:
+    """--shapes input:2x7 for forward(tokens): the input takes the profile's name and stays int64."""
+    model = Lookup().eval()
+    eng = Builder(BuildConfig(device="cpu", backend="onnxruntime", profiles=[ShapeProfile.fixed("input", (2, 7))])).build(model)
+    assert eng.input_names == ["input"] and eng.input_dtypes == [torch.int64]
+    ids = torch.randint(0, 30, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(eng(ids), model(ids), atol=1e-5, rtol=1e-5)
