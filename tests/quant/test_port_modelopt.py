@@ -267,3 +267,132 @@ def test_modelopt_nn_tensor_quantizer_finds_every_quantizer():
     found = [n for n, m in model.named_modules() if isinstance(m, TensorQuantizer)]
     assert found == [n for n, _ in quant.quantizers(model)] and len(found) == 10
     assert mtq.nn.TensorQuantizer is TensorQuantizer
+
+
+# --- mtq.register: custom quantized classes (ModelOpt's conversion.register docs) --------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class QuantRMSNorm(RMSNorm):
+    def _setup(self) -> None:
+        self.input_quantizer = mtq.nn.TensorQuantizer()
+        self.weight_quantizer = mtq.nn.TensorQuantizer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.input_quantizer(x)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight_quantizer(self.weight)
+
+
+class Normed(nn.Module):
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.norm, self.fc = RMSNorm(d), nn.Linear(d, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(x))
+
+
+@pytest.fixture
+def registered_rmsnorm():
+    mtq.register(original_cls=RMSNorm, quantized_cls=QuantRMSNorm)
+    yield
+    mtq.unregister(RMSNorm)
+
+
+def _fake_quant_ref(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """int8 symmetric fake quantization in float64: round(x / s) clamped to [-128, 127], s = amax / 127."""
+    s = amax.double() / 127
+    return (torch.clamp(torch.round(x.double() / s), -128, 127) * s).float()
+
+
+def test_register_quantizes_and_calibrates_a_custom_module(registered_rmsnorm):
+    torch.manual_seed(0)
+    model, x = Normed(), torch.randn(64, 8)
+    original_norm = model.norm
+    ref = copy.deepcopy(model)
+    model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, forward_loop=lambda m: m(x))
+    norm = model.norm
+    assert type(norm) is QuantRMSNorm and type(original_norm) is RMSNorm  # the original object is not changed
+    assert norm.weight is original_norm.weight  # parameters shared, as for the built-in layers
+    # *weight_quantizer {"axis": 0}: one amax per element of the (C,) weight; input: per tensor, max |x|
+    assert torch.equal(norm.weight_quantizer.amax, norm.weight.detach().abs())
+    assert torch.equal(norm.input_quantizer.amax, x.abs().max())
+    assert "norm" not in model._overdrive_quant["skipped"]
+    # numerics: the registered forward against a float64 fake-quant reference of the same formula
+    xq = _fake_quant_ref(x, x.abs().max())
+    w = ref.norm.weight.detach()
+    wq = (torch.round(w.double() / (w.abs().double() / 127)) * (w.abs().double() / 127)).float()  # per element
+    expected = xq * torch.rsqrt(xq.pow(2).mean(-1, keepdim=True) + 1e-6) * wq
+    assert torch.allclose(norm(x), expected, atol=1e-5)
+    # the patterns reach it like a built-in layer's quantizers
+    mtq.disable_quantizer(model, "*norm.input_quantizer")
+    assert not norm.input_quantizer.enabled and model.fc.input_quantizer.enabled
+
+
+def test_register_without_subclassing_and_overriding_linear():
+    class QuantLinearOwn(nn.Module):  # a quantized class that does not subclass the original (ModelOpt allows it)
+        def _setup(self) -> None:
+            self.input_quantizer = mtq.nn.TensorQuantizer()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.linear(self.input_quantizer(x), self.weight, self.bias)
+
+    mtq.register(original_cls=nn.Linear, quantized_cls=QuantLinearOwn)
+    try:
+        x = torch.randn(16, 8)
+        model = mtq.quantize(nn.Sequential(nn.Linear(8, 4)), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    finally:
+        mtq.unregister(nn.Linear)
+    layer = model[0]
+    assert isinstance(layer, QuantLinearOwn) and isinstance(layer, nn.Linear)  # made from both, as ModelOpt
+    assert not hasattr(layer, "weight_quantizer")  # the registered class replaced the built-in QuantLinear
+    assert torch.allclose(layer(x), nn.functional.linear(_fake_quant_ref(x, x.abs().max()), layer.weight, layer.bias))
+    plain = mtq.quantize(nn.Sequential(nn.Linear(8, 4)), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    assert type(plain[0]).__name__ == "QuantLinear"  # unregistered: the built-in class again
+
+
+def test_register_checks_and_registry_api():
+    class NoSetup(RMSNorm):
+        pass
+
+    with pytest.raises(UsageError, match="_setup"):
+        mtq.register(original_cls=RMSNorm, quantized_cls=NoSetup)
+    with pytest.raises(UsageError, match="not registered"):
+        mtq.unregister(RMSNorm)
+    reg = mtq.nn.QuantModuleRegistry
+    reg.register({RMSNorm: "RMSNorm"})(QuantRMSNorm)  # ModelOpt's decorator form
+    try:
+        assert RMSNorm in reg and reg["RMSNorm"] is QuantRMSNorm and reg.get(nn.ReLU) is None
+        with pytest.raises(UsageError, match="registered already"):
+            mtq.register(original_cls=RMSNorm, quantized_cls=QuantRMSNorm)
+    finally:
+        mtq.unregister(RMSNorm)
+    assert RMSNorm not in reg
+
+
+def test_registered_module_saves_and_restores(registered_rmsnorm, tmp_path):
+    torch.manual_seed(1)
+    x = torch.randn(32, 8)
+    model = mtq.quantize(Normed(), mtq.INT8_DEFAULT_CFG, forward_loop=lambda m: m(x))
+    mto.save(model, tmp_path / "m.pth")
+    fresh = Normed()
+    fresh.load_state_dict({k: v for k, v in model.state_dict().items() if "quantizer" not in k})
+    restored = mto.restore(fresh, tmp_path / "m.pth")
+    assert type(restored.norm) is QuantRMSNorm
+    assert torch.equal(restored.norm.weight_quantizer.amax, model.norm.weight_quantizer.amax)
+    assert torch.equal(restored(x), model(x))
+
+
+@pytest.mark.parametrize("name", ["export", "compress", "auto_quantize"])
+def test_missing_functions_name_the_alternative(name):
+    with pytest.raises(AttributeError, match="quant\\."):
+        getattr(mtq, name)
+    assert not hasattr(mtq, name)

@@ -209,7 +209,12 @@ def _calibrate_weights(model: nn.Module, missing_only: bool = False) -> None:
 
 
 def _activation_quantizers(model: nn.Module) -> list[TensorQuantizer]:
-    return [q for n, q in quantizers(model) if not n.endswith("weight_quantizer")]
+    """The quantizers calibrated on forward data: every one except the weight quantizers of quantized layers,
+    whose amax is max |weight| (:func:`_calibrate_weights`). A custom module's own weight quantizer (ModelOpt's
+    ``mtq.register``, pytorch-quantization's ``QuantMixin``) sees its weight in forward and is calibrated there,
+    as in those libraries."""
+    weights = {id(m.weight_quantizer) for m in model.modules() if isinstance(m, _QuantMixin)}
+    return [q for _, q in quantizers(model) if id(q) not in weights]
 
 
 @torch.no_grad()

@@ -135,6 +135,42 @@ class QuantConvTranspose2d(_QuantMixin, nn.ConvTranspose2d):
                                   self.padding, output_padding, self.groups, self.dilation)
 
 
+class QuantConvTranspose1d(_QuantMixin, nn.ConvTranspose1d):
+    """ConvTranspose1d with quantized input and weight (weight (C_in, C_out / groups, kW): output channels on
+    axis 1). Built directly (pytorch-quantization's ``quant_nn.QuantConvTranspose1d``); ``quantize`` does not
+    swap ConvTranspose1d.
+
+    Example:
+        >>> from overdrive.quant.config import INT8_DEFAULT
+        >>> layer = QuantConvTranspose1d.from_float(nn.ConvTranspose1d(4, 2, 3), INT8_DEFAULT)
+        >>> layer.weight_quantizer.axis
+        1
+    """
+
+    weight_axis = 1
+    in_axis = 0
+
+    def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, 1,
+                                              self.dilation)
+        return F.conv_transpose1d(self.input_quantizer(x), self.weight_quantizer(self.weight), self.bias, self.stride,
+                                  self.padding, output_padding, self.groups, self.dilation)
+
+
+class QuantConvTranspose3d(_QuantMixin, nn.ConvTranspose3d):
+    """ConvTranspose3d with quantized input and weight (output channels on axis 1 of the weight), built directly
+    as :class:`QuantConvTranspose1d`; ``quantize`` does not swap ConvTranspose3d."""
+
+    weight_axis = 1
+    in_axis = 0
+
+    def forward(self, x: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+        output_padding = self._output_padding(x, output_size, self.stride, self.padding, self.kernel_size, 3,
+                                              self.dilation)
+        return F.conv_transpose3d(self.input_quantizer(x), self.weight_quantizer(self.weight), self.bias, self.stride,
+                                  self.padding, output_padding, self.groups, self.dilation)
+
+
 QUANT_MODULES: dict[type[nn.Module], type[nn.Module]] = {
     nn.Linear: QuantLinear, nn.Conv1d: QuantConv1d, nn.Conv2d: QuantConv2d, nn.Conv3d: QuantConv3d,
     nn.ConvTranspose2d: QuantConvTranspose2d,

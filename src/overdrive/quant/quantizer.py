@@ -87,9 +87,10 @@ class TensorQuantizer(nn.Module):
     :meth:`load_calib_amax`; weight quantizers use the exact max of the weight.
     """
 
-    def __init__(self, config: QuantizerConfig, axis: int | None = None, num_bins: int = 2048,
+    def __init__(self, config: QuantizerConfig | None = None, axis: int | None = None, num_bins: int = 2048,
                  histogram: bool = False, pre_quant_axis: int = -1) -> None:
         super().__init__()
+        config = QuantizerConfig() if config is None else config  # int8 per tensor (ModelOpt's TensorQuantizer())
         # SmoothQuant: a per-channel factor applied before quantizing (and also when disabled, since the paired
         # weight factor keeps the layer's float math: x / s with w * s); None: no smoothing. The axis is the
         # channel axis of the tensor: -1 for a layer input (B, ..., C_in), the input axis for a weight.

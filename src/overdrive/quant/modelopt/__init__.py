@@ -137,9 +137,22 @@ class MissingPresetError(UsageError, AttributeError):
     """
 
 
+# ModelOpt functions this port does not provide, and what does the job in overdrive
+_MISSING_FUNCTIONS = {
+    "export": "to export the quantized model use quant.export_onnx(model, example_inputs, 'model.onnx') (ONNX Q/DQ "
+              "for TensorRT) or quant.to_real(model) (real int8 / fp8 modules in PyTorch)",
+    "compress": "to store weights in low precision use quant.to_real(model) (int8 / fp8 weights, torch._int_mm / "
+                "torch._scaled_mm) or quant.weight_only(model, bits=4, group_size=128)",
+    "auto_quantize": "per-layer format search is not in overdrive.quant; quant.sensitivity(model, eval_fn) ranks the "
+                     "layers and quant.partial_quantize(model, ranking, k=...) keeps the most sensitive in float",
+}
+
+
 def __getattr__(name: str) -> Any:
     if name in _MISSING_PRESETS:
         raise MissingPresetError(f"mtq.{name} is not available in overdrive.quant.modelopt: {_MISSING_PRESETS[name]}")
+    if name in _MISSING_FUNCTIONS:
+        raise MissingPresetError(f"mtq.{name} is not available in overdrive.quant.modelopt: {_MISSING_FUNCTIONS[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -258,7 +271,10 @@ def _owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, int | No
     for mname, m in model.named_modules():
         for cname, child in m.named_children():
             if isinstance(child, TensorQuantizer):
-                axis = m.weight_axis if isinstance(m, _QuantMixin) and child is m.weight_quantizer else None
+                if isinstance(m, _QuantMixin):
+                    axis = m.weight_axis if child is m.weight_quantizer else None
+                else:  # a custom module's (mtq.register): its weight quantizer's axis 0 is the tensor's axis 0
+                    axis = 0 if cname.endswith("weight_quantizer") else None
                 named = 0 if axis is not None and type(m).__name__ == "QuantConv1D" else axis
                 out[f"{mname}.{cname}" if mname else cname] = (m, named, axis)
     return out
@@ -371,7 +387,7 @@ def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: Fo
             _quantizer_config(str(p), {"enable": True, "num_bits": 8, "narrow_range": False,
                                        **_check_entry(str(p), v), "axis": None}, weight_axis=None)
     alpha = _smoothquant_alpha(config.get("algorithm", "max"))
-    model = api.quantize(model, QuantConfig(residual_add=False, smoothquant=alpha), forward_loop=None)
+    model = _insert_quantizers(model, QuantConfig(residual_add=False, smoothquant=alpha))
     _apply(model, config["quant_cfg"], fresh=True)
     if alpha is not None and forward_loop is not None:
         from overdrive.quant.smoothquant import smooth
@@ -380,6 +396,94 @@ def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: Fo
     api._calibrate_weights(model)
     if forward_loop is not None and method is not None and any(q.enabled for q in api._activation_quantizers(model)):
         api.calibrate(model, forward_loop, method=method)
+    return model
+
+
+def register(original_cls: type[torch.nn.Module], quantized_cls: type[torch.nn.Module]) -> None:
+    """ModelOpt's ``mtq.register``: from now on ``mtq.quantize`` turns every module of exactly ``original_cls``
+    into a ``quantized_cls``, sharing its parameters, and calls its ``_setup()``, which creates the quantizers
+    its forward calls (``self.input_quantizer = TensorQuantizer()``, ``self.weight_quantizer = ...``). The config's
+    patterns then set them (``*weight_quantizer`` ``axis: 0`` is per slice of the weight's axis 0) and they are
+    calibrated on the forward loop's data, weights included. The registry (``mtq.nn.QuantModuleRegistry``) is
+    process-wide and filled only by these calls; :func:`unregister` undoes one.
+
+    Example:
+        >>> import torch, torch.nn.functional as F, overdrive.quant.modelopt as mtq
+        >>> class QuantLayerNorm(torch.nn.LayerNorm):
+        ...     def _setup(self):
+        ...         self.input_quantizer = mtq.nn.TensorQuantizer()
+        ...         self.weight_quantizer = mtq.nn.TensorQuantizer()
+        ...     def forward(self, x):
+        ...         w = self.weight_quantizer(self.weight)
+        ...         return F.layer_norm(self.input_quantizer(x), self.normalized_shape, w, self.bias, self.eps)
+        >>> mtq.register(original_cls=torch.nn.LayerNorm, quantized_cls=QuantLayerNorm)
+        >>> try:
+        ...     m = mtq.quantize(torch.nn.Sequential(torch.nn.LayerNorm(8)), mtq.INT8_DEFAULT_CFG,
+        ...                      lambda m: m(torch.randn(4, 8)))
+        ... finally:
+        ...     mtq.unregister(torch.nn.LayerNorm)
+        >>> type(m[0]).__name__, m[0].weight_quantizer.amax.shape, m[0].input_quantizer.is_calibrated
+        ('QuantLayerNorm', torch.Size([8]), True)
+    """
+    from overdrive.quant.modelopt.nn import QuantModuleRegistry
+
+    QuantModuleRegistry.register({original_cls: original_cls.__name__})(quantized_cls)
+
+
+def unregister(original_cls: type[torch.nn.Module]) -> None:
+    """ModelOpt's ``mtq.unregister``: ``original_cls`` is no longer quantized by a registered class (modules
+    quantized before keep theirs).
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> class QuantReLU(torch.nn.ReLU):
+        ...     def _setup(self): self.input_quantizer = mtq.nn.TensorQuantizer()
+        >>> mtq.register(original_cls=torch.nn.ReLU, quantized_cls=QuantReLU); mtq.unregister(torch.nn.ReLU)
+        >>> torch.nn.ReLU in mtq.nn.QuantModuleRegistry
+        False
+    """
+    from overdrive.quant.modelopt.nn import QuantModuleRegistry
+
+    QuantModuleRegistry.unregister(original_cls)
+
+
+def _insert_quantizers(model: torch.nn.Module, config: QuantConfig) -> torch.nn.Module:
+    """quant.quantize's layer swap (no calibration), then every module whose type is in
+    ``mtq.nn.QuantModuleRegistry`` replaced by its registered quantized class; quantizers get their names.
+    A registered type that quant.quantize swaps itself (``nn.Linear``) is left to the registered class."""
+    from overdrive.quant.modelopt.nn import QuantModuleRegistry
+
+    registered = list(QuantModuleRegistry)
+    overridden = {c.__name__ for c in registered}
+    if overridden & set(config.layer_types):
+        config = config.replace(layer_types=tuple(t for t in config.layer_types if t not in overridden))
+    model = api.quantize(model, config, forward_loop=None)
+    if not registered:
+        return model
+    meta = model._overdrive_quant
+    if type(model) in QuantModuleRegistry:
+        model = QuantModuleRegistry.convert(model)
+        model._overdrive_quant = meta
+        meta["skipped"].pop("<root>", None)
+    done: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}  # id(original) -> (original kept alive, new)
+
+    def convert_below(parent: torch.nn.Module, prefix: str) -> None:
+        for cname, child in list(parent._modules.items()):  # _modules: a shared module under every name
+            if child is None:
+                continue
+            if id(child) in done:
+                setattr(parent, cname, done[id(child)][1])
+                continue
+            new = QuantModuleRegistry.convert(child) if type(child) in QuantModuleRegistry else child
+            done[id(child)] = (child, new)
+            if new is not child:
+                setattr(parent, cname, new)
+                meta["skipped"].pop(prefix + cname, None)
+            convert_below(new, f"{prefix}{cname}.")
+
+    convert_below(model, "")
+    for name, q in api.quantizers(model):
+        q.name = q.name or name
     return model
 
 
@@ -497,6 +601,7 @@ def print_quant_summary(model: torch.nn.Module) -> None:
 
 
 __all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_WEIGHT_ONLY_CFG", "quantize", "calibrate",
+           "register", "unregister",
            "set_quantizer_by_cfg", "set_quantizer_attribute", "postprocess_amax", "fold_weight", "disable_quantizer",
            "enable_quantizer", "print_quant_summary", "nn"]
 

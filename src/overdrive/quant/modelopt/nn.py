@@ -1,7 +1,8 @@
 """ModelOpt's ``modelopt.torch.quantization.nn``: the quantizer and quantized layer classes, which are
 overdrive.quant's own (``from overdrive.quant.modelopt.nn import TensorQuantizer`` in place of
 ``from modelopt.torch.quantization.nn import TensorQuantizer``), so ``isinstance(module, TensorQuantizer)`` loops
-over a model that ``mtq.quantize`` quantized find every quantizer.
+over a model that ``mtq.quantize`` quantized find every quantizer; and ``QuantModuleRegistry``, where custom
+quantized classes are registered (``mtq.register``).
 
 Example:
     >>> import torch
@@ -12,7 +13,114 @@ Example:
     ['0.input_quantizer', '0.weight_quantizer']
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from torch import nn
+
+from overdrive._utils.errors import UsageError
 from overdrive.quant.modules import QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose2d, QuantLinear
 from overdrive.quant.quantizer import TensorQuantizer
 
-__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d"]
+
+class QuantModuleRegistryCls:
+    """Custom quantized classes for ``mtq.quantize``: original class -> quantized class (ModelOpt's
+    ``QuantModuleRegistry``). The quantized class has a ``_setup()`` that creates its quantizers
+    (``self.input_quantizer = TensorQuantizer()``) and a forward that calls them; it may subclass the original
+    class or not (then a class with both as bases is made, as ModelOpt does). ``mtq.quantize`` replaces every
+    module whose type is registered (exactly, not subclasses) by an object of the quantized class that shares its
+    parameters, buffers and submodules, calls ``_setup()``, then configures and calibrates its quantizers like the
+    built-in layers'. A registration overrides the built-in class for that type (``nn.Linear`` too).
+
+    The module-level :data:`QuantModuleRegistry` is what ``mtq.register`` / ``mtq.unregister`` fill: process-wide
+    and filled only by the user, as in ModelOpt. Build your own ``QuantModuleRegistryCls()`` to keep one apart.
+
+    Example:
+        >>> import torch
+        >>> class QuantLayerNorm(torch.nn.LayerNorm):
+        ...     def _setup(self):
+        ...         self.input_quantizer = TensorQuantizer()
+        ...     def forward(self, x):
+        ...         return super().forward(self.input_quantizer(x))
+        >>> registry = QuantModuleRegistryCls()
+        >>> _ = registry.register({torch.nn.LayerNorm: "nn.LayerNorm"})(QuantLayerNorm)
+        >>> torch.nn.LayerNorm in registry, type(registry.convert(torch.nn.LayerNorm(4))).__name__
+        (True, 'QuantLayerNorm')
+    """
+
+    def __init__(self) -> None:
+        self._quantized: dict[type[nn.Module], type[nn.Module]] = {}  # original -> quantized class as registered
+        self._made: dict[type[nn.Module], type[nn.Module]] = {}  # original -> class the module becomes
+
+    def register(self, cls_to_key: Mapping[type[nn.Module], str]) -> Callable[[type[nn.Module]], type[nn.Module]]:
+        """``QuantModuleRegistry.register({MyLayer: "MyLayer"})(QuantMyLayer)`` (also as a class decorator)."""
+        if not isinstance(cls_to_key, Mapping) or not all(isinstance(c, type) and issubclass(c, nn.Module)
+                                                          for c in cls_to_key):
+            raise UsageError(f"register takes a dict {{OriginalClass: 'Name'}} of nn.Module classes; got {cls_to_key!r}")
+
+        def decorator(quantized_cls: type[nn.Module]) -> type[nn.Module]:
+            if not (isinstance(quantized_cls, type) and callable(getattr(quantized_cls, "_setup", None))):
+                raise UsageError(f"{quantized_cls!r} must be a class with a _setup() method that creates its "
+                                 "quantizers (self.input_quantizer = TensorQuantizer() ...)")
+            for original in cls_to_key:
+                if original in self._quantized:
+                    raise UsageError(f"{original.__name__} is registered already (to "
+                                     f"{self._quantized[original].__name__}); unregister it first: "
+                                     f"mtq.unregister({original.__name__})")
+                self._quantized[original] = quantized_cls
+                self._made[original] = (quantized_cls if issubclass(quantized_cls, original) else
+                                        type(quantized_cls)(quantized_cls.__name__, (quantized_cls, original),
+                                                            {"__module__": quantized_cls.__module__}))
+            return quantized_cls
+
+        return decorator
+
+    def unregister(self, original_cls: type[nn.Module]) -> None:
+        """Forget the quantized class of ``original_cls`` (modules quantized before keep theirs)."""
+        if original_cls not in self._quantized:
+            raise UsageError(f"{getattr(original_cls, '__name__', original_cls)!r} is not registered; registered: "
+                             f"{[c.__name__ for c in self._quantized]}")
+        del self._quantized[original_cls], self._made[original_cls]
+
+    def __contains__(self, cls: object) -> bool:
+        return cls in self._quantized
+
+    def __iter__(self) -> Iterator[type[nn.Module]]:
+        return iter(list(self._quantized))
+
+    def __len__(self) -> int:
+        return len(self._quantized)
+
+    def __getitem__(self, key: type[nn.Module] | str) -> type[nn.Module]:
+        """The class a registered module becomes, by original class or its class name."""
+        for original, made in self._made.items():
+            if key is original or key == original.__name__:
+                return made
+        raise KeyError(f"{getattr(key, '__name__', key)!r} is not registered")
+
+    def get(self, key: type[nn.Module] | str, default: type[nn.Module] | None = None) -> type[nn.Module] | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def convert(self, module: nn.Module) -> nn.Module:
+        """A module of the quantized class sharing ``module``'s parameters, buffers, submodules and hooks, after
+        ``_setup()``; ``module`` itself is not changed."""
+        cls = self._made.get(type(module))
+        if cls is None:
+            raise UsageError(f"{type(module).__name__} is not registered; mtq.register(original_cls="
+                             f"{type(module).__name__}, quantized_cls=...) first")
+        new = cls.__new__(cls)
+        new.__dict__.update(module.__dict__)
+        new._modules, new._parameters, new._buffers = dict(module._modules), dict(module._parameters), dict(module._buffers)
+        new._setup()  # type: ignore[operator]
+        return new
+
+
+QuantModuleRegistry = QuantModuleRegistryCls()
+"""The registry ``mtq.register`` / ``mtq.unregister`` / ``mtq.quantize`` use (process-wide, user-filled)."""
+
+__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d",
+           "QuantModuleRegistry", "QuantModuleRegistryCls"]

@@ -28,7 +28,7 @@ from overdrive._utils.errors import UsageError
 from overdrive._utils.files import atomic_torch_save
 from overdrive.quant import api
 from overdrive.quant.config import QuantConfig, QuantizerConfig
-from overdrive.quant.modelopt import _owners, _reconfigure
+from overdrive.quant.modelopt import _insert_quantizers, _owners, _reconfigure
 
 _VERSION = "overdrive.quant/1"
 
@@ -54,7 +54,7 @@ def restore_from_modelopt_state(model: nn.Module, modelopt_state: dict[str, Any]
     for mode, state in modelopt_state["modelopt_state_dict"]:
         if mode != "quantize":
             raise UsageError(f"mode {mode!r} in the saved state is not supported; only 'quantize' is")
-        model = api.quantize(model, QuantConfig.from_dict(state["config"]))
+        model = _insert_quantizers(model, QuantConfig.from_dict(state["config"]))  # registered classes too
         owners = _owners(model)
         missing = sorted(set(state["quantizers"]) - set(owners))
         if missing:
