@@ -20,6 +20,7 @@ from overdrive._utils.errors import UsageError
 from overdrive.quant.pytorch_quantization import calib, quant_modules, tensor_quant
 from overdrive.quant.pytorch_quantization import nn as quant_nn
 from overdrive.quant.pytorch_quantization import utils as quant_utils
+from overdrive.quant.pytorch_quantization.nn.modules import _utils as quant_nn_utils
 from overdrive.quant.pytorch_quantization.tensor_quant import QuantDescriptor
 
 
@@ -343,3 +344,147 @@ def test_calibrators_built_directly_match_the_native_ones():
     with pytest.raises(UsageError, match="per tensor"):
         calib.HistogramCalibrator(8, (0,), False)
     assert isinstance(quant_nn.QuantLinear(2, 2)._weight_quantizer._calibrator, calib.MaxCalibrator)
+
+
+# --- custom quantized modules (pytorch-quantization's "Creating Custom Quantized Modules" tutorial) ---------------
+
+
+class DocsQuantLinear(nn.Linear, quant_nn_utils.QuantMixin):
+    """The tutorial's quantized Linear, as written there."""
+
+    def __init__(self, in_features, out_features, bias=True, **kwargs):
+        super().__init__(in_features, out_features, bias)
+        quant_desc_input, quant_desc_weight = quant_nn_utils.pop_quant_desc_in_kwargs(self.__class__, **kwargs)
+        self.init_quantizer(quant_desc_input, quant_desc_weight)
+
+    def forward(self, input):
+        return nn.functional.linear(self._input_quantizer(input), self._weight_quantizer(self.weight), bias=self.bias)
+
+    @property
+    def input_quantizer(self):
+        return self._input_quantizer
+
+    @property
+    def weight_quantizer(self):
+        return self._weight_quantizer
+
+
+class DocsQuantMaxPool1d(nn.MaxPool1d, quant_nn_utils.QuantInputMixin):
+    def __init__(self, kernel_size, **kwargs):
+        super().__init__(kernel_size)
+        self.init_quantizer(quant_nn_utils.pop_quant_desc_in_kwargs(self.__class__, input_only=True, **kwargs))
+
+    def forward(self, input):
+        return super().forward(self._input_quantizer(input))
+
+
+def test_docs_custom_modules_calibrate_and_match_the_built_in_layer():
+    torch.manual_seed(0)
+    per_row = QuantDescriptor(axis=(0,))
+    custom = nn.Sequential(DocsQuantLinear(8, 6, quant_desc_weight=per_row), DocsQuantMaxPool1d(2))
+    builtin = nn.Sequential(quant_nn.QuantLinear(8, 6, quant_desc_weight=per_row), quant_nn.QuantMaxPool1d(2))
+    builtin[0].load_state_dict(custom[0].state_dict())
+    assert sorted(n for n, _ in custom.named_children()) == ["0", "1"]
+    assert {n for n, _ in custom.named_modules() if "quantizer" in n} == {
+        "0._input_quantizer", "0._weight_quantizer", "1._input_quantizer"}  # pytorch-quantization's names
+    assert custom[0].input_quantizer is custom[0]._input_quantizer and custom[0]._fake_quant
+    data = [(torch.randn(4, 8, generator=torch.Generator().manual_seed(i)), None) for i in range(3)]
+    with torch.no_grad():
+        for model in (custom, builtin):  # the TensorRT samples' loop: weights calibrate on what forward passes them
+            collect_stats(model, data, num_batches=len(data))
+            compute_amax(model)
+    w = custom[0].weight.detach()
+    assert torch.equal(custom[0]._weight_quantizer.amax, w.abs().amax(1))  # per row, axis (0,)
+    assert torch.equal(custom[0]._input_quantizer.amax, torch.stack([x.abs().max() for x, _ in data]).max())
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        out = custom(x)
+        assert torch.equal(out, builtin(x))
+        # reference: float64 int8 fake quantization of input and per-row weight, then the same pool
+        s_in = custom[0]._input_quantizer.amax.double() / 127
+        s_w = (w.abs().amax(1, keepdim=True)).double() / 127
+        xq = torch.clamp(torch.round(x.double() / s_in), -128, 127) * s_in
+        wq = torch.clamp(torch.round(w.double() / s_w), -128, 127) * s_w
+        h = nn.functional.linear(xq, wq, custom[0].bias.double())
+        s_h = custom[1]._input_quantizer.amax.double() / 127
+        ref = nn.functional.max_pool1d(torch.clamp(torch.round(h / s_h), -128, 127) * s_h, 2)
+        assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+def test_custom_module_calibrates_with_quant_calibrate():
+    torch.manual_seed(0)
+    layer = DocsQuantLinear(8, 4, quant_desc_weight=QuantDescriptor(axis=(0,)))
+    quant.calibrate(layer, lambda m: m(torch.randn(16, 8)))  # its own weight quantizer too (it sees the weight)
+    assert torch.equal(layer._weight_quantizer.amax, layer.weight.detach().abs().amax(1))
+    assert layer._input_quantizer.is_calibrated
+
+
+def test_mixins_cover_built_in_layers_and_transfer_pattern():
+    """The YOLO / PointPillars QAT scripts' ``transfer_torch_to_quantization``: QuantConv2d.__new__, the float
+    layer's attributes copied, then a nested ``__init__`` that calls init_quantizer by mixin kind."""
+    assert isinstance(quant_nn.QuantConv2d(3, 4, 3), quant_nn_utils.QuantMixin)
+    assert isinstance(quant_nn.QuantMaxPool2d(2), quant_nn_utils.QuantInputMixin)
+    assert not isinstance(quant_nn.QuantMaxPool2d(2), quant_nn_utils.QuantMixin)
+    assert isinstance(quant.quantize(nn.Linear(4, 4), quant.INT8_DEFAULT), quant_nn_utils.QuantMixin)
+
+    def transfer(module, quant_cls):
+        inst = quant_cls.__new__(quant_cls)
+        for k, v in vars(module).items():
+            setattr(inst, k, v)
+
+        def __init__(self):  # noqa: N807 - as written in those scripts
+            if isinstance(self, quant_nn_utils.QuantInputMixin):
+                self.init_quantizer(quant_nn_utils.pop_quant_desc_in_kwargs(self.__class__, input_only=True))
+            else:
+                self.init_quantizer(*quant_nn_utils.pop_quant_desc_in_kwargs(self.__class__))
+                if isinstance(self._input_quantizer._calibrator, calib.HistogramCalibrator):
+                    self._input_quantizer._calibrator._torch_hist = True
+
+        __init__(inst)
+        return inst
+
+    mapping = {id(getattr(e.orig_mod, e.mod_name)): e.replace_mod for e in quant_modules._DEFAULT_QUANT_MAP}
+    torch.manual_seed(0)
+    conv, pool = nn.Conv2d(3, 4, 3), nn.AvgPool2d(2)
+    float_conv = copy.deepcopy(conv)  # transfer shares conv's _modules dict, so conv gets the quantizers too
+    qconv = transfer(conv, mapping[id(type(conv))])
+    qpool = transfer(pool, mapping[id(type(pool))])
+    assert type(qconv) is quant_nn.QuantConv2d and type(qpool) is quant_nn.QuantAvgPool2d
+    assert qconv.weight is conv.weight and tuple(qconv._weight_quantizer.axis) == (0,)
+    x = torch.randn(2, 3, 8, 8)
+    model = nn.Sequential(qconv, qpool)
+    quant.calibrate(model, lambda m: m(x))
+    native = quant.quantize(nn.Sequential(float_conv, nn.AvgPool2d(2)), quant.INT8_DEFAULT, lambda m: m(x))
+    assert torch.equal(qconv.weight_quantizer.amax, native[0].weight_quantizer.amax)
+    assert torch.equal(qconv.input_quantizer.amax, native[0].input_quantizer.amax)
+
+
+def test_pop_quant_desc_refuses_unknown_keywords():
+    with pytest.raises(UsageError, match="quant_desc_wieght"):
+        quant_nn_utils.pop_quant_desc_in_kwargs(DocsQuantLinear, quant_desc_wieght=QuantDescriptor())
+    with pytest.raises(UsageError, match="QuantDescriptor"):
+        DocsQuantLinear(4, 4, quant_desc_input="int8")
+
+
+@pytest.mark.parametrize("dims", [1, 3])
+def test_conv_transpose_1d_3d(dims):
+    torch.manual_seed(0)
+    cls = getattr(quant_nn, f"QuantConvTranspose{dims}d")
+    layer = cls(4, 6, 3, stride=2)
+    x = torch.randn(2, 4, *([5] * dims))
+    quant.calibrate(layer, lambda m: m(x))
+    w = layer.weight.detach()
+    amax_w = w.abs().amax(dim=[d for d in range(w.dim()) if d != 1])  # per output channel: axis 1
+    assert torch.equal(layer.weight_quantizer.amax, amax_w)
+    s_w = (amax_w / 127).double().view(1, -1, *([1] * dims))
+    s_x = x.abs().max().double() / 127
+    ref = getattr(nn.functional, f"conv_transpose{dims}d")(
+        torch.clamp(torch.round(x.double() / s_x), -128, 127) * s_x,
+        torch.clamp(torch.round(w.double() / s_w), -128, 127) * s_w, layer.bias.double(), stride=2)
+    with torch.no_grad():
+        assert torch.allclose(layer(x).double(), ref, atol=1e-5)
+    with quant_modules.enabled():
+        built = getattr(nn, f"ConvTranspose{dims}d")(4, 6, 3)
+    assert type(built) is cls
+    with pytest.raises(UsageError, match="groups=2"):
+        cls(4, 4, 3, groups=2)

@@ -1,7 +1,6 @@
 """pytorch-quantization's ``quant_modules``: ``initialize()`` makes ``torch.nn.Linear`` / ``Conv1d`` / ``Conv2d``
-/ ``Conv3d`` / ``ConvTranspose2d`` and the average pools (``AvgPool1d/2d/3d``, ``AdaptiveAvgPool1d/2d/3d``, as
-pytorch-quantization swaps them) build quantized layers until ``deactivate()``; its LSTM and ConvTranspose1d/3d
-stay float.
+/ ``Conv3d`` / ``ConvTranspose1d/2d/3d`` and the average pools (``AvgPool1d/2d/3d``, ``AdaptiveAvgPool1d/2d/3d``, as
+pytorch-quantization swaps them) build quantized layers until ``deactivate()``; its LSTM stays float.
 
 This is the one place overdrive replaces torch attributes, because the scripts being ported call
 ``initialize()`` before building a torchvision-style model: it only rebinds the names in ``torch.nn``
@@ -26,20 +25,27 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.quant.pytorch_quantization import nn as quant_nn
 
-_DEFAULT_QUANT_MAP = ((torch.nn, "Linear", quant_nn.QuantLinear), (torch.nn, "Conv1d", quant_nn.QuantConv1d),
-                      (torch.nn, "Conv2d", quant_nn.QuantConv2d), (torch.nn, "Conv3d", quant_nn.QuantConv3d),
-                      (torch.nn, "ConvTranspose2d", quant_nn.QuantConvTranspose2d),
-                      *((torch.nn, f"{kind}{d}d", getattr(quant_nn, f"Quant{kind}{d}d"))
-                        for kind in ("AvgPool", "AdaptiveAvgPool") for d in (1, 2, 3)))
+
+class _quant_entry(NamedTuple):  # noqa: N801 - pytorch-quantization's name: scripts read entry.orig_mod etc.
+    orig_mod: Any
+    mod_name: str
+    replace_mod: type
+
+
+_DEFAULT_QUANT_MAP = tuple(_quant_entry(torch.nn, name, getattr(quant_nn, f"Quant{name}")) for name in (
+    "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    *(f"{kind}{d}d" for kind in ("AvgPool", "AdaptiveAvgPool") for d in (1, 2, 3))))
+"""What initialize() rebinds: ``(orig_mod, mod_name, replace_mod)`` entries, as pytorch-quantization's (the
+YOLO / PointPillars QAT scripts read it to swap layers of an already built model themselves)."""
 # in pytorch-quantization's list but not swapped here (they stay float): naming them in float_module_list is fine
-_KEPT_FLOAT = ("ConvTranspose1d", "ConvTranspose3d", "LSTM", "LSTMCell")
+_KEPT_FLOAT = ("LSTM", "LSTMCell")
 # (module, name) -> the original class, while initialize() is in effect. Process-wide by nature: the names it
 # rebinds in torch.nn are process-wide.
 _ORIGINALS: dict[tuple[Any, str], type] = {}

@@ -68,7 +68,9 @@ QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=(0,))
 QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
 QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
 QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
+QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
 QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
+QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
 
 
 def _quantizer_for(inputs: torch.Tensor, amax: torch.Tensor | float, num_bits: int, unsigned: bool,
@@ -108,4 +110,5 @@ def tensor_quant(inputs: torch.Tensor, amax: torch.Tensor | float, num_bits: int
 __all__ = ["QuantDescriptor", "fake_tensor_quant", "tensor_quant", "QUANT_DESC_8BIT_PER_TENSOR",
            "QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW", "QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL",
            "QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL", "QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL",
-           "QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL"]
+           "QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL", "QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL",
+           "QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL"]

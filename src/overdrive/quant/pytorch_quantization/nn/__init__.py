@@ -24,7 +24,9 @@ from overdrive.quant.pytorch_quantization.tensor_quant import (
     QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL,
+    QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW,
     QUANT_DESC_8BIT_PER_TENSOR,
     QuantDescriptor,
@@ -108,17 +110,30 @@ class _QuantDescLayer:
 
     def __init__(self, *args: Any, quant_desc_input: QuantDescriptor | None = None,
                  quant_desc_weight: QuantDescriptor | None = None, **kwargs: Any) -> None:
-        # the float class captured by overdrive.quant at import: torch.nn.Linear may be patched by initialize()
-        base = next(b for b in type(self).__mro__ if b in _modules.QUANT_MODULES)
+        # the float class in the MRO (bound when the class was made: torch.nn.Linear may be rebound by initialize())
+        base = next(b for b in type(self).__mro__ if b.__module__.startswith("torch.nn"))
         base.__init__(self, *args, **kwargs)
-        din = quant_desc_input or type(self).default_quant_desc_input
-        dw = quant_desc_weight or type(self).default_quant_desc_weight
+        self.init_quantizer(quant_desc_input or type(self).default_quant_desc_input,
+                            quant_desc_weight or type(self).default_quant_desc_weight)
+
+    def init_quantizer(self, quant_desc_input: QuantDescriptor, quant_desc_weight: QuantDescriptor) -> None:
+        """(Re)create ``input_quantizer`` / ``weight_quantizer`` (``_input_quantizer`` / ``_weight_quantizer``)
+        from the descriptors: pytorch-quantization's ``QuantMixin.init_quantizer``, which scripts that build a
+        layer with ``QuantConv2d.__new__`` and copy a float conv's attributes call themselves."""
+        din, dw = quant_desc_input, quant_desc_weight
+        for d, what in ((din, "quant_desc_input"), (dw, "quant_desc_weight")):
+            if not isinstance(d, QuantDescriptor):
+                raise UsageError(f"{type(self).__name__}: {what} must be a QuantDescriptor, got {type(d).__name__}")
         if din.axis is not None:
             raise UsageError(f"{type(self).__name__}: quant_desc_input axis={din.axis} is not supported; layer "
                              "inputs are quantized per tensor (axis=None)")
         if dw.axis is not None and dw.per_channel_axis != self.weight_axis:
             raise UsageError(f"{type(self).__name__}: quant_desc_weight axis={dw.axis} is not supported; weights "
                              f"are per output channel along axis ({self.weight_axis},) or per tensor (axis=None)")
+        if dw.axis is not None and self.weight_axis == 1 and getattr(self, "groups", 1) > 1:
+            raise UsageError(f"{type(self).__name__} with groups={self.groups}: per-output-channel weight scales "
+                             "cannot be expressed for a grouped transposed convolution (its weight is (C_in, "
+                             "C_out/groups, ...)); use a per-tensor quant_desc_weight (axis=None)")
         self.input_quantizer = TensorQuantizer(din)
         self.weight_quantizer = TensorQuantizer(dw)
 
@@ -161,8 +176,16 @@ class QuantConv3d(_QuantDescLayer, _modules.QuantConv3d):
     default_quant_desc_weight = QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL
 
 
+class QuantConvTranspose1d(_QuantDescLayer, _modules.QuantConvTranspose1d):
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL
+
+
 class QuantConvTranspose2d(_QuantDescLayer, _modules.QuantConvTranspose2d):
     default_quant_desc_weight = QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL
+
+
+class QuantConvTranspose3d(_QuantDescLayer, _modules.QuantConvTranspose3d):
+    default_quant_desc_weight = QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL
 
 
 class _QuantInputLayer:
@@ -174,7 +197,15 @@ class _QuantInputLayer:
 
     def __init__(self, *args: Any, quant_desc_input: QuantDescriptor | None = None, **kwargs: Any) -> None:
         self._float_class.__init__(self, *args, **kwargs)
-        din = quant_desc_input or type(self).default_quant_desc_input
+        self.init_quantizer(quant_desc_input or type(self).default_quant_desc_input)
+
+    def init_quantizer(self, quant_desc_input: QuantDescriptor) -> None:
+        """(Re)create ``input_quantizer`` (``_input_quantizer``): pytorch-quantization's
+        ``QuantInputMixin.init_quantizer``."""
+        din = quant_desc_input
+        if not isinstance(din, QuantDescriptor):
+            raise UsageError(f"{type(self).__name__}: quant_desc_input must be a QuantDescriptor, got "
+                             f"{type(din).__name__}")
         if din.axis is not None:
             raise UsageError(f"{type(self).__name__}: quant_desc_input axis={din.axis} is not supported; pooling "
                              "inputs are quantized per tensor (axis=None)")
@@ -213,8 +244,6 @@ _MISSING = {
     **{n: "recurrent layers are not quantized by overdrive.quant; keep the LSTM in float (build it with "
           "quant_modules.initialize(float_module_list=...) not covering it, or before initialize())"
        for n in ("QuantLSTM", "QuantLSTMCell", "QuantRNN", "QuantGRU")},
-    **{n: "only ConvTranspose2d has a quantized class; keep this layer in float"
-       for n in ("QuantConvTranspose1d", "QuantConvTranspose3d")},
     **{n: "quantized instance norm is not in overdrive.quant; keep the norm in float"
        for n in ("QuantInstanceNorm1d", "QuantInstanceNorm2d", "QuantInstanceNorm3d")},
     "Clip": "learned clipping (learn_amax) is not supported: amax stays fixed in QAT",
@@ -228,6 +257,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d",
+__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d",
+           "QuantConvTranspose2d", "QuantConvTranspose3d", "modules",
            "QuantMaxPool1d", "QuantMaxPool2d", "QuantMaxPool3d", "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d",
            "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d"]
+
+from overdrive.quant.pytorch_quantization.nn import modules  # noqa: E402  (quant_nn.modules._utils; needs the classes above)
+from overdrive.quant.pytorch_quantization.nn.modules import _utils  # noqa: E402, F401
