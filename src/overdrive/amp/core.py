@@ -66,7 +66,7 @@ class MixedPrecision:
         self.region = casting.AutocastRegion(device.type, p.dtype, autocast_scope) if p.autocast else None
         self.guard = StepGuard(p.on_nonfinite, p.max_consecutive_skips, n_optimizers=len(self.optimizers))
         for opt in self.optimizers:
-            if len(opt.state) > 0:
+            if _has_stepped(opt):
                 raise UsageError(
                     "the optimizer already has state (it has stepped): prepare/initialize models and optimizers "
                     "before the first optimizer.step(), then load checkpoints"
@@ -103,6 +103,7 @@ class MixedPrecision:
                 self._hooks += casting.add_output_cast_hook(model, p.cast_model_outputs)
             if self.region is not None and autocast_hooks:
                 self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype, self.region)
+        _cast_state_like_params(self.optimizers)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
         self._why: dict[int, str] = {}  # optimizer id -> why its pending skip is not a routine backoff
         self._bad_loss: dict[int, torch.Tensor] = {}  # static scales: optimizer id -> inf/NaN loss flag (device)
@@ -549,3 +550,27 @@ def prepare(
         device = first.device if first is not None else torch.device("cpu")
     return MixedPrecision(models_l, opts_l, policy, torch.device(device), autocast_hooks=autocast_hooks,
                           num_losses=num_losses, autocast_scope=autocast_scope)
+
+
+def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` holds state from a step. torch's Adagrad makes its state (``step`` 0, the accumulator)
+    when it is built, so state alone does not mean it has stepped; a ``step`` count of 0 in every entry does not."""
+    for st in optimizer.state.values():
+        step = st.get("step") if isinstance(st, dict) else None
+        if step is None or float(step) != 0:
+            return True
+    return False
+
+
+def _cast_state_like_params(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """State made before the first step (Adagrad's accumulator) follows a parameter cast in place (O3): its
+    floating tensors take the parameter's dtype, as they would had the optimizer been built on the cast model."""
+    for opt in optimizers:
+        for q, st in opt.state.items():
+            if not isinstance(st, dict) or not isinstance(q, torch.Tensor):
+                continue
+            for k, v in st.items():
+                if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == q.shape \
+                        and v.dtype != q.dtype:
+                    st[k] = v.to(q.dtype)
+
