@@ -132,3 +132,18 @@ def test_models_without_convolutions_keep_one_layout() -> None:
     meta = eng.header["backend_meta"]
     assert meta["int8_layout"] == "inputs" and "int8_layouts" not in meta
     assert "no convolutions" in meta["int8_layout_why"]
+
+
+def test_float_convolutions_are_counted_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int8 engine whose convolutions stay float (the inputs-only layout, as QAT models export) says so."""
+    from overdrive.engine.int8 import summary
+
+    monkeypatch.setattr(ortb, "INTEGER_LAYOUT_GAIN", math.inf)
+    model = _resnet()
+    eng = _build(model)
+    n_conv = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    assert eng.header["backend_meta"]["float_convs"] == n_conv
+    assert f"{n_conv} convolution(s) run in float behind DequantizeLinear" in summary(eng.header["int8"])
+    monkeypatch.setattr(ortb, "INTEGER_LAYOUT_GAIN", 0.0)
+    eng = _build(model)
+    assert "float_convs" not in eng.header["backend_meta"] and "run in float" not in summary(eng.header["int8"])

@@ -258,6 +258,7 @@ class Builder:
             **({"int8": {**int8, "ops": meta.get("int8_ops"),
                          **({"layout": {"chosen": meta["int8_layout"], "why": meta.get("int8_layout_why")}}
                             if meta.get("int8_layout") else {}),
+                         **({"float_convs": meta["float_convs"]} if meta.get("float_convs") else {}),
                          **({"kept_float": meta["layers_kept_float"]} if meta.get("layers_kept_float") else {})}}
                if int8 else {}),
             **({"layers_kept_float": meta["layers_kept_float"]} if meta.get("layers_kept_float") else {}),

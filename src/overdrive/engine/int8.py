@@ -116,6 +116,13 @@ def summary(record: dict[str, Any]) -> str:
     layout = record.get("layout")
     if layout:  # the onnxruntime backend's Q/DQ layout, chosen by timing at build
         tail += f"; {layout['chosen']} Q/DQ layout" + (f" ({layout['why']})" if layout.get("why") else "")
+    if record.get("float_convs") and ops:
+        n = record["float_convs"]
+        tail += (f"; {n} convolution(s) stay float (ONNX Runtime fused no integer kernel for them)"
+                 if (layout or {}).get("chosen") == "integer" else
+                 f"; {n} convolution(s) run in float behind DequantizeLinear (ONNX Runtime has no integer convolution "
+                 "with a float output; built from the float model with --calib, the build can choose its integer "
+                 "layout)")
     if not ops:
         return head + (": no integer kernels, the int8 graph computes in float here (dequantize + fp32: no int8 "
                        "speedup; backend_meta says why)") + tail

@@ -184,7 +184,23 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         meta["unfused_qdq"] = unfused
     if cfg.precision == "int8":
         meta["int8_ops"] = integer_ops(optimized)  # {} : labelled int8, computed in float
+        floats = float_convolutions(optimized)
+        if floats:
+            meta["float_convs"] = floats
     return {"onnx": optimized}, runner, meta
+
+
+def float_convolutions(model_bytes: bytes) -> int:
+    """How many convolutions of an (optimized) int8 model run in float: Conv, FusedConv and ConvTranspose nodes.
+    ONNX Runtime has no integer convolution with a float output, so a DequantizeLinear -> Conv with no
+    QuantizeLinear after it (the inputs-only layout, as QAT models export) stays an fp32 convolution.
+
+    Example:
+        >>> # float_convolutions(engine.sections["onnx"])  # 0 when every convolution is a QLinearConv
+    """
+    import onnx
+
+    return sum(n.op_type in ("Conv", "FusedConv", "ConvTranspose") for n in onnx.load_from_string(model_bytes).graph.node)
 
 
 def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]],
