@@ -96,3 +96,21 @@ def test_bad_specs_are_one_line(engine: Path, tmp_path: Path, capsys: pytest.Cap
         assert _exec(engine, "--loadInputs", spec) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error:") and msg in " ".join(err.split()) and "Traceback" not in err, (spec, err)
+
+
+def test_repeated_shape_flags_add_up(engine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--shapes 'input:0':3x4 --shapes ids:3x5 kept only the last flag: build said 'missing input:0', exec ran the
+    first input at its opt shape silently, and compare did the same."""
+    onnx_path = engine.parent / "m.onnx"
+    out = tmp_path / "r.engine"
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(out), "--backend", "onnxruntime",
+                 "--shapes", "input:0:3x4", "--shapes", "ids:3x5"]) == 0
+    capsys.readouterr()
+    assert main(["exec", "--loadEngine", str(out), "--shapes", "input:0:3x4", "--shapes", "ids:3x5", "--iterations", "1",
+                 "--duration", "0", "--warmUp", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch"] == 3
+    assert _exec(engine, "--shapes", "input:0:1x4", "--shapes", "ids:9x5") == 2  # the second flag counts: past max 8
+    assert "ids" in capsys.readouterr().err
+    assert main(["build", "--onnx", str(onnx_path), "--saveEngine", str(out), "--minShapes", "input:0:1x4",
+                 "--minShapes", "ids:1x5", "--maxShapes", "input:0:4x4,ids:4x5", "--maxShapes", "ids:4x5"]) == 2
+    assert "gives input 'ids' twice" in capsys.readouterr().err

@@ -89,6 +89,8 @@ PARSE_ONLY = {  # example -> why it is only parsed here
     "overdrive compare model_fp16.engine model.onnx --atol 1e-2 --rtol 1e-2": "an fp16 engine needs a GPU",
     "overdrive exec --loadEngine rn50_fp16.engine --duration 10 --percentile 50,99 --json summary.json":
         "needs the GPU engine above",
+    "overdrive exec --loadEngine model.engine --loadInputs input:x.bin --exportOutput out.json --iterations 1":
+        "needs a raw x.bin; tests/cli/test_exec_io.py runs --loadInputs and --exportOutput",
     "overdrive doctor --master-addr 10.0.0.1 --master-port 29500 --node-rank 1": "reaches another machine",
     "overdrive doctor --bandwidth 8 --max-bytes 4294967296 --ops all_reduce --json": "8 ranks, 4 GiB: a GPU node's",
     "overdrive launch --nproc-per-node 8 --max-restarts 2 train.py --epochs 90": "8 ranks of a real training script",

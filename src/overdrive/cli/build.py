@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_device, check_json_target, check_output, json_option, progress_option, write_json
+from overdrive.cli.common import (check_device, check_json_target, check_output, join_repeated, json_option,
+                                  progress_option, write_json)
 
 
 @click.command("build")
@@ -21,11 +22,11 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
 @click.option("--best", "flag_best", is_flag=True,
               help="Same as --precision best: build fp16 and bf16 (CUDA) or fp32 (CPU), plus int8/fp8 with --calib, "
                    "time each and keep the fastest.")
-@click.option("--shapes", default=None,
+@click.option("--shapes", multiple=True, callback=join_repeated,
               help="Static shapes, e.g. input:8x3x224x224 (--exported: default the archive's example inputs).")
-@click.option("--min-shapes", "--minShapes", "min_shapes", default=None, help="Dynamic profile minimum shapes.")
-@click.option("--opt-shapes", "--optShapes", "opt_shapes", default=None, help="Dynamic profile optimal shapes.")
-@click.option("--max-shapes", "--maxShapes", "max_shapes", default=None, help="Dynamic profile maximum shapes.")
+@click.option("--min-shapes", "--minShapes", "min_shapes", multiple=True, callback=join_repeated, help="Dynamic profile minimum shapes.")
+@click.option("--opt-shapes", "--optShapes", "opt_shapes", multiple=True, callback=join_repeated, help="Dynamic profile optimal shapes.")
+@click.option("--max-shapes", "--maxShapes", "max_shapes", multiple=True, callback=join_repeated, help="Dynamic profile maximum shapes.")
 @click.option("--backend", default="auto", show_default=True,
               help="auto, inductor or onnxruntime build an engine. tensorrt builds none: it writes the ONNX file and "
                    "exits with the trtexec command that builds the TensorRT plan from it.")

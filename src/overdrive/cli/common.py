@@ -27,6 +27,17 @@ def json_option(what: str) -> Any:
                         help=f"Write {what} as JSON: to FILE, or to stdout instead of the tables with a bare --json.")
 
 
+def join_repeated(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
+    """The callback of the shape flags (``multiple=True``): ``--shapes x:1x3 --shapes y:2x4`` reads as
+    ``--shapes x:1x3,y:2x4`` (the last one alone was kept, silently dropping the first input's shape).
+
+    Example:
+        >>> join_repeated(None, None, ("x:1x3", "y:2x4")), join_repeated(None, None, ())
+        ('x:1x3,y:2x4', None)
+    """
+    return ",".join(value) if value else None
+
+
 PIPED_WIDTH = 200  # columns of a table printed to a pipe or file (rich's 80 cut the demo's tables mid-column)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, json_option, write_json
+from overdrive.cli.common import check_json_target, join_repeated, json_option, write_json
 
 
 @click.command("compare")
@@ -15,7 +15,7 @@ from overdrive.cli.common import check_json_target, json_option, write_json
                    "polygraphy passes it when either |a - b| <= atol or |a - b| / |b| <= rtol).")
 @click.option("--rtol", default=1e-3, show_default=True, type=float, help="Relative tolerance, against B (see --atol).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
-@click.option("--shapes", default=None, metavar="NAME:AxBxC,...",
+@click.option("--shapes", multiple=True, callback=join_repeated, metavar="NAME:AxBxC,...",
               help="Shapes of the random inputs, e.g. input:4x1x8x8 (default: an engine's opt shapes or an ONNX "
                    "model's fixed ones); needed for dynamic ONNX inputs and for two PyTorch models.")
 @click.option("--inputs", "inputs_path", default=None, metavar="FILE",

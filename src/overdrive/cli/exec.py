@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_device, check_json_target, check_output, json_option, write_json
+from overdrive.cli.common import check_device, check_json_target, check_output, join_repeated, json_option, write_json
 
 
 @click.command("exec")
 @click.option("--load-engine", "--loadEngine", "load_engine", required=True, metavar="FILE", help="Engine built by `overdrive build`.")
-@click.option("--shapes", default=None, help="Input shapes to run (inside the engine's profile); default: the opt shapes.")
+@click.option("--shapes", multiple=True, callback=join_repeated, help="Input shapes to run (inside the engine's profile); default: the opt shapes.")
 @click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Run at least this many iterations.")
 @click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=click.FloatRange(min=0), help="Warm-up time in ms.")
 @click.option("--duration", default=3.0, show_default=True, type=click.FloatRange(min=0), help="Run at least this many seconds.")
