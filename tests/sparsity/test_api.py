@@ -303,3 +303,67 @@ def test_pruned_gradients_are_zeroed_before_the_step(make_opt) -> None:
         for state in opt.state[layer.weight].values():
             if torch.is_tensor(state) and state.shape == layer.mask.shape:
                 assert bool((state[~layer.mask] == 0).all())
+
+
+class _TiedLM(nn.Module):
+    """An LM head tied to the token embedding (GPT-2, Llama with tie_word_embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.body = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 64, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(self.emb(tokens))))
+
+
+def test_head_tied_to_an_embedding_is_skipped_with_the_reason() -> None:
+    torch.manual_seed(0)
+    model = _TiedLM()
+    table = model.emb.weight.detach().clone()
+    handle = sparsify(model)
+    assert [layer.name for layer in handle.layers] == ["body.weight"]
+    reasons = {s.name: s.skip_reason for s in handle.skipped}
+    assert "tied to emb.weight (Embedding)" in reasons["head.weight"]
+    torch.testing.assert_close(model.emb.weight.detach(), table, rtol=0, atol=0)  # the table is not pruned
+    # named explicitly, it is pruned (and the embedding with it), as asked
+    model = _TiedLM()
+    handle = sparsify(model, Config(allowed_layer_names=("body", "head")))
+    assert {layer.name for layer in handle.layers} == {"body.weight", "head.weight"}
+    assert is_2to4(model.emb.weight) and float((model.emb.weight == 0).float().mean()) == 0.5
+
+
+def test_transposed_layouts_are_reported_skipped_not_passed_over() -> None:
+    model = nn.Sequential(nn.ConvTranspose2d(32, 32, 3), nn.Conv2d(32, 32, 3))
+    handle = sparsify(model)
+    assert [layer.name for layer in handle.layers] == ["1.weight"]
+    assert "transposed convolution" in {s.name: s.skip_reason for s in handle.skipped}["0.weight"]
+    with pytest.raises(UsageError, match="0.weight: transposed convolution"):
+        sparsify(nn.Sequential(nn.ConvTranspose1d(32, 32, 3)))
+    pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
+    gpt2_mlp = nn.Sequential(pytorch_utils.Conv1D(64, 32), nn.ReLU(), nn.Linear(64, 32))  # Conv1D(nf=out, nx=in)
+    handle = sparsify(gpt2_mlp)
+    assert [layer.name for layer in handle.layers] == ["2.weight"]
+    assert "Conv1D stores its weight (in, out)" in {s.name: s.skip_reason for s in handle.skipped}["0.weight"]
+    assert bool((gpt2_mlp[0].weight != 0).all())
+
+
+def test_attach_when_every_pruned_layer_is_frozen() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))  # only layer 0 is prunable
+    model[0].requires_grad_(False)
+    handle = sparsify(model)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    handle.attach(opt)  # the head trains; the frozen pruned layer needs no hook
+    frozen = model[0].weight.detach().clone()
+    for _ in range(2):
+        model(torch.randn(8, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    torch.testing.assert_close(model[0].weight.detach(), frozen, rtol=0, atol=0)
+    assert _zero_where_pruned(handle)
+    with pytest.raises(UsageError, match="holds none of the pruned weights"):  # a trainable pruned layer still needs it
+        handle2 = sparsify(nn.Sequential(nn.Linear(32, 32)))
+        handle2.attach(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))

@@ -260,8 +260,10 @@ class SparseHandle:
         post-hook re-applies the masks. Sparsify before ``amp.prepare``: the hooks then mask the fp32
         masters and the half model weights alike, whichever hook runs first."""
         held = {id(q) for g in optimizer.param_groups for q in g["params"]}
-        missing = [layer.name for layer in self.layers if id(layer.original) not in held and id(layer.weight) not in held]
-        if len(missing) == len(self.layers):
+        # frozen pruned layers (requires_grad=False) are not the optimizer's to hold; they need no hook
+        trainable = [layer for layer in self.layers if layer.original.requires_grad or layer.weight.requires_grad]
+        missing = [layer.name for layer in trainable if id(layer.original) not in held and id(layer.weight) not in held]
+        if trainable and len(missing) == len(trainable):
             raise UsageError(
                 f"the optimizer holds none of the pruned weights ({missing[:3]}...): pass the optimizer built on this "
                 "model's parameters; with overdrive.amp O2/apex O2, call sparsify/ASP before amp.prepare/initialize"

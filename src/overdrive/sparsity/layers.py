@@ -4,12 +4,18 @@ The rule (cuSPARSELt / sparse tensor core GEMM constraints, as apex ASP applies 
 viewed as a GEMM operand (out, in) is pruned when ``out % 8 == 0`` and ``in % 16 == 0`` (``in`` is
 input channels for convolutions, whose groups of 4 run along them), and convolutions are not
 grouped (a grouped conv is a batch of small GEMMs whose reduction dimension is ``in / groups``).
+
+Weights that look prunable but are not, are reported as skipped rather than passed over silently:
+transposed convolutions and transformers' ``Conv1D`` (GPT-2), whose weights are stored (in, out),
+and a weight tied to a module that is not a GEMM layer (an ``nn.Embedding`` tied to the LM head), which
+pruning would zero in that module too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from overdrive.sparsity.config import SparsityConfig
@@ -49,13 +55,45 @@ def shape_rule(shape: tuple[int, ...]) -> str | None:
     return None
 
 
+def _unsupported(module: nn.Module, wanted: tuple[str, ...]) -> tuple[str, str] | None:
+    """(layer type, reason) for GEMM layers whose weight layout 2:4 pruning here does not handle."""
+    if isinstance(module, nn.modules.conv._ConvTransposeNd) and any(t.startswith("Conv") for t in wanted):
+        return (type(module).__name__, "transposed convolution: its weight is (in, out, *k), the 2:4 groups would run "
+                "along output channels; not supported, stays dense")
+    # transformers.pytorch_utils.Conv1D (GPT-2): y = x @ W + b with W (in, out); matched by name so that
+    # transformers is not imported
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and "Linear" in wanted:
+        return ("Conv1D", "transformers Conv1D stores its weight (in, out); not supported, stays dense (convert it to "
+                "nn.Linear with the transposed weight to prune it)")
+    return None
+
+
+def _tied_elsewhere(model: nn.Module, wanted: tuple[str, ...]) -> dict[int, str]:
+    """id(weight) -> name and type of a non-GEMM module (an Embedding tied to an LM head) holding it too."""
+    out: dict[int, str] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        if _kind(module, wanted) is not None:
+            continue
+        for pname, p in module._parameters.items():
+            if p is not None and p.dim() >= 2:
+                out.setdefault(id(p), f"{mname + '.' if mname else ''}{pname} ({type(module).__name__})")
+    return out
+
+
 def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]:
     """Every weight of the configured layer types, with ``skip_reason`` set where it stays dense."""
     out: list[Candidate] = []
     seen: set[int] = set()
+    tied = _tied_elsewhere(model, config.layer_types)
     for mname, module in model.named_modules():
         kind = _kind(module, config.layer_types)
         if kind is None:
+            unsupported = _unsupported(module, config.layer_types)
+            w = getattr(module, "weight", None)
+            if unsupported is not None and isinstance(w, torch.Tensor) and id(w) not in seen:
+                seen.add(id(w))
+                out.append(Candidate(f"{mname}.weight" if mname else "weight", mname, module, "weight", unsupported[0],
+                                     unsupported[1]))
             continue
         if kind == "MultiheadAttention":
             # out_proj is a Linear subclass and is found as its own module.
@@ -75,6 +113,9 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
                 cand.skip_reason = "in disallowed_layer_names"
             elif not p.requires_grad and p.grad_fn is None and not isinstance(p, nn.Parameter):
                 cand.skip_reason = "not a parameter"
+            elif id(p) in tied and config.allowed_layer_names is None:
+                cand.skip_reason = (f"weight tied to {tied[id(p)]}: pruning it would zero that module's weights too; "
+                                    f"name {mname!r} in allowed_layer_names to prune it anyway")
             elif isinstance(module, nn.modules.conv._ConvNd) and module.groups != 1:
                 cand.skip_reason = f"grouped convolution (groups={module.groups}): no dense GEMM to sparsify"
             else:
