@@ -114,3 +114,25 @@ def test_compare_against_an_onnx_model_with_another_fixed_batch_names_it() -> No
     with pytest.raises(UsageError, match=r"input 'x' is fixed at 1x3, but the comparison runs 4x3"):
         compare(eng, fixed)
     assert compare(eng, dyn)["passed"]
+
+
+def test_an_index_past_the_table_is_one_clear_error(capfd: pytest.CaptureFixture[str]) -> None:
+    """ONNX Runtime's InvalidArgument (and its coloured log line on stderr) reached the user as they were."""
+    pytest.importorskip("onnxruntime")
+    from overdrive._utils.errors import UsageError
+    from overdrive.engine import Builder
+
+    class Lookup(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 8)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.emb(ids).sum(1)
+
+    eng = Builder(precision="fp32", backend="onnxruntime", device="cpu").build(Lookup().eval(),
+                                                                                (torch.randint(0, 50, (2, 5)),))
+    capfd.readouterr()
+    with pytest.raises(UsageError, match=r"could not run the engine on these inputs: .*idx=99.*check their values"):
+        eng(torch.full((2, 5), 99))
+    assert "[E:onnxruntime" not in capfd.readouterr().err

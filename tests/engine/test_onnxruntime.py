@@ -47,6 +47,10 @@ def test_bad_inputs(saved: Path) -> None:
         eng(torch.randn(33, 1, 8, 8))
     with pytest.raises(UsageError, match=r"outside the engine's profile"):
         eng(torch.randn(2, 1, 9, 8))
+    with pytest.raises(UsageError, match=r"has 3 dims \(2, 8, 8\) but the engine's input has 4"):
+        eng(torch.randn(2, 8, 8))  # a wrong rank, not a profile miss
+    with pytest.raises(UsageError, match=r"is torch.int64 but the engine expects torch.float32; pass it as .*to\(torch.float32\)"):
+        eng(torch.zeros(2, 1, 8, 8, dtype=torch.long))
     with pytest.raises(UsageError, match=r"missing \['x'\], unknown \['image'\]"):
         eng(image=torch.randn(1, 1, 8, 8))
     with pytest.raises(UsageError, match="takes 1 input"):

@@ -237,9 +237,11 @@ class Builder:
             warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
                           "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)
         if name == "tensorrt":
-            path = onnx_path or "model.onnx"
-            atomic_write(path, src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset))
-            backend.refuse(path, str(Path(path).with_suffix(".plan")), cfg, device)
+            data = src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset)
+            path = _unused_path(Path(onnx_path or "model.onnx"), data)
+            if not path.exists():
+                atomic_write(path, data)
+            backend.refuse(str(path), str(Path(onnx_path or "model.onnx").with_suffix(".plan")), cfg, device)
         if int8 is not None and cfg.int8_activations == "dynamic" and int8_mode.smoothquant_applies(name, src, calib):
             t_sq = time.perf_counter()
             src, n = int8_mode.smoothed_source(src, calib)  # per-token scales after SmoothQuant (engine/int8.py)
@@ -325,6 +327,25 @@ class Builder:
                                  "not_tried": {p: "no calibration data (--calib)" for p in skipped}, "rejected": rejected}
         engine.header["build_s"] = time.perf_counter() - t0
         return engine
+
+
+def _unused_path(path: Path, data: bytes) -> Path:
+    """``path``, or where it holds other bytes (the user's own ONNX file, say), the first free ``<stem>.export<k>.onnx``
+    beside it: the ONNX written for trtexec never replaces a file. A file holding ``data`` already is reused.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / "m.onnx").write_bytes(b"mine")
+        4
+        >>> _unused_path(d / "m.onnx", b"export").name, _unused_path(d / "m.onnx", b"mine").name
+        ('m.export1.onnx', 'm.onnx')
+    """
+    k = 0
+    candidate = path
+    while candidate.exists() and (not candidate.is_file() or candidate.read_bytes() != data):
+        k += 1
+        candidate = path.with_name(f"{path.stem}.export{k}{path.suffix or '.onnx'}")
+    return candidate
 
 
 def _output_names(src: ModelSource, n: int) -> list[str]:

@@ -181,11 +181,17 @@ class Engine:
             x = torch.as_tensor(x)
             if layout == "hwc" and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)  # the binding's layout (no copy when it is already)
+            if x.dim() != len(p.min):
+                raise UsageError(f"input {p.name!r} has {x.dim()} dims {tuple(x.shape)} but the engine's input has "
+                                 f"{len(p.min)} (profile min {p.min} max {p.max}); reshape it, or rebuild the engine "
+                                 "for that rank")
             if not p.contains(tuple(x.shape)):
                 raise UsageError(f"input {p.name!r} has shape {tuple(x.shape)}, outside the engine's profile min {p.min} "
                                  f"max {p.max}; rebuild with --min-shapes/--max-shapes covering it")
             if x.is_floating_point() != dt.is_floating_point:
-                raise UsageError(f"input {p.name!r} is {x.dtype} but the engine expects {dt}")
+                fix = f".to(torch.{str(dt).removeprefix('torch.')})"
+                raise UsageError(f"input {p.name!r} is {x.dtype} but the engine expects {dt}; pass it as {dt} "
+                                 f"(x{fix}{', token ids or indices as integers' if not dt.is_floating_point else ''})")
             out.append(x.to(self.device, dt) if move else x.to(dtype=dt))
         for group in self.header.get("backend_meta", {}).get("shared_dims", []):  # dims the program needs equal
             sizes = {f"{n}[{d}]": out[self.input_names.index(n)].shape[d] for n, d in group if n in self.input_names}

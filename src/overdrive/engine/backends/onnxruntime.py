@@ -82,7 +82,16 @@ class Runner:
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
         feeds = {n: x.detach().cpu().numpy() for n, x in zip(self.input_names, xs)}
-        return [torch.from_numpy(np.asarray(o)) for o in self.session.run(None, feeds)]
+        try:
+            outs = self.session.run(None, feeds)
+        except Exception as exc:
+            if not type(exc).__module__.startswith("onnxruntime"):
+                raise
+            # an input the checks before cannot see: an index past a table (Gather), a size the graph refuses
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"ONNX Runtime could not run the engine on these inputs: {why}; check their values "
+                             "(token ids and indices within the model's tables) and sizes") from exc
+        return [torch.from_numpy(np.asarray(o)) for o in outs]
 
 
 def int8_kernels_exact() -> tuple[bool, str]:
@@ -129,7 +138,7 @@ def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None =
             so.optimized_model_filepath = optimize_to
     else:  # stored models are optimized already
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: errors reach the caller as exceptions (Runner words them), not log lines
     return ort.InferenceSession(model_bytes, sess_options=so, providers=_providers(device), disabled_optimizers=disabled)
 
 
