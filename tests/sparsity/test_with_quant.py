@@ -224,3 +224,17 @@ def test_errors(dense, digits, tmp_path) -> None:
     fp8, _ = _sparse_quantized(dense, digits, quant.FP8_DEFAULT)
     with pytest.raises(UsageError, match=r"quantized already to \['fp8_e4m3'\], not int8"):
         Builder(precision="int8", device="cpu").build(fp8, (digits.x_test[:2],))
+
+
+def test_onnx_weight_sparsity_of_a_sequential(tmp_path) -> None:
+    """nn.Sequential's forward takes `input`, export_onnx's default name, so it is exported by keyword through a
+    wrapper whose `module.` prefix the initializers carry: the pruned weights are still found (the README's flow)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    handle = sparsity.sparsify(model)
+    x = torch.randn(8, 32)
+    model = sparsity.sparse_quantize(handle, quant.INT8_DEFAULT, lambda m: m(x))
+    path = quant.export_onnx(model, (x,), tmp_path / "seq_int8.onnx")
+    rows = sparsity.onnx_weight_sparsity(path, handle)
+    assert [r["name"] for r in rows] == ["0.weight", "2.weight"]
+    assert all(r["is_2to4"] and r["nonzero_fraction"] <= 0.5 for r in rows)

@@ -75,16 +75,19 @@ def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -
     if not path.is_file():
         raise UsageError(f"ONNX file {str(path)!r} does not exist")
     inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
-    names = [n for n, a in inits.items() if a.ndim >= 2]
+    names = {n: n for n, a in inits.items() if a.ndim >= 2}  # row name -> initializer name
     if handle is not None:
-        names = [layer.name for layer in handle.layers]
-        missing = [n for n in names if n not in inits]
+        # A model exported by keyword (export_onnx wraps it in _utils.inputs.ByName whenever its forward takes the
+        # input names, nn.Sequential's `input` included) has its weights under the wrapper's `module.` prefix.
+        names = {layer.name: next((k for k in (layer.name, f"module.{layer.name}") if k in inits), "")
+                 for layer in handle.layers}
+        missing = [n for n, k in names.items() if not k]
         if missing:
             raise UsageError(f"{path.name} has no initializer named {missing[:3]}: export without folding the weights "
                              "(overdrive.quant.export_onnx keeps them by name)")
     rows = []
-    for n in names:
-        w = torch.from_numpy(inits[n].astype("float32"))
+    for n, k in names.items():
+        w = torch.from_numpy(inits[k].astype("float32"))
         rows.append({"name": n, "shape": list(w.shape), "nonzero_fraction": float((w != 0).float().mean()),
                      "is_2to4": is_2to4(w)})
     return rows
