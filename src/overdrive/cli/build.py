@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from overdrive.cli.common import (check_device, check_json_target, check_output, join_repeated, json_option,
-                                  progress_option, write_json)
+                                  progress_option, trtexec_noops, write_json)
 
 
 @click.command("build")
@@ -75,6 +75,10 @@ from overdrive.cli.common import (check_device, check_json_target, check_output,
                    "calibration has them, and then residuals are read in 8 bits anyway): a residual add whose input "
                    "is also quantized for a convolution reads that 8-bit tensor, which adds 8-bit rounding to the "
                    "residual (inductor backend).")
+@trtexec_noops(("--workspace", False, "overdrive sets no builder memory limit"),
+               ("--memPoolSize", False, "overdrive sets no builder memory pools"),
+               ("--skipInference", True, "overdrive build runs no inference after building; time it with overdrive exec"),
+               ("--explicitBatch", True, "every engine's batch dim is explicit"))
 @json_option("the engine info")
 @progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,

@@ -41,6 +41,32 @@ def join_repeated(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
 PIPED_WIDTH = 200  # columns of a table printed to a pipe or file (rich's 80 cut the demo's tables mid-column)
 
 
+def trtexec_noops(*specs: tuple[str, bool, str]) -> Any:
+    """Options a pasted trtexec line carries that mean nothing here, each ``(flag, is_flag, why)``: accepted (so
+    the line runs), with one ``[I] <flag> has no effect here: <why>`` line on stderr when given.
+
+    Example:
+        >>> @click.command()
+        ... @trtexec_noops(("--workspace", False, "no builder memory limit here"))
+        ... def cmd() -> None:
+        ...     pass
+        >>> from click.testing import CliRunner
+        >>> CliRunner().invoke(cmd, ["--workspace=4096"]).output.strip()
+        '[I] --workspace has no effect here: no builder memory limit here'
+    """
+    def decorate(f: Any) -> Any:
+        for flag, is_flag, why in reversed(specs):
+            def note(ctx: Any, param: Any, value: Any, flag: str = flag, why: str = why) -> None:
+                if value not in (None, False):
+                    click.echo(f"[I] {flag} has no effect here: {why}", err=True)
+
+            f = click.option(flag, is_flag=is_flag, default=False if is_flag else None, expose_value=False,
+                             callback=note, metavar=None if is_flag else "VALUE",
+                             help=f"trtexec's; accepted, no effect here: {why}.")(f)
+        return f
+    return decorate
+
+
 def console() -> Any:
     """stdout's rich console: the terminal's width on a TTY; piped or redirected, ``$COLUMNS`` when set,
     else :data:`PIPED_WIDTH`, so tables written to a file or ``| less`` keep their columns whole."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_device, check_json_target, check_output, join_repeated, json_option, write_json
+from overdrive.cli.common import (check_device, check_json_target, check_output, join_repeated, json_option,
+                                  trtexec_noops, write_json)
 
 
 @click.command("exec")
@@ -29,6 +30,8 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
                    "--shapes (default the opt shapes), as trtexec's; or one .pt / .npz file (as compare --inputs).")
 @click.option("--trust", is_flag=True, help="Load an engine not signed with your key whole (its native library and "
               "compile cache run): only for engines from a source you trust.")
+@trtexec_noops(("--avgRuns", False, "the summary gives the median and percentiles over every timed run"),
+               ("--separateProfileRun", True, "--exportProfile always profiles on a separate run"))
 @json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
