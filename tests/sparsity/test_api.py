@@ -367,3 +367,11 @@ def test_attach_when_every_pruned_layer_is_frozen() -> None:
     with pytest.raises(UsageError, match="holds none of the pruned weights"):  # a trainable pruned layer still needs it
         handle2 = sparsify(nn.Sequential(nn.Linear(32, 32)))
         handle2.attach(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("budget", [0, -1.0, float("nan"), "2", True])
+def test_permutation_budget_must_be_a_positive_number(budget) -> None:
+    # nan passed `budget <= 0` and then switched the search off silently ("2" raised a TypeError)
+    with pytest.raises(UsageError, match=r"permutation_budget_s .* must be a number of seconds > 0"):
+        Config(permutation=True, permutation_budget_s=budget)
+    assert Config(permutation_budget_s=1).permutation_budget_s == 1

@@ -75,3 +75,16 @@ def test_compress_checks_the_mask() -> None:
         compress(w, compute_mask(torch.randn(8, 32)))
     m = compute_mask(w)
     assert torch.equal(decompress(compress(w * m, m.float())), w * m)  # a 0/1 float mask works too
+
+
+def test_a_failed_load_leaves_the_model_unpruned(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _model()
+    handle = sparsify(model)
+    save_compressed(handle, tmp_path / "m.pt")
+    wrong = nn.Sequential(nn.Conv2d(16, 32, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32 * 4, 64), nn.ReLU(),
+                          nn.Linear(64, 16))  # the last layer (16 out) is prunable here, not in the file
+    with pytest.raises(UsageError, match=r"m.pt does not fit this model \(size mismatch for 5.weight"):
+        load_compressed(wrong, tmp_path / "m.pt")
+    assert [n for n, _ in wrong.named_buffers()] == []  # no masks left behind by the failed load
+    assert len(sparsify(wrong).layers) == 3  # so it can still be pruned (it was refused as "already pruned")

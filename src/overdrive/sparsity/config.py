@@ -69,8 +69,10 @@ class SparsityConfig(ConfigBase):
         if self.allowed_layer_names is not None:
             object.__setattr__(self, "allowed_layer_names", tuple(self.allowed_layer_names))
         object.__setattr__(self, "disallowed_layer_names", tuple(self.disallowed_layer_names))
-        if self.permutation_budget_s <= 0:
-            raise UsageError(f"permutation_budget_s {self.permutation_budget_s} must be > 0 seconds")
+        budget = self.permutation_budget_s
+        # nan passed a plain `<= 0` check and then switched the search off without a word
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+            raise UsageError(f"permutation_budget_s {budget!r} must be a number of seconds > 0, e.g. 2.0")
 
 
 # Named presets.

@@ -123,6 +123,19 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
             handle = sparsify(model, cfg, compute_masks=False)
         except UsageError as exc:
             raise UsageError(f"{path} does not fit this model: {exc}") from exc
+    try:
+        _load_into(model, handle, payload, names, path)
+    except (UsageError, RuntimeError):
+        if not have:  # the masks installed above: drop them so the model is as it was and can be loaded again
+            handle.remove()
+        raise
+    return handle
+
+
+def _load_into(model: nn.Module, handle: SparseHandle, payload: dict[str, Any], names: list[str],
+               path: str | os.PathLike[str]) -> None:
+    from overdrive.sparsity.api import MASK_SUFFIX
+
     got = {layer.name for layer in handle.layers}
     if got != set(names):
         raise UsageError(f"{path} holds pruned weights {sorted(set(names) - got)[:3]} this model does not prune, or this "
@@ -136,8 +149,11 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
         w = decompress(entry)
         state[name] = w
         state[name + MASK_SUFFIX] = _mask_from_meta(entry)
-    model.load_state_dict(state, strict=True)
-    return handle
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # torch's message: a header line, then the mismatched keys
+        detail = " ".join(line.strip() for line in str(exc).splitlines()[1:])[:400]
+        raise UsageError(f"{path} does not fit this model ({detail}); load it into the model it was saved from") from exc
 
 
 def _mask_from_meta(entry: dict[str, Any]) -> torch.Tensor:
