@@ -75,6 +75,8 @@ def _load_factory(spec: str, flag: str) -> nn.Module:
     except TypeError as exc:
         raise UsageError(f"{flag} {spec!r}: calling {attr}() failed ({exc}); the factory must build the model "
                          "with no arguments (wrap it: def build(): return MyNet(width=64))") from exc
+    except Exception as exc:  # the factory's own error: say whose, the traceback comes with --verbose
+        raise UsageError(f"{flag} {spec!r}: {attr}() raised {type(exc).__name__}: {exc} (--verbose shows where)") from exc
     if not isinstance(model, nn.Module):
         raise UsageError(f"{flag} {spec!r} returned a {type(model).__name__}, not a torch.nn.Module")
     return model

@@ -47,7 +47,12 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
     """
     if not Path(path).is_file():
         raise UsageError(f"{flag} {str(path)!r} does not exist")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # not a torch.save file, truncated, or pickled objects a weights-only load refuses
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UsageError(f"{flag} {str(path)!r} cannot be read as weights ({type(exc).__name__}: {why[:200]}); give "
+                         "a file written by torch.save(model.state_dict(), path)") from exc
     from overdrive.sparsity.export import FORMAT as SPARSE24, load_compressed
 
     if isinstance(payload, dict) and payload.get("format") == SPARSE24:
@@ -68,5 +73,8 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
     payload = {k: v for k, v in payload.items() if not (isinstance(k, str) and k.endswith(MASK_SUFFIX) and k not in own)}
     try:
         model.load_state_dict(payload)
-    except RuntimeError as exc:
-        raise UsageError(f"{flag} {path} does not fit the model: {str(exc).splitlines()[0]}") from exc
+    except RuntimeError as exc:  # torch lists the missing / unexpected keys and size mismatches on lines of their own
+        lines = [ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()] or [str(exc).strip()]
+        detail = "; ".join(lines)
+        raise UsageError(f"{flag} {path} does not fit the model: "
+                         f"{detail[:400] + ' ...' if len(detail) > 400 else detail}") from exc
