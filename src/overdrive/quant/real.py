@@ -197,6 +197,7 @@ class _LowPrecisionGemm(nn.Module):
         self.register_buffer("x_pre", None if x_pre is None else x_pre.detach().float().reshape(-1).to(w.device))
         self.rowwise = rowwise
         self.x_qmin = x_qmin  # int8: -128, or -127 for a narrow-range input quantizer (as its fake quantization)
+        self.weight_dtype = weight.dtype  # the float layer's: what `weight` reads back as when there is no bias
         self.in_features, self.out_features = w.shape[1], w.shape[0]
 
     def gemm(self, x2: torch.Tensor) -> torch.Tensor:
@@ -259,6 +260,15 @@ class Int8Linear(_LowPrecisionGemm):
         w = linear.weight.detach()
         return cls(w, w.float().abs().amax(dim=1), torch.ones(()), linear.bias, rowwise=True, x_qmin=-127,
                    x_pre=getattr(linear, "inv_s", None))  # a SmoothedLinear's 1 / s
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (N, K) weight the GEMM computes with, dequantized (w_q * w_scale; the smoothed W * s where ``x_pre``
+        is set) in the float layer's dtype, computed on each read. Model code reads ``layer.weight.dtype`` (Hugging
+        Face T5 casts its hidden states to the ``wo`` layer's weight dtype), so a converted layer keeps one."""
+        dtype = self.bias.dtype if self.bias is not None else self.weight_dtype
+        ws = self.w_scale.view(-1, 1) if self.w_scale.dim() else self.w_scale
+        return (self.w_q.float() * ws).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
@@ -491,13 +501,15 @@ class WeightOnlyLinear(nn.Module):
         self.out_features = q.shape[0]
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, bits: int = 8, group_size: int = 128) -> WeightOnlyLinear:
+    def from_linear(cls, lin: nn.Module, bits: int = 8, group_size: int = 128) -> WeightOnlyLinear:
+        """From an ``nn.Linear``, or a Hugging Face GPT-2 ``Conv1D`` (its weight is (in, out), used transposed)."""
         if bits not in (4, 8):
             raise UsageError(f"weight-only bits={bits} must be 4 or 8")
-        n, k = lin.weight.shape
+        weight = lin.weight.t() if _is_hf_conv1d(lin) else lin.weight  # (N, K)
+        n, k = weight.shape
         if group_size <= 0 or k % group_size:
             raise UsageError(f"group_size={group_size} must divide in_features={k} (e.g. 32, 64, 128)")
-        w = lin.weight.detach().float().view(n, k // group_size, group_size)
+        w = weight.detach().float().reshape(n, k // group_size, group_size)
         qmax = 127 if bits == 8 else 7
         scales = w.abs().amax(-1).clamp_min(1e-12) / qmax  # (N, G)
         q = torch.clamp(torch.round(w / scales.unsqueeze(-1)), -qmax - (bits == 4), qmax).view(n, k)
@@ -507,7 +519,7 @@ class WeightOnlyLinear(nn.Module):
             u = (q + 8).to(torch.uint8)  # [-8, 7] -> [0, 15]
             q = u[:, 0::2] | (u[:, 1::2] << 4)
         bias = None if lin.bias is None else lin.bias.detach().clone()
-        return cls(q, scales.to(lin.weight.dtype), bias, bits, group_size, k)
+        return cls(q, scales.to(weight.dtype), bias, bits, group_size, k)
 
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         if self.bits == 8:
@@ -517,6 +529,12 @@ class WeightOnlyLinear(nn.Module):
         n, k = self.out_features, self.in_features
         return (q.view(n, k // self.group_size, self.group_size) * self.scales.to(dtype).unsqueeze(-1)).view(n, k)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized (N, K) weight in the scales' dtype, computed on each read (model code such as Hugging Face
+        T5's reads ``layer.weight.dtype``)."""
+        return self.dequantized_weight(self.scales.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.dequantized_weight(x.dtype), bias)
@@ -525,9 +543,15 @@ class WeightOnlyLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, int{self.bits}, group_size={self.group_size}"
 
 
+def _is_hf_conv1d(m: nn.Module) -> bool:
+    conv1d = hf_conv1d_class()
+    return conv1d is not None and type(m) is conv1d
+
+
 def weight_only(model: nn.Module, config: WeightOnlyConfig | None = None, **settings: Any) -> nn.Module:
-    """Swap float nn.Linear layers (both dims >= ``min_features``, in_features divisible by
-    ``group_size``, name not matching ``exclude``) for :class:`WeightOnlyLinear`.
+    """Swap float nn.Linear layers and Hugging Face GPT-2 ``Conv1D`` layers (both dims >= ``min_features``,
+    in_features divisible by ``group_size``, name not matching ``exclude``) for :class:`WeightOnlyLinear`.
+    A model with no such layer is a UsageError saying why each candidate was left.
 
     The settings are a :class:`WeightOnlyConfig`, given as ``config``, as keywords that replace its fields
     (``weight_only(model, bits=4, group_size=64)``), or both.
@@ -543,12 +567,27 @@ def weight_only(model: nn.Module, config: WeightOnlyConfig | None = None, **sett
         settings = {"bits": config, **settings}
         config = None
     cfg = _config(WeightOnlyConfig, config, settings)
-    if isinstance(model, nn.Linear):
+    if isinstance(model, nn.Linear) or _is_hf_conv1d(model):
         return WeightOnlyLinear.from_linear(model, cfg.bits, cfg.group_size)
+    left: dict[str, str] = {}  # why each candidate stayed float, for the error when none is converted
+    converted = 0
     for name, m in list(model.named_modules()):
-        if type(m) is nn.Linear and min(m.in_features, m.out_features) >= cfg.min_features \
-                and m.in_features % cfg.group_size == 0 and not any(fnmatch.fnmatch(name, p) for p in cfg.exclude):
+        if not (type(m) is nn.Linear or _is_hf_conv1d(m)):
+            continue
+        k, n = (m.weight.shape[0], m.weight.shape[1]) if _is_hf_conv1d(m) else (m.in_features, m.out_features)
+        if min(k, n) < cfg.min_features:
+            left[name] = f"{k}x{n} < min_features={cfg.min_features}"
+        elif k % cfg.group_size:
+            left[name] = f"in_features={k} not divisible by group_size={cfg.group_size}"
+        elif any(fnmatch.fnmatch(name, p) for p in cfg.exclude):
+            left[name] = "excluded"
+        else:
             _set(model, name, WeightOnlyLinear.from_linear(m, cfg.bits, cfg.group_size))
+            converted += 1
+    if not converted:
+        why = "; ".join(f"{n}: {r}" for n, r in list(left.items())[:4]) + (" ..." if len(left) > 4 else "")
+        raise UsageError(f"weight_only converted no layer: {len(left)} nn.Linear / Conv1D layer(s) ({why or 'none'}); "
+                         "lower min_features, pick a group_size dividing in_features, or change exclude")
     return model
 
 
