@@ -207,3 +207,25 @@ def test_bad_files_are_one_line_errors_naming_file_found_and_format(case: str, t
                   "--precision", "int8", "--calib", str(path), "--save-engine", str(tmp_path / "e.engine")]):
         code, err = _run(verb)
         assert code == 2 and str(path) in err and len(err.strip().splitlines()) == 1, (verb[0], err)
+
+
+def test_one_named_input_for_a_two_input_model_is_refused(tmp_path: Path, models_py: Path) -> None:
+    path = tmp_path / "one.pt"
+    torch.save({"ids": torch.zeros(4, 12, dtype=torch.long)}, path)  # Tok takes input_ids and attention_mask
+    with pytest.raises(UsageError, match=r"one.pt' holds one input \['ids'\] but Tok.forward takes 2 .*input_ids"):
+        load_calibration(str(path), "--calib-data", model=_load_factory(models_py, "tok"))
+    code, err = _run(["quantize", "--model", f"{models_py}:tok", "--calib-data", str(path)])
+    assert code == 2 and "holds one input ['ids']" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("case, data, found", [
+    ("shape", [(torch.zeros(4, 12, 3, dtype=torch.long), torch.ones(4, 12))], "input_ids (4, 12, 3) int64"),
+    ("dtype", [(torch.zeros(4, 12), torch.ones(4, 12))], "input_ids (4, 12) float32"),
+])
+def test_batches_the_model_cannot_run_name_file_batch_and_shapes(case: str, data: list, found: str, tmp_path: Path,
+                                                                 models_py: Path) -> None:
+    path = tmp_path / f"{case}.pt"
+    torch.save(data, path)
+    code, err = _run(["quantize", "--model", f"{models_py}:tok", "--calib-data", str(path)])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err  # a usage error, not a traceback or exit 1
+    assert f"Tok fails on calibration batch 0 of '{path}'" in err and found in err, err

@@ -75,8 +75,19 @@ class Calibration:
         def loop(model: nn.Module) -> None:
             dev = next((p.device for p in model.parameters()), torch.device("cpu"))
             with torch.no_grad():
-                for batch in self.batches:
-                    call(model, self.names, [x.to(dev) for x in batch])
+                for k, batch in enumerate(self.batches):
+                    try:
+                        call(model, self.names, [x.to(dev) for x in batch])
+                    except UsageError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - name the file and the batch, not only the op
+                        names = self.names or [f"input{i}" for i in range(len(batch))]
+                        got = ", ".join(f"{n} {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+                                        for n, x in zip(names, batch))
+                        first = str(exc).splitlines()[0][:300] if str(exc) else ""
+                        raise UsageError(f"{type(model).__name__} fails on calibration batch {k} of {self.path!r} "
+                                         f"({got}): {type(exc).__name__}: {first}; save the inputs the model's "
+                                         "forward takes, with their shapes and dtypes") from exc
 
         return loop
 
@@ -221,6 +232,13 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
     wanted = list(input_names) if input_names is not None else None
     if isinstance(records[0], dict):
         names = list(records[0])
+        if wanted is None and model is not None and len(names) == 1 and not takes_names(model, names):
+            lo = positional_range(model)[0]  # a lone input may carry any name, if the model needs only one
+            if lo > 1:
+                params = [n for n in (forward_parameters(model) or {}) if n not in ("self", "args", "kwargs")]
+                raise UsageError(f"{flag} {path!r} holds one input {names} but {type(model).__name__}.forward "
+                                 f"takes {lo} (its parameters: {params[:8]}); save one tensor per input, named "
+                                 "after them")
         if wanted is None and model is not None and len(names) > 1 and not takes_names(model, names):
             params = [n for n in (forward_parameters(model) or {}) if n not in ("self", "args", "kwargs")]
             unknown = [n for n in names if n not in params]
