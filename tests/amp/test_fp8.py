@@ -402,3 +402,16 @@ def test_a_token_count_fp8_gemms_cannot_take_is_refused_in_one_line() -> None:
     mp.backward(model(torch.randn(2, 8, 32)).float().square().mean())  # 2 x 8 = 16 tokens
     with torch.no_grad():
         model(torch.randn(8, 32))  # inference takes any count
+
+
+def test_summary_of_a_compiled_model_uses_its_prepared_rule() -> None:
+    """summary(torch.compile(model)) looked the rule up on the compile wrapper, missed it and showed the default
+    rule (tensorwise, min_features 2048) instead of the one the model was prepared with."""
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 16))
+    amp.prepare(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                amp.Policy(opt_level="O2", dtype=torch.bfloat16,
+                           fp8=amp.Fp8(recipe="rowwise", emulate=True, min_features=16, min_weight=1)))
+    want = amp.summary(m)
+    got = amp.summary(torch.compile(m))
+    assert got.title == want.title == "fp8 layers (rowwise, min_features 16)"
+    assert got.rows == want.rows

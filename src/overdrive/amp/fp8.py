@@ -234,6 +234,17 @@ class CompileCheck:
         self._handles.clear()
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile's OptimizedModule and DistributedDataParallel wrappers (any nesting)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
 def summary(model: nn.Module, fp8: Fp8 | str | None = None) -> Table:
     """Which Linear layers of ``model`` train in fp8, and why the others do not.
 
@@ -252,6 +263,7 @@ def summary(model: nn.Module, fp8: Fp8 | str | None = None) -> Table:
     """
     from overdrive.amp.config import parse_fp8
 
+    model = _unwrapped(model)  # torch.compile / DDP wrap the prepared model: its rule is keyed on the model itself
     rule = parse_fp8(fp8) if fp8 is not None else _RULES.get(model)
     prepared = rule is not None and fp8 is None
     rule = rule or Fp8()
