@@ -107,3 +107,28 @@ def test_engine_vs_engine_at_another_batch(tmp_path: Path, onnx_path: Path) -> N
     assert json.loads(out)["outputs"][0]["shape"] == [6, 3]
     code, _, err = _cli("compare", str(eng), str(onnx_path), "--shapes", "input:9x4")
     assert code == 2 and "outside the engine's profile" in err
+
+
+def test_an_fp8_qdq_file_is_compared_as_written(tmp_path: Path) -> None:
+    """compare's ONNX Runtime reference ran at ORT_ENABLE_ALL, where ONNX Runtime 1.32 drops a ReLU feeding an fp8
+    QuantizeLinear: the fake-quant model it was exported from came out 0.55 off a 1.1 output, a false FAILED."""
+    from overdrive import quant
+    from overdrive.engine.compare import compare
+
+    class TwoBranch(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Linear(8, 32), torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+        def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return self.c(torch.relu(self.a(y)) + torch.relu(self.b(x)))
+
+    torch.manual_seed(0)
+    y, x = torch.randn(4, 8), torch.randn(4, 16)
+    q = quant.quantize(TwoBranch().eval(), quant.FP8_DEFAULT, lambda m: m(y, x))
+    path = tmp_path / "fp8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quant.export_onnx(q, (y, x), path, opset=19, input_names=["y", "x"])
+    r = compare(q, str(path), inputs=(y, x), atol=1e-5, rtol=1e-5)
+    assert r["passed"], r["outputs"]
