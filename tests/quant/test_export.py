@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -291,3 +292,22 @@ def test_export_falls_back_to_the_dynamo_exporter_with_q_dq(preset: str, opset, 
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         got = sess.run(None, {g.input[0].name: x3.numpy()})[0]
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_exported_weights_keep_the_models_names(tmp_path: Path) -> None:
+    """A model whose forward takes ``input`` (nn.Sequential) is exported through a by-name wrapper, and its weights
+    came out as ``module.0.weight``: readers of the file by name (a weight-sparsity check) did not find them."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    x = torch.randn(4, 32)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    q = quant.quantize(model, quant.INT8_DEFAULT, lambda m: m(x))
+    path = quant.export_onnx(q, (x,), tmp_path / "seq.onnx")
+    names = {t.name for t in onnx.load(str(path)).graph.initializer}
+    assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= names and not any(n.startswith("module.") for n in names)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        ref = q(x).numpy()
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    assert float(abs(got - ref).max()) <= 1e-5  # the same Q/DQ arithmetic

@@ -251,9 +251,41 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
             f"ONNX (opset {opset}) cannot express op '{op}' used in module '{owner or '?'}': "
             f"{msg.splitlines()[0][:300]}; replace that op, keep the module out of the export, or try another opset"
         ) from exc
+    if isinstance(traced, ByName):
+        _strip_wrapper_prefix(path)
     if check:
         onnx.checker.check_model(onnx.load(str(path)))
     return path
+
+
+def _strip_wrapper_prefix(path: Path) -> None:
+    """Name the exported weights as the model names them (``0.weight``), not through the by-name wrapper the
+    export traced (``module.0.weight``): what reads weights from the file by name (a weight-sparsity check, a
+    refit) finds them. A name whose short form is taken already keeps its prefix."""
+    onnx = require("onnx", extra="onnx", feature="ONNX export")
+    proto = onnx.load(str(path), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+        return  # weights in files beside the model: their names are their files' names too
+    graph = proto.graph
+    taken = {t.name for t in graph.initializer} | {v.name for v in graph.input} | {v.name for v in graph.output}
+    taken |= {o for n in graph.node for o in n.output}
+    rename = {}
+    for t in graph.initializer:
+        short = t.name.removeprefix("module.")
+        if short != t.name and short not in taken:
+            rename[t.name] = short
+            taken.add(short)
+    if not rename:
+        return
+    for t in graph.initializer:
+        t.name = rename.get(t.name, t.name)
+    for v in list(graph.input) + list(graph.value_info):
+        v.name = rename.get(v.name, v.name)
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+    atomic_write(path, proto.SerializeToString())
 
 
 def _export_dynamo(model: nn.Module, traced: nn.Module, xs: tuple[torch.Tensor, ...], path: Path, opset: int,

@@ -340,10 +340,12 @@ def _gemm_ok(k: int, n: int, fmt: str) -> str | None:
 
 
 def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any) -> nn.Module:
-    """Replace calibrated QuantLinear / QuantConv1D (GPT-2) / 1x1 QuantConv2d layers by real int8 or fp8 GEMM modules.
+    """Replace calibrated QuantLinear / QuantConv1D (GPT-2) / QuantConv2d layers by real int8 or fp8 modules: GEMMs
+    for Linear layers and 1x1 convolutions; on CUDA with Triton, any 2-D convolution with groups 1 (``Int8Conv2d`` /
+    ``Fp8Conv2d``, an implicit-GEMM kernel of any kernel size).
 
-    Other quantized layers (3x3 convs, ConvTranspose, disabled ones, unsupported shapes) go back to
-    their float layer; ``model._overdrive_real`` lists what was converted and what was not, and why.
+    Other quantized layers (convolutions other than 1x1 off CUDA, ConvTranspose, disabled ones, unsupported
+    shapes) go back to their float layer; ``model._overdrive_real`` lists what was converted and what was not, and why.
     The settings are a :class:`RealConfig` (``rowwise``: fp8 with dynamic per-token activation scales
     and per-channel weight scales; ``device``), given as ``config``, as keywords that replace its fields
     (``to_real(model, rowwise=True)``), or both.
