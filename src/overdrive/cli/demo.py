@@ -10,8 +10,8 @@ from overdrive.cli.common import check_device, check_json_target, check_output, 
 @click.command("demo")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
 @click.option("--quick", is_flag=True,
-              help="The tiny digits CNN on 8x8 images instead of a model sized for the device (a few minutes on 2 CPU cores "
-                   "with every stage; tests/demo run each stage this way).")
+              help="The tiny digits CNN on 8x8 images instead of a model sized for the device (about 40 s on 2 idle CPU "
+                   "cores with every stage; tests/demo run each stage this way).")
 @click.option("--opt-level", "opt_levels", multiple=True, help="Opt level(s) to train at (repeatable); default O0-O3.")
 @click.option("--epochs", default=None, type=int,
               help="Training epochs per opt level (default: the workload's, 8 with --quick).")
