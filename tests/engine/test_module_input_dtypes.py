@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from overdrive.engine import Builder, BuildConfig, ShapeProfile
-from overdrive.engine.sources import from_module
+from overdrive.engine.sources import from_module, with_forward_dtypes
 
 pytest.importorskip("onnxruntime")
 
@@ -40,7 +40,28 @@ class Lookup(nn.Module):
 
 
 def test_dtypes_from_the_forward() -> None:
-    assert from_module(BagMask()).input_dtypes == {"ids": torch.int64, "mask": torch.bool, "top": torch.int64}
+    assert with_forward_dtypes(from_module(BagMask())).input_dtypes == {"ids": torch.int64, "mask": torch.bool,
+                                                                         "top": torch.int64}
+
+
+def test_a_build_given_example_inputs_does_not_trace_the_forward() -> None:
+    """Tracing runs forward on torch.fx proxies (a forward that stores a tensor on the module would keep a proxy);
+    only builds that make their inputs from shapes need it."""
+    seen: list[str] = []
+
+    class Recorder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(type(x).__name__)
+            return self.lin(x)
+
+    src = from_module(Recorder())
+    assert src.input_dtypes == {} and seen == []
+    Builder(BuildConfig(device="cpu", backend="onnxruntime")).build(Recorder().eval(), (torch.randn(2, 4),))
+    assert "Proxy" not in seen
 
 
 def test_build_from_profiles_matches_eager() -> None:

@@ -23,7 +23,7 @@ from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.inputs import apply_io_formats, check_onnx_dims, ordered, random_inputs, resolve_profiles
 from overdrive.engine.runtime import Engine, device_facts
-from overdrive.engine.sources import ModelSource, fit_input_names, to_source
+from overdrive.engine.sources import ModelSource, fit_input_names, to_source, with_forward_dtypes
 
 __all__ = ["Builder", "best_candidates", "choose_backend"]
 
@@ -183,6 +183,8 @@ class Builder:
         if input_names is None and isinstance(model, nn.Module) and example_inputs \
                 and len(example_inputs) != len(src.input_names):
             src = fit_input_names(src, len(example_inputs))  # model(input_ids) without its optional attention_mask
+        if not example_inputs and src.module is not None:  # inputs made from shapes: index / mask inputs not float
+            src = with_forward_dtypes(src)
         cfg = cfg.replace(profiles=resolve_profiles(cfg.profiles, src, example_inputs))
         check_onnx_dims(cfg.profiles, src)
         if not example_inputs and cfg.input_io_formats:  # --inputIOFormats int64:chw: the binding holds integers

@@ -214,8 +214,7 @@ def from_module(module: nn.Module, input_names: list[str] | None = None) -> Mode
         except (TypeError, ValueError):
             input_names = ["input"]
     names = list(input_names)
-    return ModelSource(module=module, input_names=names, input_dtypes={**integer_dtypes(names), **module_input_dtypes(module, names)},
-                       kind="module")
+    return ModelSource(module=module, input_names=names, input_dtypes=integer_dtypes(names), kind="module")
 
 
 # how a module's forward uses an input that holds indices or a mask (torch.fx): made as float32, an index input
@@ -274,6 +273,30 @@ def module_input_dtypes(module: nn.Module, names: list[str]) -> dict[str, torch.
         if dtype is not None:
             out[name] = dtype
     return out
+
+
+def with_forward_dtypes(src: ModelSource) -> ModelSource:
+    """A module source whose inputs that index or mask get int64 / bool (:func:`module_input_dtypes`), for a build
+    that makes its own inputs from shapes. Only there: tracing runs the user's ``forward`` on ``torch.fx`` proxies,
+    which a build given example inputs has no reason to do. A dtype the source states already (calibration data's)
+    is kept unless it is float or the name rule's guess.
+
+    Example:
+        >>> class Lookup(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.emb = nn.Embedding(10, 4)
+        ...     def forward(self, tokens):
+        ...         return self.emb(tokens)
+        >>> with_forward_dtypes(from_module(Lookup())).input_dtypes
+        {'tokens': torch.int64}
+    """
+    if src.module is None:
+        return src
+    traced = module_input_dtypes(src.module, src.input_names)
+    keep = {n: d for n, d in traced.items()
+            if src.input_dtypes.get(n, torch.float32).is_floating_point or n in INTEGER_INPUTS}
+    return replace(src, input_dtypes={**src.input_dtypes, **keep}) if keep else src
 
 
 def fit_input_names(src: ModelSource, n: int) -> ModelSource:
