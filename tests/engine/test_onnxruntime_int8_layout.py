@@ -100,7 +100,7 @@ def test_an_inaccurate_integer_layout_is_not_used(monkeypatch: pytest.MonkeyPatc
     eng = _build(_resnet())
     meta = eng.header["backend_meta"]
     assert meta["int8_layout"] == "inputs"
-    assert meta["int8_layouts"]["integer"]["cosine"] < 0.99 and "not used" in meta["int8_layout_why"]
+    assert meta["int8_layouts"]["integer"]["cosine"] < 0.99 and "less accurate, not used" in meta["int8_layout_why"]
 
 
 def test_float_onnx_and_module_sources_choose_alike(monkeypatch: pytest.MonkeyPatch) -> None:
