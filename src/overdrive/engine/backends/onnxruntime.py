@@ -52,20 +52,28 @@ def int8_dynamic_unavailable(src: ModelSource, device: torch.device) -> str | No
     return None
 
 
-def integer_ops(model_bytes: bytes) -> dict[str, int]:
+FLOAT_CONVS = ("Conv", "FusedConv", "ConvTranspose")
+"""Convolutions of an optimized int8 model that run in float. ONNX Runtime has no integer convolution with a float
+output, so a DequantizeLinear -> Conv with no QuantizeLinear after it (the inputs-only layout, as QAT models export)
+stays an fp32 convolution."""
+
+
+def integer_ops(model_bytes: bytes) -> tuple[dict[str, int], int]:
     """How many nodes of each :data:`INTEGER_KERNELS` type the (optimized) model has, e.g.
-    ``{"DynamicQuantizeMatMul": 7, "MatMulIntegerToFloat": 6}``.
+    ``{"DynamicQuantizeMatMul": 7, "MatMulIntegerToFloat": 6}``, and how many :data:`FLOAT_CONVS` it has.
 
     Example:
-        >>> # integer_ops(engine.sections["onnx"])
+        >>> # ops, float_convs = integer_ops(engine.sections["onnx"])
     """
     import onnx
 
     counts: dict[str, int] = {}
+    floats = 0
     for node in onnx.load_from_string(model_bytes).graph.node:
         if node.op_type in INTEGER_KERNELS:
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return dict(sorted(counts.items()))
+        floats += node.op_type in FLOAT_CONVS
+    return dict(sorted(counts.items())), floats
 
 
 def has_qdq(onnx_bytes: bytes) -> bool:
@@ -121,7 +129,7 @@ def int8_kernels_exact() -> tuple[bool, str]:
 
 
 def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None = None, unfused_qdq: bool = False,
-             profile_prefix: str | None = None, int8_matmuls: bool = False, full: bool = False) -> Any:
+             profile_prefix: str | None = None, int8_matmuls: bool = False) -> Any:
     ort = require("onnxruntime", "onnx", "the onnxruntime backend")
     # int8_matmuls: a Q/DQ model with only its inputs quantized (overdrive.quant's layout) keeps each MatMul and
     # its bias Add apart, so DQ -> MatMul becomes MatMulIntegerToFloat (an int8 GEMM); fused into a Gemm first, it
@@ -132,14 +140,22 @@ def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None =
         so.enable_profiling, so.profile_file_prefix = True, profile_prefix
     if unfused_qdq:
         so.add_session_config_entry("session.disable_quant_qdq", "1")  # keep Q/DQ out of the saturating kernels
-    if optimize_to or full:  # full: every optimization, as a build applies them, without saving the result
+    if optimize_to:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if optimize_to:
-            so.optimized_model_filepath = optimize_to
+        so.optimized_model_filepath = optimize_to
     else:  # stored models are optimized already
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.log_severity_level = 4  # fatal only: errors reach the caller as exceptions (Runner words them), not log lines
     return ort.InferenceSession(model_bytes, sess_options=so, providers=_providers(device), disabled_optimizers=disabled)
+
+
+def _optimized(model_bytes: bytes, device: torch.device, unfused_qdq: bool = False, int8_matmuls: bool = False) -> bytes:
+    """``model_bytes`` after every ONNX Runtime graph optimization, as a build stores it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "optimized.onnx")
+        _session(model_bytes, device, optimize_to=path, unfused_qdq=unfused_qdq, int8_matmuls=int8_matmuls)
+        with open(path, "rb") as fh:
+            return fh.read()
 
 
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
@@ -150,6 +166,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     t0 = time.perf_counter()
     dynamic = cfg.precision == "int8" and cfg.int8_activations == "dynamic"
     meta: dict[str, Any] = {}
+    optimized: bytes | None = None
     if dynamic:
         why = int8_dynamic_unavailable(src, device)
         if why:
@@ -166,6 +183,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     elif cfg.precision == "int8" and (src.onnx_bytes is None or not has_qdq(src.onnx_bytes)):  # a float model
         fp32 = src.onnx_bytes if src.onnx_bytes is not None else src.as_onnx(example, cfg.profiles, cfg.opset)
         model_bytes, chosen = choose_int8_layout(fp32, example, calib or [tuple(x.cpu() for x in example)], device)
+        optimized = chosen.pop("optimized", None)  # timed already: ONNX Runtime's optimizations ran on it once
         meta.update(chosen)
     else:
         model_bytes = src.as_onnx(example, cfg.profiles, cfg.opset)
@@ -176,40 +194,23 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         raise UsageError("--precision int8 with an ONNX model needs QuantizeLinear/DequantizeLinear nodes in it; "
                          "quantize it with overdrive.quant (export_onnx) or build from the PyTorch model")
     t_export = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "optimized.onnx")
+    if optimized is None:
         try:
-            _session(model_bytes, device, optimize_to=path, unfused_qdq=unfused, int8_matmuls=qdq and not unfused)
+            optimized = _optimized(model_bytes, device, unfused_qdq=unfused, int8_matmuls=qdq and not unfused)
         except UsageError:
             raise
         except Exception as exc:
             raise UsageError(f"onnxruntime could not load the model: {exc}") from exc
-        with open(path, "rb") as fh:
-            optimized = fh.read()
     runner = Runner(_session(optimized, device, unfused_qdq=unfused), device)
     meta.update(export_s=t_export, providers=_providers(device))
     if qdq and device.type == "cpu":
         meta["int8_kernels"] = ("fused int8 kernels: " if exact else "not fused: ") + why
         meta["unfused_qdq"] = unfused
     if cfg.precision == "int8":
-        meta["int8_ops"] = integer_ops(optimized)  # {} : labelled int8, computed in float
-        floats = float_convolutions(optimized)
+        meta["int8_ops"], floats = integer_ops(optimized)  # {} : labelled int8, computed in float
         if floats:
             meta["float_convs"] = floats
     return {"onnx": optimized}, runner, meta
-
-
-def float_convolutions(model_bytes: bytes) -> int:
-    """How many convolutions of an (optimized) int8 model run in float: Conv, FusedConv and ConvTranspose nodes.
-    ONNX Runtime has no integer convolution with a float output, so a DequantizeLinear -> Conv with no
-    QuantizeLinear after it (the inputs-only layout, as QAT models export) stays an fp32 convolution.
-
-    Example:
-        >>> # float_convolutions(engine.sections["onnx"])  # 0 when every convolution is a QLinearConv
-    """
-    import onnx
-
-    return sum(n.op_type in ("Conv", "FusedConv", "ConvTranspose") for n in onnx.load_from_string(model_bytes).graph.node)
 
 
 def _quantized_onnx(src: ModelSource, example: tuple[torch.Tensor, ...], calib: list[tuple[torch.Tensor, ...]],
@@ -265,6 +266,7 @@ def choose_int8_layout(fp32: bytes, example: tuple[torch.Tensor, ...], calib: li
     behind a DequantizeLinear. The second fuses a CNN into integer kernels end to end (QLinearConv, QLinearAdd). The
     integer layout is kept when it runs faster on ``example`` (by :data:`INTEGER_LAYOUT_GAIN`) and its outputs on
     the first calibration batch stay accurate (:func:`integer_layout_accurate`); ``meta["int8_layouts"]`` has both.
+    Each candidate is optimized once and timed as the engine runs it; ``meta["optimized"]`` is the chosen one.
 
     Example:
         >>> # q, meta = choose_int8_layout(fp32_bytes, (x,), [(x,)], torch.device("cpu")); meta["int8_layout"]
@@ -289,14 +291,15 @@ def choose_int8_layout(fp32: bytes, example: tuple[torch.Tensor, ...], calib: li
     sessions: dict[str, Any] = {}
     try:  # a candidate only: whatever stops it (a model ONNX Runtime's quantizer or optimizer cannot take) is recorded
         layouts["integer"] = quantize_onnx_integer(fp32, batches)
-        sessions = {k: _session(b, device, full=True, int8_matmuls=True) for k, b in layouts.items()}
+        optimized = {k: _optimized(b, device, int8_matmuls=True) for k, b in layouts.items()}
+        sessions = {k: _session(b, device) for k, b in optimized.items()}
     except Exception as exc:  # noqa: BLE001
         layouts.pop("integer", None)
         meta["int8_layout_why"] = f"ONNX Runtime's integer layout could not be made or loaded: {type(exc).__name__}: {exc}"[:400]
     t_cal = time.perf_counter() - t0
     if "integer" in layouts:
         feed = calibration_feeds(fp32, batches[:1])[0]
-        ref = _float_outputs(_session(fp32, device, optimize_to=None, full=True).run(None, feed))
+        ref = _float_outputs(_session(fp32, device).run(None, feed))  # the fp32 model as written
         names = [i.name for i in sessions["inputs"].get_inputs()]
         timing_feed = {n: x.detach().cpu().numpy() for n, x in zip(names, example)}
         measured = {k: {"cosine": _cosine(ref, _float_outputs(s.run(None, feed))), "ms": []} for k, s in sessions.items()}
@@ -316,6 +319,7 @@ def choose_int8_layout(fp32: bytes, example: tuple[torch.Tensor, ...], calib: li
         good = integer_layout_accurate(measured["integer"]["cosine"], measured["inputs"]["cosine"])
         if fast and good:
             meta["int8_layout"] = "integer"
+        meta["optimized"] = optimized[meta["int8_layout"]]  # the build stores it as it is
         why = (f"integer layout {rows['inputs']['ms'] / rows['integer']['ms']:.2f}x the inputs-only layout, cosine "
                f"{rows['integer']['cosine']:.4f} (inputs-only {rows['inputs']['cosine']:.4f})")
         meta["int8_layout_why"] = why + ("" if good else ": less accurate, not used")
