@@ -50,8 +50,8 @@ from overdrive.quant.modules import (
     QuantSDPA,
 )
 from overdrive.quant.quantizer import TensorQuantizer
-from overdrive.quant.real import (Fp8Linear, Int8Linear, QuantizedResidualAdd, WeightOnlyLinear, dynamic_int8, to_real,
-                                  weight_only)
+from overdrive.quant.real import Fp8Linear, Int8Linear, QuantizedResidualAdd, dynamic_int8, to_real
+from overdrive.quant.weight_only import WeightOnlyLinear, weight_only
 from overdrive.quant.api import smoothed_float
 from overdrive.quant.smoothquant import SmoothedLinear
 
