@@ -429,8 +429,9 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     ops = (info.get("int8") or {}).get("ops")
     meta = eng.header.get("backend_meta", {})
     fusions = fusions_summary(meta)  # the line overdrive build prints
+    whole = info.get("whole_engine")  # the int8/fp8 engine timed whole against its float twin at build
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
-        (f"; {fusions}" if fusions else "")
+        (f"; {fusions}" if fusions else "") + (f"; whole engine {whole['why']}: kept {whole['kept']}" if whole else "")
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
              "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
              "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)},
@@ -532,7 +533,8 @@ NOTES = [
     "engines: overdrive.engine Builder, backend auto (inductor on CUDA), a static profile at the batch's shape, fp16 "
     "I/O on CUDA (fp16:hwc images) unless --engine-io fp32; int8/fp8 calibrated on --calib-batches batches (at least "
     "--calib-samples samples); build_s: seconds to build (and for compile rows: to compile and record), warm-up "
-    "included; layers: low-precision layers kept float by the build's timing, and int8 kernels",
+    "included; layers: low-precision layers kept float by the build's timing, and int8 kernels; whole engine: the "
+    "int8/fp8 engine timed at build against the same engine with every low-precision layer float, and the one kept",
     "torch.compile: fp16 model (channels_last for images on CUDA), dynamic=False, a fresh copy per config",
     "on CPU (--quick) the fp16 configs run in fp32 (eager, compile, and an fp32 engine), with one intra-op thread; "
     "--quick models are tiny stand-ins (a small ResNet for every timm name, 2-layer BERT and Llama), batch 2",

@@ -217,3 +217,67 @@ def test_convolutions_are_judged_with_no_margin(monkeypatch: pytest.MonkeyPatch)
                       lambda mdl, n, new: swapped.append(n), {}, timings)
     assert seen == [1.0] and list(kept) == ["0"] and swapped == ["0"]
     assert any("1.0, None)" in k for k in timings)  # the margin in the cached key
+
+
+def _conv_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU(), nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(),
+                         nn.Linear(64, 16)).eval()
+
+
+@pytest.mark.parametrize("faster", ["float32", "int8"])
+def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyPatch, tmp_path, faster: str) -> None:
+    """An int8 build whose layers all timed faster in int8 is timed once more as a whole engine against the same engine
+    with every int8 layer float (its dequantized weights), and keeps the faster (forced here; on a static CUDA profile
+    it is measured): when float wins, the saved engine runs the float program, reports every layer float and why, and
+    warns; its outputs match the reference, the quantized model with each int8 layer replaced by a float layer holding
+    its dequantized weights, to 1e-5. When int8 wins, the int8 engine is kept as built."""
+    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.layer_choice as lc
+    from overdrive import quant
+    from overdrive.engine import Engine, ShapeProfile
+
+    real = lc.keep_float_where_faster
+    monkeypatch.setattr(lc, "keep_float_where_faster",
+                        lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))  # every layer int8
+    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device, dynamic: not dynamic)  # CUDA only, unforced
+    calls: list[int] = []
+
+    def paired(a, b, device, rounds=5):  # noqa: ANN001, ANN202 - both engines run; the verdict is forced
+        a(), b()
+        calls.append(1)
+        return (2.0, 1.0) if faster == "float32" else (1.0, 2.0)
+
+    monkeypatch.setattr(ind, "paired_ms", paired)
+    x = torch.randn(4, 16, 8, 8)
+    cfg = BuildConfig(precision="int8", device="cpu", backend="inductor", aot=False,
+                      profiles=(ShapeProfile.fixed("x", (4, 16, 8, 8)),))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        eng = Builder(cfg).build(_conv_mlp(), (x,), input_names=["x"], calib=[(x,)])
+    assert calls == [1]
+    whole = eng.info["whole_engine"]
+    assert whole["kept"] == faster and whole["lowp_ms"] == (2.0 if faster == "float32" else 1.0)
+    assert "whole_engine_timing" in eng.info["build_phases_s"]
+    loop = lambda mdl: [mdl(x) for _ in range(1)]  # noqa: E731 - the build's calibration: the one batch
+    quantized = quant.to_real(quant.quantize(_conv_mlp(), quant.INT8_DEFAULT, loop, fidelity=False))
+    with torch.no_grad():
+        y_int8 = quantized(x)
+        y_float = lc.float_everywhere(quantized, torch.float32)[0](x)
+        y = eng(x)
+    slower = [str(w.message) for w in got if "ran slower than the same engine" in str(w.message)]
+    eng.save(tmp_path / "m.engine")
+    loaded = Engine.load(tmp_path / "m.engine")
+    if faster == "float32":
+        assert eng.header["backend_meta"]["lowp_layers"] == 0 and not eng.info["int8"]["ops"]
+        assert sorted(eng.info["layers"]) == ["0", "3", "5"]
+        assert all(v.startswith("float32: timed faster than its low-precision kernel (int8 0.50x float32 as a whole")
+                   for v in eng.info["layers"].values()), eng.info["layers"]
+        assert len(slower) == 1 and "--layer-precision all" in slower[0]
+        torch.testing.assert_close(y, y_float, rtol=1e-5, atol=1e-5)
+        assert (y - y_int8).abs().max() > 1e-4  # the float program, not the int8 one
+    else:
+        assert eng.header["backend_meta"]["lowp_layers"] == 3 and not slower
+        torch.testing.assert_close(y, y_int8, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), y, rtol=1e-6, atol=1e-6)  # the saved program is the one kept

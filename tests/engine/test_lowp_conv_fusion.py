@@ -187,7 +187,14 @@ def test_cnn_engine_runs_convolutions_in_low_precision_on_gpu(precision: str) ->
         out = eng(x).float().cpu()
         cos = torch.nn.functional.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
         assert cos > 0.99, (layer_precision, cos)
+        if layer_precision == "timed":  # timed whole against its float twin (static CUDA profile): the faster kept
+            whole = meta.get("whole_engine")  # absent only when the per-layer timing left no layer low precision
+            if whole is not None:
+                assert whole["kept"] in (precision, "float16"), whole
+                assert (whole["kept"] == "float16") == (whole["lowp_ms"] > whole["float_ms"]), whole
+                assert (meta["lowp_layers"] == 0) == (whole["kept"] == "float16"), (whole, meta["lowp_layers"])
         if layer_precision == "all":
+            assert "whole_engine" not in meta
             assert meta["lowp_conv"] == {"folded": 8, "quantized_out": 7, "dual_out": 0, "inlined": 1,
                                          "quantized_residuals": 2}  # both shortcuts are quantized residuals
             if precision == "int8":

@@ -80,8 +80,15 @@ def all_float(meta: dict[str, Any], precision: str) -> bool:
     return not meta.get("lowp_layers", 1 if meta.get("int8_ops") else 0)  # engines from before lowp_layers: int8_ops
 
 
-def _all_float_warning(precision: str, kept: dict[str, str], device: torch.device) -> str:
-    """The one line a build prints when every int8/fp8 layer lost to float at build time and stayed float."""
+def _all_float_warning(precision: str, kept: dict[str, str], device: torch.device,
+                       whole: dict[str, Any] | None = None) -> str:
+    """The one line a build prints when every int8/fp8 layer lost to float at build time and stayed float:
+    layer by layer, or as a whole engine (``whole``: ``backend_meta["whole_engine"]``)."""
+    if whole and whole.get("kept") != precision:
+        return (f"--precision {precision}: the {precision} engine ran slower than the same engine in {whole['kept']} "
+                f"when both were timed at build time ({whole['why']}), so its {len(kept)} {precision} layer(s) run in "
+                f"{whole['kept']} (as TensorRT falls back to fp16 tactics when they win); build fp16 for the same "
+                f"engine without calibration, or --layer-precision all to keep the {precision} layers anyway")
     worst = min(kept.values(), key=lambda why: float(why.split()[1].rstrip("x")))
     hint = ("this CPU has no int8 dot-product instructions (VNNI/AMX) for torch._int_mm; --backend onnxruntime has "
             "int8 kernels for it" if device.type == "cpu" and precision == "int8" else
@@ -275,7 +282,7 @@ class Builder:
         engine = Engine(header, sections, runner, device, build_s=build_s)
         kept = meta.get("layers_kept_float") or {}
         if warn and all_float(meta, precision) and src.onnx_bytes is None:
-            warnings.warn(_all_float_warning(precision, kept, device), UserWarning, stacklevel=3)
+            warnings.warn(_all_float_warning(precision, kept, device, meta.get("whole_engine")), UserWarning, stacklevel=3)
         if precision in ("int8", "fp8"):
             reference, vs = _reference(given)
             header["accuracy"] = record = accuracy.measure(engine, reference, vs, calib, example, self.min_cosine)

@@ -481,6 +481,31 @@ def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, rel
     return min(times)
 
 
+def float_everywhere(model: nn.Module, float_dtype: torch.dtype) -> tuple[nn.Module, list[str]]:
+    """A copy of a prepared int8/fp8 model with every low-precision layer replaced by its float twin in
+    ``float_dtype`` (dequantized weights: the weight rounding kept, the activation rounding dropped, so at least as
+    accurate), and the names replaced. ``model`` is left as it is. The whole-engine check of an int8/fp8 build
+    compiles this beside the low-precision engine and keeps the faster.
+
+    Example:
+        >>> from overdrive.quant.real import Int8Linear
+        >>> m = nn.Sequential(Int8Linear.dynamic(nn.Linear(8, 8)), nn.ReLU())
+        >>> twin, names = float_everywhere(m, torch.float32)
+        >>> names, type(twin[0]).__name__, type(m[0]).__name__
+        (['0'], 'Linear', 'Int8Linear')
+    """
+    import copy
+
+    from overdrive.quant.conv import Int8Conv2d
+    from overdrive.quant.real import _LowPrecisionGemm, _set
+
+    twin = copy.deepcopy(model)
+    names = [n for n, m in twin.named_modules() if isinstance(m, (_LowPrecisionGemm, Int8Conv2d))]
+    for n in names:
+        _set(twin, n, _float_twin(twin.get_submodule(n), float_dtype))
+    return twin, names
+
+
 def placement_summary(layers: dict[str, str]) -> str:
     """One line from ``engine.info["layers"]``: how many layers run on each kernel, and how many stay float and why.
 

@@ -86,6 +86,7 @@ class Engine:
                 "runtime": getattr(self.runner, "via", h["backend"]), "size_bytes": sum(len(b) for b in self.sections.values()),
                 "timing_cache": h.get("timing_cache"), "best": h.get("best"), "accuracy": h.get("accuracy"),
                 "int8": h.get("int8"), "layers": (h.get("backend_meta") or {}).get("layers"),
+                "whole_engine": (h.get("backend_meta") or {}).get("whole_engine"),
                 "build_phases_s": (h.get("backend_meta") or {}).get("build_phases_s"), "trust": self.trust}
 
     def save(self, path: str | Path) -> None:

@@ -10,6 +10,7 @@ packages are stored too when ``BuildConfig.aot`` asks for them, and loaded only 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 import warnings
@@ -21,7 +22,8 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive.engine.backends.prepare import flatten_outputs, int8_gemms, lowp_layers, prepare, remainder_dtype
+from overdrive.engine.backends.prepare import (_Cast, drop_unread_residual_quantizers, flatten_outputs, int8_gemms, lowp_layers,
+                                               prepare, remainder_dtype)
 from overdrive.engine.backends.timing_cache import load_timing_cache, save_timing_cache
 from overdrive.engine.config import BuildConfig
 # registers overdrive::conv2d_relu (which engines use)
@@ -253,6 +255,129 @@ def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, free
     return _Frozen(fn, freezing) if freezing else fn
 
 
+def whole_engine_timed(cfg: BuildConfig, device: torch.device, dynamic: bool) -> bool:
+    """Whether an int8/fp8 build times its whole engine against the same engine with every low-precision layer in
+    float (:func:`layer_choice.float_everywhere`) and keeps the faster: ``layer_precision="timed"`` on a static CUDA
+    profile. The per-layer timing judges each convolution in the form its neighbours leave it, but not what the
+    compiler then fuses around them; a ResNet-50 int8 engine whose timing kept 14 int8 convolutions ran 0.94x its
+    fp16 engine (``engine_zoo_cnn_replan.md``). TensorRT's int8 builds cannot come out slower than their fp16
+    tactics this way, since fp16 tactics are in their search; this check gives the same guarantee. It costs one
+    more compile (10-20 s for a ResNet-50).
+
+    Example:
+        >>> cfg = BuildConfig(precision="int8")
+        >>> whole_engine_timed(cfg, torch.device("cuda"), False), whole_engine_timed(cfg, torch.device("cuda"), True)
+        (True, False)
+        >>> whole_engine_timed(cfg.replace(layer_precision="all"), torch.device("cuda"), False)
+        False
+    """
+    return (cfg.precision in ("int8", "fp8") and cfg.layer_precision == "timed" and device.type == "cuda"
+            and not dynamic)
+
+
+WHOLE_ENGINE_ROUNDS = 5
+"""Interleaved rounds of the whole-engine timing (each times both engines 10 calls after 2 warm-up calls)."""
+
+
+def paired_ms(a: Callable[[], Any], b: Callable[[], Any], device: torch.device,
+              rounds: int = WHOLE_ENGINE_ROUNDS) -> tuple[float, float]:
+    """Median ms per call of ``a`` and of ``b``, timed in interleaved rounds (so a clock or a neighbour's load
+    that drifts during the timing weighs on both alike).
+
+    Example:
+        >>> ta, tb = paired_ms(lambda: sum(range(100)), lambda: sum(range(10_000)), torch.device("cpu"), rounds=2)
+        >>> ta < tb
+        True
+    """
+    from overdrive._utils.timing import time_fn
+
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(rounds):
+        ta += time_fn(a, device, warmup=2, repeat=10)
+        tb += time_fn(b, device, warmup=2, repeat=10)
+    return 1e3 * statistics.median(ta), 1e3 * statistics.median(tb)
+
+
+def _export(module: nn.Module, example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: ModelSource,
+            dyn: Any, fp32: dict[str, str]) -> Any:
+    with precision_flags(fp32), torch.no_grad():
+        try:
+            # _Cast.forward takes *xs, so the per-input specs nest one level down
+            return torch.export.export(module, _export_example(example, cfg.profiles, src.input_names) if dyn else
+                                       example, dynamic_shapes=(dyn,) if dyn else None, strict=False)
+        except Exception as exc:
+            hint = ("the model fixes a dim the shape profile lets vary: make that dim static in the profile, or change "
+                    "the model" if "Constraints violated" in str(exc) else "fix the graph break it names")
+            raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
+                                 f"try --backend onnxruntime, or {hint}") from exc
+
+
+def _fuse(ep: Any, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device, src: ModelSource,
+          dynamic: bool) -> dict[str, Any]:
+    """The graph passes on ``ep`` (in place), with the fusions they time on the GPU; returns what they did."""
+    shared = check_exported_dims(ep, list(cfg.profiles), src.input_names) if dynamic else []
+    dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
+               if cfg.drop_constant_masks else [])
+    gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
+    cuda = device.type == "cuda"
+    choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
+    conv_passes = use_conv_fusion(cfg, device, dynamic)
+    # an image's 1 or 3 channels padded to cuDNN's 4-channel NHWC first-layer kernels, where timed faster
+    stem_timer = TimedStemPad(device) if cuda else None
+    stems = pad_stem_channels(ep, stem_timer) if conv_passes else []
+    convs = fuse_conv_relu(ep, choice) if conv_passes else []
+    # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
+    lowp = fuse_lowp_convs(ep, cfg.quantize_residuals) if cfg.precision in ("int8", "fp8") else {}
+    groups = TimedGroups(device) if cuda else None
+    siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
+    return {"shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
+            "conv_relu_fused": len(convs), "stem_channels_padded": len(stems), "lowp_conv": lowp,
+            "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
+            "stem_pad_timed": sorted({v[1] for v in stem_timer.verdicts.values()}) if stem_timer else [],
+            "sibling_gemms_fused": len(siblings),
+            "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else []}
+
+
+def _runner(ep: Any, cfg: BuildConfig, device: torch.device, mode: str, dynamic: bool, freezing: bool,
+            fp32: dict[str, str], graph: bool, example: tuple[torch.Tensor, ...]) -> tuple[Runner, float]:
+    """The compiled program, compiled (and its CUDA graphs recorded) on ``example``; and the seconds that took."""
+    compiled = _compile(ep.module(), cfg, mode, dynamic, freezing)
+    runner = GraphRunner(compiled, fp32, "torch.compile") if graph else Runner(compiled, fp32, mode, "torch.compile")
+    t0 = time.perf_counter()
+    for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call (1st: GraphRunner)
+        runner(*example)
+    torch.cuda.synchronize(device) if device.type == "cuda" else None
+    return runner, time.perf_counter() - t0
+
+
+def _lowp_meta(module: nn.Module, cfg: BuildConfig, device: torch.device, src: ModelSource) -> dict[str, Any]:
+    """What an int8/fp8 build records of its prepared module: the float remainder, its int8/fp8 kernels, the layers
+    kept float and where each runs."""
+    meta: dict[str, Any] = {}
+    if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
+        rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
+        meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
+    if cfg.precision == "int8":  # {}: an imported Q/DQ graph, computed as fake-quant float arithmetic
+        meta["int8_ops"] = int8_gemms(module)
+    if cfg.precision in ("int8", "fp8"):
+        meta["lowp_layers"] = lowp_layers(module)
+    inner = getattr(module, "model", module)
+    dropped_res = getattr(inner, "_overdrive_residuals_dropped", None)
+    if dropped_res is not None:  # residual quantizers no int8/fp8 kernel would read, made plain adds
+        meta["residual_quantizers_dropped"] = dropped_res
+    kept = getattr(inner, "_overdrive_kept_float", None)
+    if kept is not None:
+        meta["layers_kept_float"] = kept
+    replanned = getattr(inner, "_overdrive_replanned", 0)
+    if replanned:  # convolutions timed again in the form their float neighbours left them (layer_choice)
+        meta["layers_retimed_after_replan"] = replanned
+    layers = getattr(inner, "_overdrive_layers", None)
+    if layers:
+        meta["layers"] = layers
+    return meta
+
+
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
           calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
     cache_info = load_timing_cache(cfg.timing_cache, cfg.trust_timing_cache) if cfg.timing_cache else None
@@ -262,66 +387,19 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
     fp32 = fp32_flags(cfg.precision)
     t0 = time.perf_counter()
-    with precision_flags(fp32), torch.no_grad():
-        try:
-            # _Cast.forward takes *xs, so the per-input specs nest one level down
-            ep = torch.export.export(module, _export_example(example, cfg.profiles, src.input_names) if dyn else example,
-                                     dynamic_shapes=(dyn,) if dyn else None, strict=False)
-        except Exception as exc:
-            hint = ("the model fixes a dim the shape profile lets vary: make that dim static in the profile, or change "
-                    "the model" if "Constraints violated" in str(exc) else "fix the graph break it names")
-            raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
-                                 f"try --backend onnxruntime, or {hint}") from exc
+    ep = _export(module, example, cfg, src, dyn, fp32)
     t_export = time.perf_counter() - t0
     t_passes = time.perf_counter()  # the graph passes, with the fusions they time on the GPU
-    shared = check_exported_dims(ep, list(cfg.profiles), src.input_names) if dyn else []
-    dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
-               if cfg.drop_constant_masks else [])
-    gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
-    cuda = device.type == "cuda"
-    choice = TimedChoice(device) if cuda else None  # per shape: fused where it wins on this GPU
-    conv_passes = use_conv_fusion(cfg, device, dyn is not None)
-    # an image's 1 or 3 channels padded to cuDNN's 4-channel NHWC first-layer kernels, where timed faster
-    stem_timer = TimedStemPad(device) if cuda else None
-    stems = pad_stem_channels(ep, stem_timer) if conv_passes else []
-    convs = fuse_conv_relu(ep, choice) if conv_passes else []
-    # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
-    lowp = fuse_lowp_convs(ep, cfg.quantize_residuals) if cfg.precision in ("int8", "fp8") else {}
-    groups = TimedGroups(device) if cuda else None
-    siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
+    fused = _fuse(ep, example, cfg, device, src, dyn is not None)
     phases = {**getattr(module.model, "_overdrive_phases", {}), "export": t_export,
               "passes": time.perf_counter() - t_passes}
     sections = {"exported_program": save_exported(ep)}
     mode = _mode(cfg, device)
     freezing = use_freezing(cfg, device)
     meta: dict[str, Any] = {"compile_mode": mode, "export_s": t_export, "dynamic": dyn is not None, "freezing": freezing,
-                            "shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
-                            "conv_relu_fused": len(convs), "stem_channels_padded": len(stems), "lowp_conv": lowp,
-                            "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
-                            "stem_pad_timed": sorted({v[1] for v in stem_timer.verdicts.values()}) if stem_timer else [],
-                            "sibling_gemms_fused": len(siblings),
-                            "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else [],
-                            "fp32_precision": fp32,  # applied again at load
+                            **fused, "fp32_precision": fp32,  # applied again at load
                             "build_phases_s": {k: round(v, 2) for k, v in phases.items()}}
-    if cfg.precision in ("int8", "fp8"):  # what the layers without an int8/fp8 kernel run in
-        rem = remainder_dtype(cfg.precision, device) if src.onnx_bytes is None else None
-        meta["float_remainder"] = str(rem or torch.float32).removeprefix("torch.")
-    if cfg.precision == "int8":  # {}: an imported Q/DQ graph, computed as fake-quant float arithmetic
-        meta["int8_ops"] = int8_gemms(module)
-    if cfg.precision in ("int8", "fp8"):
-        meta["lowp_layers"] = lowp_layers(module)
-    dropped_res = getattr(module.model, "_overdrive_residuals_dropped", None)
-    if dropped_res is not None:  # residual quantizers no int8/fp8 kernel would read, made plain adds
-        meta["residual_quantizers_dropped"] = dropped_res
-    kept = getattr(module.model, "_overdrive_kept_float", None)
-    if kept is not None:
-        meta["layers_kept_float"] = kept
-    replanned = getattr(module.model, "_overdrive_replanned", 0)
-    if replanned:  # convolutions timed again in the form their float neighbours left them (layer_choice)
-        meta["layers_retimed_after_replan"] = replanned
-    layers = getattr(module.model, "_overdrive_layers", None)
-    if layers:
-        meta["layers"] = layers
+    meta.update(_lowp_meta(module, cfg, device, src))
     if aot_by_default(cfg, device):  # CPU: the AOTInductor package alone (loads about 2x faster than a recompile)
         t0 = time.perf_counter()
         sections["aoti_package"] = _aoti_package(ep, fp32, freezing)
@@ -333,15 +411,12 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     if whole_graph(cfg, device, dyn is not None):
         mode = meta["compile_mode"] = "default"
         meta["cuda_graph"] = "whole"
-    compiled = _compile(ep.module(), cfg, mode, dyn is not None, freezing)
-    runner = GraphRunner(compiled, fp32, "torch.compile") if meta.get("cuda_graph") else \
-        Runner(compiled, fp32, mode, "torch.compile")
-    t0 = time.perf_counter()
-    for _ in range(3 if mode == "reduce-overhead" else 1):  # CUDA graphs record on the 2nd/3rd call (1st: GraphRunner)
-        runner(*example)
-    torch.cuda.synchronize(device) if device.type == "cuda" else None
-    meta["compile_s"] = time.perf_counter() - t0
+    graph = bool(meta.get("cuda_graph"))
+    runner, meta["compile_s"] = _runner(ep, cfg, device, mode, dyn is not None, freezing, fp32, graph, example)
     meta["build_phases_s"]["compile"] = round(meta["compile_s"], 2)
+    if meta.get("lowp_layers") and src.onnx_bytes is None and whole_engine_timed(cfg, device, dyn is not None):
+        ep, runner = _whole_engine_choice(module, ep, runner, example, cfg, device, src, mode, freezing, fp32, graph,
+                                          meta, sections)
     artifacts = torch.compiler.save_cache_artifacts()
     if artifacts is not None:
         sections["compile_cache"] = artifacts[0]
@@ -356,6 +431,48 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         sections["aoti_package"] = _aoti_package(ep, fp32, freezing)
         meta["aot"] = True
     return sections, runner, meta
+
+
+def _whole_engine_choice(module: nn.Module, ep: Any, runner: Runner, example: tuple[torch.Tensor, ...],
+                         cfg: BuildConfig, device: torch.device, src: ModelSource, mode: str, freezing: bool,
+                         fp32: dict[str, str], graph: bool, meta: dict[str, Any], sections: dict[str, bytes]
+                         ) -> tuple[Any, Runner]:
+    """Time the int8/fp8 engine against the same engine with every low-precision layer float (their dequantized
+    weights, so no less accurate) and keep the faster (:func:`whole_engine_timed`). ``meta`` and ``sections`` are
+    updated in place when the float one wins; ``meta["whole_engine"]`` records both times either way."""
+    from overdrive.engine.layer_choice import float_everywhere
+
+    t0 = time.perf_counter()
+    fdt = remainder_dtype(cfg.precision, device) or torch.float32
+    inner, swapped = float_everywhere(module.model, fdt)
+    if getattr(inner, "_overdrive_residuals_dropped", None) is not None:  # quantizers the build placed (not QAT's)
+        # no int8/fp8 convolution is left to read an 8-bit residual
+        inner._overdrive_residuals_dropped += drop_unread_residual_quantizers(inner)
+    twin = _Cast(inner, module.dtype, module.channels_last, module.out_dtype).eval()
+    ep_f = _export(twin, example, cfg, src, None, fp32)
+    fused = _fuse(ep_f, example, cfg, device, src, False)
+    runner_f, _ = _runner(ep_f, cfg, device, mode, False, freezing, fp32, graph, example)
+    with torch.no_grad():
+        low_ms, float_ms = paired_ms(lambda: runner(*example), lambda: runner_f(*example), device)
+    name = str(fdt).removeprefix("torch.")
+    keep_float = low_ms > float_ms
+    meta["whole_engine"] = {"lowp_ms": round(low_ms, 4), "float_ms": round(float_ms, 4),
+                            "kept": name if keep_float else cfg.precision,
+                            "why": f"{cfg.precision} {float_ms / low_ms:.2f}x {name} as a whole engine "
+                                   f"({low_ms:.3f} ms against {float_ms:.3f} ms)"}
+    meta["build_phases_s"]["whole_engine_timing"] = round(time.perf_counter() - t0, 2)
+    if not keep_float:
+        del runner_f, ep_f
+        return ep, runner
+    why = meta["whole_engine"]["why"]
+    inner._overdrive_kept_float = {**(getattr(inner, "_overdrive_kept_float", None) or {}),
+                                   **{n: why for n in swapped}}
+    inner._overdrive_layers = {**(getattr(inner, "_overdrive_layers", None) or {}),
+                               **{n: f"{name}: timed faster than its low-precision kernel ({why})" for n in swapped}}
+    meta.update(fused)
+    meta.update(_lowp_meta(twin, cfg, device, src))
+    sections["exported_program"] = save_exported(ep_f)
+    return ep_f, runner_f
 
 
 def _export_example(example: tuple[torch.Tensor, ...], profiles: list[Any], names: list[str]) -> tuple[torch.Tensor, ...]:
