@@ -281,3 +281,30 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(y, y_int8, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), y, rtol=1e-6, atol=1e-6)  # the saved program is the one kept
+
+
+def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-engine timing is a check, not a step the build depends on: if the float twin cannot be built, the
+    int8 engine is kept as built and the reason recorded."""
+    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.layer_choice as lc
+    from overdrive.engine import ShapeProfile
+
+    real = lc.keep_float_where_faster
+    monkeypatch.setattr(lc, "keep_float_where_faster",
+                        lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))
+    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device, dynamic: True)
+
+    def broken(model, dtype):  # noqa: ANN001, ANN202
+        raise RuntimeError("no float twin here")
+
+    monkeypatch.setattr(lc, "float_everywhere", broken)
+    x = torch.randn(4, 16, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eng = Builder(BuildConfig(precision="int8", device="cpu", backend="inductor", aot=False,
+                                  profiles=(ShapeProfile.fixed("x", (4, 16, 8, 8)),))).build(
+            _conv_mlp(), (x,), input_names=["x"], calib=[(x,)])
+    whole = eng.info["whole_engine"]
+    assert whole["kept"] == "int8" and "no float twin here" in whole["why"]
+    assert eng.header["backend_meta"]["lowp_layers"] == 3

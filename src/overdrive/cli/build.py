@@ -141,7 +141,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             click.echo(f"[I] {placement_summary(info['layers'])}")
         if info.get("whole_engine"):  # the int8/fp8 engine timed whole against its float twin
             whole = info["whole_engine"]
-            click.echo(f"[I] whole engine timed: {whole['why']}; kept {whole['kept']}")
+            click.echo(f"[I] whole engine: {whole['why']}; kept {whole['kept']}")
         fusions = fusions_summary(engine.header.get("backend_meta", {}))
         if fusions:
             click.echo(f"[I] {fusions}")

@@ -415,8 +415,12 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     runner, meta["compile_s"] = _runner(ep, cfg, device, mode, dyn is not None, freezing, fp32, graph, example)
     meta["build_phases_s"]["compile"] = round(meta["compile_s"], 2)
     if meta.get("lowp_layers") and src.onnx_bytes is None and whole_engine_timed(cfg, device, dyn is not None):
-        ep, runner = _whole_engine_choice(module, ep, runner, example, cfg, device, src, mode, freezing, fp32, graph,
-                                          meta, sections)
+        try:
+            ep, runner = _whole_engine_choice(module, ep, runner, example, cfg, device, src, mode, freezing, fp32,
+                                              graph, meta, sections)
+        except Exception as exc:  # noqa: BLE001 - the float twin failed to build or run: keep the engine as built
+            meta["whole_engine"] = {"kept": cfg.precision, "why": f"not timed: its float twin failed "
+                                                                  f"({type(exc).__name__}: {str(exc)[:200]})"}
     artifacts = torch.compiler.save_cache_artifacts()
     if artifacts is not None:
         sections["compile_cache"] = artifacts[0]
