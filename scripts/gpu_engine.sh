@@ -19,6 +19,8 @@
 #   bash scripts/gpu_engine.sh 10  # (run 2026-12-04: engine_zoo_cnn_margin)
 #   bash scripts/gpu_engine.sh 11  # ConvNeXt's int8/fp8 engines and the CNNs' int8/fp8 at batch 1 (the zoo's "not run")
 #   bash scripts/gpu_engine.sh 12  # layer-choice GPU tests; ResNet-50 and EfficientNet-B0 int8/fp8 with re-planning
+#                                  # (run 2026-12-05: engine_zoo_cnn_replan)
+#   bash scripts/gpu_engine.sh 13  # whole-engine timing: its GPU tests; ResNet-50 and EfficientNet-B0 int8/fp8 (not yet run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -79,6 +81,12 @@ elif [ "$part" = 12 ]; then
   step 450 "engine_zoo resnet50+efficientnet_b0 int8/fp8 with re-planning" python3 \
       benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out engine_zoo_cnn_replan
+elif [ "$part" = 13 ]; then
+  step 120 "gpu tests: int8/fp8 CNN engines (whole-engine timing)" python3 -m pytest -q -m gpu \
+      tests/engine/test_lowp_conv_fusion.py tests/engine/test_layer_choice.py -p no:cacheprovider -p no:logging
+  step 450 "engine_zoo resnet50+efficientnet_b0 int8/fp8 with whole-engine timing" python3 \
+      benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out engine_zoo_cnn_whole
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \
