@@ -18,6 +18,7 @@ from overdrive.amp import MixedPrecision, Policy, prepare
 from overdrive.train.config import TrainConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+BAR_SECONDS = 0.5  # fit's progress bar shows the loss and throughput at most this often (each read is a host sync)
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Trainer:
         self.accumulate = accumulate
         self.progress = cfg.progress
         self.channels_last = cfg.channels_last
-        self.forward = torch.compile(model) if cfg.compile else model
+        self.forward = _compiled(model, whole_call=self.parallel is None) if cfg.compile else model
         self.step_count = 0  # optimizer steps taken (skipped ones included)
         self.skipped_steps = 0  # optimizer steps skipped for an inf/NaN gradient or loss
         # ReduceLROnPlateau needs a metric: fit steps it once per epoch, train_step never
@@ -261,12 +262,16 @@ class Trainer:
                 losses: list[torch.Tensor] = []
                 samples = 0
                 synchronize(self.device)
-                t0 = time.perf_counter()
+                t0 = shown = time.perf_counter()
+                on_bar = 0  # this epoch's steps the bar has counted
                 for batch, end in _mark_last(train_data):
                     losses.append(self.train_step(batch, end_of_epoch=end))
                     samples += int(batch[0].shape[0])
-                    if bar is not None and len(losses) % 10 == 0:
-                        bar.update(task, advance=10, loss=float(losses[-1]), tput=samples / (time.perf_counter() - t0))
+                    if bar is not None and time.perf_counter() - shown >= BAR_SECONDS:
+                        # reading the loss waits for the device: at most once per BAR_SECONDS, not every few steps
+                        shown = time.perf_counter()
+                        bar.update(task, advance=len(losses) - on_bar, loss=float(losses[-1]), tput=samples / (shown - t0))
+                        on_bar = len(losses)
                 synchronize(self.device)
                 seconds = time.perf_counter() - t0
                 if not losses:
@@ -401,6 +406,21 @@ def memory_mib(trainer: Trainer) -> float:
         for v in st.values():
             add(v)
     return total / 2**20
+
+
+def _compiled(model: nn.Module, whole_call: bool) -> Callable[..., Any]:
+    """``model`` under torch.compile. ``whole_call``: compile the call ``model(x)`` itself, so the module's own
+    forward hooks (amp's O2 input and output casts) are traced into the one graph. ``torch.compile(model)`` runs
+    the hooks of a module whose class is not torch's outside the compiled forward, where each is compiled as a
+    graph of its own: three graphs, three autograd functions and three guard checks a step instead of one.
+    A DDP / FSDP module keeps ``torch.compile(model)``, whose handling of their hooks is torch's."""
+    if not whole_call:
+        return torch.compile(model)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return model(*args, **kwargs)
+
+    return torch.compile(call)
 
 
 def _set_epoch(data: Any, epoch: int) -> None:
