@@ -105,3 +105,23 @@ def test_compiled_o2_forward_is_one_graph_without_recompiles() -> None:
     finally:
         torch._dynamo.reset()
         counters.clear()
+
+
+def test_compiled_calls_of_many_model_classes_stay_compiled() -> None:
+    """Each model class gets a code object of its own for the compiled call, as ``torch.compile(model)`` has one per
+    class's forward: 10 classes compile 10 graphs with no recompile-limit fallback (one code object shared by every
+    Trainer would hit the limit of 8 and run the 9th class uncompiled), and two models of one class share a graph."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from overdrive.train.loop import _compiled
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = torch.randn(2, 4)
+    classes = [type(f"Net{i}", (torch.nn.Linear,), {}) for i in range(10)]
+    for cls in classes:
+        _compiled(cls(4, 4), whole_call=True)(x)
+    _compiled(classes[0](4, 4), whole_call=True)(x)  # a second model of a class compiled already
+    assert counters["stats"]["unique_graphs"] == 10, dict(counters["stats"])
+    assert not any("recompile_limit" in k or "cache_limit" in k for k in counters), dict(counters)

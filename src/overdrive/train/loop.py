@@ -420,7 +420,15 @@ def _compiled(model: nn.Module, whole_call: bool) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         return model(*args, **kwargs)
 
+    # torch.compile keeps its compiled entries per code object, and reaches its recompile limit (8) on one: were every
+    # Trainer's call to share this function's code, a process that trains 9 model classes would run the 9th uncompiled.
+    # One code object per model class, as torch.compile(model) has one per class's forward: models of one class share
+    # their graphs (a sweep compiles once), models of other classes do not crowd them out.
+    call.__code__ = _CALL_CODE.setdefault(type(model), call.__code__.replace())
     return torch.compile(call)
+
+
+_CALL_CODE: dict[type, Any] = {}  # _compiled's code object of the call, per model class
 
 
 def _set_epoch(data: Any, epoch: int) -> None:
