@@ -137,11 +137,22 @@ def test_save_and_restore_a_natively_quantized_model_with_residual_adds(tmp_path
     assert_same(mto.restore(make_model(seed=3), tmp_path / "m.pth"), native)
 
 
-def test_presets_are_read_only_and_copies_are_plain_dicts():
+def test_presets_are_read_only_and_copies_are_editable():
+    """Both edit styles are refused on the preset itself (one script must not change it for the next) and work
+    on a deep copy: a plain dict whose quant_cfg is an editable list of plain dict entries."""
     with pytest.raises(UsageError, match="deepcopy"):
         mtq.INT8_DEFAULT_CFG["quant_cfg"]["*lm_head*"] = {"enable": True}
+    with pytest.raises(UsageError, match="deepcopy"):
+        mtq.INT8_DEFAULT_CFG["quant_cfg"].append({"quantizer_name": "*lm_head*", "enable": True})
+    with pytest.raises(UsageError, match="deepcopy"):
+        mtq.INT8_DEFAULT_CFG["quant_cfg"]["*weight_quantizer"]["axis"] = None
     cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
-    assert type(cfg) is dict and type(cfg["quant_cfg"]) is dict
+    assert type(cfg) is dict and type(cfg["quant_cfg"]) is mtq.QuantCfgList
+    assert all(type(e) is dict for e in cfg["quant_cfg"])
+    cfg["quant_cfg"].append({"quantizer_name": "*lm_head*", "enable": True})
+    cfg["quant_cfg"]["*weight_quantizer"]["axis"] = None
+    assert mtq.INT8_DEFAULT_CFG["quant_cfg"]["*weight_quantizer"] == {"num_bits": 8, "axis": 0}
+    assert len(mtq.INT8_DEFAULT_CFG["quant_cfg"]) == len(cfg["quant_cfg"]) - 1
 
 
 def test_smoothquant_config_matches_the_native_smoothquant():

@@ -2,18 +2,21 @@
 changed: ``import modelopt.torch.quantization as mtq`` -> ``import overdrive.quant.modelopt as mtq`` (and
 ``import modelopt.torch.opt as mto`` -> ``import overdrive.quant.modelopt.opt as mto``).
 
-ModelOpt's dict configs are translated quantizer by quantizer onto :func:`overdrive.quant.quantize`'s modules:
-``quant_cfg`` maps fnmatch patterns on quantizer names (``"*weight_quantizer"``, ``"*lm_head*"``) to attributes
-(``num_bits`` 8 or (4, 3), ``axis``, ``enable``, ``narrow_range``); ``"default"`` applies first, then every
-other entry in order, each one updating what it names (an entry without ``enable`` turns the quantizer on, as
-in ModelOpt). ``algorithm`` ``"max"`` calibrates with max; None leaves activations uncalibrated.
+A config's ``quant_cfg`` is taken in both of ModelOpt's forms (:mod:`overdrive.quant.modelopt.quant_cfg`): the
+current ordered list of entries (``quantizer_name`` fnmatch pattern on quantizer names such as
+``"*weight_quantizer"``, optional ``parent_class`` such as ``"nn.Linear"``, ``cfg`` of attributes, ``enable``;
+later entries override earlier ones; a ``cfg`` entry replaces the attributes, an ``enable``-only entry just
+switches quantizers on or off), and the older dict of patterns (``"default"`` first, then each key in order).
+Attributes: ``num_bits`` 8 or (4, 3) / ``"e4m3"``, ``axis``, ``narrow_range``. ``algorithm`` ``"max"``
+calibrates with max; None leaves activations uncalibrated. The presets' ``quant_cfg`` is a list that also takes
+the old dict-style edits, so scripts of either generation run on a ``copy.deepcopy`` of one.
 
 Example:
     >>> import copy, torch
     >>> import overdrive.quant.modelopt as mtq
     >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     >>> cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
-    >>> cfg["quant_cfg"]["2*"] = {"enable": False}     # keep the last layer in float
+    >>> cfg["quant_cfg"].append({"quantizer_name": "2*", "enable": False})  # keep the last layer in float
     >>> model = mtq.quantize(model, cfg, forward_loop=lambda m: m(torch.randn(32, 8)))
     >>> model[0].input_quantizer.is_calibrated, model[2].weight_quantizer.enabled
     (True, False)
@@ -40,6 +43,8 @@ ForwardLoop = Callable[[torch.nn.Module], Any]
 
 from overdrive.quant.modelopt.config import (_MISSING_FUNCTIONS, _MISSING_PRESETS, FP8_DEFAULT_CFG, INT8_DEFAULT_CFG,
                                              INT8_SMOOTHQUANT_CFG, INT8_WEIGHT_ONLY_CFG, MissingPresetError)
+from overdrive.quant.modelopt.quant_cfg import (QuantCfgList, Rule, find_quant_cfg_entry_by_path,
+                                                normalize_quant_cfg_list, rules)
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +61,9 @@ _NOT_IMPLEMENTED = {
 }
 _ATTRS = ("enable", "num_bits", "axis", "narrow_range", "unsigned", "fake_quant", "trt_high_precision_dtype",
           "calibrator")
+# ModelOpt attributes accepted at their default value only (what a config that spells out every default has)
+_DEFAULT_ONLY = {"type": "static", "bias": None, "learn_amax": False, "rotate": False, "pass_through_bwd": True,
+                 "use_constant_amax": False, "backend": None, "backend_extra_args": None}
 
 
 def _smoothquant_alpha(algorithm: Any) -> float | None:
@@ -89,45 +97,46 @@ def _method(algorithm: Any) -> str | None:
 
 
 def _check_entry(pattern: str, attrs: Any) -> dict[str, Any]:
+    """The supported attributes of one entry (num_bits as 8 or (4, 3)); a UsageError names any other."""
     if not isinstance(attrs, Mapping):
         raise UsageError(f"quant_cfg[{pattern!r}] = {attrs!r} must be a dict of quantizer attributes, e.g. "
                          '{"num_bits": 8, "axis": None} or {"enable": False}')
-    bad = [k for k in attrs if k not in _ATTRS]
-    if "block_sizes" in bad:
-        raise UsageError(f"quant_cfg[{pattern!r}] has block_sizes (block-wise / int4 quantization), which "
+    where = pattern if pattern.startswith("quant_cfg[") else f"quant_cfg[{pattern!r}]"
+    if attrs.get("block_sizes") is not None:
+        raise UsageError(f"{where} has block_sizes (block-wise / int4 quantization), which "
                          "overdrive.quant does not fake-quantize; for grouped 4- or 8-bit weights use "
                          "quant.weight_only(model, bits=4, group_size=128)")
+    bad = [k for k in attrs if k not in _ATTRS and k not in _DEFAULT_ONLY and k not in ("block_sizes", "effective_bits")]
     if bad:
-        raise UsageError(f"quant_cfg[{pattern!r}] has unsupported attribute(s) {bad}; supported: {list(_ATTRS)}")
-    return dict(attrs)
+        raise UsageError(f"{where} has unsupported attribute(s) {bad}; supported: {list(_ATTRS)}")
+    off_default = [f"{k}={attrs[k]!r}" for k in _DEFAULT_ONLY if k in attrs and attrs[k] != _DEFAULT_ONLY[k]]
+    if off_default:
+        raise UsageError(f"{where} sets {', '.join(off_default)}, which mtq does not support; drop it (supported "
+                         f"only at the default: {_DEFAULT_ONLY})")
+    out = {k: v for k, v in attrs.items() if k in _ATTRS}
+    if "num_bits" in out:
+        bits = out["num_bits"]
+        out["num_bits"] = (4, 3) if isinstance(bits, str) and bits.lower() == "e4m3" else (
+            tuple(bits) if isinstance(bits, list) else bits)
+    return out
 
 
 _FRESH = {"enable": True, "num_bits": 8, "axis": None, "narrow_range": False}  # a quantizer ModelOpt just inserted
 
 
-def _resolve(name: str, owner: torch.nn.Module, quant_cfg: Mapping[str, Any],
+def _resolve(name: str, owner: torch.nn.Module, quant_rules: list[Rule],
              start: Mapping[str, Any] = _FRESH) -> dict[str, Any]:
     """The attributes ModelOpt would give the quantizer ``name`` (owned by ``owner``): ``start`` (a fresh
-    quantizer's, or its current ones), then ``default``, then every matching entry in order."""
+    quantizer's, or its current ones), then every matching entry in order. An entry with ``cfg`` replaces the
+    attributes (what it leaves out takes a fresh quantizer's value) and turns the quantizer on unless its
+    ``enable`` says otherwise; an entry without ``cfg`` only switches it on or off."""
     attrs: dict[str, Any] = dict(start)
-    entries = ([("*", quant_cfg["default"], name)] if "default" in quant_cfg else [])
-    local = name.rsplit(".", 1)[-1]
-    for pattern, value in quant_cfg.items():
-        if pattern == "default":
-            continue
-        if pattern.startswith("nn.") and isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values()):
-            # {"nn.BatchNorm2d": {"*": {...}}}: by layer class, the inner pattern on the quantizer's own name
-            if type(owner).__name__ == pattern[3:] or any(b.__name__ == pattern[3:] for b in type(owner).__mro__
-                                                          if b.__module__.startswith("torch.nn")):
-                entries += [(p, v, local) for p, v in value.items()]
-            continue
-        entries.append((pattern, value, name))
-    for pattern, value, target in entries:
-        if fnmatch.fnmatch(target, pattern):
-            entry = _check_entry(pattern, value)
-            if "enable" not in entry:  # ModelOpt: an entry of attributes turns the quantizer on
-                entry["enable"] = True
-            attrs.update(entry)
+    for rule in quant_rules:
+        if rule.matches(name, owner):
+            if rule.cfg is None:
+                attrs["enable"] = rule.enable
+            else:
+                attrs = {**_FRESH, **_check_entry(rule.label, rule.cfg), "enable": rule.enable}
     return attrs
 
 
@@ -135,7 +144,7 @@ def _quantizer_config(name: str, attrs: dict[str, Any], weight_axis: int | None)
     """(QuantizerConfig, per_channel) for ModelOpt attributes; ``weight_axis`` None for activation quantizers."""
     bits = attrs["num_bits"]
     bits = tuple(bits) if isinstance(bits, list) else bits
-    fmt = {8: "int8", (4, 3): "fp8_e4m3"}.get(bits)  # type: ignore[call-overload]
+    fmt = {8: "int8", (4, 3): "fp8_e4m3"}.get(bits) if isinstance(bits, (int, tuple)) else None
     if fmt is None:
         raise UsageError(f"{name}: num_bits={bits!r} is not supported; use 8 (int8) or (4, 3) (fp8 e4m3); for 4-bit "
                          "weights use quant.weight_only(model, bits=4)")
@@ -181,14 +190,14 @@ def _current(q: TensorQuantizer, named_axis: int | None) -> dict[str, Any]:
             "narrow_range": q.config.narrow_range}
 
 
-def _apply(model: torch.nn.Module, quant_cfg: Mapping[str, Any], fresh: bool) -> None:
+def _apply(model: torch.nn.Module, quant_rules: list[Rule], fresh: bool) -> None:
     """Set each quantizer from ``quant_cfg``, starting from a fresh quantizer's attributes (``fresh``, what
     mtq.quantize does) or from its current ones (ModelOpt's set_quantizer_by_cfg: a quantizer no entry
     matches is left as it is)."""
     for name, (owner, named_axis, weight_axis) in _owners(model).items():
         q = getattr(owner, name.rsplit(".", 1)[-1])
         now = _current(q, named_axis)
-        attrs = _resolve(name, owner, quant_cfg, _FRESH if fresh else now)
+        attrs = _resolve(name, owner, quant_rules, _FRESH if fresh else now)
         if not fresh and {k: v for k, v in attrs.items() if k != "enable"} == {k: v for k, v in now.items()
                                                                                if k != "enable"}:
             q.enabled = bool(attrs["enable"])  # only switched on or off: amax, statistics, dynamic kept
@@ -197,21 +206,34 @@ def _apply(model: torch.nn.Module, quant_cfg: Mapping[str, Any], fresh: bool) ->
         _reconfigure(q, cfg, weight_axis if per_channel else None)
 
 
-def set_quantizer_by_cfg(model: torch.nn.Module, quant_cfg: Mapping[str, Any]) -> None:
-    """ModelOpt's ``mtq.set_quantizer_by_cfg``: ``quant_cfg["default"]`` on every quantizer, then each entry in
-    order on the quantizers its pattern matches (fnmatch on the name, or ``"nn.Linear": {"*input*": ...}`` by
-    layer class); the others keep their settings. A quantizer whose format or axis changes loses its amax and
-    statistics (recalibrate: ``mtq.calibrate``); one only switched on or off keeps them.
+def set_quantizer_by_cfg(model: torch.nn.Module, quant_cfg: list[Any] | Mapping[str, Any]) -> None:
+    """ModelOpt's ``mtq.set_quantizer_by_cfg``: the entries of ``quant_cfg`` (the list form, or the old dict
+    form with ``"default"`` first) in order on the quantizers each matches (fnmatch on the name, and
+    ``parent_class`` on the owning layer); quantizers no entry matches keep their settings. A quantizer whose
+    format or axis changes loses its amax and statistics (recalibrate: ``mtq.calibrate``); one only switched on
+    or off keeps them. The whole config is checked before any quantizer changes.
 
     Example:
         >>> import torch, overdrive.quant.modelopt as mtq
         >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG,
         ...                  lambda m: m(torch.randn(8, 4)))
-        >>> mtq.set_quantizer_by_cfg(m, {"*input_quantizer": {"enable": False}})
+        >>> mtq.set_quantizer_by_cfg(m, [{"quantizer_name": "*input_quantizer", "enable": False}])
         >>> m[0].input_quantizer.enabled, m[0].weight_quantizer.amax.shape
         (False, torch.Size([4]))
     """
-    _apply(model, quant_cfg, fresh=False)
+    quant_rules = _checked_rules(quant_cfg)
+    _apply(model, quant_rules, fresh=False)
+
+
+def _checked_rules(quant_cfg: Any) -> list[Rule]:
+    """The rules of ``quant_cfg``, every entry's attributes checked (axis is checked per quantizer when applied:
+    whether it fits depends on the layer)."""
+    quant_rules = rules(quant_cfg)
+    for rule in quant_rules:
+        if rule.cfg is not None:
+            _quantizer_config(rule.label, {**_FRESH, **_check_entry(rule.label, rule.cfg), "axis": None},
+                              weight_axis=None)
+    return quant_rules
 
 
 def set_quantizer_attribute(model: torch.nn.Module, wildcard_or_filter_func: str | Callable[[str], bool],
@@ -260,7 +282,8 @@ def _reconfigure(q: TensorQuantizer, cfg: QuantizerConfig, axis: int | None) -> 
 
 def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: ForwardLoop | None = None) -> torch.nn.Module:
     """ModelOpt's ``mtq.quantize(model, config, forward_loop)``: quant.quantize's layer swap, then each quantizer
-    set from ``config["quant_cfg"]``, weights max-calibrated and ``forward_loop(model)`` run once for the
+    set from ``config["quant_cfg"]`` (the list of entries or the old dict, see the module doc; checked whole
+    before the model is touched), weights max-calibrated and ``forward_loop(model)`` run once for the
     activations (``config["algorithm"]`` ``"max"``). Residual adds and attention matmuls get no quantizers
     (ModelOpt puts none there). Returns the model.
     """
@@ -274,15 +297,10 @@ def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: Fo
         raise UsageError(f"config keys {bad} are not supported; a ModelOpt config has 'quant_cfg' and 'algorithm'")
     method = _method(config.get("algorithm", "max"))
     forward_loop = _takes_model(forward_loop)
-    for pattern, value in config["quant_cfg"].items():  # refuse bad entries before the model is touched
-        for p, v in (value.items() if str(pattern).startswith("nn.") and isinstance(value, Mapping)
-                     and all(isinstance(x, Mapping) for x in value.values()) else [(pattern, value)]):
-            # (axis is checked per quantizer below: whether it fits depends on the layer)
-            _quantizer_config(str(p), {"enable": True, "num_bits": 8, "narrow_range": False,
-                                       **_check_entry(str(p), v), "axis": None}, weight_axis=None)
+    quant_rules = _checked_rules(config["quant_cfg"])  # refuse bad entries before the model is touched
     alpha = _smoothquant_alpha(config.get("algorithm", "max"))
     model = _insert_quantizers(model, QuantConfig(residual_add=False, smoothquant=alpha))
-    _apply(model, config["quant_cfg"], fresh=True)
+    _apply(model, quant_rules, fresh=True)
     if alpha is not None and forward_loop is not None:
         from overdrive.quant.smoothquant import smooth
 
@@ -494,7 +512,8 @@ def print_quant_summary(model: torch.nn.Module) -> None:
     print(f"{len(qs)} TensorQuantizers found in model")
 
 
-__all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_WEIGHT_ONLY_CFG", "quantize", "calibrate",
+__all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_WEIGHT_ONLY_CFG", "QuantCfgList",
+           "normalize_quant_cfg_list", "find_quant_cfg_entry_by_path", "quantize", "calibrate",
            "register", "unregister",
            "set_quantizer_by_cfg", "set_quantizer_attribute", "postprocess_amax", "fold_weight", "disable_quantizer",
            "enable_quantizer", "print_quant_summary", "nn"]

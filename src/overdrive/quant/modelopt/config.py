@@ -1,10 +1,17 @@
 """ModelOpt's preset configs for ``overdrive.quant.modelopt`` (``mtq.INT8_DEFAULT_CFG``, ...), read-only, and the
 preset and function names this port does not provide, each with what to use instead.
 
+The presets are written as current ModelOpt writes them: ``quant_cfg`` is an ordered list of entries, a deny-all
+``{"quantizer_name": "*", "enable": False}`` first, then the entries that configure weights and inputs, then the
+layers kept in float (:data:`_default_disabled_quantizer_cfg`). ``copy.deepcopy`` of a preset gives an editable
+config whose ``quant_cfg`` is a :class:`~overdrive.quant.modelopt.quant_cfg.QuantCfgList`: ``append`` works as in
+current ModelOpt, and the old dict-style edits (``cfg["quant_cfg"]["*lm_head*"] = {"enable": False}``,
+``cfg["quant_cfg"]["*weight_quantizer"]["axis"] = None``) work as they did when presets were dicts.
+
 Example:
     >>> from overdrive.quant.modelopt.config import INT8_DEFAULT_CFG
-    >>> INT8_DEFAULT_CFG["algorithm"]
-    'max'
+    >>> INT8_DEFAULT_CFG["algorithm"], INT8_DEFAULT_CFG["quant_cfg"][1]
+    ('max', {'quantizer_name': '*weight_quantizer', 'cfg': {'num_bits': 8, 'axis': 0}})
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ import copy
 from typing import Any
 
 from overdrive._utils.errors import UsageError
+from overdrive.quant.modelopt.quant_cfg import QuantCfgList, find_quant_cfg_entry_by_path, normalize_quant_cfg_list
+
+_READ_ONLY = ("mtq's preset configs are read-only; edit a copy: cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG); "
+              'cfg["quant_cfg"].append({"quantizer_name": "*lm_head*", "enable": False})')
 
 
 class _ReadOnlyDict(dict):
@@ -20,10 +31,10 @@ class _ReadOnlyDict(dict):
     process; ``copy.deepcopy`` (what ModelOpt's docs do before editing) gives plain, editable dicts."""
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise UsageError("mtq's preset configs are read-only; edit a copy: cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG); "
-                         'cfg["quant_cfg"]["*lm_head*"] = {"enable": False}')
+        raise UsageError(_READ_ONLY)
 
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
 
     def __copy__(self) -> dict:
         return dict(self)
@@ -32,54 +43,84 @@ class _ReadOnlyDict(dict):
         return {k: copy.deepcopy(v, memo) for k, v in self.items()}
 
 
+class _ReadOnlyQuantCfgList(QuantCfgList):
+    """A preset's ``quant_cfg``: reads like a QuantCfgList (by index or old dict key), refuses edits;
+    ``copy.deepcopy`` gives an editable QuantCfgList of plain dicts."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise UsageError(_READ_ONLY)
+
+    __setitem__ = __delitem__ = append = extend = insert = remove = pop = clear = sort = reverse = update = _refuse  # type: ignore[assignment]
+    __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def _flat(self, entry: Any) -> Any:  # a read-only copy: reading must not rewrite the entry
+        if "quantizer_name" not in entry:
+            return next(iter(entry.values()))
+        flat = {**(entry.get("cfg") or {}), **({"enable": entry["enable"]} if "enable" in entry else {})}
+        return _read_only(flat)
+
+    def copy(self) -> QuantCfgList:
+        return QuantCfgList(self)
+
+    def __copy__(self) -> QuantCfgList:
+        return QuantCfgList(self)
+
+    def __deepcopy__(self, memo: dict) -> QuantCfgList:
+        return QuantCfgList(copy.deepcopy(e, memo) for e in self)
+
+
 def _read_only(d: Any) -> Any:
-    return _ReadOnlyDict({k: _read_only(v) for k, v in d.items()}) if isinstance(d, dict) else d
+    if isinstance(d, dict):
+        return _ReadOnlyDict({k: _read_only(v) for k, v in d.items()})
+    if isinstance(d, list):
+        return _ReadOnlyQuantCfgList(_read_only(v) for v in d)
+    return d
 
 
-# ModelOpt's list of layers its presets keep in float (routers, output heads, norms)
-_DEFAULT_DISABLED = {
-    "nn.BatchNorm1d": {"*": {"enable": False}},
-    "nn.BatchNorm2d": {"*": {"enable": False}},
-    "nn.BatchNorm3d": {"*": {"enable": False}},
-    "nn.LeakyReLU": {"*": {"enable": False}},
-    "*lm_head*": {"enable": False},
-    "*proj_out.*": {"enable": False},
-    "*block_sparse_moe.gate*": {"enable": False},
-    "*router*": {"enable": False},
-    "*mlp.gate.*": {"enable": False},
-    "*mlp.shared_expert_gate.*": {"enable": False},
-    "*output_layer*": {"enable": False},
-    "output.*": {"enable": False},
-    "default": {"enable": False},
-}
+def _disabled(name: str, parent_class: str | None = None) -> dict[str, Any]:
+    return {"quantizer_name": name, **({"parent_class": parent_class} if parent_class else {}), "enable": False}
 
-INT8_DEFAULT_CFG = _read_only({
-    "quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"num_bits": 8, "axis": None},
-                  **_DEFAULT_DISABLED},
-    "algorithm": "max",
-})
+
+_base_disable_all = _read_only([_disabled("*")])
+"""ModelOpt's deny-all entry, first in every preset: quantizers no later entry configures stay off."""
+
+# ModelOpt's list of layers its presets keep in float (routers, output heads, vision towers, norms, embeddings)
+_default_disabled_quantizer_cfg = _read_only([
+    *(_disabled(n) for n in ("*block_sparse_moe.gate*", "*linear_attn.conv1d*", "*linear_attn.in_proj_a*",
+                             "*linear_attn.in_proj_b*", "*lm_head*", "*mixer.conv1d*", "*mlp.gate.*",
+                             "*mlp.shared_expert_gate.*", "*output_layer*", "*proj_out.*", "*router*", "mtp.*",
+                             "output.*", "*embed_vision*", "*vision_tower*", "*visual*", "*vision_model*",
+                             "*multi_modal_projector*")),
+    *(_disabled("*", c) for c in ("nn.BatchNorm1d", "nn.BatchNorm2d", "nn.BatchNorm3d", "nn.LeakyReLU",
+                                  "nn.Embedding")),
+])
+"""Entries every preset ends with: layers ModelOpt keeps in float (append them to a config built by hand)."""
+
+_INT8_PER_CHANNEL = {"num_bits": 8, "axis": 0}
+_INT8 = {"num_bits": 8, "axis": None}
+_FP8 = {"num_bits": (4, 3), "axis": None}
+
+
+def _preset(algorithm: str, *entries: dict[str, Any]) -> Any:
+    return _read_only({"quant_cfg": [*_base_disable_all, *entries, *_default_disabled_quantizer_cfg],
+                       "algorithm": algorithm})
+
+
+INT8_DEFAULT_CFG = _preset("max", {"quantizer_name": "*weight_quantizer", "cfg": dict(_INT8_PER_CHANNEL)},
+                           {"quantizer_name": "*input_quantizer", "cfg": dict(_INT8)})
 """int8 per-channel weights, per-tensor activations, max calibration (quant.INT8_DEFAULT's numerics)."""
 
-FP8_DEFAULT_CFG = _read_only({
-    "quant_cfg": {"*weight_quantizer": {"num_bits": (4, 3), "axis": None},
-                  "*input_quantizer": {"num_bits": (4, 3), "axis": None}, **_DEFAULT_DISABLED},
-    "algorithm": "max",
-})
+FP8_DEFAULT_CFG = _preset("max", {"quantizer_name": "*weight_quantizer", "cfg": dict(_FP8)},
+                          {"quantizer_name": "*input_quantizer", "cfg": dict(_FP8)})
 """fp8 e4m3 per-tensor weights and activations (as ModelOpt; quant.FP8_DEFAULT has per-channel weights)."""
 
-INT8_SMOOTHQUANT_CFG = _read_only({
-    "quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"num_bits": 8, "axis": None},
-                  **_DEFAULT_DISABLED},
-    "algorithm": "smoothquant",
-})
+INT8_SMOOTHQUANT_CFG = _preset("smoothquant", {"quantizer_name": "*weight_quantizer", "cfg": dict(_INT8_PER_CHANNEL)},
+                               {"quantizer_name": "*input_quantizer", "cfg": dict(_INT8)})
 """SmoothQuant (alpha 0.5; ``{"method": "smoothquant", "alpha": a}`` sets it) then max calibration: int8 per-channel
 weights, per-tensor activations (quant.INT8_SMOOTHQUANT's numerics with [-128, 127] weights)."""
 
-INT8_WEIGHT_ONLY_CFG = _read_only({
-    "quant_cfg": {"*weight_quantizer": {"num_bits": 8, "axis": 0}, "*input_quantizer": {"enable": False},
-                  **_DEFAULT_DISABLED},
-    "algorithm": "max",
-})
+INT8_WEIGHT_ONLY_CFG = _preset("max", {"quantizer_name": "*weight_quantizer", "cfg": dict(_INT8_PER_CHANNEL)},
+                               {"quantizer_name": "*input_quantizer", "enable": False})
 """int8 per-channel weights, activations left in float (ModelOpt's weight-only int8)."""
 
 # ModelOpt presets this port does not provide, and what to use instead: ``mtq.INT4_AWQ_CFG`` raises this (an
