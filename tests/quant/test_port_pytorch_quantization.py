@@ -254,6 +254,28 @@ def test_amax_and_disabled_aliases_and_keepdims_amax():
         fc._input_quantizer.amax = torch.ones(3)
 
 
+def test_axis_compares_equal_to_the_descriptor_tuple():
+    """pytorch-quantization keeps ``axis`` as given: ``QuantDescriptor(axis=(0,))`` and the quantizers built from
+    it (``TensorQuantizer.axis`` is the descriptor's) give ``(0,)``, so scripts test ``q.axis == (0,)`` and index
+    ``q.axis[0]``; its own per-channel constants write ``axis=(0)``, the int 0, which compares equal to 0."""
+    desc = QuantDescriptor(num_bits=8, axis=(0,))
+    assert desc.axis == (0,) and desc.axis[0] == 0 and isinstance(desc.axis, tuple)
+    q = quant_nn.TensorQuantizer(desc)
+    assert q.axis == (0,) and q.axis[0] == 0 and tuple(q.axis) == (0,) and q.axis != (1,) and not q.axis != (0,)
+    layer = quant_nn.QuantLinear(8, 4, quant_desc_weight=desc)
+    assert layer._weight_quantizer.axis == (0,) and layer._weight_quantizer.axis == desc.axis
+    assert layer._weight_quantizer.axis != (1,) and layer._input_quantizer.axis is None
+    deconv = quant_nn.QuantConvTranspose2d(4, 6, 3)  # QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL: axis=(1)
+    assert deconv._weight_quantizer.axis == (1,) and deconv._weight_quantizer.axis == 1
+    given_int = QuantDescriptor(axis=0)
+    assert given_int.axis == 0 and given_int.axis == (0,) and list(given_int.axis) == [0]
+    assert tensor_quant.QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW.axis == 0
+    # the per-channel numerics are the same whichever way the axis is read: one amax per output row
+    x = torch.randn(16, 8)
+    quant.calibrate(layer, lambda m: m(x))
+    assert torch.equal(layer._weight_quantizer.amax, layer.weight.detach().abs().amax(dim=1))
+
+
 def test_axis_iterates_like_the_descriptor_and_saves_as_int(tmp_path):
     conv = quant_nn.QuantConv2d(2, 3, 3, quant_desc_weight=QuantDescriptor(axis=(0,)))
     axis = conv._weight_quantizer.axis

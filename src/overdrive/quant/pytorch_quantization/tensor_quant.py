@@ -18,10 +18,50 @@ from overdrive.quant.config import QuantizerConfig
 from overdrive.quant.quantizer import TensorQuantizer
 
 
+class _Axis(int):
+    """A one-axis ``axis`` given as an int, as pytorch-quantization's per-channel descriptors write it
+    (``QuantDescriptor(axis=(0))``, which is the int 0): still the int (``axis == 0``, indexing, saving), and also
+    read the way scripts written for a ``(0,)`` descriptor read it: ``axis == (0,)``, ``axis[0]``, ``set(axis)``,
+    ``len(axis)``. Its hash is the int's.
+
+    Example:
+        >>> a = _Axis(0)
+        >>> a == 0, a == (0,), a[0], list(a), a != (1,)
+        (True, True, 0, [0], True)
+    """
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (tuple, list)):
+            return len(other) == 1 and int(self) == other[0]
+        return int.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = int.__hash__
+
+    def __iter__(self):  # noqa: ANN204
+        return iter((int(self),))
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> int:
+        return (int(self),)[i]
+
+    def __repr__(self) -> str:
+        return f"({int(self)},)"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self) if not spec else int.__format__(self, spec)
+
+
 @dataclass(frozen=True)
 class QuantDescriptor:
-    """How a pytorch-quantization quantizer quantizes: 8 bits, ``axis`` None (per tensor) or ``(axis,)``
-    (per channel), ``calib_method`` "max" or "histogram" (then any of max / percentile / entropy / mse in
+    """How a pytorch-quantization quantizer quantizes: 8 bits, ``axis`` None (per tensor) or ``(0,)`` / ``0``
+    (per channel; given back as given, a tuple or an int that also compares equal to ``(0,)``), ``calib_method`` "max" or "histogram" (then any of max / percentile / entropy / mse in
     ``load_calib_amax``), ``narrow_range`` [-127, 127], a fixed ``amax``. Immutable (the defaults set with
     ``set_default_quant_desc_input`` are shared by every layer built afterwards).
     """
@@ -50,7 +90,8 @@ class QuantDescriptor:
                 raise UsageError(f"QuantDescriptor({flag}={getattr(self, flag)!r}) is not supported: {why}")
         if self.scale_amax is not None:
             raise UsageError("QuantDescriptor(scale_amax=...) is not supported; scale the amax yourself")
-        axis = (self.axis,) if isinstance(self.axis, int) else (tuple(self.axis) if self.axis is not None else None)
+        # as given, as in pytorch-quantization: a tuple stays a tuple ((0,)), an int an int (that also reads as (0,))
+        axis = _Axis(self.axis) if isinstance(self.axis, int) else (tuple(self.axis) if self.axis is not None else None)
         if axis is not None and len(axis) != 1:
             raise UsageError(f"axis={self.axis!r}: one per-channel axis at most, e.g. axis=(0,)")
         object.__setattr__(self, "axis", axis)
@@ -63,14 +104,15 @@ class QuantDescriptor:
         return QuantizerConfig(format="int8", per_channel=self.axis is not None, narrow_range=self.narrow_range)
 
 
+# pytorch-quantization writes the per-channel ones axis=(0) / axis=(1): the int, which their axis gives back
 QUANT_DESC_8BIT_PER_TENSOR = QuantDescriptor(num_bits=8)
-QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=(0,))
-QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
-QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
-QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(0,))
-QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
-QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
-QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=(1,))
+QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONV3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=0)
+QUANT_DESC_8BIT_CONVTRANSPOSE1D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=1)
+QUANT_DESC_8BIT_CONVTRANSPOSE2D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=1)
+QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL = QuantDescriptor(num_bits=8, axis=1)
 
 
 def _quantizer_for(inputs: torch.Tensor, amax: torch.Tensor | float, num_bits: int, unsigned: bool,

@@ -30,6 +30,7 @@ from overdrive.quant.pytorch_quantization.tensor_quant import (
     QUANT_DESC_8BIT_LINEAR_WEIGHT_PER_ROW,
     QUANT_DESC_8BIT_PER_TENSOR,
     QuantDescriptor,
+    _Axis,
 )
 
 
@@ -41,24 +42,6 @@ class _AnyTensorQuantizer(type(torch.nn.Module)):
         if cls is TensorQuantizer:
             return isinstance(obj, _quantizer.TensorQuantizer)
         return super().__instancecheck__(obj)
-
-
-class _Axis(int):
-    """A per-channel axis as pytorch-quantization gives it back from ``quantizer.axis``: its QuantDescriptor's
-    ``(0,)``, which scripts iterate (``set(q.axis)`` in the qdqbert quant_trainer), and still the int that
-    overdrive.quant indexes with."""
-
-    def __iter__(self):  # noqa: ANN204
-        return iter((int(self),))
-
-    def __len__(self) -> int:
-        return 1
-
-    def __getitem__(self, i: int) -> int:
-        return (int(self),)[i]
-
-    def __repr__(self) -> str:
-        return f"({int(self)},)"
 
 
 class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer):
@@ -87,7 +70,8 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
 
     @property  # type: ignore[override]
     def axis(self) -> int | None:
-        """The per-channel axis, iterable as pytorch-quantization's ``(0,)`` (None: per tensor)."""
+        """The per-channel axis as pytorch-quantization gives it back: equal to ``(0,)`` (the descriptor's
+        tuple) and to ``0``, indexable and iterable as the tuple (None: per tensor)."""
         axis = self.__dict__.get("_channel_axis")
         return None if axis is None else _Axis(axis)
 
