@@ -225,12 +225,13 @@ def _conv_mlp() -> nn.Module:
                          nn.Linear(64, 16)).eval()
 
 
-@pytest.mark.parametrize("faster", ["float32", "int8"])
-def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyPatch, tmp_path, faster: str) -> None:
+@pytest.mark.parametrize("faster,dynamic", [("float32", False), ("int8", False), ("float32", True)])
+def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyPatch, tmp_path, faster: str,
+                                                     dynamic: bool) -> None:
     """An int8 build whose layers all timed faster in int8 is timed once more as a whole engine against the same engine
     with every int8 layer float (its dequantized weights), and keeps the faster (forced here; on a static CUDA profile
-    it is measured): when float wins, the saved engine runs the float program, reports every layer float and why, and
-    warns; its outputs match the reference, the quantized model with each int8 layer replaced by a float layer holding
+    it is measured, a dynamic profile at its opt shape): when float wins, the saved engine runs the float program (for
+    every batch size of a dynamic profile), reports every layer float and why, and warns; its outputs match the reference, the quantized model with each int8 layer replaced by a float layer holding
     its dequantized weights, to 1e-5. When int8 wins, the int8 engine is kept as built."""
     import overdrive.engine.backends.inductor as ind
     import overdrive.engine.layer_choice as lc
@@ -240,7 +241,7 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
     real = lc.keep_float_where_faster
     monkeypatch.setattr(lc, "keep_float_where_faster",
                         lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))  # every layer int8
-    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device, dynamic: not dynamic)  # CUDA only, unforced
+    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)  # CUDA only, unforced
     calls: list[int] = []
 
     def paired(a, b, device, rounds=5):  # noqa: ANN001, ANN202 - both engines run; the verdict is forced
@@ -250,8 +251,9 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(ind, "paired_ms", paired)
     x = torch.randn(4, 16, 8, 8)
-    cfg = BuildConfig(precision="int8", device="cpu", backend="inductor", aot=False,
-                      profiles=(ShapeProfile.fixed("x", (4, 16, 8, 8)),))
+    prof = ShapeProfile("x", (1, 16, 8, 8), (4, 16, 8, 8), (8, 16, 8, 8)) if dynamic else \
+        ShapeProfile.fixed("x", (4, 16, 8, 8))
+    cfg = BuildConfig(precision="int8", device="cpu", backend="inductor", aot=False, profiles=(prof,))
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         eng = Builder(cfg).build(_conv_mlp(), (x,), input_names=["x"], calib=[(x,)])
@@ -281,6 +283,10 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(y, y_int8, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), y, rtol=1e-6, atol=1e-6)  # the saved program is the one kept
+        if dynamic:  # another batch size of the profile runs the same program
+            x2 = torch.randn(2, 16, 8, 8)
+            torch.testing.assert_close(loaded(x2), lc.float_everywhere(quantized, torch.float32)[0](x2),
+                                       rtol=1e-5, atol=1e-5)
 
 
 def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,7 +299,7 @@ def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.
     real = lc.keep_float_where_faster
     monkeypatch.setattr(lc, "keep_float_where_faster",
                         lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))
-    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device, dynamic: True)
+    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
 
     def broken(model, dtype):  # noqa: ANN001, ANN202
         raise RuntimeError("no float twin here")

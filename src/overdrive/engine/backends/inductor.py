@@ -255,24 +255,23 @@ def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, free
     return _Frozen(fn, freezing) if freezing else fn
 
 
-def whole_engine_timed(cfg: BuildConfig, device: torch.device, dynamic: bool) -> bool:
+def whole_engine_timed(cfg: BuildConfig, device: torch.device) -> bool:
     """Whether an int8/fp8 build times its whole engine against the same engine with every low-precision layer in
-    float (:func:`layer_choice.float_everywhere`) and keeps the faster: ``layer_precision="timed"`` on a static CUDA
-    profile. The per-layer timing judges each convolution in the form its neighbours leave it, but not what the
-    compiler then fuses around them; a ResNet-50 int8 engine whose timing kept 14 int8 convolutions ran 0.94x its
-    fp16 engine (``engine_zoo_cnn_replan.md``). TensorRT's int8 builds cannot come out slower than their fp16
-    tactics this way, since fp16 tactics are in their search; this check gives the same guarantee. It costs one
-    more compile (10-20 s for a ResNet-50).
+    float (:func:`layer_choice.float_everywhere`) and keeps the faster: ``layer_precision="timed"`` on CUDA. A dynamic
+    profile is timed at its example (opt) shape, as the per-layer timing is. The per-layer timing judges each
+    convolution in the form its neighbours leave it, but not what the compiler then fuses around them: a ResNet-50
+    int8 engine whose timing kept 14 int8 convolutions ran 0.94x its fp16 engine (``engine_zoo_cnn_replan.md``).
+    TensorRT's int8 builds cannot come out slower than their fp16 tactics, which are in their search; this check
+    gives the same guarantee. It costs one more compile (10-20 s for a ResNet-50).
 
     Example:
         >>> cfg = BuildConfig(precision="int8")
-        >>> whole_engine_timed(cfg, torch.device("cuda"), False), whole_engine_timed(cfg, torch.device("cuda"), True)
+        >>> whole_engine_timed(cfg, torch.device("cuda")), whole_engine_timed(cfg, torch.device("cpu"))
         (True, False)
-        >>> whole_engine_timed(cfg.replace(layer_precision="all"), torch.device("cuda"), False)
+        >>> whole_engine_timed(cfg.replace(layer_precision="all"), torch.device("cuda"))
         False
     """
-    return (cfg.precision in ("int8", "fp8") and cfg.layer_precision == "timed" and device.type == "cuda"
-            and not dynamic)
+    return cfg.precision in ("int8", "fp8") and cfg.layer_precision == "timed" and device.type == "cuda"
 
 
 WHOLE_ENGINE_ROUNDS = 5
@@ -414,10 +413,10 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     graph = bool(meta.get("cuda_graph"))
     runner, meta["compile_s"] = _runner(ep, cfg, device, mode, dyn is not None, freezing, fp32, graph, example)
     meta["build_phases_s"]["compile"] = round(meta["compile_s"], 2)
-    if meta.get("lowp_layers") and src.onnx_bytes is None and whole_engine_timed(cfg, device, dyn is not None):
+    if meta.get("lowp_layers") and src.onnx_bytes is None and whole_engine_timed(cfg, device):
         try:
             ep, runner = _whole_engine_choice(module, ep, runner, example, cfg, device, src, mode, freezing, fp32,
-                                              graph, meta, sections)
+                                              graph, meta, sections, dyn)
         except Exception as exc:  # noqa: BLE001 - the float twin failed to build or run: keep the engine as built
             meta["whole_engine"] = {"kept": cfg.precision, "why": f"not timed: its float twin failed "
                                                                   f"({type(exc).__name__}: {str(exc)[:200]})"}
@@ -439,8 +438,8 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
 
 def _whole_engine_choice(module: nn.Module, ep: Any, runner: Runner, example: tuple[torch.Tensor, ...],
                          cfg: BuildConfig, device: torch.device, src: ModelSource, mode: str, freezing: bool,
-                         fp32: dict[str, str], graph: bool, meta: dict[str, Any], sections: dict[str, bytes]
-                         ) -> tuple[Any, Runner]:
+                         fp32: dict[str, str], graph: bool, meta: dict[str, Any], sections: dict[str, bytes],
+                         dyn: Any = None) -> tuple[Any, Runner]:
     """Time the int8/fp8 engine against the same engine with every low-precision layer float (their dequantized
     weights, so no less accurate) and keep the faster (:func:`whole_engine_timed`). ``meta`` and ``sections`` are
     updated in place when the float one wins; ``meta["whole_engine"]`` records both times either way."""
@@ -453,9 +452,9 @@ def _whole_engine_choice(module: nn.Module, ep: Any, runner: Runner, example: tu
         # no int8/fp8 convolution is left to read an 8-bit residual
         inner._overdrive_residuals_dropped += drop_unread_residual_quantizers(inner)
     twin = _Cast(inner, module.dtype, module.channels_last, module.out_dtype).eval()
-    ep_f = _export(twin, example, cfg, src, None, fp32)
-    fused = _fuse(ep_f, example, cfg, device, src, False)
-    runner_f, _ = _runner(ep_f, cfg, device, mode, False, freezing, fp32, graph, example)
+    ep_f = _export(twin, example, cfg, src, dyn, fp32)
+    fused = _fuse(ep_f, example, cfg, device, src, dyn is not None)
+    runner_f, _ = _runner(ep_f, cfg, device, mode, dyn is not None, freezing, fp32, graph, example)
     with torch.no_grad():
         low_ms, float_ms = paired_ms(lambda: runner(*example), lambda: runner_f(*example), device)
     name = str(fdt).removeprefix("torch.")
