@@ -69,3 +69,30 @@ def test_cli_best_prints_the_candidates(tmp_path: Path, capsys: pytest.CaptureFi
                  "--saveEngine", str(out)]) == 0
     text = capsys.readouterr().out
     assert "--best timed fp32" in text and "kept fp32" in text and "int8 not tried: no calibration data" in text
+
+
+def test_best_rejects_an_int8_candidate_whose_layers_all_run_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int8 candidate whose build kept every layer float (here its whole engine timed slower than its float twin,
+    forced) computes what the float candidate computes, with int8-rounded weights: --best rejects it and says why,
+    rather than let it win on timing noise."""
+    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.layer_choice as lc
+    from overdrive.engine import BuildConfig
+
+    real = lc.keep_float_where_faster
+    monkeypatch.setattr(lc, "keep_float_where_faster",
+                        lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))  # layers stay int8
+    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
+    monkeypatch.setattr(ind, "paired_ms", lambda a, b, device, rounds=5: (2.0, 1.0))  # the float twin wins
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 16)).eval()
+    x = torch.randn(16, 1, 8, 8)
+    cfg = BuildConfig(precision="best", device="cpu", backend="inductor", aot=False, profiles=tuple(PROFILE))
+    eng = Builder(cfg).build(model, (x,), input_names=["x"], calib=[(x,)])
+    best = eng.header["best"]
+    assert best["chosen"] == eng.header["precision"] == "fp32"
+    why = best["rejected"]["int8"]
+    assert why.startswith("every int8 layer runs in float (int8 0.50x float32 as a whole engine") and \
+        "no faster than the float candidate" in why, why
+    assert best["candidates_ms"]["int8"] == f"rejected: {why}"

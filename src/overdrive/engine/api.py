@@ -321,6 +321,15 @@ class Builder:
                 times[prec] = f"rejected: {rejected[prec]}"
                 del eng
                 continue
+            meta = eng.header.get("backend_meta") or {}
+            if all_float(meta, prec):  # its layers all run float: a float candidate is as fast, without the rounding
+                whole = meta.get("whole_engine") or {}
+                rejected[prec] = (f"every {prec} layer runs in float (" + (whole["why"] if whole.get("kept") not in
+                                  (None, prec) else "each timed faster in float") + "): a float engine with "
+                                  f"{prec}-rounded weights, no faster than the float candidate")
+                times[prec] = f"rejected: {rejected[prec]}"
+                del eng
+                continue
             given = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
             sec = _time_engine(eng, tuple(eng.check_inputs(tuple(given) if given else eng.random_inputs(), {})))
             times[prec] = sec * 1e3
