@@ -134,6 +134,9 @@ def run(ctx: DemoContext) -> Table:
                 from overdrive.engine.layer_choice import placement_summary
 
                 table.notes.append(f"{prec} {placement_summary(loaded.info['layers'])}")
+            whole = loaded.header["backend_meta"].get("whole_engine")
+            if whole:  # the int8/fp8 engine timed whole against its float twin at build, and the one kept
+                table.notes.append(f"{prec} whole engine: {whole['why']}; kept {whole['kept']}")
     table.notes.append(
         f"PyTorch fp32 test accuracy {ref_acc:.4f}; max err: max |engine - PyTorch fp32| logit on {n_cmp} test images; "
         f"img/s: median of timed calls on a batch of {B} real test images already on the {ctx.device.type} (CUDA "
