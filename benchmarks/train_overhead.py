@@ -19,44 +19,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from overdrive._utils.timing import count_host_reads
 from overdrive.amp import Policy
 from overdrive.recipes.models import ResNet
 from overdrive.train import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import device_facts, write_results  # noqa: E402
-
-READS = ("item", "tolist", "__float__", "__bool__", "__int__")
-
-
-@contextmanager
-def count_reads() -> Iterator[dict[str, int]]:
-    """Counts reads of a tensor's value into Python (a host sync each on a GPU); ``step`` counters of CPU optimizer
-    state included."""
-    counts = {"reads": 0}
-    saved = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counting(orig: Any) -> Any:
-        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            counts["reads"] += 1
-            return orig(self, *args, **kwargs)
-        return read
-
-    try:
-        for name, orig in saved.items():
-            setattr(torch.Tensor, name, counting(orig))
-        yield counts
-    finally:
-        for name, orig in saved.items():
-            setattr(torch.Tensor, name, orig)
 
 
 def make(dev: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -86,7 +61,7 @@ def hand(level: str, data: list[Any], args: argparse.Namespace, dev: torch.devic
     for epoch in range(args.epochs):
         model.train()
         t0 = time.perf_counter()
-        with count_reads() as n:
+        with count_host_reads() as n:
             losses = [step(x, y) for x, y in data]
         float(torch.stack(losses).mean())
         rates.append(len(data) / (time.perf_counter() - t0))
@@ -101,7 +76,7 @@ def trainer(level: str, data: list[Any], args: argparse.Namespace, dev: torch.de
     t = Trainer(model, opt, policy=Policy(opt_level=level, dtype=half), scheduler=sched, progress=False,
                 compile=args.compile, channels_last=True)
     t.fit(data, epochs=1)
-    with count_reads() as n:
+    with count_host_reads() as n:
         for b in data:
             t.train_step(b)
     r = t.fit(data, epochs=args.epochs - 1)  # epochs after the first, as hand(): fit's own first one is warm

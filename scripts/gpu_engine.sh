@@ -75,18 +75,13 @@ elif [ "$part" = 10 ]; then
   step 560 "engine_zoo resnet50+efficientnet_b0 fp16/int8/fp8 (conv margin 1.0, stem padding)" python3 \
       benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 520 --out engine_zoo_cnn_margin
-elif [ "$part" = 12 ]; then
-  step 120 "gpu tests: layer choice and the conv plan (re-planning)" python3 -m pytest -q -m gpu \
+elif [ "$part" = 12 ] || [ "$part" = 13 ]; then  # the same runs: 12 named for the re-planning, 13 for the whole-engine timing
+  out=$([ "$part" = 12 ] && echo engine_zoo_cnn_replan || echo engine_zoo_cnn_whole)
+  step 120 "gpu tests: layer choice, the conv plan, whole-engine timing" python3 -m pytest -q -m gpu \
       tests/engine/test_layer_choice.py tests/engine/test_lowp_conv_fusion.py -p no:cacheprovider -p no:logging
-  step 450 "engine_zoo resnet50+efficientnet_b0 int8/fp8 with re-planning" python3 \
+  step 450 "engine_zoo resnet50+efficientnet_b0 fp16/int8/fp8 ($out)" python3 \
       benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
-      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out engine_zoo_cnn_replan
-elif [ "$part" = 13 ]; then
-  step 120 "gpu tests: int8/fp8 CNN engines (whole-engine timing)" python3 -m pytest -q -m gpu \
-      tests/engine/test_lowp_conv_fusion.py tests/engine/test_layer_choice.py -p no:cacheprovider -p no:logging
-  step 450 "engine_zoo resnet50+efficientnet_b0 int8/fp8 with whole-engine timing" python3 \
-      benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
-      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out engine_zoo_cnn_whole
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out "$out"
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \

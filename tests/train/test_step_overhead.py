@@ -7,40 +7,15 @@ step (the demo's ResNet-18) both show in samples/s.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 import torch
 from torch import nn
 
+from overdrive._utils.timing import count_host_reads
 from overdrive.amp import Policy
 from overdrive.recipes.models import ResNet
 from overdrive.train import Trainer
 from overdrive.train import loop
-
-READS = ("item", "tolist", "__float__", "__bool__", "__int__")
-
-
-@contextmanager
-def count_host_reads() -> Iterator[dict[str, int]]:
-    """Counts the calls that copy a tensor's value to Python (each a host sync on a GPU)."""
-    counts = {"reads": 0}
-    saved = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counting(orig):  # noqa: ANN001, ANN202
-        def read(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-            counts["reads"] += 1
-            return orig(self, *args, **kwargs)
-        return read
-
-    try:
-        for name, orig in saved.items():
-            setattr(torch.Tensor, name, counting(orig))
-        yield counts
-    finally:
-        for name, orig in saved.items():
-            setattr(torch.Tensor, name, orig)
 
 
 def _data(n: int, size: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -52,3 +54,37 @@ def time_fn(fn: Callable[[], object], device: torch.device | str, warmup: int = 
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+HOST_READS = ("item", "tolist", "__float__", "__bool__", "__int__")
+"""The tensor methods that copy a value into Python: on a GPU, each waits for the device (a host sync)."""
+
+
+@contextmanager
+def count_host_reads() -> Iterator[dict[str, int]]:
+    """Count the reads of a tensor's value into Python (:data:`HOST_READS`) made inside the block: on a GPU each one
+    is a host sync, so a training step's count says how often the host waits for the device. CPU optimizers' ``step``
+    counters are such reads too.
+
+    Example:
+        >>> with count_host_reads() as n:
+        ...     _ = float(torch.ones(())), torch.zeros(2).tolist()
+        >>> n["reads"]
+        2
+    """
+    counts = {"reads": 0}
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(orig: Any) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            counts["reads"] += 1
+            return orig(self, *args, **kwargs)
+        return read
+
+    try:
+        for name, orig in saved.items():
+            setattr(torch.Tensor, name, counting(orig))
+        yield counts
+    finally:
+        for name, orig in saved.items():
+            setattr(torch.Tensor, name, orig)

@@ -10,6 +10,7 @@ sibling GEMMs), so it depends on none of them.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,3 +43,25 @@ def median_ms(fn: Any, device: torch.device, budget_s: float = 0.5) -> float:
     probe = time_fn(fn, device, warmup=1, repeat=1)[0]
     n = max(3, min(20, int(budget_s / max(probe, 1e-6))))
     return 1e3 * statistics.median(time_fn(fn, device, warmup=1, repeat=n))
+
+
+PAIRED_ROUNDS = 5
+"""Interleaved rounds of :func:`paired_ms` (the whole-engine timing of an int8/fp8 build) (each times both engines 10 calls after 2 warm-up calls)."""
+
+
+def paired_ms(a: Callable[[], Any], b: Callable[[], Any], device: torch.device,
+              rounds: int = PAIRED_ROUNDS) -> tuple[float, float]:
+    """Median ms per call of ``a`` and of ``b``, timed in interleaved rounds (so a clock or a neighbour's load
+    that drifts during the timing weighs on both alike).
+
+    Example:
+        >>> ta, tb = paired_ms(lambda: sum(range(100)), lambda: sum(range(10_000)), torch.device("cpu"), rounds=2)
+        >>> ta < tb
+        True
+    """
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(rounds):
+        ta += time_fn(a, device, warmup=2, repeat=10)
+        tb += time_fn(b, device, warmup=2, repeat=10)
+    return 1e3 * statistics.median(ta), 1e3 * statistics.median(tb)

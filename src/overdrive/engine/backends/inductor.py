@@ -10,7 +10,6 @@ packages are stored too when ``BuildConfig.aot`` asks for them, and loaded only 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 import warnings
@@ -29,6 +28,7 @@ from overdrive.engine.config import BuildConfig
 # registers overdrive::conv2d_relu (which engines use)
 from overdrive.engine.conv_fusion import TimedChoice, TimedStemPad, fuse_conv_relu, pad_stem_channels
 from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_flags
+from overdrive.engine.kernel_timing import paired_ms
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
@@ -274,30 +274,6 @@ def whole_engine_timed(cfg: BuildConfig, device: torch.device) -> bool:
     return cfg.precision in ("int8", "fp8") and cfg.layer_precision == "timed" and device.type == "cuda"
 
 
-WHOLE_ENGINE_ROUNDS = 5
-"""Interleaved rounds of the whole-engine timing (each times both engines 10 calls after 2 warm-up calls)."""
-
-
-def paired_ms(a: Callable[[], Any], b: Callable[[], Any], device: torch.device,
-              rounds: int = WHOLE_ENGINE_ROUNDS) -> tuple[float, float]:
-    """Median ms per call of ``a`` and of ``b``, timed in interleaved rounds (so a clock or a neighbour's load
-    that drifts during the timing weighs on both alike).
-
-    Example:
-        >>> ta, tb = paired_ms(lambda: sum(range(100)), lambda: sum(range(10_000)), torch.device("cpu"), rounds=2)
-        >>> ta < tb
-        True
-    """
-    from overdrive._utils.timing import time_fn
-
-    ta: list[float] = []
-    tb: list[float] = []
-    for _ in range(rounds):
-        ta += time_fn(a, device, warmup=2, repeat=10)
-        tb += time_fn(b, device, warmup=2, repeat=10)
-    return 1e3 * statistics.median(ta), 1e3 * statistics.median(tb)
-
-
 def _export(module: nn.Module, example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: ModelSource,
             dyn: Any, fp32: dict[str, str]) -> Any:
     with precision_flags(fp32), torch.no_grad():
@@ -465,7 +441,6 @@ def _whole_engine_choice(module: nn.Module, ep: Any, runner: Runner, example: tu
                                    f"({low_ms:.3f} ms against {float_ms:.3f} ms)"}
     meta["build_phases_s"]["whole_engine_timing"] = round(time.perf_counter() - t0, 2)
     if not keep_float:
-        del runner_f, ep_f
         return ep, runner
     why = meta["whole_engine"]["why"]
     inner._overdrive_kept_float = {**(getattr(inner, "_overdrive_kept_float", None) or {}),
