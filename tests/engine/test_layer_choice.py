@@ -225,14 +225,18 @@ def _conv_mlp() -> nn.Module:
                          nn.Linear(64, 16)).eval()
 
 
-@pytest.mark.parametrize("faster,dynamic", [("float32", False), ("int8", False), ("float32", True)])
+@pytest.mark.parametrize("faster,dynamic,source", [("float32", False, "float"), ("int8", False, "float"),
+                                                   ("float32", True, "float"), ("float32", False, "quantized"),
+                                                   ("float32", True, "quantized")])
 def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyPatch, tmp_path, faster: str,
-                                                     dynamic: bool) -> None:
-    """An int8 build whose layers all timed faster in int8 is timed once more as a whole engine against the same engine
-    with every int8 layer float (its dequantized weights), and keeps the faster (forced here; on a static CUDA profile
-    it is measured, a dynamic profile at its opt shape): when float wins, the saved engine runs the float program (for
-    every batch size of a dynamic profile), reports every layer float and why, and warns; its outputs match the reference, the quantized model with each int8 layer replaced by a float layer holding
-    its dequantized weights, to 1e-5. When int8 wins, the int8 engine is kept as built."""
+                                                     dynamic: bool, source: str) -> None:
+    """An int8 build whose layers all timed faster in int8 is timed once more as a whole engine against its float twin,
+    and keeps the faster (forced here; on a static CUDA profile it is measured, a dynamic profile at its opt shape).
+    When float wins, the saved engine runs the float program (for every batch size of a dynamic profile), reports
+    every layer float and why, and warns. The twin of a float model is the float build of that model: its outputs
+    match the fp32 model's to 1e-5 (its own weights, not the int8-rounded ones). The twin of a model quantized already
+    (QAT) keeps the model's rounding: each int8 layer becomes a float layer holding its dequantized weights, to 1e-5.
+    When int8 wins, the int8 engine is kept as built."""
     import overdrive.engine.backends.inductor as ind
     import overdrive.engine.layer_choice as lc
     from overdrive import quant
@@ -254,18 +258,21 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
     prof = ShapeProfile("x", (1, 16, 8, 8), (4, 16, 8, 8), (8, 16, 8, 8)) if dynamic else \
         ShapeProfile.fixed("x", (4, 16, 8, 8))
     cfg = BuildConfig(precision="int8", device="cpu", backend="inductor", aot=False, profiles=(prof,))
+    loop = lambda mdl: [mdl(x) for _ in range(1)]  # noqa: E731 - the build's calibration: the one batch
+    given = _conv_mlp() if source == "float" else quant.quantize(_conv_mlp(), quant.INT8_DEFAULT, loop, fidelity=False)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        eng = Builder(cfg).build(_conv_mlp(), (x,), input_names=["x"], calib=[(x,)])
+        eng = Builder(cfg).build(given, (x,), input_names=["x"], calib=[(x,)])
     assert calls == [1]
     whole = eng.info["whole_engine"]
     assert whole["kept"] == faster and whole["lowp_ms"] == (2.0 if faster == "float32" else 1.0)
+    assert whole["float_weights"] == ("the float model's own weights" if source == "float" else "dequantized weights")
     assert "whole_engine_timing" in eng.info["build_phases_s"]
-    loop = lambda mdl: [mdl(x) for _ in range(1)]  # noqa: E731 - the build's calibration: the one batch
     quantized = quant.to_real(quant.quantize(_conv_mlp(), quant.INT8_DEFAULT, loop, fidelity=False))
+    reference = _conv_mlp() if source == "float" else lc.float_everywhere(quantized, torch.float32)[0]
     with torch.no_grad():
         y_int8 = quantized(x)
-        y_float = lc.float_everywhere(quantized, torch.float32)[0](x)
+        y_float = reference(x)
         y = eng(x)
     slower = [str(w.message) for w in got if "ran slower than the same engine" in str(w.message)]
     eng.save(tmp_path / "m.engine")
@@ -285,8 +292,7 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
         torch.testing.assert_close(loaded(x), y, rtol=1e-6, atol=1e-6)  # the saved program is the one kept
         if dynamic:  # another batch size of the profile runs the same program
             x2 = torch.randn(2, 16, 8, 8)
-            torch.testing.assert_close(loaded(x2), lc.float_everywhere(quantized, torch.float32)[0](x2),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(loaded(x2), reference(x2), rtol=1e-5, atol=1e-5)
 
 
 def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,10 +307,10 @@ def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.
                         lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))
     monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
 
-    def broken(model, dtype):  # noqa: ANN001, ANN202
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("no float twin here")
 
-    monkeypatch.setattr(lc, "float_everywhere", broken)
+    monkeypatch.setattr(ind, "_float_twin_module", broken)
     x = torch.randn(4, 16, 8, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -481,6 +481,20 @@ def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, rel
     return min(times)
 
 
+def lowp_layer_names(model: nn.Module) -> list[str]:
+    """The names of the layers of a prepared int8/fp8 model that run a low-precision kernel.
+
+    Example:
+        >>> from overdrive.quant.real import Int8Linear
+        >>> lowp_layer_names(nn.Sequential(Int8Linear.dynamic(nn.Linear(8, 8)), nn.ReLU(), nn.Linear(8, 8)))
+        ['0']
+    """
+    from overdrive.quant.conv import Int8Conv2d
+    from overdrive.quant.real import _LowPrecisionGemm
+
+    return [n for n, m in model.named_modules() if isinstance(m, (_LowPrecisionGemm, Int8Conv2d))]
+
+
 def float_everywhere(model: nn.Module, float_dtype: torch.dtype) -> tuple[nn.Module, list[str]]:
     """A copy of a prepared int8/fp8 model with every low-precision layer replaced by its float twin in
     ``float_dtype`` (dequantized weights: the weight rounding kept, the activation rounding dropped, so at least as
@@ -496,11 +510,10 @@ def float_everywhere(model: nn.Module, float_dtype: torch.dtype) -> tuple[nn.Mod
     """
     import copy
 
-    from overdrive.quant.conv import Int8Conv2d
-    from overdrive.quant.real import _LowPrecisionGemm, _set
+    from overdrive.quant.real import _set
 
     twin = copy.deepcopy(model)
-    names = [n for n, m in twin.named_modules() if isinstance(m, (_LowPrecisionGemm, Int8Conv2d))]
+    names = lowp_layer_names(twin)
     for n in names:
         _set(twin, n, _float_twin(twin.get_submodule(n), float_dtype))
     return twin, names

@@ -412,37 +412,67 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     return sections, runner, meta
 
 
+def _float_cfg(cfg: BuildConfig, dtype: torch.dtype) -> BuildConfig:
+    """``cfg`` for the float build in ``dtype`` of the same model (an int8/fp8 build's float twin)."""
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
+    return cfg.replace(precision=name, int8_activations=None, quantize_residuals=False)
+
+
+def _float_twin_module(module: nn.Module, src: ModelSource, cfg: BuildConfig, device: torch.device,
+                       example: tuple[torch.Tensor, ...]) -> tuple[nn.Module, list[str], str]:
+    """The engine an int8/fp8 build is timed against as a whole (:func:`whole_engine_timed`): its module, the
+    low-precision layers it runs in float, and what its weights are.
+
+    From a float model (calibrated by this build), it is the float build of that model, prepared exactly as an
+    fp16 (CUDA; fp32 on CPU) engine of it is, so it runs as fast as that engine and computes with the model's own
+    weights, as a TensorRT int8 build does in the layers where its fp16 tactics win. A model quantized already (QAT,
+    a sparse-quantized one) is its own reference: each low-precision layer is replaced by a float layer holding its
+    dequantized weights (:func:`layer_choice.float_everywhere`), and its quantizers elsewhere stay."""
+    from overdrive.engine.backends.prepare import _has_quantizers
+    from overdrive.engine.layer_choice import float_everywhere, lowp_layer_names
+
+    fdt = remainder_dtype(cfg.precision, device) or torch.float32
+    low = module.model
+    if src.module is not None and not _has_quantizers(src.module):
+        swapped = lowp_layer_names(low)
+        twin = prepare(src, _float_cfg(cfg, fdt), device, [example])
+        twin.model._overdrive_layers = dict(getattr(low, "_overdrive_layers", None) or {})
+        twin.model._overdrive_kept_float = dict(getattr(low, "_overdrive_kept_float", None) or {})
+        return twin, swapped, "the float model's own weights"
+    inner, names = float_everywhere(low, fdt)
+    if getattr(inner, "_overdrive_residuals_dropped", None) is not None:  # quantizers the build placed (not QAT's)
+        # no int8/fp8 convolution is left to read an 8-bit residual
+        inner._overdrive_residuals_dropped += drop_unread_residual_quantizers(inner)
+    return _Cast(inner, module.dtype, module.channels_last, module.out_dtype).eval(), names, "dequantized weights"
+
+
 def _whole_engine_choice(module: nn.Module, ep: Any, runner: Runner, example: tuple[torch.Tensor, ...],
                          cfg: BuildConfig, device: torch.device, src: ModelSource, mode: str, freezing: bool,
                          fp32: dict[str, str], graph: bool, meta: dict[str, Any], sections: dict[str, bytes],
                          dyn: Any = None) -> tuple[Any, Runner]:
-    """Time the int8/fp8 engine against the same engine with every low-precision layer float (their dequantized
-    weights, so no less accurate) and keep the faster (:func:`whole_engine_timed`). ``meta`` and ``sections`` are
+    """Time the int8/fp8 engine against its float twin (:func:`_float_twin_module`: the float build of the same
+    model, so no less accurate) and keep the faster (:func:`whole_engine_timed`). ``meta`` and ``sections`` are
     updated in place when the float one wins; ``meta["whole_engine"]`` records both times either way."""
-    from overdrive.engine.layer_choice import float_everywhere
-
     t0 = time.perf_counter()
     fdt = remainder_dtype(cfg.precision, device) or torch.float32
-    inner, swapped = float_everywhere(module.model, fdt)
-    if getattr(inner, "_overdrive_residuals_dropped", None) is not None:  # quantizers the build placed (not QAT's)
-        # no int8/fp8 convolution is left to read an 8-bit residual
-        inner._overdrive_residuals_dropped += drop_unread_residual_quantizers(inner)
-    twin = _Cast(inner, module.dtype, module.channels_last, module.out_dtype).eval()
+    twin, swapped, weights = _float_twin_module(module, src, cfg, device, example)
     ep_f = _export(twin, example, cfg, src, dyn, fp32)
-    fused = _fuse(ep_f, example, cfg, device, src, dyn is not None)
+    # the float build's passes (an fp16 engine's cuDNN conv+ReLU fusions, GEMM+GELU, sibling GEMMs)
+    fused = _fuse(ep_f, example, _float_cfg(cfg, fdt), device, src, dyn is not None)
     runner_f, _ = _runner(ep_f, cfg, device, mode, dyn is not None, freezing, fp32, graph, example)
     with torch.no_grad():
         low_ms, float_ms = paired_ms(lambda: runner(*example), lambda: runner_f(*example), device)
     name = str(fdt).removeprefix("torch.")
     keep_float = low_ms > float_ms
     meta["whole_engine"] = {"lowp_ms": round(low_ms, 4), "float_ms": round(float_ms, 4),
-                            "kept": name if keep_float else cfg.precision,
+                            "kept": name if keep_float else cfg.precision, "float_weights": weights,
                             "why": f"{cfg.precision} {float_ms / low_ms:.2f}x {name} as a whole engine "
                                    f"({low_ms:.3f} ms against {float_ms:.3f} ms)"}
     meta["build_phases_s"]["whole_engine_timing"] = round(time.perf_counter() - t0, 2)
     if not keep_float:
         return ep, runner
     why = meta["whole_engine"]["why"]
+    inner = twin.model
     inner._overdrive_kept_float = {**(getattr(inner, "_overdrive_kept_float", None) or {}),
                                    **{n: why for n in swapped}}
     inner._overdrive_layers = {**(getattr(inner, "_overdrive_layers", None) or {}),
