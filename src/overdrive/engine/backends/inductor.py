@@ -256,8 +256,8 @@ def _compile(module: nn.Module, cfg: BuildConfig, mode: str, dynamic: bool, free
 
 
 def whole_engine_timed(cfg: BuildConfig, device: torch.device) -> bool:
-    """Whether an int8/fp8 build times its whole engine against the same engine with every low-precision layer in
-    float (:func:`layer_choice.float_everywhere`) and keeps the faster: ``layer_precision="timed"`` on CUDA. A dynamic
+    """Whether an int8/fp8 build times its whole engine against its float twin (:func:`_float_twin_module`) and
+    keeps the faster: ``layer_precision="timed"`` on CUDA. A dynamic
     profile is timed at its example (opt) shape, as the per-layer timing is. The per-layer timing judges each
     convolution in the form its neighbours leave it, but not what the compiler then fuses around them: a ResNet-50
     int8 engine whose timing kept 14 int8 convolutions ran 0.94x its fp16 engine (``engine_zoo_cnn_replan.md``).
