@@ -73,8 +73,8 @@ def test_cli_best_prints_the_candidates(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_best_rejects_an_int8_candidate_whose_layers_all_run_float(monkeypatch: pytest.MonkeyPatch) -> None:
     """An int8 candidate whose build kept every layer float (here its whole engine timed slower than its float twin,
-    forced) computes what the float candidate computes, with int8-rounded weights: --best rejects it and says why,
-    rather than let it win on timing noise."""
+    forced) computes what the float candidate computes (the same weights, or int8-rounded ones): --best rejects it and
+    says why, rather than let it win on timing noise."""
     import overdrive.engine.backends.inductor as ind
     import overdrive.engine.layer_choice as lc
     from overdrive.engine import BuildConfig

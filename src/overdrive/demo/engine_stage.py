@@ -8,6 +8,7 @@ import copy
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -46,6 +47,24 @@ def _bench_batch(ctx: DemoContext, batch: int) -> torch.Tensor:
     x = ctx.data.x_test
     reps = -(-batch // len(x))
     return x.repeat(reps, 1, 1, 1)[:batch].contiguous().to(ctx.device)
+
+
+def layer_notes(prec: str, info: dict[str, Any]) -> list[str]:
+    """The notes an int8/fp8 engine's row gets from its ``engine.info``: which layers ran on a low-precision kernel
+    and which stayed float and why, and its whole-engine timing against its float twin with the engine kept.
+
+    Example:
+        >>> layer_notes("int8", {"layers": {"fc": "int8 GEMM (torch._int_mm)"}, "whole_engine": {
+        ...     "why": "int8 1.20x float16 as a whole engine (1.000 ms against 1.200 ms)", "kept": "int8"}})[1]
+        'int8 whole engine: int8 1.20x float16 as a whole engine (1.000 ms against 1.200 ms); kept int8'
+    """
+    from overdrive.engine.layer_choice import placement_summary
+
+    notes = [f"{prec} {placement_summary(info['layers'])}"] if info.get("layers") else []
+    whole = info.get("whole_engine")
+    if whole:  # timed whole against its float twin at build (CUDA; a dynamic profile at its opt shape)
+        notes.append(f"{prec} whole engine: {whole['why']}; kept {whole['kept']}")
+    return notes
 
 
 def run(ctx: DemoContext) -> Table:
@@ -130,13 +149,7 @@ def run(ctx: DemoContext) -> Table:
             layout = loaded.header["backend_meta"].get("int8_layout_why")
             if layout:  # which Q/DQ layout ONNX Runtime runs, chosen by timing at build
                 table.notes.append(f"{prec} layout: {loaded.header['backend_meta']['int8_layout']} ({layout})")
-            if loaded.info.get("layers"):  # which layers ran on an int8/fp8 kernel, which stayed float and why
-                from overdrive.engine.layer_choice import placement_summary
-
-                table.notes.append(f"{prec} {placement_summary(loaded.info['layers'])}")
-            whole = loaded.header["backend_meta"].get("whole_engine")
-            if whole:  # the int8/fp8 engine timed whole against its float twin at build, and the one kept
-                table.notes.append(f"{prec} whole engine: {whole['why']}; kept {whole['kept']}")
+            table.notes.extend(layer_notes(prec, loaded.info))
     table.notes.append(
         f"PyTorch fp32 test accuracy {ref_acc:.4f}; max err: max |engine - PyTorch fp32| logit on {n_cmp} test images; "
         f"img/s: median of timed calls on a batch of {B} real test images already on the {ctx.device.type} (CUDA "

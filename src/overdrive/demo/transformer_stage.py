@@ -28,6 +28,7 @@ from overdrive._utils.optional import is_available
 from overdrive._utils.table import Table
 from overdrive._utils.timing import median, time_fn
 from overdrive.demo.context import DemoContext, StageSkipped
+from overdrive.demo.engine_stage import layer_notes
 from overdrive.demo.workloads import TransformerWorkload, choose_transformer
 from overdrive.engine import Builder, BuildConfig, ShapeProfile
 
@@ -148,6 +149,7 @@ def run(ctx: DemoContext) -> Table:
             note = f"below the build check's min cosine {acc.get('min_cosine')}"
         elif acc.get("passed") is None and acc.get("skipped"):
             note = f"build check skipped: {acc['skipped']}"
+        table.notes.extend(layer_notes(prec, eng.info))  # where its layers ran; its whole-engine timing (CUDA)
         # timed as a user calls it: inputs checked against the profile, outputs copied out of the engine's buffers
         runs.append(_Run(f"engine {prec}", eng.info["backend"], lambda i, m, eng=eng: eng(i, m),
                          time.perf_counter() - t0, acc.get("cosine"), note))

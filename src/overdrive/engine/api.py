@@ -325,8 +325,8 @@ class Builder:
             if all_float(meta, prec):  # its layers all run float: a float candidate is as fast, without the rounding
                 whole = meta.get("whole_engine") or {}
                 rejected[prec] = (f"every {prec} layer runs in float (" + (whole["why"] if whole.get("kept") not in
-                                  (None, prec) else "each timed faster in float") + "): a float engine with "
-                                  f"{prec}-rounded weights, no faster than the float candidate")
+                                  (None, prec) else "each timed faster in float") + "): a float engine (the "
+                                  f"model's own weights, or {prec}-rounded ones), no faster than the float candidate")
                 times[prec] = f"rejected: {rejected[prec]}"
                 del eng
                 continue
