@@ -20,7 +20,9 @@
 #   bash scripts/gpu_engine.sh 11  # ConvNeXt's int8/fp8 engines and the CNNs' int8/fp8 at batch 1 (the zoo's "not run")
 #   bash scripts/gpu_engine.sh 12  # layer-choice GPU tests; ResNet-50 and EfficientNet-B0 int8/fp8 with re-planning
 #                                  # (run 2026-12-05: engine_zoo_cnn_replan)
-#   bash scripts/gpu_engine.sh 13  # whole-engine timing: its GPU tests; ResNet-50 and EfficientNet-B0 int8/fp8 (not yet run)
+#   bash scripts/gpu_engine.sh 13  # whole-engine timing: its GPU tests; ResNet-50 int8/fp8 (run 2026-12-05 with the
+#                                  # dequantized twin: engine_zoo_cnn_whole; EfficientNet-B0 ran past the limit)
+#   bash scripts/gpu_engine.sh 14  # EfficientNet-B0 int8/fp8 with the whole-engine timing (not yet run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -76,12 +78,18 @@ elif [ "$part" = 10 ]; then
       benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 520 --out engine_zoo_cnn_margin
 elif [ "$part" = 12 ] || [ "$part" = 13 ]; then  # the same runs: 12 named for the re-planning, 13 for the whole-engine timing
-  out=$([ "$part" = 12 ] && echo engine_zoo_cnn_replan || echo engine_zoo_cnn_whole)
-  step 120 "gpu tests: layer choice, the conv plan, whole-engine timing" python3 -m pytest -q -m gpu \
+  out=$([ "$part" = 12 ] && echo engine_zoo_cnn_replan || echo engine_zoo_resnet50_whole)
+  # 5 tests took 121 s on 2026-12-05 (two int8/fp8 CNN builds of about 40 s each)
+  step 200 "gpu tests: layer choice, the conv plan, whole-engine timing" python3 -m pytest -q -m gpu \
       tests/engine/test_layer_choice.py tests/engine/test_lowp_conv_fusion.py -p no:cacheprovider -p no:logging
-  step 450 "engine_zoo resnet50+efficientnet_b0 fp16/int8/fp8 ($out)" python3 \
-      benchmarks/engine_zoo.py --models resnet50,efficientnet_b0 --batches serving \
-      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 150 --budget-s 420 --out "$out"
+  # ResNet-50 alone: with both CNNs the whole-engine timing's extra compiles ran past 450 s (2026-12-05)
+  step 380 "engine_zoo resnet50 fp16/int8/fp8 ($out)" python3 \
+      benchmarks/engine_zoo.py --models resnet50 --batches serving \
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 360 --out "$out"
+elif [ "$part" = 14 ]; then
+  step 500 "engine_zoo efficientnet_b0 fp16/int8/fp8 with the whole-engine timing" python3 \
+      benchmarks/engine_zoo.py --models efficientnet_b0 --batches serving \
+      --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 480 --out engine_zoo_effnet_whole
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \
