@@ -121,15 +121,33 @@ def test_doctor_report_and_cli_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert CliRunner().invoke(command, ["--json"]).exit_code == 0
 
 
-def test_launch_preflight_stops_on_fault(tmp_path) -> None:
+def test_launch_preflight_stops_on_fault(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import overdrive.distributed.launch as lmod
+
     script = tmp_path / "t.py"
     script.write_text("raise SystemExit(3)\n")
+    monkeypatch.setattr(lmod, "_gpus_for_ranks", lambda env: 1)  # GPU ranks: they read NCCL_SOCKET_IFNAME
     with pytest.raises(OverdriveError, match="NCCL_SOCKET_IFNAME"):
         launch(LaunchConfig(nproc_per_node=1), str(script), env={"NCCL_SOCKET_IFNAME": "nope9", "PATH": "/usr/bin"})
+    monkeypatch.undo()
     with pytest.raises(OverdriveError, match="not reachable"):
         preflight(LaunchConfig(nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=_closed_port()), env={})
     with pytest.raises(UsageError, match="does not exist"):
         launch(LaunchConfig(), str(tmp_path / "missing.py"))
+
+
+def test_a_wrong_nccl_interface_does_not_stop_cpu_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks without a GPU join with gloo, which does not read NCCL_SOCKET_IFNAME: a wrong value there (set for the
+    GPU cluster, say) warns and lets a CPU launch go on; it used to stop it. GLOO_SOCKET_IFNAME still stops it."""
+    import overdrive.distributed.launch as lmod
+
+    monkeypatch.setattr(lmod, "_gpus_for_ranks", lambda env: 0)
+    with pytest.warns(RuntimeWarning, match="NCCL_SOCKET_IFNAME: 'nope9' matches no interface.*join with gloo"):
+        report = preflight(LaunchConfig(nproc_per_node=2), env={"NCCL_SOCKET_IFNAME": "nope9"})
+    assert [(f["level"], f["what"]) for f in report["findings"] if f["what"] == "NCCL_SOCKET_IFNAME"] == \
+        [("warning", "NCCL_SOCKET_IFNAME")]
+    with pytest.raises(OverdriveError, match="GLOO_SOCKET_IFNAME"):
+        preflight(LaunchConfig(nproc_per_node=2), env={"GLOO_SOCKET_IFNAME": "nope9"})
 
 
 def test_launch_timeout_kills_every_rank(tmp_path) -> None:

@@ -74,6 +74,13 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
     if cfg.rdzv_endpoint is not None:
         # c10d rendezvous: whichever node comes first hosts the store; a busy port on us is fine.
         report["findings"] = [f for f in report["findings"] if not (f["what"] == "MASTER_PORT" and cfg.node_rank == 0)]
+    if not visible:  # the ranks get no GPU and join with gloo, which does not read the NCCL_* variables
+        for f in report["findings"]:
+            if f["level"] == "error" and f["what"].startswith("NCCL_"):
+                f["level"] = "warning"
+                f["detail"] += (" (not stopping this launch: no GPU is visible to its ranks, which join with gloo and "
+                                "do not read it; fix it before a GPU run)")
+                warnings.warn(f"overdrive launch: {f['what']}: {f['detail']}", RuntimeWarning, stacklevel=3)
     errs = doctor.errors(report)
     if errs:
         raise OverdriveError("overdrive launch stopped before torchrun, the doctor found:\n  " + "\n  ".join(errs))
