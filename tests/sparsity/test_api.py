@@ -342,12 +342,61 @@ def test_transposed_layouts_are_reported_skipped_not_passed_over() -> None:
     assert "transposed convolution" in {s.name: s.skip_reason for s in handle.skipped}["0.weight"]
     with pytest.raises(UsageError, match="0.weight: transposed convolution"):
         sparsify(nn.Sequential(nn.ConvTranspose1d(32, 32, 3)))
+
+
+@pytest.mark.parametrize("calculator", ["m4n2_1d", "m4n2_2d_best"])
+def test_gpt2_conv1d_is_pruned_as_the_linear_it_is(tmp_path, calculator: str) -> None:
+    """transformers' Conv1D (GPT-2) computes x @ W + b with W stored (in, out); it used to be skipped. It is pruned as
+    the Linear with weight W.t(): the mask is the one that Linear gets (groups of 4 along the input dimension, dim 0 of
+    W), its outputs equal that pruned Linear's to 1e-6, the FLOP count includes it, and the compressed checkpoint loads
+    back exactly."""
     pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
-    gpt2_mlp = nn.Sequential(pytorch_utils.Conv1D(64, 32), nn.ReLU(), nn.Linear(64, 32))  # Conv1D(nf=out, nx=in)
-    handle = sparsify(gpt2_mlp)
-    assert [layer.name for layer in handle.layers] == ["2.weight"]
-    assert "Conv1D stores its weight (in, out)" in {s.name: s.skip_reason for s in handle.skipped}["0.weight"]
-    assert bool((gpt2_mlp[0].weight != 0).all())
+    from overdrive.sparsity import compute_mask, load_compressed, save_compressed
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(pytorch_utils.Conv1D(64, 32), nn.ReLU(), nn.Linear(64, 32))  # Conv1D(nf=out 64, nx=in 32)
+    dense = mlp[0].weight.detach().clone()  # (32 in, 64 out)
+    handle = sparsify(mlp, Config(mask_calculator=calculator))
+    assert [(layer.name, layer.layer_type) for layer in handle.layers] == [("0.weight", "Conv1D"), ("2.weight", "Linear")]
+    w = mlp[0].weight.detach()
+    assert is_2to4(w.t())  # groups of 4 along the input dimension (a 2-D mask is 2:4 along both)
+    assert calculator != "m4n2_1d" or not is_2to4(w)
+    ref_mask = compute_mask(dense.t(), calculator)  # what nn.Linear(32, 64) holding dense.t() gets
+    torch.testing.assert_close(w.t(), dense.t() * ref_mask, rtol=0, atol=0)
+    x = torch.randn(5, 32)
+    torch.testing.assert_close(mlp[0](x), torch.nn.functional.linear(x, dense.t() * ref_mask, mlp[0].bias),
+                               rtol=1e-6, atol=1e-6)
+    rep = handle.report((x,))
+    assert rep.flop_fraction_pruned == pytest.approx(0.5)  # both GEMMs are pruned by half
+    stats = save_compressed(handle, tmp_path / "m.sparse24.pt")
+    assert stats["compressed_weight_bytes"] < stats["dense_weight_bytes"]
+    fresh = nn.Sequential(pytorch_utils.Conv1D(64, 32), nn.ReLU(), nn.Linear(64, 32))
+    loaded = load_compressed(fresh, tmp_path / "m.sparse24.pt")
+    torch.testing.assert_close(fresh[0].weight, mlp[0].weight, rtol=0, atol=0)
+    assert torch.equal(fresh[0].weight_sparse_mask, handle.layers[0].mask) and loaded.layers[0].transposed
+    loaded.verify()
+    # trained with the handle, the Conv1D keeps its pattern
+    opt = torch.optim.SGD(mlp.parameters(), lr=0.5)
+    handle.attach(opt)
+    mlp(x).sum().backward()
+    opt.step()
+    assert is_2to4(mlp[0].weight.detach().t())
+
+
+def test_gpt2_model_prunes_its_attention_and_mlp_layers() -> None:
+    """A small GPT-2 from transformers: every Conv1D (c_attn, c_proj, c_fc) is pruned, the tied LM head / embedding
+    is not (tied), and the pruned model still runs."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    handle = sparsify(model)
+    kinds = {layer.name.rsplit(".", 2)[-2] for layer in handle.layers if layer.layer_type == "Conv1D"}
+    assert kinds == {"c_attn", "c_proj", "c_fc"} and len(handle.layers) == 2 * 4
+    assert all(is_2to4(layer.weight.detach().t()) for layer in handle.layers)
+    ids = torch.randint(0, 128, (2, 16))
+    assert torch.isfinite(model(ids).logits).all()
+    assert handle.report((ids,)).flop_fraction_pruned > 0.3
 
 
 def test_attach_when_every_pruned_layer_is_frozen() -> None:

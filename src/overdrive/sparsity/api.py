@@ -17,7 +17,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive.sparsity import masks as M
 from overdrive.sparsity.config import SparsityConfig
-from overdrive.sparsity.layers import Candidate, find_candidates
+from overdrive.sparsity.layers import Candidate, find_candidates, is_conv1d_gemm
 from overdrive.sparsity.report import SparsityReport, gemm_macs
 
 MASK_SUFFIX = "_sparse_mask"
@@ -36,6 +36,11 @@ class PrunedLayer:
     retained: float = 1.0
     retained_unpermuted: float | None = None
     magnitude: float = 0.0  # sum |w| of the dense weight the mask was computed from
+    transposed: bool = False  # the weight is stored (in, out) (transformers' Conv1D): masks are chosen on its .t()
+
+    def as_gemm(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (the weight or its mask) as the GEMM operand (out, in, *k) that the 2:4 groups run along."""
+        return t.t() if self.transposed else t
 
     @property
     def mask(self) -> torch.Tensor:
@@ -108,14 +113,16 @@ class SparseHandle:
         self.apply_masks()
 
     def _mask_of(self, layer: PrunedLayer, w: torch.Tensor) -> torch.Tensor:
+        """The mask of ``w`` in its stored layout, chosen on its GEMM view (out, in, *k)."""
+        g = layer.as_gemm(w)
         if self.mask_fn is None:
-            return M.compute_mask(w, self.config.mask_calculator)
-        mask = self.mask_fn(w.detach())
-        if not isinstance(mask, torch.Tensor) or mask.shape != w.shape:
+            return layer.as_gemm(M.compute_mask(g, self.config.mask_calculator))
+        mask = self.mask_fn(g.detach())
+        if not isinstance(mask, torch.Tensor) or mask.shape != g.shape:
             raise UsageError(f"mask_calculator returned {type(mask).__name__} of shape "
-                             f"{tuple(getattr(mask, 'shape', ()))} for {layer.name} {tuple(w.shape)}; it must return a "
+                             f"{tuple(getattr(mask, 'shape', ()))} for {layer.name} {tuple(g.shape)}; it must return a "
                              "tensor of the weight's shape (1/True keeps, 0/False prunes)")
-        return mask.to(device=layer.mask.device).bool()
+        return layer.as_gemm(mask.to(device=layer.mask.device).bool())
 
     def use_masters(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Under amp O2, point each pruned layer at the fp32 master of its half weight (``(half, master)``
@@ -143,11 +150,12 @@ class SparseHandle:
         from overdrive.sparsity.permutation import permute_for_sparsity
 
         for layer in self.layers:
-            w = layer.weight
+            w = layer.as_gemm(layer.weight)
             layer.retained_unpermuted = M.retained_magnitude(w, M.compute_mask(w, self.config.mask_calculator))
+        # a Conv1D (weight stored (in, out)) is not permuted: its masks are chosen as they are
         self.permutation = permute_for_sparsity(
-            self.model, [layer.module for layer in self.layers if layer.param_name == "weight"], self.config,
-            self._masters)
+            self.model, [layer.module for layer in self.layers if layer.param_name == "weight" and not layer.transposed],
+            self.config, self._masters)
 
     def apply_masks(self) -> None:
         """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2)."""
@@ -333,7 +341,8 @@ class _LoadCheck:
     def __call__(self, module: nn.Module, _incompatible: Any) -> None:
         for param_name, name in self.names.items():
             if hasattr(module, param_name + MASK_SUFFIX):
-                _check_layer(PrunedLayer(name, module, param_name, "", getattr(module, param_name)))
+                _check_layer(PrunedLayer(name, module, param_name, "", getattr(module, param_name),
+                                         transposed=is_conv1d_gemm(module)))
 
 
 PRUNED_SUFFIX = "_sparse_pruned"  # allow_recompute_mask: the pruned values, in the checkpoint (apex: __w_mma_pruned_p)
@@ -412,7 +421,8 @@ def from_pruned(model: nn.Module, config: SparsityConfig | None = None) -> Spars
     cands = find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))
     for c in cands:
         if hasattr(c.module, c.param_name + MASK_SUFFIX):
-            layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, getattr(c.module, c.param_name)))
+            layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, getattr(c.module, c.param_name),
+                                      transposed=c.transposed))
     if not layers:
         raise UsageError(f"{type(model).__name__} has no 2:4 mask buffers; prune it with sparsify() first")
     return SparseHandle(model, config, layers, [], {})
@@ -442,7 +452,7 @@ def _check_layer(layer: PrunedLayer) -> None:
     if mask.shape != w.shape:
         raise UsageError(f"mask of {layer.name} has shape {tuple(mask.shape)} but the weight is {tuple(w.shape)}; "
                          "load a checkpoint saved from this pruned model")
-    if not bool(mask.all()) and not M.is_2to4(mask):
+    if not bool(mask.all()) and not M.is_2to4(layer.as_gemm(mask)):
         raise UsageError(f"mask of {layer.name} is not a 2:4 pattern (more than 2 kept in a group of 4); "
                          "the checkpoint is corrupt or from another pattern")
     if bool((w.detach()[~mask.to(w.device)] != 0).any()):
@@ -478,7 +488,7 @@ def sparsify(model: nn.Module, config: SparsityConfig | None = None, compute_mas
     for c in prunable:
         w = getattr(c.module, c.param_name)
         c.module.register_buffer(c.param_name + MASK_SUFFIX, torch.ones_like(w, dtype=torch.bool), persistent=True)
-        layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, w))
+        layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, w, transposed=c.transposed))
     handle = SparseHandle(model, config, layers, [c for c in cands if c.skip_reason is not None], {})
     if compute_masks:
         handle.compute_masks()

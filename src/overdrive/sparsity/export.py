@@ -79,7 +79,10 @@ def save_compressed(handle: SparseHandle, path: str | os.PathLike[str]) -> dict[
     skip = set()
     for layer in handle.layers:
         w = layer.weight.detach()
-        sparse[layer.name] = compress(w.cpu(), layer.mask.cpu())
+        # stored in the GEMM layout (out, in): a Conv1D's (in, out) weight is transposed, and back at load
+        sparse[layer.name] = compress(layer.as_gemm(w.cpu()), layer.as_gemm(layer.mask.cpu()))
+        if layer.transposed:
+            sparse[layer.name]["transposed"] = True
         skip |= {layer.name, layer.name + MASK_SUFFIX}
         dense_bytes += w.numel() * w.element_size()
         comp_bytes += sum(sparse[layer.name][k].numel() * sparse[layer.name][k].element_size() for k in ("values", "meta"))
@@ -144,11 +147,12 @@ def _load_into(model: nn.Module, handle: SparseHandle, payload: dict[str, Any], 
     params = dict(model.named_parameters())
     for name, entry in payload["sparse"].items():
         target = params.get(name)
-        if target is not None and tuple(target.shape) != tuple(entry["shape"]):
-            raise UsageError(f"{name}: the file's weight is {tuple(entry['shape'])}, the model's is {tuple(target.shape)}")
-        w = decompress(entry)
-        state[name] = w
-        state[name + MASK_SUFFIX] = _mask_from_meta(entry)
+        flip = (lambda t: t.t()) if entry.get("transposed") else (lambda t: t)  # noqa: E731 - a Conv1D's (in, out)
+        shape = tuple(entry["shape"])[::-1] if entry.get("transposed") else tuple(entry["shape"])
+        if target is not None and tuple(target.shape) != shape:
+            raise UsageError(f"{name}: the file's weight is {shape}, the model's is {tuple(target.shape)}")
+        state[name] = flip(decompress(entry)).contiguous()
+        state[name + MASK_SUFFIX] = flip(_mask_from_meta(entry)).contiguous()
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:  # torch's message: a header line, then the mismatched keys

@@ -5,10 +5,12 @@ viewed as a GEMM operand (out, in) is pruned when ``out % 8 == 0`` and ``in % 16
 input channels for convolutions, whose groups of 4 run along them), and convolutions are not
 grouped (a grouped conv is a batch of small GEMMs whose reduction dimension is ``in / groups``).
 
+transformers' ``Conv1D`` (GPT-2's attention and MLP layers: y = x @ W + b with W stored (in, out)) is pruned as
+the Linear it is, with its groups of 4 along ``in``, which is dim 0 of its weight (``Candidate.transposed``).
+
 Weights that look prunable but are not, are reported as skipped rather than passed over silently:
-transposed convolutions and transformers' ``Conv1D`` (GPT-2), whose weights are stored (in, out),
-and a weight tied to a module that is not a GEMM layer (an ``nn.Embedding`` tied to the LM head), which
-pruning would zero in that module too.
+transposed convolutions, whose weights are stored (in, out, *k), and a weight tied to a module that is not a GEMM
+layer (an ``nn.Embedding`` tied to the LM head), which pruning would zero in that module too.
 """
 
 from __future__ import annotations
@@ -38,12 +40,27 @@ class Candidate:
     param_name: str
     layer_type: str
     skip_reason: str | None = None
+    transposed: bool = False  # the weight is stored (in, out): transformers' Conv1D
+
+
+def is_conv1d_gemm(module: nn.Module) -> bool:
+    """Whether ``module`` is transformers' ``Conv1D`` (y = x @ W + b, W (in, out)) or a subclass, matched by class
+    name and its ``nf`` attribute so that transformers is not imported.
+
+    Example:
+        >>> is_conv1d_gemm(nn.Linear(4, 4)), is_conv1d_gemm(nn.Conv1d(4, 4, 1))
+        (False, False)
+    """
+    return (any(c.__name__ == "Conv1D" for c in type(module).__mro__)  # quantized subclasses too (QuantConv1D)
+            and hasattr(module, "nf") and isinstance(getattr(module, "weight", None), torch.Tensor))
 
 
 def _kind(module: nn.Module, wanted: tuple[str, ...]) -> str | None:
     for key in wanted:
         if isinstance(module, _TYPES[key]):  # subclasses count (apex matched exact types only)
             return key
+    if "Linear" in wanted and is_conv1d_gemm(module):  # a Linear stored transposed
+        return "Conv1D"
     return None
 
 
@@ -60,11 +77,6 @@ def _unsupported(module: nn.Module, wanted: tuple[str, ...]) -> tuple[str, str] 
     if isinstance(module, nn.modules.conv._ConvTransposeNd) and any(t.startswith("Conv") for t in wanted):
         return (type(module).__name__, "transposed convolution: its weight is (in, out, *k), the 2:4 groups would run "
                 "along output channels; not supported, stays dense")
-    # transformers.pytorch_utils.Conv1D (GPT-2): y = x @ W + b with W (in, out); matched by name so that
-    # transformers is not imported
-    if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and "Linear" in wanted:
-        return ("Conv1D", "transformers Conv1D stores its weight (in, out); not supported, stays dense (convert it to "
-                "nn.Linear with the transposed weight to prune it)")
     return None
 
 
@@ -106,7 +118,7 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
                 continue
             seen.add(id(p))
             full = f"{mname}.{pname}" if mname else pname
-            cand = Candidate(full, mname, module, pname, kind)
+            cand = Candidate(full, mname, module, pname, kind, transposed=kind == "Conv1D")
             if config.allowed_layer_names is not None and mname not in config.allowed_layer_names:
                 cand.skip_reason = "not in allowed_layer_names"
             elif mname in config.disallowed_layer_names:
@@ -118,7 +130,7 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
                                     f"name {mname!r} in allowed_layer_names to prune it anyway")
             elif isinstance(module, nn.modules.conv._ConvNd) and module.groups != 1:
                 cand.skip_reason = f"grouped convolution (groups={module.groups}): no dense GEMM to sparsify"
-            else:
-                cand.skip_reason = shape_rule(tuple(p.shape))
+            else:  # judged as the GEMM operand (out, in)
+                cand.skip_reason = shape_rule(tuple(p.t().shape) if cand.transposed else tuple(p.shape))
             out.append(cand)
     return out

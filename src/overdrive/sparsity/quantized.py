@@ -85,9 +85,10 @@ def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -
         if missing:
             raise UsageError(f"{path.name} has no initializer named {missing[:3]}: export without folding the weights "
                              "(overdrive.quant.export_onnx keeps them by name)")
+    transposed = {layer.name for layer in handle.layers if layer.transposed} if handle is not None else set()
     rows = []
     for n, k in names.items():
         w = torch.from_numpy(inits[k].astype("float32"))
         rows.append({"name": n, "shape": list(w.shape), "nonzero_fraction": float((w != 0).float().mean()),
-                     "is_2to4": is_2to4(w)})
+                     "is_2to4": is_2to4(w.t() if n in transposed else w)})  # a Conv1D's weight is (in, out)
     return rows

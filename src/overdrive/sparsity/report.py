@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from overdrive.sparsity.layers import is_conv1d_gemm
+
 if TYPE_CHECKING:
     from overdrive._utils.table import Table
 
@@ -82,9 +84,15 @@ def gemm_macs(model: nn.Module, example_inputs: tuple[Any, ...]) -> dict[int, in
             for x, w in ((q, module.q_proj_weight), (k, module.k_proj_weight), (v, module.v_proj_weight)):
                 macs[id(w)] = macs.get(id(w), 0) + x.numel() // x.shape[-1] * w.numel()
 
+    def conv1d_gemm(module: nn.Module, _args: Any, out: Any) -> None:  # transformers' Conv1D: x @ W (in, out)
+        w = module.weight
+        macs[id(w)] = macs.get(id(w), 0) + out.numel() // out.shape[-1] * w.numel()
+
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)):
             hooks.append(m.register_forward_hook(linear_like))
+        elif is_conv1d_gemm(m):
+            hooks.append(m.register_forward_hook(conv1d_gemm))
         elif isinstance(m, nn.MultiheadAttention):
             hooks.append(m.register_forward_hook(mha))
     try:
