@@ -295,6 +295,34 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
             torch.testing.assert_close(loaded(x2), reference(x2), rtol=1e-5, atol=1e-5)
 
 
+def test_an_int8_build_left_with_no_int8_layer_is_the_float_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the per-layer timing keeps every layer float (forced: margin 0) on a build that times whole engines
+    (CUDA; forced here), the engine is the float build of the model, with its own weights (the fp32 model's outputs
+    to 1e-5), not float layers holding int8-rounded weights; it says so and warns that every layer runs float."""
+    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.layer_choice as lc
+    from overdrive.engine import ShapeProfile
+
+    real = lc.keep_float_where_faster
+    monkeypatch.setattr(lc, "keep_float_where_faster",
+                        lambda *a, **kw: real(*a, **{**kw, "margin": 0.0, "conv_margin": 0.0}))  # every layer float
+    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
+    x = torch.randn(4, 16, 8, 8)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        eng = Builder(BuildConfig(precision="int8", device="cpu", backend="inductor", aot=False,
+                                  profiles=(ShapeProfile.fixed("x", (4, 16, 8, 8)),))).build(
+            _conv_mlp(), (x,), input_names=["x"], calib=[(x,)])
+    meta = eng.header["backend_meta"]
+    assert meta["lowp_layers"] == 0 and "the model's float build, with its own weights" in eng.info["float_build"]
+    assert "whole_engine" not in meta  # nothing low precision left to time against
+    assert sorted(eng.info["layers"]) == ["0", "3", "5"] and all(
+        v.startswith("float32: timed faster") for v in eng.info["layers"].values())
+    assert any("every int8 layer ran slower than float" in str(w.message) for w in got)
+    with torch.no_grad():
+        torch.testing.assert_close(eng(x), _conv_mlp()(x), rtol=1e-5, atol=1e-5)
+
+
 def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole-engine timing is a check, not a step the build depends on: if the float twin cannot be built, the
     int8 engine is kept as built and the reason recorded."""

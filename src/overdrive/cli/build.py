@@ -142,6 +142,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         if info.get("whole_engine"):  # the int8/fp8 engine timed whole against its float twin
             whole = info["whole_engine"]
             click.echo(f"[I] whole engine: {whole['why']}; kept {whole['kept']}")
+        if info.get("float_build"):  # no low-precision layer left: the model's own float build
+            click.echo(f"[I] {info['float_build']}")
         fusions = fusions_summary(engine.header.get("backend_meta", {}))
         if fusions:
             click.echo(f"[I] {fusions}")

@@ -64,6 +64,8 @@ def layer_notes(prec: str, info: dict[str, Any]) -> list[str]:
     whole = info.get("whole_engine")
     if whole:  # timed whole against its float twin at build (CUDA; a dynamic profile at its opt shape)
         notes.append(f"{prec} whole engine: {whole['why']}; kept {whole['kept']}")
+    if info.get("float_build"):  # no low-precision layer left after the per-layer timing
+        notes.append(f"{prec}: {info['float_build']}")
     return notes
 
 

@@ -87,6 +87,7 @@ class Engine:
                 "timing_cache": h.get("timing_cache"), "best": h.get("best"), "accuracy": h.get("accuracy"),
                 "int8": h.get("int8"), "layers": (h.get("backend_meta") or {}).get("layers"),
                 "whole_engine": (h.get("backend_meta") or {}).get("whole_engine"),
+                "float_build": (h.get("backend_meta") or {}).get("float_build"),
                 "build_phases_s": (h.get("backend_meta") or {}).get("build_phases_s"), "trust": self.trust}
 
     def save(self, path: str | Path) -> None:

@@ -359,6 +359,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     # the int8/fp8 layer timings the cache kept (reused, and extended by this build), not part of the header
     timings = cache_info.pop("layer_timings", {}) if cache_info is not None else None
     module = prepare(src, cfg, device, calib or [example], timings)
+    float_build = _all_float_build(module, src, cfg, device, example)
+    if float_build is not None:  # every layer timed faster in float one by one: the model's own float build
+        module = float_build
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
     fp32 = fp32_flags(cfg.precision)
     t0 = time.perf_counter()
@@ -375,6 +378,9 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
                             **fused, "fp32_precision": fp32,  # applied again at load
                             "build_phases_s": {k: round(v, 2) for k, v in phases.items()}}
     meta.update(_lowp_meta(module, cfg, device, src))
+    if float_build is not None:
+        meta["float_build"] = ("every low-precision layer timed slower than float one by one, so the engine is the "
+                               "model's float build, with its own weights")
     if aot_by_default(cfg, device):  # CPU: the AOTInductor package alone (loads about 2x faster than a recompile)
         t0 = time.perf_counter()
         sections["aoti_package"] = _aoti_package(ep, fp32, freezing)
@@ -444,6 +450,23 @@ def _float_twin_module(module: nn.Module, src: ModelSource, cfg: BuildConfig, de
         # no int8/fp8 convolution is left to read an 8-bit residual
         inner._overdrive_residuals_dropped += drop_unread_residual_quantizers(inner)
     return _Cast(inner, module.dtype, module.channels_last, module.out_dtype).eval(), names, "dequantized weights"
+
+
+def _all_float_build(module: nn.Module, src: ModelSource, cfg: BuildConfig, device: torch.device,
+                     example: tuple[torch.Tensor, ...]) -> nn.Module | None:
+    """The float build of the model when an int8/fp8 build of a float model is left with no low-precision layer by the
+    per-layer timing (CUDA, ``layer_precision="timed"``), as the whole-engine timing's float twin is
+    (:func:`_float_twin_module`): the model's own weights, and the float engine's passes. None otherwise (a layer
+    kept low precision, a model quantized already, a CPU build: those keep the dequantized float layers)."""
+    from overdrive.engine.backends.prepare import _has_quantizers
+
+    if not whole_engine_timed(cfg, device) or src.onnx_bytes is not None or src.module is None:
+        return None
+    if lowp_layers(module) or _has_quantizers(src.module):
+        return None
+    twin, _, _ = _float_twin_module(module, src, cfg, device, example)
+    twin.model._overdrive_phases = dict(getattr(module.model, "_overdrive_phases", {}))
+    return twin
 
 
 def _whole_engine_choice(module: nn.Module, ep: Any, runner: Runner, example: tuple[torch.Tensor, ...],
