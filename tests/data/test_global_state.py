@@ -26,13 +26,13 @@ def unusual_threads() -> Iterator[int]:
 def test_in_process_batches_leave_the_thread_count_alone(folder: Path, unusual_threads: int,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     inside: list[int] = []
-    real = loader_mod.transform_one
+    real = loader_mod.transform_batch  # size 8: the batch is transformed at once (BATCHED_CPU_MAX_SIZE)
 
-    def noting(*args, **kwargs):  # the per-image ops run on one thread, for speed, and only inside the batch
+    def noting(*args, **kwargs):  # the transform runs on one thread, for speed, and only inside the batch
         inside.append(torch.get_num_threads())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loader_mod, "transform_one", noting)
+    monkeypatch.setattr(loader_mod, "transform_batch", noting)
     loader = ImageLoader(folder, batch_size=5, size=8, num_workers=0)
     between = [torch.get_num_threads() for _ in loader]
     assert len(between) == len(loader) and set(between) == {unusual_threads}
@@ -48,7 +48,7 @@ def test_an_error_inside_a_batch_restores_the_thread_count(folder: Path, unusual
     def broken(*args, **kwargs):
         raise RuntimeError("transform failed")
 
-    monkeypatch.setattr(loader_mod, "transform_one", broken)
+    monkeypatch.setattr(loader_mod, "transform_batch", broken)
     with pytest.raises(RuntimeError, match="transform failed"):
         next(iter(ImageLoader(folder, batch_size=5, size=8, num_workers=0)))
     assert torch.get_num_threads() == unusual_threads

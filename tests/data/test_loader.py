@@ -41,14 +41,23 @@ def test_workers_give_the_same_batches(folder: Path) -> None:
     assert torch.equal(x0, x2) and torch.equal(y0, y2)
 
 
-def test_outputs_match_reference_transform(folder: Path) -> None:
-    loader = ImageLoader(folder, batch_size=6, size=24, num_workers=0, seed=1)
+@pytest.mark.parametrize("size", [24, 72])  # one transform for the whole batch (<= 64), and image by image
+def test_outputs_match_reference_transform(folder: Path, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import overdrive.data.loader as loader_mod
+
+    batched = size <= loader_mod.BATCHED_CPU_MAX_SIZE
+    calls: list[str] = []
+    for name in ("transform_batch", "transform_one"):
+        real = getattr(loader_mod, name)
+        monkeypatch.setattr(loader_mod, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    loader = ImageLoader(folder, batch_size=6, size=size, num_workers=0, seed=1)
     for k, (x, y) in enumerate(loader):
         idx = loader._batches()[k]
         imgs = [decode_cpu(loader.samples[i].read()) for i in idx]
         u, f = draw_params(len(idx), batch_generator(1, 0, 0, k), 0.5)
         torch.testing.assert_close(x, reference_batch(imgs, u, f, loader.config), atol=1e-5, rtol=0)
         assert y.tolist() == [loader.samples[i].label for i in idx]
+    assert calls and set(calls) == {"transform_batch" if batched else "transform_one"}
 
 
 def test_eval_mode_is_deterministic_center_crop(folder: Path) -> None:
