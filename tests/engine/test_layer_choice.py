@@ -227,7 +227,7 @@ def _conv_mlp() -> nn.Module:
 
 @pytest.mark.parametrize("faster,dynamic,source", [("float32", False, "float"), ("int8", False, "float"),
                                                    ("float32", True, "float"), ("float32", False, "quantized"),
-                                                   ("float32", True, "quantized")])
+                                                   ("float32", True, "quantized"), ("tie", False, "float")])
 def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyPatch, tmp_path, faster: str,
                                                      dynamic: bool, source: str) -> None:
     """An int8 build whose layers all timed faster in int8 is timed once more as a whole engine against its float twin,
@@ -251,7 +251,7 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
     def paired(a, b, device, rounds=5):  # noqa: ANN001, ANN202 - both engines run; the verdict is forced
         a(), b()
         calls.append(1)
-        return (2.0, 1.0) if faster == "float32" else (1.0, 2.0)
+        return {"float32": (2.0, 1.0), "int8": (1.0, 2.0), "tie": (1.0, 1.01)}[faster]
 
     monkeypatch.setattr(ind, "paired_ms", paired)
     x = torch.randn(4, 16, 8, 8)
@@ -265,6 +265,11 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
         eng = Builder(cfg).build(given, (x,), input_names=["x"], calib=[(x,)])
     assert calls == [1]
     whole = eng.info["whole_engine"]
+    if faster == "tie":  # int8 1% faster: within WHOLE_ENGINE_MARGIN, so the float build (more accurate) is kept
+        assert whole["kept"] == "float32" and "int8 1.01x float32 as a whole engine" in whole["why"]
+        with torch.no_grad():
+            torch.testing.assert_close(eng(x), _conv_mlp()(x), rtol=1e-5, atol=1e-5)
+        return
     assert whole["kept"] == faster and whole["lowp_ms"] == (2.0 if faster == "float32" else 1.0)
     assert whole["float_weights"] == ("the float model's own weights" if source == "float" else "dequantized weights")
     assert "whole_engine_timing" in eng.info["build_phases_s"]

@@ -189,9 +189,12 @@ def test_cnn_engine_runs_convolutions_in_low_precision_on_gpu(precision: str) ->
         assert cos > 0.99, (layer_precision, cos)
         if layer_precision == "timed":  # timed whole against its float twin (static CUDA profile): the faster kept
             whole = meta.get("whole_engine")  # absent only when the per-layer timing left no layer low precision
+            assert whole is not None or (meta["lowp_layers"] == 0 and meta.get("float_build")), meta
             if whole is not None:
                 assert "lowp_ms" in whole and whole["kept"] in (precision, "float16"), whole  # timed, not skipped
-                assert (whole["kept"] == "float16") == (whole["lowp_ms"] > whole["float_ms"]), whole
+                from overdrive.engine.backends.inductor import WHOLE_ENGINE_MARGIN
+
+                assert (whole["kept"] == "float16") == (whole["float_ms"] < whole["lowp_ms"] * WHOLE_ENGINE_MARGIN), whole
                 assert (meta["lowp_layers"] == 0) == (whole["kept"] == "float16"), (whole, meta["lowp_layers"])
         if layer_precision == "all":
             assert "whole_engine" not in meta
