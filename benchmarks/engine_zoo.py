@@ -431,7 +431,8 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     fusions = fusions_summary(meta)  # the line overdrive build prints
     whole = info.get("whole_engine")  # the int8/fp8 engine timed whole against its float twin at build
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
-        (f"; {fusions}" if fusions else "") + (f"; whole engine {whole['why']}: kept {whole['kept']}" if whole else "")
+        (f"; {fusions}" if fusions else "") + (f"; whole engine {whole['why']}: kept {whole['kept']}" if whole else "") + \
+        ("; every layer timed faster in float: the float build" if info.get("float_build") else "")
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
              "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
              "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)},
