@@ -29,6 +29,7 @@ import gc
 import glob
 import json
 import math
+import re
 import signal
 import sys
 import time
@@ -458,8 +459,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ok = [r for r in low if (r.get("cosine") or -1) >= TARGETS["min_cosine"]]
         if low:  # the fastest accurate one; the fastest of all when none is accurate
             best = max(ok or low, key=lambda r: r["x_vs_engine_fp16"])
+            layers = best.get("layers") or ""  # an engine whose build kept the float program computes in float
             e.update(best_lowp=best["config"], lowp_vs_fp16=best["x_vs_engine_fp16"], lowp_cosine=best.get("cosine"),
-                     lowp_cosine_ok=bool(ok))
+                     lowp_cosine_ok=bool(ok), lowp_runs_float="the float build" in layers or bool(
+                         re.search(r"whole engine .*: kept (float16|bfloat16|float32)", layers)))
         builds = [r["build_s"] for c, r in g.items() if c.startswith("engine") and r.get("build_s") is not None]
         e["max_engine_build_s"] = max(builds) if builds else None
         per.append(e)
@@ -477,6 +480,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if key == "lowp_vs_fp16":
                 met = met and all(e.get("lowp_cosine_ok") for e in es if e.get(key))
             s[key] = {"n": len(vals), "geomean": round(gm, 3), "min": mn, "min_at": where, "target": target, "met": met}
+            if key == "lowp_vs_fp16":  # rows whose int8/fp8 build kept its float program: no low precision runs
+                s[key]["runs_float"] = sum(bool(e.get("lowp_runs_float")) for e in es if e.get(key))
         builds = [e["max_engine_build_s"] for e in es if e.get("max_engine_build_s") is not None]
         s["max_engine_build_s"] = max(builds) if builds else None
         out["by_batch"][kind] = s
@@ -497,7 +502,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                 continue
             lines.append(f"summary [{kind}] {what}: geomean {v['geomean']:.3f}x over {v['n']}, min {v['min']:.3f}x "
                          f"({v['min_at']}); target >= {v['target']}x geomean and >= 1.0x everywhere"
-                         + (" with cosine >= 0.99" if key == "lowp_vs_fp16" else "") + f": {'met' if v['met'] else 'NOT met'}")
+                         + (" with cosine >= 0.99" if key == "lowp_vs_fp16" else "") + f": {'met' if v['met'] else 'NOT met'}"
+                         + (f" ({v['runs_float']} of the {v['n']} run their float build: the whole-engine timing kept "
+                            "it)" if v.get("runs_float") else ""))
         b = s["max_engine_build_s"]
         if b is not None:
             lines.append(f"summary [{kind}] slowest engine build {b:.0f} s; target <= {TARGETS['build_s']:.0f} s: "
