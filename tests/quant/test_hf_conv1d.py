@@ -153,3 +153,29 @@ def test_to_real_runs_conv1d_as_an_int8_gemm_on_the_cpu() -> None:
     assert sum(v.startswith("int8") for v in real._overdrive_real.values()) == 4 * N_LAYER
     # the same int8 values; only the accumulation order differs (int32 GEMM then one fp32 rescale)
     assert float(nn.functional.cosine_similarity(fake, out, dim=-1).min()) >= 0.99999
+
+
+def test_dynamic_int8_converts_conv1d_layers_like_linear() -> None:
+    """quant.dynamic_int8 (the engine's per-token int8 on CPU) used to leave GPT-2's Conv1D float: it now converts
+    each to an Int8Linear over the transposed weight, exactly what a Linear holding W.t() converts to, and the model
+    keeps a per-token cosine >= 0.999 to fp32."""
+    from overdrive.quant.real import Int8Linear, dynamic_int8
+
+    model = _gpt2()
+    ids = _ids(2)
+    with torch.no_grad():
+        ref = model(input_ids=ids).last_hidden_state
+    layer = copy.deepcopy(model.h[0].attn.c_attn)
+    converted = dynamic_int8(copy.deepcopy(model))
+    conv = [n for n, m in model.named_modules() if isinstance(m, Conv1D)]
+    assert conv and all(converted._overdrive_real.get(n) == "int8 dynamic (per-token)" for n in conv)
+    assert not any(isinstance(m, Conv1D) for m in converted.modules())
+    lin = nn.Linear(layer.nx, layer.nf)
+    with torch.no_grad():
+        lin.weight.copy_(layer.weight.t())
+        lin.bias.copy_(layer.bias)
+        x = torch.randn(5, layer.nx)
+        torch.testing.assert_close(Int8Linear.dynamic(layer)(x), Int8Linear.dynamic(lin)(x), rtol=0, atol=0)
+        out = converted(input_ids=ids).last_hidden_state
+    cos = nn.functional.cosine_similarity(out.flatten(0, 1), ref.flatten(0, 1), dim=-1)
+    assert cos.min() >= COSINE_BOUND, cos.min()

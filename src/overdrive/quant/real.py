@@ -247,9 +247,10 @@ class Int8Linear(_LowPrecisionGemm):
     fmt = "int8"
 
     @classmethod
-    def dynamic(cls, linear: nn.Linear | SmoothedLinear) -> Int8Linear:
-        """An int8 Linear with dynamic activations, from a float one (no calibration): each input row (token) gets
-        its own scale, amax / 127, at run time; weights int8 per output channel.
+    def dynamic(cls, linear: nn.Module) -> Int8Linear:
+        """An int8 Linear with dynamic activations, from a float one (``nn.Linear``, ``SmoothedLinear`` or transformers'
+        ``Conv1D``; no calibration): each input row (token) gets its own scale, amax / 127, at run time; weights int8
+        per output channel.
 
         Example:
             >>> lin = torch.nn.Linear(64, 32)
@@ -258,6 +259,9 @@ class Int8Linear(_LowPrecisionGemm):
             True
         """
         w = linear.weight.detach()
+        conv1d = hf_conv1d_class()
+        if conv1d is not None and isinstance(linear, conv1d):  # transformers' Conv1D: its weight is (in, out)
+            w = w.t()
         return cls(w, w.float().abs().amax(dim=1), torch.ones(()), linear.bias, rowwise=True, x_qmin=-127,
                    x_pre=getattr(linear, "inv_s", None))  # a SmoothedLinear's 1 / s
 
@@ -302,7 +306,8 @@ class Fp8Conv1x1(Int8Conv1x1):
 
 
 def dynamic_int8(model: nn.Module, exclude: tuple[str, ...] | list[str] = ()) -> nn.Module:
-    """Swap every float ``nn.Linear`` (name matching no ``exclude`` fnmatch pattern) for :meth:`Int8Linear.dynamic`:
+    """Swap every float ``nn.Linear`` and transformers ``Conv1D`` (GPT-2's projections, a Linear whose weight is
+    stored (in, out)) whose name matches no ``exclude`` fnmatch pattern for :meth:`Int8Linear.dynamic`:
     int8 GEMMs (``torch._int_mm``) with per-token activation scales computed at run time, no calibration. In place;
     ``model._overdrive_real`` lists the layers converted. The scale and rescale steps are elementwise passes around
     each GEMM: compile the model (``torch.compile``, an overdrive engine) to fuse them into their neighbours.
@@ -314,13 +319,15 @@ def dynamic_int8(model: nn.Module, exclude: tuple[str, ...] | list[str] = ()) ->
     """
     import fnmatch
 
-    if type(model) in (nn.Linear, SmoothedLinear):
+    conv1d = hf_conv1d_class()  # transformers' Conv1D (GPT-2): x @ W + b with W (in, out), a Linear stored transposed
+    if type(model) in (nn.Linear, SmoothedLinear) or (conv1d is not None and type(model) is conv1d):
         new = Int8Linear.dynamic(model)
         new._overdrive_real = {"": "int8 dynamic (per-token)"}
         return new
     report: dict[str, str] = {}
     for name, m in list(model.named_modules()):
-        if type(m) in (nn.Linear, SmoothedLinear) and not any(fnmatch.fnmatch(name, p) for p in exclude):
+        gemm = type(m) in (nn.Linear, SmoothedLinear) or (conv1d is not None and type(m) is conv1d)
+        if gemm and not any(fnmatch.fnmatch(name, p) for p in exclude):
             _set(model, name, Int8Linear.dynamic(m))
             report[name] = "int8 dynamic (per-token)" + (", smoothed" if isinstance(m, SmoothedLinear) else "")
     model._overdrive_real = report
