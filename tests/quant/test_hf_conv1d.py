@@ -179,3 +179,14 @@ def test_dynamic_int8_converts_conv1d_layers_like_linear() -> None:
         out = converted(input_ids=ids).last_hidden_state
     cos = nn.functional.cosine_similarity(out.flatten(0, 1), ref.flatten(0, 1), dim=-1)
     assert cos.min() >= COSINE_BOUND, cos.min()
+
+
+def test_a_gpt2_body_counts_as_a_gemm_model_for_the_engines_auto_int8() -> None:
+    """A GPT2Model has Conv1D projections and no nn.Linear: the engine's auto int8 mode (dynamic for GEMM-only models
+    on CPU) used to take it for a model without GEMMs."""
+    from overdrive.engine.int8 import gemm_model
+    from overdrive.engine.sources import ModelSource
+
+    model = _gpt2()
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert gemm_model(ModelSource(module=model, input_names=["input_ids"]))

@@ -49,8 +49,8 @@ def is_quantized(src: ModelSource) -> bool:
 
 
 def gemm_model(src: ModelSource) -> bool:
-    """Whether the model's quantizable layers are GEMMs only: Linear (or a weight MatMul / Gemm in ONNX), no
-    convolution."""
+    """Whether the model's quantizable layers are GEMMs only: Linear or transformers' Conv1D (or a weight MatMul /
+    Gemm in ONNX), no convolution."""
     if src.onnx_bytes is not None:
         import onnx
 
@@ -65,7 +65,12 @@ def gemm_model(src: ModelSource) -> bool:
     mods = list(src.module.modules())
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
             torch.nn.ConvTranspose3d)
-    return any(isinstance(m, torch.nn.Linear) for m in mods) and not any(isinstance(m, conv) for m in mods)
+    try:
+        from overdrive.quant.modules import hf_conv1d_class
+    except ImportError:
+        hf_conv1d_class = lambda: None  # noqa: E731 - an overdrive without quant
+    gemm = (torch.nn.Linear,) + tuple(c for c in (hf_conv1d_class(),) if c is not None)  # GPT-2's Conv1D: a Linear
+    return any(isinstance(m, gemm) for m in mods) and not any(isinstance(m, conv) for m in mods)
 
 
 def resolve(requested: str | None, backend: Any, device: torch.device, src: ModelSource,
