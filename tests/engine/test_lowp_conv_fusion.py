@@ -599,3 +599,38 @@ def test_neighbours_of_a_convolution_gone_float_are_timed_again_in_their_new_for
     with torch.no_grad():
         want = _quantized(m, Int8Conv2d, x).eval()(x)
         assert torch.nn.functional.cosine_similarity(q(x).flatten(), want.flatten(), dim=0).item() > 0.999
+
+
+@pytest.mark.parametrize("cls", [Int8Conv2d, Fp8Conv2d])
+def test_precompile_runs_each_distinct_fused_convolution_once(cls) -> None:
+    """Before an int8/fp8 engine compiles, every distinct conv2d_q / conv2d_q_dual call of its fused program runs once
+    on zeros of its arguments' shapes, strides and dtypes (on the GPU: its Triton kernel compiles then, side by side).
+    Reference: the program's own nodes; on CPU each call runs the op's fp32 reference and must give the node's output
+    shape and dtype."""
+    from overdrive.engine.lowp_conv_fusion import precompile_convs
+
+    torch.manual_seed(0)
+    m = _randomize_bn(nn.Sequential(Bottleneck(c=16, down=True), Bottleneck(c=32))).eval()
+    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=CL)
+    ep, _, _ = _fused(_quantized(m, cls, x).eval(), x)
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"
+             and n.target in (torch.ops.overdrive.conv2d_q.default, torch.ops.overdrive.conv2d_q_dual.default)]
+    ran: list = []
+
+    def run(calls, device):  # noqa: ANN001, ANN202 - compile_in_threads' part, run here one by one
+        assert device == torch.device("cpu")
+        ran.extend(fn() for fn in calls)
+
+    n = precompile_convs(ep, torch.device("cpu"), run=run)
+    assert n == len(ran) == len(nodes)  # every convolution of these blocks has its own shapes
+    outs = {(tuple(o.shape), o.dtype) for r in ran for o in (r if isinstance(r, tuple) else (r,))}
+    want = {(tuple(v.shape), v.dtype) for nd in nodes
+            for v in (nd.meta["val"] if isinstance(nd.meta["val"], tuple) else (nd.meta["val"],))}
+    assert outs == want
+
+    # three equal 3x3 layers: the first two read and write 8-bit tensors of one shape (one call covers both), the last
+    # writes float
+    chain = nn.Sequential(*[mod for _ in range(3) for mod in (nn.Conv2d(16, 16, 3, padding=1), nn.ReLU())]).eval()
+    ep, _, _ = _fused(_quantized(chain, cls, x).eval(), x)
+    ran.clear()
+    assert precompile_convs(ep, torch.device("cpu"), run=run) == len(ran) == 2

@@ -377,6 +377,15 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     fused = _fuse(ep, example, cfg, device, src, dyn is not None)
     phases = {**getattr(module.model, "_overdrive_phases", {}), "export": t_export,
               "passes": time.perf_counter() - t_passes}
+    if device.type == "cuda" and cfg.precision in ("int8", "fp8"):
+        from overdrive.engine.lowp_conv_fusion import precompile_convs
+
+        t0 = time.perf_counter()  # the program's int8/fp8 convolution kernels compiled side by side, not one by one
+        try:
+            fused["lowp_conv_precompiled"] = precompile_convs(ep, device)
+        except Exception as exc:  # noqa: BLE001 - a warm-up: the compile below meets the kernels one by one instead
+            fused["lowp_conv_precompiled"] = f"failed ({type(exc).__name__}: {str(exc)[:200]})"
+        phases["lowp_precompile"] = time.perf_counter() - t0
     sections = {"exported_program": save_exported(ep)}
     mode = _mode(cfg, device)
     freezing = use_freezing(cfg, device)
