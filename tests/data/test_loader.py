@@ -173,12 +173,12 @@ def test_gpu_reader_packs_bytes_exactly(mixed: Path, tmp_path: Path) -> None:
         assert int(labels[j]) == samples[j].label
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_early_break_leaves_no_threads_or_processes(folder: Path, workers: int) -> None:
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_early_break_leaves_no_threads_or_processes(folder: Path, workers: int, persistent: bool) -> None:
     import multiprocessing as mp
 
     before = {t.ident for t in threading.enumerate()}
-    loader = ImageLoader(folder, batch_size=2, size=8, num_workers=workers)
+    loader = ImageLoader(folder, batch_size=2, size=8, num_workers=workers, persistent_workers=persistent)
     it = iter(loader)
     next(it)
     it.close()  # what a `break` out of a for loop does when the iterator is dropped
@@ -313,3 +313,32 @@ def test_bad_option_values_are_not_called_unknown_options(folder: Path, kw: dict
     """Every TypeError from validating a known option was reported as 'ImageLoader got an unknown option'."""
     with pytest.raises(UsageError, match=match):
         ImageLoader(folder, **{"pipeline": "cpu", "num_workers": 0, **kw})
+
+
+def test_persistent_workers_serve_every_epoch_with_the_same_batches(folder: Path) -> None:
+    """persistent_workers=True keeps the CPU pipeline's worker processes from one epoch to the next (each epoch used to
+    start new ones: on a small epoch their start-up was most of its time); every epoch's batches equal those of
+    per-epoch workers, bit for bit, and close() stops them."""
+    import multiprocessing as mp
+
+    kw = dict(batch_size=3, size=16, num_workers=2, seed=5)
+    fresh, kept = ImageLoader(folder, **kw), ImageLoader(folder, persistent_workers=True, **kw)
+    pids = []
+    for epoch in range(3):
+        fresh.set_epoch(epoch)
+        kept.set_epoch(epoch)
+        xa, ya = _collect(fresh)
+        xb, yb = _collect(kept)
+        assert torch.equal(xa, xb) and torch.equal(ya, yb), epoch
+        pids.append({p.pid for p in mp.active_children() if p.is_alive()})
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]  # the same two workers served all three epochs
+    kept.close()
+    assert not [p for p in mp.active_children() if p.is_alive()]
+    xc, _ = _collect(kept)  # after close(), the next epoch starts new workers
+    assert torch.equal(xc, xb)
+    kept.close()
+
+
+def test_persistent_workers_must_be_a_bool() -> None:
+    with pytest.raises(UsageError, match="persistent_workers='yes' must be True or False"):
+        LoaderConfig(persistent_workers="yes")

@@ -91,6 +91,8 @@ class LoaderConfig(ConfigBase):
     #                      no faster end to end on the H200: benchmarks/results/data.md)
     prefetch: int = 2  # batches prepared ahead (bounded queue depth)
     pipeline: str = "auto"
+    persistent_workers: bool = False  # CPU pipeline: keep the worker processes from one epoch to the next (as
+    #                                   DataLoader's option; ImageLoader.close() or the loader's end stops them)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_out_dtype(self.dtype))
@@ -107,7 +109,7 @@ class LoaderConfig(ConfigBase):
                 raise UsageError(f"{name}={value!r} must be an int" + (" (use // for integer division, e.g. "
                                  "batch_size=global_batch // world_size)" if isinstance(value, float) else ""))
             object.__setattr__(self, name, int(value))  # NumPy ints become ints: to_json() can write them
-        for name in ("train", "channels_last", "drop_last", "fused"):  # train="no" is truthy: it trained
+        for name in ("train", "channels_last", "drop_last", "fused", "persistent_workers"):  # train="no" is truthy
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise UsageError(f"{name}={value!r} must be True or False")

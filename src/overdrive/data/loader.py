@@ -78,15 +78,23 @@ BATCHED_CPU_MAX_SIZE = 64
 
 
 class _BatchDataset(torch.utils.data.Dataset):
-    """Item k = batch k of one epoch, decoded and transformed on the CPU (runs inside workers)."""
+    """Item k = batch k of one epoch, decoded and transformed on the CPU (runs inside workers). With ``plan`` (the
+    persistent workers' form) item (epoch, k) = batch k of that epoch, its batches computed here from the plan, so
+    workers kept from one epoch to the next serve every epoch."""
 
-    def __init__(self, samples: list[Sample], batches: list[list[int]], cfg: LoaderConfig, epoch: int) -> None:
+    def __init__(self, samples: list[Sample], batches: list[list[int]], cfg: LoaderConfig, epoch: int,
+                 plan: tuple[int, bool] | None = None) -> None:
         self.samples, self.batches, self.cfg, self.epoch = samples, batches, cfg, epoch
+        self.plan = plan  # (number of samples, shuffle): with cfg, what ImageLoader._batches computes from
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, k: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    def __getitem__(self, k: Any) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        if isinstance(k, tuple):  # (epoch, k): a persistent worker, which serves every epoch
+            epoch, k = k
+            if epoch != self.epoch:
+                self.epoch, self.batches = epoch, epoch_batches(*self.plan, self.cfg, epoch)
         if torch.utils.data.get_worker_info() is not None:  # a worker process: DataLoader runs it on one thread
             return self._batch(k)
         # In the calling process (num_workers=0): per-image ops are tiny, and intra-op threading makes them several
@@ -124,6 +132,32 @@ class _BatchDataset(torch.utils.data.Dataset):
         if not outs:
             return torch.empty(0), torch.empty(0, dtype=torch.long), bad
         return finish(torch.stack(outs), cfg), torch.tensor(labels, dtype=torch.long), bad
+
+
+def epoch_batches(n: int, shuffle: bool, cfg: LoaderConfig, epoch: int) -> list[list[int]]:
+    """The sample indices of each batch of ``epoch`` on this shard (``cfg``'s seed, shard, batch size, drop_last).
+
+    Example:
+        >>> epoch_batches(10, False, LoaderConfig(batch_size=4), 0)
+        [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    """
+    idx = shard_indices(n, epoch, cfg.seed, cfg.shard_id, cfg.num_shards, cfg.drop_last, shuffle)
+    bs = cfg.batch_size
+    count = len(idx) // bs if cfg.drop_last else math.ceil(len(idx) / bs)
+    return [idx[k * bs:(k + 1) * bs] for k in range(count)]
+
+
+class _EpochKeys(torch.utils.data.Sampler):
+    """The keys (epoch, k) of one epoch's batches, set before each epoch: the sampler of a persistent DataLoader."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int]] = []
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(list(self.keys))
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 def reader_context() -> Any:
@@ -235,6 +269,7 @@ class ImageLoader:
         self.epoch = 0
         self.stats = LoaderStats()
         self.decision: str | None = None  # why `auto` picked what it picked
+        self._persistent: tuple[torch.utils.data.DataLoader, _EpochKeys] | None = None  # persistent_workers
         self.pipeline = self._choose(self.config.pipeline)
 
     # --- DataLoader-like surface --------------------------------------------------------------
@@ -249,9 +284,7 @@ class ImageLoader:
         return shard_indices(len(self.samples), self.epoch, c.seed, c.shard_id, c.num_shards, c.drop_last, self.shuffle)
 
     def _batches(self) -> list[list[int]]:
-        idx, bs = self._indices(), self.config.batch_size
-        n = len(idx) // bs if self.config.drop_last else math.ceil(len(idx) / bs)
-        return [idx[k * bs:(k + 1) * bs] for k in range(n)]
+        return epoch_batches(len(self.samples), self.shuffle, self.config, self.epoch)
 
     def __len__(self) -> int:
         """Batches per epoch on this shard."""
@@ -275,12 +308,18 @@ class ImageLoader:
     def _iter_cpu(self, batches: list[list[int]], config: LoaderConfig | None = None,
                   epoch: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = config or self.config
-        ds = _BatchDataset(self.samples, batches, cfg, self.epoch if epoch is None else epoch)
-        kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch,
-                              "multiprocessing_context": reader_context()} if cfg.num_workers > 0 else {}
-        dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=cfg.num_workers,
-                                         pin_memory=self.device.type == "cuda", **kw)
+        epoch = self.epoch if epoch is None else epoch
+        keep = config is None and cfg.persistent_workers and cfg.num_workers > 0  # the epoch's own batches only
+        if keep:
+            dl = self._persistent_loader(epoch, len(batches))
+        else:
+            ds = _BatchDataset(self.samples, batches, cfg, epoch)
+            kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch,
+                                  "multiprocessing_context": reader_context()} if cfg.num_workers > 0 else {}
+            dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=cfg.num_workers,
+                                             pin_memory=self.device.type == "cuda", **kw)
         dl_iter = iter(dl)
+        done = False
         try:
             for x, y, bad in dl_iter:
                 self._note_bad(bad)
@@ -290,9 +329,39 @@ class ImageLoader:
                 self.stats.batches += 1
                 self.stats.images += x.shape[0]
                 yield x, y
+            done = True
         finally:
-            _shutdown(dl_iter)  # early break: stop the worker processes now, not at GC
+            if not (keep and done):  # an early break (or an error): stop the worker processes now, not at GC
+                _shutdown(dl_iter)
+                if keep:
+                    self._persistent = None  # the next epoch starts new workers
             del dl_iter
+
+    def _persistent_loader(self, epoch: int, n_batches: int) -> torch.utils.data.DataLoader:
+        """The DataLoader whose workers this loader keeps across epochs (``persistent_workers``), made on first use;
+        its sampler set to this epoch's batch keys."""
+        if getattr(self, "_persistent", None) is None:
+            cfg = self.config
+            ds = _BatchDataset(self.samples, [], cfg, -1, plan=(len(self.samples), self.shuffle))
+            keys = _EpochKeys()
+            dl = torch.utils.data.DataLoader(ds, batch_size=None, sampler=keys, num_workers=cfg.num_workers,
+                                             pin_memory=self.device.type == "cuda", prefetch_factor=cfg.prefetch,
+                                             multiprocessing_context=reader_context(), persistent_workers=True)
+            self._persistent = (dl, keys)
+        dl, keys = self._persistent
+        keys.keys = [(epoch, k) for k in range(n_batches)]
+        return dl
+
+    def close(self) -> None:
+        """Stop the worker processes kept across epochs (``persistent_workers``); the next epoch starts new ones.
+
+        Example:
+            >>> # loader = ImageLoader("train/", persistent_workers=True); ...; loader.close()
+        """
+        kept, self._persistent = getattr(self, "_persistent", None), None
+        if kept is not None and kept[0]._iterator is not None:
+            _shutdown(kept[0]._iterator)
+            kept[0]._iterator = None
 
     def _note_bad(self, bad: list[str]) -> None:
         for b in bad:

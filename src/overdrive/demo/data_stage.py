@@ -190,10 +190,14 @@ def speed_rows(ctx: DemoContext, table: Table) -> None:
 
         dl = baseline_loader(files, size, batch, ctx.seed, workers, pin_memory=ctx.device.type == "cuda")
         base = epoch_rate(dl)
+        # workers kept across epochs, as the baseline keeps its DataLoader's (persistent_workers=True)
         cfg = LoaderConfig(batch_size=batch, size=size, mean=(0, 0, 0), std=(1, 1, 1), scale=(0.25, 1.0), flip=0.0,
-                           seed=ctx.seed, num_workers=workers, read_workers=workers)
+                           seed=ctx.seed, num_workers=workers, read_workers=workers, persistent_workers=True)
         il = ImageLoader(root, batch_size=batch, device=ctx.device, config=cfg)
-        ours = epoch_rate(il)
+        try:
+            ours = epoch_rate(il)
+        finally:
+            il.close()
     table.rows.append([f"loading only: torch DataLoader, Pillow, {workers} workers ({size}x{size} JPEG)", None, None,
                        base, None])
     table.rows.append([f"loading only: ImageLoader ({il.pipeline} pipeline)", None, None, ours, None])
