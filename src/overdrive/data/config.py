@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -93,6 +94,8 @@ class LoaderConfig(ConfigBase):
     pipeline: str = "auto"
     persistent_workers: bool = False  # CPU pipeline: keep the worker processes from one epoch to the next (as
     #                                   DataLoader's option; ImageLoader.close() or the loader's end stops them)
+    # fields added after configs were first saved: left out of to_json() at their default, so old JSON round-trips
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("persistent_workers",)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_out_dtype(self.dtype))
