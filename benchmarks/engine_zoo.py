@@ -29,7 +29,6 @@ import gc
 import glob
 import json
 import math
-import re
 import signal
 import sys
 import time
@@ -434,7 +433,10 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     layers = note + (f"kept float: {len(kept)}" if kept else "") + (f" ops: {ops}" if ops else "") + \
         (f"; {fusions}" if fusions else "") + (f"; whole engine {whole['why']}: kept {whole['kept']}" if whole else "") + \
         ("; every layer timed faster in float: the float build" if info.get("float_build") else "")
+    # the build kept its float program (whole-engine or per-layer timing): no low precision runs in this row
+    runs_float = bool(info.get("float_build")) or bool(whole and whole["kept"] != info["precision"])
     extra = {"precision": info["precision"], "backend": info["backend"], "layers": layers.strip("; ") or None,
+             "runs_float": runs_float,
              "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
              "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)},
              "build_phases_s": meta.get("build_phases_s")}  # where the build time went (calibrate, layer timing, ...)
@@ -459,10 +461,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         ok = [r for r in low if (r.get("cosine") or -1) >= TARGETS["min_cosine"]]
         if low:  # the fastest accurate one; the fastest of all when none is accurate
             best = max(ok or low, key=lambda r: r["x_vs_engine_fp16"])
-            layers = best.get("layers") or ""  # an engine whose build kept the float program computes in float
             e.update(best_lowp=best["config"], lowp_vs_fp16=best["x_vs_engine_fp16"], lowp_cosine=best.get("cosine"),
-                     lowp_cosine_ok=bool(ok), lowp_runs_float="the float build" in layers or bool(
-                         re.search(r"whole engine .*: kept (float16|bfloat16|float32)", layers)))
+                     lowp_cosine_ok=bool(ok), lowp_runs_float=bool(best.get("runs_float")))
         builds = [r["build_s"] for c, r in g.items() if c.startswith("engine") and r.get("build_s") is not None]
         e["max_engine_build_s"] = max(builds) if builds else None
         per.append(e)

@@ -122,14 +122,11 @@ def test_quantized_residual_configs_count_as_low_precision(zoo) -> None:
 def test_summary_counts_low_precision_rows_that_run_their_float_build(zoo) -> None:
     # an int8/fp8 build whose whole-engine timing (or per-layer timing) kept the float program is counted and said
     rows = [_row("a", "engine_fp16", 1.0, x_vs_ro=1.5),
-            _row("a", "engine_int8", 1.0, x_vs_engine_fp16=0.99, cosine=0.9999,
-                 layers="whole engine int8 0.95x float16 as a whole engine (2.689 ms against 2.558 ms): kept float16"),
+            _row("a", "engine_int8", 1.0, x_vs_engine_fp16=0.99, cosine=0.9999, runs_float=True),  # whole engine
             _row("b", "engine_fp16", 1.0, x_vs_ro=1.5),
-            _row("b", "engine_fp8", 0.8, x_vs_engine_fp16=1.2, cosine=0.999,
-                 layers="whole engine fp8 1.20x float16 as a whole engine (1.0 ms against 1.2 ms): kept fp8"),
+            _row("b", "engine_fp8", 0.8, x_vs_engine_fp16=1.2, cosine=0.999, runs_float=False),
             _row("c", "engine_fp16", 1.0, x_vs_ro=1.5),
-            _row("c", "engine_int8", 1.0, x_vs_engine_fp16=1.0, cosine=1.0,
-                 layers="kept float: 3; every layer timed faster in float: the float build")]
+            _row("c", "engine_int8", 1.0, x_vs_engine_fp16=1.0, cosine=1.0, runs_float=True)]  # every layer float
     s = zoo.summarize(rows)
     per = {e["model"]: e["lowp_runs_float"] for e in s["per_model"]}
     assert per == {"a": True, "b": False, "c": True}

@@ -75,15 +75,15 @@ def test_best_rejects_an_int8_candidate_whose_layers_all_run_float(monkeypatch: 
     """An int8 candidate whose build kept every layer float (here its whole engine timed slower than its float twin,
     forced) computes what the float candidate computes (the same weights, or int8-rounded ones): --best rejects it and
     says why, rather than let it win on timing noise."""
-    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.backends.whole_engine as we
     import overdrive.engine.layer_choice as lc
     from overdrive.engine import BuildConfig
 
     real = lc.keep_float_where_faster
     monkeypatch.setattr(lc, "keep_float_where_faster",
                         lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))  # layers stay int8
-    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
-    monkeypatch.setattr(ind, "paired_ms", lambda a, b, device, rounds=5: (2.0, 1.0))  # the float twin wins
+    monkeypatch.setattr(we, "whole_engine_timed", lambda cfg, device: True)
+    monkeypatch.setattr(we, "paired_ms", lambda a, b, device, rounds=5: (2.0, 1.0))  # the float twin wins
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 16)).eval()

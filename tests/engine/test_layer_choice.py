@@ -237,7 +237,7 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
     match the fp32 model's to 1e-5 (its own weights, not the int8-rounded ones). The twin of a model quantized already
     (QAT) keeps the model's rounding: each int8 layer becomes a float layer holding its dequantized weights, to 1e-5.
     When int8 wins, the int8 engine is kept as built."""
-    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.backends.whole_engine as we
     import overdrive.engine.layer_choice as lc
     from overdrive import quant
     from overdrive.engine import Engine, ShapeProfile
@@ -245,7 +245,7 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
     real = lc.keep_float_where_faster
     monkeypatch.setattr(lc, "keep_float_where_faster",
                         lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))  # every layer int8
-    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)  # CUDA only, unforced
+    monkeypatch.setattr(we, "whole_engine_timed", lambda cfg, device: True)  # CUDA only, unforced
     calls: list[int] = []
 
     def paired(a, b, device, rounds=5):  # noqa: ANN001, ANN202 - both engines run; the verdict is forced
@@ -253,7 +253,7 @@ def test_whole_engine_timing_keeps_the_faster_engine(monkeypatch: pytest.MonkeyP
         calls.append(1)
         return {"float32": (2.0, 1.0), "int8": (1.0, 2.0), "tie": (1.0, 1.01)}[faster]
 
-    monkeypatch.setattr(ind, "paired_ms", paired)
+    monkeypatch.setattr(we, "paired_ms", paired)
     x = torch.randn(4, 16, 8, 8)
     prof = ShapeProfile("x", (1, 16, 8, 8), (4, 16, 8, 8), (8, 16, 8, 8)) if dynamic else \
         ShapeProfile.fixed("x", (4, 16, 8, 8))
@@ -304,14 +304,14 @@ def test_an_int8_build_left_with_no_int8_layer_is_the_float_build(monkeypatch: p
     """When the per-layer timing keeps every layer float (forced: margin 0) on a build that times whole engines
     (CUDA; forced here), the engine is the float build of the model, with its own weights (the fp32 model's outputs
     to 1e-5), not float layers holding int8-rounded weights; it says so and warns that every layer runs float."""
-    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.backends.whole_engine as we
     import overdrive.engine.layer_choice as lc
     from overdrive.engine import ShapeProfile
 
     real = lc.keep_float_where_faster
     monkeypatch.setattr(lc, "keep_float_where_faster",
                         lambda *a, **kw: real(*a, **{**kw, "margin": 0.0, "conv_margin": 0.0}))  # every layer float
-    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
+    monkeypatch.setattr(we, "whole_engine_timed", lambda cfg, device: True)
     x = torch.randn(4, 16, 8, 8)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
@@ -331,19 +331,19 @@ def test_an_int8_build_left_with_no_int8_layer_is_the_float_build(monkeypatch: p
 def test_a_float_twin_that_fails_leaves_the_engine_as_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole-engine timing is a check, not a step the build depends on: if the float twin cannot be built, the
     int8 engine is kept as built and the reason recorded."""
-    import overdrive.engine.backends.inductor as ind
+    import overdrive.engine.backends.whole_engine as we
     import overdrive.engine.layer_choice as lc
     from overdrive.engine import ShapeProfile
 
     real = lc.keep_float_where_faster
     monkeypatch.setattr(lc, "keep_float_where_faster",
                         lambda *a, **kw: real(*a, **{**kw, "margin": 1e9, "conv_margin": 1e9}))
-    monkeypatch.setattr(ind, "whole_engine_timed", lambda cfg, device: True)
+    monkeypatch.setattr(we, "whole_engine_timed", lambda cfg, device: True)
 
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("no float twin here")
 
-    monkeypatch.setattr(ind, "_float_twin_module", broken)
+    monkeypatch.setattr(we, "_float_twin_module", broken)
     x = torch.randn(4, 16, 8, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

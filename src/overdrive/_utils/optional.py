@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 
 from overdrive._utils.errors import MissingDependencyError
@@ -32,3 +33,15 @@ def require(package: str, extra: str | None = None, feature: str = "this feature
         return importlib.import_module(package)
     except ImportError as exc:
         raise MissingDependencyError(package, extra, feature, pip) from exc
+
+
+def hf_conv1d_class() -> type | None:
+    """``transformers.pytorch_utils.Conv1D`` (GPT-2's projections: a Linear whose weight is stored (in, out)) when
+    transformers is already imported, else None. A model holding a Conv1D has imported it, so this never imports
+    transformers itself (``import overdrive`` stays lean).
+
+    Example:
+        >>> cls = hf_conv1d_class(); cls is None or cls.__name__ == "Conv1D"
+        True
+    """
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)

@@ -65,10 +65,8 @@ def gemm_model(src: ModelSource) -> bool:
     mods = list(src.module.modules())
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
             torch.nn.ConvTranspose3d)
-    try:
-        from overdrive.quant.modules import hf_conv1d_class
-    except ImportError:
-        hf_conv1d_class = lambda: None  # noqa: E731 - an overdrive without quant
+    from overdrive._utils.optional import hf_conv1d_class
+
     gemm = (torch.nn.Linear,) + tuple(c for c in (hf_conv1d_class(),) if c is not None)  # GPT-2's Conv1D: a Linear
     return any(isinstance(m, gemm) for m in mods) and not any(isinstance(m, conv) for m in mods)
 

@@ -18,7 +18,6 @@ import inspect
 import linecache
 import operator
 import pickle
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.optional import hf_conv1d_class
 from overdrive.quant.config import QuantConfig
 from overdrive.quant.quantizer import TensorQuantizer
 
@@ -178,15 +178,6 @@ QUANT_MODULES: dict[type[nn.Module], type[nn.Module]] = {
     nn.ConvTranspose2d: QuantConvTranspose2d,
 }
 """The torch.nn layers quantize swaps; Hugging Face's ``Conv1D`` is found by :func:`quant_class`."""
-
-
-def hf_conv1d_class() -> type[nn.Module] | None:
-    """``transformers.pytorch_utils.Conv1D`` when transformers is already imported, else None.
-
-    A model holding a Conv1D (GPT-2, GPT, ...) has imported it, so this never imports transformers itself
-    (``import overdrive`` stays lean)."""
-    mod = sys.modules.get("transformers.pytorch_utils")
-    return getattr(mod, "Conv1D", None)
 
 
 @functools.cache

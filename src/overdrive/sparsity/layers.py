@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from overdrive._utils.optional import hf_conv1d_class
 from overdrive.sparsity.config import SparsityConfig
 
 _TYPES: dict[str, type[nn.Module]] = {
@@ -44,15 +45,14 @@ class Candidate:
 
 
 def is_conv1d_gemm(module: nn.Module) -> bool:
-    """Whether ``module`` is transformers' ``Conv1D`` (y = x @ W + b, W (in, out)) or a subclass, matched by class
-    name and its ``nf`` attribute so that transformers is not imported.
+    """Whether ``module`` is transformers' ``Conv1D`` (y = x @ W + b, W (in, out)) or a subclass (``QuantConv1D``).
 
     Example:
         >>> is_conv1d_gemm(nn.Linear(4, 4)), is_conv1d_gemm(nn.Conv1d(4, 4, 1))
         (False, False)
     """
-    return (any(c.__name__ == "Conv1D" for c in type(module).__mro__)  # quantized subclasses too (QuantConv1D)
-            and hasattr(module, "nf") and isinstance(getattr(module, "weight", None), torch.Tensor))
+    cls = hf_conv1d_class()
+    return cls is not None and isinstance(module, cls)
 
 
 def _kind(module: nn.Module, wanted: tuple[str, ...]) -> str | None:
