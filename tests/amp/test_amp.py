@@ -202,20 +202,21 @@ def test_scale_loss_with_an_uninitialized_optimizer(net: Net) -> None:
             pass
 
 
-def test_initialize_after_the_optimizer_stepped(net: Net) -> None:
-    opt = torch.optim.AdamW(net.parameters())
-    net(batch()[0]).sum().backward()
-    opt.step()
-    with pytest.raises(UsageError, match="before the first optimizer.step"):
-        amp.initialize(net, opt, opt_level="O2", dtype=torch.bfloat16)
-
-
 def test_loading_state_from_another_opt_level(net: Net) -> None:
-    mp1 = prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), Policy(opt_level="O1", dtype=torch.bfloat16))
+    """A resume with another ``--opt-level`` (apex loads it: its state is the loss scale only) used to raise. The
+    saved dynamic scale carries over to a dynamic scaler; the O2 masters come from the model's weights."""
+    cuda_like = Policy(opt_level="O1", dtype=torch.bfloat16, loss_scale="dynamic")
+    mp1 = prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), cuda_like)
+    mp1.scaler.scale, mp1.scaler.unskipped = 512.0, 7
     other = Net()
-    mp2 = prepare(other, torch.optim.SGD(other.parameters(), lr=0.1), Policy(opt_level="O2", dtype=torch.bfloat16))
-    with pytest.raises(UsageError, match="opt level 'O1'"):
-        mp2.load_state_dict(mp1.state_dict())
+    mp2 = prepare(other, torch.optim.SGD(other.parameters(), lr=0.1),
+                  Policy(opt_level="O2", dtype=torch.bfloat16, loss_scale="dynamic"))
+    mp2.load_state_dict(mp1.state_dict())
+    assert (mp2.scaler.scale, mp2.scaler.unskipped) == (512.0, 7)
+    static = Net()
+    mp3 = prepare(static, torch.optim.SGD(static.parameters(), lr=0.1), Policy(opt_level="O3", dtype=torch.bfloat16))
+    mp3.load_state_dict(mp2.state_dict())  # a static scale belongs to this run's policy: kept
+    assert mp3.scaler.scale == 1.0
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
@@ -372,11 +373,13 @@ def test_o0_state_moves_between_cuda_and_cpu() -> None:
     cpu_mp = prepare(m2, torch.optim.SGD(m2.parameters(), lr=0.1), "O0")
     cpu_mp.load_state_dict(cuda_state)
     cpu_mp.load_state_dict(old_state)
-    # where a half dtype is used it must still match
+    # a CUDA fp16 run resumed in bf16: the dynamic scale carries over (as apex's own state would), nothing raises
     m3 = nn.Linear(4, 2)
-    o1 = prepare(m3, torch.optim.SGD(m3.parameters(), lr=0.1), Policy(opt_level="O1", dtype=torch.bfloat16))
-    with pytest.raises(UsageError, match="dtype 'float16'"):
-        o1.load_state_dict({**o1.state_dict(), "dtype": "float16"})
+    o1 = prepare(m3, torch.optim.SGD(m3.parameters(), lr=0.1),
+                 Policy(opt_level="O1", dtype=torch.bfloat16, loss_scale="dynamic"))
+    saved = o1.state_dict()
+    o1.load_state_dict({**saved, "dtype": "float16", "loss_scaler": {**saved["loss_scaler"], "loss_scale": 1024.0}})
+    assert o1.scaler.scale == 1024.0
 
 
 def test_initialize_keeps_no_model_or_optimizer_alive() -> None:

@@ -42,15 +42,103 @@ def test_fused_adam_is_torch_adam(adam_w_mode: bool) -> None:
 
     a, b = _model(), _model()
     opt = FusedAdam(a.parameters(), lr=1e-2, weight_decay=0.1, adam_w_mode=adam_w_mode)
-    assert type(opt) is (torch.optim.AdamW if adam_w_mode else torch.optim.Adam) and opt.defaults["fused"]
+    assert isinstance(opt, torch.optim.Adam) and opt.defaults["fused"]
     ref = (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)(b.parameters(), lr=1e-2, weight_decay=0.1,
                                                                   foreach=False)
     _steps(a, opt)
     _steps(b, ref)
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)  # fused vs the for-loop kernel: fp32 rounding
-    with pytest.raises(UsageError, match="bias_correction=False"):
-        FusedAdam(a.parameters(), bias_correction=False)
+    assert opt.state_dict()["state"].keys() == ref.state_dict()["state"].keys()
+
+
+def _adam_uncorrected_reference(params: list[torch.Tensor], grads_per_step: list[list[torch.Tensor]], lr: float,
+                                wd: float, adam_w_mode: bool, b1: float = 0.9, b2: float = 0.999,
+                                eps: float = 1e-8) -> list[torch.Tensor]:
+    """apex's FusedAdam with bias_correction=False, in float64, written out (apex's multi_tensor_adam kernel with
+    bias_correction1 = bias_correction2 = 1)."""
+    w = [p.detach().double().clone() for p in params]
+    m = [torch.zeros_like(x) for x in w]
+    v = [torch.zeros_like(x) for x in w]
+    for grads in grads_per_step:
+        for i, g in enumerate(grads):
+            g = g.double()
+            if not adam_w_mode:
+                g = g + wd * w[i]
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            u = m[i] / (v[i].sqrt() + eps)
+            if adam_w_mode:
+                u = u + wd * w[i]
+            w[i] = w[i] - lr * u
+    return w
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False])
+def test_fused_adam_without_bias_correction_matches_a_float64_reference(adam_w_mode: bool) -> None:
+    """``FusedAdam(bias_correction=False)`` (DeepLearningExamples' BERT run_squad/run_glue) was refused. Reference:
+    apex's update written out in float64; tolerance fp32 rounding over 4 steps. Its first step moves each weight by
+    lr * (1 - b1) / sqrt(1 - b2) ~ 3.2 lr, where a bias-corrected step moves it by ~lr: the two cannot pass for
+    each other."""
+    from overdrive.apex.optimizers import FusedAdam
+
+    model = _model()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = FusedAdam(model.parameters(), lr=1e-2, weight_decay=0.1, bias_correction=False, adam_w_mode=adam_w_mode)
+    seen: list[list[torch.Tensor]] = []
+    for i in range(4):
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(i))
+        model(x).square().mean().backward()
+        seen.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+    ref = _adam_uncorrected_reference(start, seen, 1e-2, 0.1, adam_w_mode)
+    for p, r in zip(model.parameters(), ref):
+        torch.testing.assert_close(p.detach().double(), r, rtol=1e-5, atol=1e-6)
+    st = opt.state[next(model.parameters())]  # torch's Adam layout: a checkpoint loads into torch.optim.Adam
+    assert float(st["step"]) == 4 and {"exp_avg", "exp_avg_sq"} <= st.keys()
+    torch.optim.Adam(_model().parameters()).load_state_dict(opt.state_dict())
+
+
+def test_fused_adam_groups_mix_bias_correction_and_skip_params_without_grads() -> None:
+    """A param group may turn bias correction off on its own; a parameter without a gradient (an amp skipped step,
+    a frozen layer) is left as it is, its state not made."""
+    from overdrive.apex.optimizers import FusedAdam
+
+    a, b = _model(), _model()
+    opt = FusedAdam([{"params": a[0].parameters(), "bias_correction": False}, {"params": a[2].parameters()}],
+                    lr=1e-2)
+    # the reference: each group stepped by its own optimizer (the uncorrected one checked against float64 above)
+    refs = [FusedAdam([b[0].bias], lr=1e-2, bias_correction=False),
+            torch.optim.AdamW(b[2].parameters(), lr=1e-2, weight_decay=0.0, foreach=False)]
+    a[0].weight.requires_grad_(False)
+    b[0].weight.requires_grad_(False)
+    _steps(a, opt)
+    for i in range(3):
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(i))
+        b(x).square().mean().backward()
+        for r in refs:
+            r.step()
+            r.zero_grad()
+    for p, q in zip([a[0].bias, *a[2].parameters()], [b[0].bias, *b[2].parameters()]):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(a[0].weight, _model()[0].weight, rtol=0, atol=0)
+    assert a[0].weight not in opt.state and float(opt.state[a[0].bias]["step"]) == 3
+
+
+def test_apex_optimizer_and_ddp_classes_support_isinstance_and_subclassing() -> None:
+    """Megatron's ``assert isinstance(optimizer, FusedAdam)``, fairseq's ``class FusedAdamV2(FusedAdam)`` and
+    DeepLearningExamples' ``isinstance(model, DDP)`` with apex's DDP: apex's names were functions returning torch
+    objects, so isinstance raised TypeError and subclassing failed."""
+    from overdrive.apex.optimizers import FusedAdam, FusedSGD
+    from overdrive.apex.optimizers.fused_adam import FusedAdam as FromSubmodule
+
+    class FusedAdamV2(FusedAdam):
+        pass
+
+    opt = FusedAdamV2(_model().parameters(), lr=1e-3)
+    assert isinstance(opt, FusedAdam) and FromSubmodule is FusedAdam
+    assert isinstance(FusedSGD(_model().parameters(), lr=0.1), (FusedSGD, torch.optim.SGD))
 
 
 def _lamb_reference(params: list[torch.Tensor], grads_per_step: list[list[torch.Tensor]], lr: float, wd: float,
@@ -144,3 +232,49 @@ def test_fused_layer_norm_matches_a_float64_reference(dtype: torch.dtype) -> Non
             assert (same.double() - want).abs().max().item() <= 2 * tol * want.abs().max().item(), cls.__name__
     assert set(FusedLayerNorm(16).state_dict()) == {"weight", "bias"}  # apex checkpoints' names
     assert set(FusedRMSNorm(16).state_dict()) == {"weight"}
+
+
+@pytest.mark.parametrize("name", ["FusedAdam", "FusedSGD", "FusedAdagrad", "FusedLAMB", "FusedNovoGrad"])
+def test_param_groups_given_generators_keep_their_parameters(name: str) -> None:
+    """``[{"params": model.body.parameters()}, {"params": model.head.parameters(), "lr": ...}]``: FusedAdam, FusedSGD
+    and FusedAdagrad read each group's generator to pick fused kernels, and torch then got empty groups, so those
+    layers never trained, silently."""
+    import overdrive.apex.optimizers as optimizers
+
+    model = _model()
+    opt = getattr(optimizers, name)([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}],
+                                    lr=0.1)
+    assert [len(g["params"]) for g in opt.param_groups] == [2, 2]
+    before = [p.detach().clone() for p in model.parameters()]
+    _steps(model, opt, n=1)
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+def test_fused_layer_norm_submodule_and_functions() -> None:
+    """``from apex.normalization.fused_layer_norm import FusedLayerNorm`` (pytorch-pretrained-BERT, transformers 2)
+    and Megatron's ``FusedLayerNormAffineFunction.apply(x, w, b, shape, eps)`` raised ModuleNotFoundError.
+    Reference: torch's layer/RMS norm in fp32; bf16 inputs within bf16 rounding of it, gradients flowing."""
+    from overdrive.apex.normalization import FusedLayerNorm as Top
+    from overdrive.apex.normalization.fused_layer_norm import (
+        FusedLayerNorm,
+        FusedLayerNormAffineFunction,
+        FusedRMSNormAffineFunction,
+        fused_layer_norm,
+        fused_rms_norm_affine,
+    )
+
+    assert FusedLayerNorm is Top
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 8, generator=g) * 3 + 1
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    ref = torch.nn.functional.layer_norm(x, (8,), w, b, 1e-5)
+    torch.testing.assert_close(FusedLayerNormAffineFunction.apply(x, w, b, (8,), 1e-5), ref)
+    half = FusedLayerNormAffineFunction.apply(x.bfloat16(), w, b, 8, 1e-5)  # Megatron: bf16 activations, fp32 params
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), ref, atol=4e-2, rtol=2e-2)
+    torch.testing.assert_close(fused_layer_norm(x, [8]), torch.nn.functional.layer_norm(x, (8,), eps=1e-6))
+    rms = fused_rms_norm_affine(x, w, (8,), 1e-6)
+    torch.testing.assert_close(rms, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+    xg = x.clone().requires_grad_(True)
+    FusedRMSNormAffineFunction.apply(xg, w, (8,), 1e-6).sum().backward()
+    assert xg.grad is not None and bool(torch.isfinite(xg.grad).all())

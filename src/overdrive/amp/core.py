@@ -65,12 +65,10 @@ class MixedPrecision:
         ) for _ in range(num_losses)]
         self.region = casting.AutocastRegion(device.type, p.dtype, autocast_scope) if p.autocast else None
         self.guard = StepGuard(p.on_nonfinite, p.max_consecutive_skips, n_optimizers=len(self.optimizers))
-        for opt in self.optimizers:
-            if _has_stepped(opt):
-                raise UsageError(
-                    "the optimizer already has state (it has stepped): prepare/initialize models and optimizers "
-                    "before the first optimizer.step(), then load checkpoints"
-                )
+        # An optimizer may hold state already: a resume that loads optimizer.pt before amp.initialize (Hugging Face's
+        # run_glue/run_squad, their Trainer v3). Its state stays keyed to the parameters it holds: under O2 those
+        # become the fp32 masters (cast_model gives the model new half parameters), so the state stays fp32, as
+        # apex's re-keying onto its masters left it; under O3 it follows the parameters' cast (below).
         # fp8: swap the chosen Linear layers first; they keep their Parameter objects, so the cast below
         # (half copies, fp32 masters) treats them like any other layer
         self.fp8_layers: list[fp8.LayerChoice] = []  # every Linear layer of every model, with the fp8 choice
@@ -424,18 +422,17 @@ class MixedPrecision:
             if self.scaler.dynamic:
                 self.scaler.load_state_dict({k: state[k] for k in ("loss_scale", "unskipped") if k in state})
             return
-        if state.get("opt_level") != self.policy.opt_level:
-            raise UsageError(
-                f"amp state was saved at opt level {state.get('opt_level')!r} but this run uses "
-                f"{self.policy.opt_level!r}; initialize with opt_level={state.get('opt_level')!r} to resume it"
-            )
-        # A run that uses no half dtype (O0) has nothing to match: its state moves between CUDA
-        # (whose default half dtype is float16) and CPU (bfloat16) freely.
-        if self._half_dtype() is not None and state.get("dtype") != dtype_name(self._half_dtype()):
-            raise UsageError(
-                f"amp state was saved with dtype {state.get('dtype')!r} but this run uses "
-                f"{dtype_name(self._half_dtype())!r}; initialize with the same dtype"
-            )
+        same_dtype = self._half_dtype() is None or state.get("dtype") == dtype_name(self._half_dtype())
+        if state.get("opt_level") != self.policy.opt_level or not same_dtype:
+            # A resume at another opt level or half dtype (``--opt-level O1`` after O2, a CUDA fp16 run resumed in
+            # bf16 on a CPU): apex loads it, its state being only the loss scale. So here: a dynamic scaler takes
+            # the saved scale of a dynamic one; the O2 masters come from the model's weights, loaded beside this.
+            # (A run that uses no half dtype, O0, matches any dtype.)
+            saved = [state.get("loss_scaler") or {}, *state.get("extra_loss_scalers", [])]
+            for scaler, st in zip(self.scalers, saved):
+                if scaler.dynamic and st.get("dynamic", True) and "loss_scale" in st and "unskipped" in st:
+                    scaler.load_state_dict({k: st[k] for k in ("loss_scale", "unskipped", "overflows") if k in st})
+            return
         extra = state.get("extra_loss_scalers", [])
         if len(extra) != len(self.scalers) - 1:
             raise UsageError(f"amp state holds {len(extra) + 1} loss scaler(s) but this run has {len(self.scalers)}; "
@@ -552,19 +549,10 @@ def prepare(
                           num_losses=num_losses, autocast_scope=autocast_scope)
 
 
-def _has_stepped(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer`` holds state from a step. torch's Adagrad makes its state (``step`` 0, the accumulator)
-    when it is built, so state alone does not mean it has stepped; a ``step`` count of 0 in every entry does not."""
-    for st in optimizer.state.values():
-        step = st.get("step") if isinstance(st, dict) else None
-        if step is None or float(step) != 0:
-            return True
-    return False
-
-
 def _cast_state_like_params(optimizers: Sequence[torch.optim.Optimizer]) -> None:
-    """State made before the first step (Adagrad's accumulator) follows a parameter cast in place (O3): its
-    floating tensors take the parameter's dtype, as they would had the optimizer been built on the cast model."""
+    """State made before the first step (Adagrad's accumulator) or loaded from a checkpoint follows a parameter cast
+    in place (O3): its floating tensors take the parameter's dtype, as they would had the optimizer been built (or
+    its state loaded) on the cast model."""
     for opt in optimizers:
         for q, st in opt.state.items():
             if not isinstance(st, dict) or not isinstance(q, torch.Tensor):
