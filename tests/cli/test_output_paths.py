@@ -59,3 +59,53 @@ def test_output_that_is_a_folder_is_refused(tmp_path: Path) -> None:
     with contextlib.redirect_stderr(err):
         code = main(["demo", "--quick", "--report", str(tmp_path / "f")])
     assert code == 2 and "not a folder" in err.getvalue()
+
+
+def _same_path_cases(tmp: Path) -> list[tuple[list[str], str, str]]:
+    """(args, the file that must survive, the flag named in the error). Inputs exist, with content to compare."""
+    m, e, py, ck, cal, x = (str(tmp / n) for n in ("m.onnx", "m.engine", "net.py", "ck.pt", "calib.pt", "x.bin"))
+    return [
+        (["build", "--onnx", m, "--save-engine", m], m, "--save-engine"),
+        (["build", "--onnx", m, "--saveEngine", str(tmp / "." / "m.onnx")], m, "--save-engine"),
+        (["build", "--onnx", m, "--save-engine", e, "--json", m], m, "--json"),
+        (["build", "--onnx", m, "--save-engine", e, "--timing-cache", e], e, "--timing-cache"),
+        (["build", "--model", f"{py}:make", "--save-engine", py], py, "--save-engine"),
+        (["build", "--onnx", m, "--save-engine", cal, "--int8", "--calib", cal], cal, "--save-engine"),
+        (["exec", "--load-engine", e, "--export-times", e], e, "--export-times"),
+        (["exec", "--load-engine", e, "--json", e], e, "--json"),
+        (["exec", "--load-engine", e, "--load-inputs", f"input:{x}", "--export-output", x], x, "--export-output"),
+        (["compare", e, m, "--json", m], m, "--json"),
+        (["quantize", "--model", f"{py}:make", "--export", py], py, "--export"),
+        (["quantize", "--model", f"{py}:make", "--checkpoint", ck, "--save", ck], ck, "--save"),
+        (["quantize", "--calib-data", cal, "--export", cal], cal, "--export"),
+        (["sparsify", "--model", f"{py}:make", "--checkpoint", ck, "--out", ck], ck, "--out"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_same_path_cases(Path("t")))))
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path: Path, i: int) -> None:
+    """``build --onnx m.onnx --saveEngine m.onnx`` replaced the model with the engine and exited 0; the same for the
+    other verbs' outputs over their inputs (a model's .py source, a checkpoint, calibration data, an engine) and an
+    engine written over the timing cache. Now: one line naming both flags, exit 2, the file byte for byte as it was."""
+    for n in ("m.onnx", "m.engine", "net.py", "ck.pt", "calib.pt", "x.bin"):
+        (tmp_path / n).write_bytes(f"content of {n}".encode())
+    args, keep, flag = _same_path_cases(tmp_path)[i]
+    before = Path(keep).read_bytes()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(args)
+    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    assert code == 2, err.getvalue()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), lines
+    assert "give" in lines[0] and ("input" in lines[0] or "output" in lines[0])
+    assert Path(keep).read_bytes() == before
+
+
+def test_a_link_to_an_input_is_the_input(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"model")
+    (tmp_path / "link.onnx").symlink_to(tmp_path / "m.onnx")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["build", "--onnx", str(tmp_path / "m.onnx"), "--save-engine", str(tmp_path / "link.onnx")])
+    assert code == 2 and "is the --onnx input" in err.getvalue()
+    assert (tmp_path / "m.onnx").read_bytes() == b"model"

@@ -24,6 +24,25 @@ from typing import Any
 _UMASK: int | None = None
 
 
+def require_file(path: str | os.PathLike[str], what: str, hint: str = "") -> Path:
+    """``path`` as a Path if it is a file; else a :class:`UsageError` that says whether it is missing or a folder.
+
+    Example:
+        >>> require_file("/", "ONNX file")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: ONNX file '/' is a folder, not a file; give the file's path
+    """
+    from overdrive._utils.errors import UsageError
+
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise UsageError(f"{what} {str(path)!r} is a folder, not a file; give the file's path")
+    raise UsageError(f"{what} {str(path)!r} does not exist" + (f"; {hint}" if hint else ""))
+
+
 def _default_mode() -> int:
     global _UMASK
     if _UMASK is None:

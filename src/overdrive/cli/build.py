@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import (check_device, check_json_target, check_output, join_repeated, json_option,
-                                  progress_option, trtexec_noops, write_json)
+from overdrive.cli.common import (check_device, check_distinct, check_json_target, check_output, join_repeated,
+                                  json_option, progress_option, spec_file, trtexec_noops, write_json)
 
 
 @click.command("build")
@@ -106,6 +106,9 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     check_device("--device", device)
     check_output("--save-engine", save_engine)  # refuse now, not after the build
     check_output("--timing-cache", timing_cache)
+    check_distinct([("--save-engine", save_engine), ("--timing-cache", timing_cache), ("--json", json_path)],
+                   [("--onnx", onnx), ("--torchscript", torchscript), ("--exported", exported),
+                    ("--model", spec_file(model)), ("--checkpoint", checkpoint), ("--calib", calib)])
     from overdrive._utils.signing import signing_key
 
     signing_key(create=True)  # a bad OVERDRIVE_SIGNING_KEY fails now, not after the build

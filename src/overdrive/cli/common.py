@@ -143,6 +143,69 @@ def check_output(flag: str, target: str | None, folder: bool = False) -> None:
         raise UsageError(f"{flag} {target}: is a directory; give a file path such as {str(path / 'out')!r}")
 
 
+def spec_file(spec: str | None) -> str | None:
+    """The file a ``--model path/to/file.py:factory`` spec reads (None for a dotted module or no spec).
+
+    Example:
+        >>> spec_file("models/net.py:build"), spec_file("torchvision.models:resnet50")
+        ('models/net.py', None)
+    """
+    if not spec or ":" not in spec:
+        return None
+    where = spec.rsplit(":", 1)[0]
+    return where if where.endswith(".py") else None
+
+
+def input_files(spec: str | None) -> list[str]:
+    """The files of a ``--load-inputs`` value: one ``.pt`` / ``.npz`` file, or ``name:file,...`` raw files.
+
+    Example:
+        >>> input_files("x:x.bin,mask:m.bin"), input_files("batch.pt")
+        (['x.bin', 'm.bin'], ['batch.pt'])
+    """
+    if not spec:
+        return []
+    if Path(spec).suffix in (".pt", ".npz") or ":" not in spec:
+        return [spec]
+    return [e.split(":", 1)[1].strip().strip("'\"") for e in spec.split(",") if ":" in e]
+
+
+def check_distinct(outputs: list[tuple[str, str | None]], inputs: list[tuple[str, str | None]] = ()) -> None:
+    """Refuse, before any work, an output path that is one of the command's inputs (``--save-engine model.onnx``
+    beside ``--onnx model.onnx`` would replace the model) or another of its outputs (the engine written over the
+    timing cache). Paths compare after resolving links and ``..``, and as the same file where both exist (a hard
+    link). ``-`` (stdout) and unset paths are skipped.
+
+    Example:
+        >>> check_distinct([("--save-engine", "m.onnx")], [("--onnx", "./m.onnx")])
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --save-engine m.onnx is the --onnx input: writing it would replace that file; give the output another path
+    """
+    import os
+
+    from overdrive._utils.errors import UsageError
+
+    def same(a: str, b: str) -> bool:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one of them does not exist (yet)
+            return False
+
+    given = [(f, t) for f, t in outputs if t and t != "-"]
+    for i, (flag, target) in enumerate(given):
+        for iflag, src in inputs:
+            if src and src != "-" and same(target, src):
+                raise UsageError(f"{flag} {target} is the {iflag} input: writing it would replace that file; give "
+                                 "the output another path")
+        for oflag, other in given[:i]:
+            if same(target, other):
+                raise UsageError(f"{flag} {target} is also the {oflag} output: one would overwrite the other; give "
+                                 "each its own path")
+
+
 def check_device(flag: str, value: str | None) -> None:
     """Refuse a device name that is none (``--device gpu0``) before any work, naming the flag; whether the
     device is usable here is the library's check (its message says what to use instead).

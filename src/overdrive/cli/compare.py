@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, join_repeated, json_option, write_json
+from overdrive.cli.common import check_distinct, check_json_target, join_repeated, json_option, spec_file, write_json
 
 
 @click.command("compare")
@@ -36,6 +36,8 @@ def command(a: str, b: str, atol: float, rtol: float, seed: int, shapes: str | N
     from overdrive.engine import compare, format_compare, parse_shapes
 
     check_json_target(json_path)
+    check_distinct([("--json", json_path)], [("A", a), ("B", b), ("A", spec_file(a)), ("B", spec_file(b)),
+                                             ("--inputs", inputs_path)])
     report = compare(a, b, inputs=inputs_path, atol=atol, rtol=rtol, seed=seed, shapes=parse_shapes(shapes) or None)
     if json_path is not None:
         write_json(report, json_path)

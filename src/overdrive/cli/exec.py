@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import (check_device, check_json_target, check_output, join_repeated, json_option,
-                                  trtexec_noops, write_json)
+from overdrive.cli.common import (check_device, check_distinct, check_json_target, check_output, input_files,
+                                  join_repeated, json_option, trtexec_noops, write_json)
 
 
 @click.command("exec")
@@ -62,6 +62,9 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     check_output("--export-profile", export_profile)
     check_output("--export-output", export_output)
     check_load_inputs(load_inputs)
+    check_distinct([("--export-times", export_times), ("--export-profile", export_profile),
+                    ("--export-output", export_output), ("--json", json_path)],
+                   [("--load-engine", load_engine), *(("--load-inputs", f) for f in input_files(load_inputs))])
     try:
         pct = tuple(float(p) for p in percentile.split(",") if p.strip())
     except ValueError as exc:

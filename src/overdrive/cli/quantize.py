@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, console, json_option, progress_option, write_json
+from overdrive.cli.common import (check_distinct, check_json_target, check_output, console, json_option, progress_option,
+                                  spec_file, write_json)
 
 
 @click.command("quantize")
@@ -50,6 +51,8 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, config_nam
     check_json_target(json_path)
     check_output("--export", export_path)  # before the model is trained and calibrated
     check_output("--save", save_path)
+    check_distinct([("--export", export_path), ("--save", save_path), ("--json", json_path)],
+                   [("--model", spec_file(model_spec)), ("--checkpoint", checkpoint), ("--calib-data", calib_data)])
     from overdrive._utils.progress import status
     from overdrive.recipes.quantize import run_quantize
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_json_target, check_output, console, json_option, write_json
+from overdrive.cli.common import (check_distinct, check_json_target, check_output, console, json_option, spec_file,
+                                  write_json)
 
 
 @click.command("sparsify")
@@ -33,6 +34,8 @@ def command(model_spec: str, checkpoint: str | None, allow_untrained: bool, out:
     """
     check_json_target(json_path)
     check_output("--out", out)
+    check_distinct([("--out", out), ("--json", json_path)], [("--model", spec_file(model_spec)),
+                                                            ("--checkpoint", checkpoint)])
     from overdrive._utils.errors import UsageError
     from overdrive.sparsity import SparsityConfig as Config
     from overdrive.recipes.sparsify import sparsify_checkpoint

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.files import require_file
 from overdrive.distributed.config import LaunchConfig
 from overdrive.distributed import doctor
 
@@ -114,8 +115,8 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
         if not torch.cuda.is_available():  # torchrun would die with a traceback ("Cuda is not available.")
             raise UsageError("--nproc-per-node gpu starts one rank per GPU, but no CUDA GPU is visible here; give a "
                              "number of ranks instead (e.g. --nproc-per-node 2: CPU ranks on gloo)")
-    if not module and not Path(script).is_file():
-        raise UsageError(f"training script {script!r} does not exist")
+    if not module:
+        require_file(script, "training script")
     if timeout_s is not None and not timeout_s > 0:
         raise UsageError(f"launch timeout_s={timeout_s!r}: expected a positive number of seconds, or None for no limit")
     env = dict(os.environ if env is None else env)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.files import require_file
 from overdrive._utils.signing import ALGORITHM, SigningKey, sign, signing_key, verify
 
 MAGIC = b"ODENGINE"
@@ -231,9 +232,7 @@ def read(path: str | Path) -> EngineFile:
     Example:
         >>> # ef = read("model.engine"); ef.header["backend"]
     """
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"engine file {str(path)!r} does not exist; build one with `overdrive build --save-engine {path}`")
+    p = require_file(path, "engine file", f"build one with `overdrive build --save-engine {path}`")
     with open(p, "rb") as f:  # the 8-byte magic first: a large file that is no engine is refused unread
         head = f.read(_PRE.size)
         if len(head) >= len(MAGIC) and head[:len(MAGIC)] != MAGIC:

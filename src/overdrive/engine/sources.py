@@ -10,6 +10,7 @@ import pickle
 import re
 import threading
 import warnings
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive._utils.files import quiet_fds
+from overdrive._utils.files import quiet_fds, require_file
 from overdrive._utils.inputs import ByName as _ByName
 from overdrive._utils.inputs import is_token_model, takes_names
 from overdrive._utils.optional import require
@@ -333,8 +334,7 @@ def external_data_names(proto: Any) -> list[str]:
 def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
     onnx = require("onnx", "onnx", "building from ONNX")
     if isinstance(model, (str, Path)):
-        if not Path(model).is_file():
-            raise UsageError(f"ONNX file {str(model)!r} does not exist")
+        require_file(model, "ONNX file")
         data = Path(model).read_bytes()
     elif isinstance(model, (bytes, bytearray)):
         data = bytes(model)
@@ -438,8 +438,7 @@ def from_torchscript(path: str | Path, profiles: list[ShapeProfile], seed: int =
     attention_mask:..,input_ids:..`` binds by name), else in the order given; their dtypes come from
     :func:`torchscript_inputs` (token ids and gather indices int64, masks bool).
     """
-    if not Path(path).is_file():
-        raise UsageError(f"TorchScript file {str(path)!r} does not exist")
+    require_file(path, "TorchScript file")
     try:
         scripted = torch.jit.load(str(path), map_location="cpu").eval()
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError with the archive's C++ trace
@@ -524,9 +523,7 @@ def load_exported(f: str | Path | bytes, what: str = "exported program") -> Any:
             raise UsageError(f"{what}: it holds pickled objects other than tensors, which overdrive refuses to "
                              f"unpickle (they could run code): {detail[:200]}; export the model again with "
                              "torch.export.save, with tensor weights only") from exc
-        except (RuntimeError, ValueError, KeyError, EOFError, OSError) as exc:
-            import zipfile
-
+        except (RuntimeError, ValueError, KeyError, EOFError, OSError, zipfile.BadZipFile) as exc:
             if isinstance(exc, zipfile.BadZipFile) or "zip" in str(exc).lower() or "deserializ" in str(exc).lower():
                 raise UsageError(f"{what}: not a readable torch.export archive ({type(exc).__name__}: "
                                  f"{str(exc)[:200]}); save it again with torch.export.save") from exc
@@ -539,8 +536,7 @@ def load_exported(f: str | Path | bytes, what: str = "exported program") -> Any:
 
 
 def from_exported(path: str | Path) -> ModelSource:
-    if not Path(path).is_file():
-        raise UsageError(f"exported program {str(path)!r} does not exist")
+    require_file(path, "exported program")
     ep = load_exported(path, f"exported program {path}")
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     src = from_module(ep.module(), names)
