@@ -217,3 +217,51 @@ def test_a_constant_plus_a_symbolic_size_stays_symbolic() -> None:
         x = torch.randn(*shape)
         want = x + sum(range(shape[1] + 1))  # 0 + 1 + ... + t
         torch.testing.assert_close(ep.module()(x), want)
+
+
+def _mask_cast_graph() -> tuple[bytes, dict[str, np.ndarray]]:
+    """Hugging Face BERT's ONNX pattern: the int64 mask ``Cast(to=FLOAT)`` and turned into an additive bias on the
+    attention scores, softmax, ``p @ v``; then the hidden state ``Cast(to=FLOAT)`` into a LayerNorm (statistics in
+    fp32, as T5/Llama exports do) and a projection."""
+    rng = np.random.default_rng(0)
+    w = {"wq": (rng.standard_normal((16, 16)) * 0.3).astype(np.float32),
+         "wv": (rng.standard_normal((16, 16)) * 0.3).astype(np.float32),
+         "wo": (rng.standard_normal((16, 8)) * 0.3).astype(np.float32),
+         "ln_w": rng.standard_normal(16).astype(np.float32), "ln_b": rng.standard_normal(16).astype(np.float32),
+         "one": np.array(1.0, np.float32), "neg": np.array(-1e4, np.float32), "ax": np.array([1], np.int64)}
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wv"], ["v"]),
+        n("Transpose", ["q"], ["qt"], perm=[0, 2, 1]), n("MatMul", ["q", "qt"], ["s"]),
+        n("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT), n("Sub", ["one", "mf"], ["inv"]),
+        n("Mul", ["inv", "neg"], ["bias0"]), n("Unsqueeze", ["bias0", "ax"], ["bias"]),
+        n("Add", ["s", "bias"], ["s2"]), n("Softmax", ["s2"], ["p"], axis=-1),
+        n("MatMul", ["p", "v"], ["o"]),
+        n("Cast", ["o"], ["o32"], to=TensorProto.FLOAT),
+        n("LayerNormalization", ["o32", "ln_w", "ln_b"], ["h"], axis=-1, epsilon=1e-5),
+        n("MatMul", ["h", "wo"], ["y"]),
+    ]
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", 16]),
+           helper.make_tensor_value_info("mask", TensorProto.INT64, ["B", "T"])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", 8])]
+    return _model(nodes, ins, outs, w), w
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_build_keeps_the_graphs_fp32_casts_and_runs(dtype: torch.dtype) -> None:
+    """A half build casts the model's weights and inputs, but the graph's own Cast(to=FLOAT) (the mask, a norm's
+    input) made fp32 activations meet fp16 operands: ``overdrive build --onnx bert.onnx --fp16`` (a Hugging Face
+    BERT export) failed in the importer with "expected scalar type float but found Half" at the ``p @ v`` MatMul.
+    Now products run in the half dtype and norms in their input's dtype. Reference: the same graph in fp32 (the
+    importer is checked against PyTorch above); tolerance the half dtype's rounding over three products."""
+    model, _ = _mask_cast_graph()
+    ref_mod = import_onnx(model)
+    mod = import_onnx(model).to(dtype)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 16, generator=g)
+    mask = torch.ones(2, 6, dtype=torch.int64)
+    mask[1, 4:] = 0
+    ref = ref_mod(x, mask)
+    got = mod(x.to(dtype), mask)
+    tol = 2e-2 if dtype == torch.float16 else 8e-2
+    torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx.values import (_DTYPES, _NP, Op, OpModule, Value, _as_value, _floats, _host, _ints,
-                                          _like, _tensor)
+from overdrive.engine.onnx.values import (_DTYPES, _NP, Op, OpModule, Value, _as_value, _floats, _gemm_dtype, _host,
+                                          _ints, _like, _tensor)
 
 
 def _binary(np_fn: Callable, t_fn: Callable) -> Callable:
@@ -99,6 +99,7 @@ def _pads2d(a: dict, n: int) -> tuple[list[int], list[int] | None]:
 def _conv(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x, w = _tensor(ins[0]), _tensor(ins[1], ins[0])
     b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    x, w, b = _gemm_dtype(x, w, b)
     n = w.dim() - 2
     pad, fpad = _pads2d(a, n)
     if fpad:
@@ -130,12 +131,12 @@ def _pool(kind: str) -> Callable:
 
 
 def _gemm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
-    x, w = _tensor(ins[0]), _tensor(ins[1], ins[0])
+    x, w = _gemm_dtype(_tensor(ins[0]), _tensor(ins[1], ins[0]))
     x = x.t() if a.get("transA", 0) else x
     w = w.t() if a.get("transB", 0) else w
     y = float(a.get("alpha", 1.0)) * (x @ w)
     if len(ins) > 2 and ins[2] is not None:
-        y = y + float(a.get("beta", 1.0)) * _tensor(ins[2], x)
+        y = y + float(a.get("beta", 1.0)) * _tensor(ins[2], x).to(y.dtype)
     return [y]
 
 
@@ -245,18 +246,25 @@ def _split(m: OpModule, ins: list[Value], a: dict, n_out: int) -> list[Value]:
     return list(torch.split(x, sizes, dim=axis))
 
 
+def _follow(v: Value, x: torch.Tensor) -> torch.Tensor:
+    """A norm's scale, bias or statistics in its input's dtype: in a half build an input the graph casts to fp32
+    (statistics the model computes in fp32) meets fp16 weights, and the norm then runs in fp32, as the model asks."""
+    t = _tensor(v, x)
+    return t.to(x.dtype) if t.is_floating_point() and x.is_floating_point() and t.dtype != x.dtype else t
+
+
 def _layernorm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x = _tensor(ins[0])
     axis = int(a.get("axis", -1)) % x.dim()
     shape = list(x.shape[axis:])
-    w = _tensor(ins[1], x)
-    b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    w = _follow(ins[1], x)
+    b = _follow(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
     return [F.layer_norm(x, shape, w, b, float(a.get("epsilon", 1e-5)))]
 
 
 def _batchnorm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x = _tensor(ins[0])
-    w, b, mean, var = (_tensor(v, x) for v in ins[1:5])
+    w, b, mean, var = (_follow(v, x) for v in ins[1:5])
     return [F.batch_norm(x, mean, var, w, b, False, 0.0, float(a.get("epsilon", 1e-5)))]
 
 
@@ -404,7 +412,7 @@ def _gather_nd(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 
 def _instance_norm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x = _tensor(ins[0])
-    w, b = _tensor(ins[1], x), _tensor(ins[2], x)
+    w, b = _follow(ins[1], x), _follow(ins[2], x)
     return [F.instance_norm(x, weight=w, bias=b, eps=float(a.get("epsilon", 1e-5)))]
 
 
@@ -412,7 +420,7 @@ def _group_norm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     """GroupNormalization: opsets 18-20 give scale and bias per group, 21 on per channel."""
     x = _tensor(ins[0])
     g = int(a["num_groups"])
-    w, b = _tensor(ins[1], x), _tensor(ins[2], x)
+    w, b = _follow(ins[1], x), _follow(ins[2], x)
     if w.numel() == g and x.shape[1] != g:  # per group: each group's value for its C/G channels
         w, b = w.repeat_interleave(x.shape[1] // g), b.repeat_interleave(x.shape[1] // g)
     return [F.group_norm(x, g, w, b, float(a.get("epsilon", 1e-5)))]
@@ -423,6 +431,7 @@ def _conv_transpose(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     uneven pads run with zero padding and are cropped after."""
     x, w = _tensor(ins[0]), _tensor(ins[1], ins[0])
     b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
+    x, w, b = _gemm_dtype(x, w, b)
     n = w.dim() - 2
     if "output_shape" in a or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
         raise UsageError("ConvTranspose with output_shape or auto_pad SAME is not supported by the ONNX importer; "
@@ -548,7 +557,7 @@ OPS: dict[str, Op] = {
     "CumSum": _cumsum, "GatherElements": _gather_elements, "GatherND": _gather_nd, "Trilu": _trilu, "Tile": _tile,
     "ConvTranspose": _conv_transpose, "Resize": _resize,
     "InstanceNormalization": _instance_norm, "GroupNormalization": _group_norm,
-    "MatMul": lambda m, ins, a: [torch.matmul(_tensor(ins[0]), _tensor(ins[1], _like(ins)))],
+    "MatMul": lambda m, ins, a: [torch.matmul(*_gemm_dtype(_tensor(ins[0]), _tensor(ins[1], _like(ins))))],
     "Gemm": _gemm, "Conv": _conv, "BatchNormalization": _batchnorm, "LayerNormalization": _layernorm,
     "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "GlobalAveragePool": lambda m, ins, a: [_tensor(ins[0]).mean(dim=tuple(range(2, ins[0].dim())), keepdim=True)],

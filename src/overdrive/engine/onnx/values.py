@@ -92,6 +92,24 @@ def _like(vals: list[Value]) -> torch.Tensor | None:
     return next((v for v in vals if isinstance(v, torch.Tensor)), None)
 
 
+def _gemm_dtype(*ts: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """The operands of a matrix product (MatMul, Gemm, Conv) in one float dtype. A half build casts the model's
+    weights and inputs to fp16/bf16 but keeps the graph's own ``Cast(to=FLOAT)`` (a mask or a softmax the model
+    computes in fp32), so an fp32 activation can meet an fp16 operand there: the product runs in the half dtype, as
+    a TensorRT fp16 engine runs its GEMMs, and as autocast does. A graph that mixes no dtypes is left as it is.
+
+    Example:
+        >>> [t.dtype for t in _gemm_dtype(torch.ones(2, 2), torch.ones(2, 2, dtype=torch.float16))]
+        [torch.float16, torch.float16]
+    """
+    floats = {t.dtype for t in ts if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(floats) < 2:
+        return list(ts)
+    half = [d for d in (torch.float16, torch.bfloat16) if d in floats]
+    to = half[0] if half else max(floats, key=lambda d: torch.finfo(d).bits)
+    return [t.to(to) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ts]
+
+
 def _host_scalar(v: Value) -> float | None:
     """A one-element host constant (a Q/DQ scale or zero point stored as an initializer) as a Python float,
     so the traced graph holds a scalar literal: Inductor fails to lower a reshape of a 0-d tensor constant."""
