@@ -407,3 +407,20 @@ def test_missing_functions_name_the_alternative(name):
     with pytest.raises(AttributeError, match="quant\\."):
         getattr(mtq, name)
     assert not hasattr(mtq, name)
+
+
+def test_modelopt_utils_export_torch_mode_and_is_quantized() -> None:
+    """``from modelopt.torch.quantization.utils import export_torch_mode, is_quantized`` (Torch-TensorRT's PTQ
+    examples) raised ModuleNotFoundError. The exported program computes what the quantized model computes."""
+    import overdrive.quant.modelopt as mtq_
+    from overdrive.quant.modelopt.utils import export_torch_mode, is_quantized, is_quantized_layer_with_weight
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    model = mtq_.quantize(model, mtq_.INT8_DEFAULT_CFG, lambda m: m(torch.randn(32, 8)))
+    x = torch.randn(5, 8)
+    with export_torch_mode():
+        ep = torch.export.export(model, (x,))
+    torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
+    assert is_quantized(model) and not is_quantized(torch.nn.Linear(2, 2))
+    assert is_quantized_layer_with_weight(model[0]) and not is_quantized_layer_with_weight(model[1])

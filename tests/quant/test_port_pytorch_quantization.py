@@ -510,3 +510,52 @@ def test_conv_transpose_1d_3d(dims):
     assert type(built) is cls
     with pytest.raises(UsageError, match="groups=2"):
         cls(4, 4, 3, groups=2)
+
+
+def test_an_uncalibrated_layer_quantizes_with_the_tensors_own_max() -> None:
+    """The docs' "quantizing by hand": ``QuantLinear(16, 32)(x)`` with no calibration raised "is not calibrated";
+    pytorch-quantization takes amax from the tensor it quantizes (per tensor for the input, per output row for the
+    weight). Reference: that rule written out."""
+    torch.manual_seed(0)
+    fc = quant_nn.QuantLinear(16, 32)
+    x = torch.randn(4, 16) * 3
+    w_amax = fc.weight.detach().abs().amax(dim=1, keepdim=True)
+    ref = torch.nn.functional.linear(_fake_int8(x, x.abs().max()), _fake_int8(fc.weight.detach(), w_amax), fc.bias)
+    torch.testing.assert_close(fc(x), ref, atol=1e-5, rtol=1e-5)
+    assert fc._input_quantizer.amax is None  # nothing stored: the next tensor uses its own max
+    fc._input_quantizer.set_amax(torch.tensor(1.0))  # a calibrated quantizer clips at its amax, as before
+    assert float(fc(x).sub(ref).abs().max()) > 0.1
+
+
+def test_load_calib_amax_strict_false_skips_a_quantizer_that_saw_no_data() -> None:
+    """YOLOv7's QAT recipe calls ``module.load_calib_amax(strict=False)`` (TypeError before); a quantizer whose layer
+    the calibration never ran warns and keeps its amax with strict=False, and raises with strict=True."""
+    q = quant_nn.TensorQuantizer(QuantDescriptor(calib_method="histogram"))
+    q.disable_quant()
+    q.enable_calib()
+    with pytest.warns(RuntimeWarning, match="saw no data"):
+        q.load_calib_amax(strict=False)
+    assert q.amax is None
+    with pytest.raises(UsageError, match="saw no data"):
+        q.load_calib_amax()
+    q(torch.randn(64) * 2)
+    q.load_calib_amax("percentile", percentile=99.9, strict=False)
+    assert q.amax is not None and 0 < float(q.amax) <= float(q.calibrator.compute_amax("max"))
+    with pytest.raises(UsageError, match="unexpected keyword"):
+        q.load_calib_amax(method="max", nonsense=1)
+
+
+def test_assigning_a_layers_input_quantizer_shares_it() -> None:
+    """YOLOv7's rules: ``b._input_quantizer = a._input_quantizer`` (one scale for a concat's inputs). The assignment
+    went to a third module the layer never ran, silently. Now both layers run the one quantizer."""
+    a, b = quant_nn.QuantConv2d(3, 4, 3), quant_nn.QuantConv2d(3, 4, 3)
+    b._input_quantizer = a._input_quantizer
+    assert b._input_quantizer is a._input_quantizer and b.input_quantizer is a.input_quantizer
+    assert [n for n, _ in b.named_children()] == ["input_quantizer", "weight_quantizer"]
+    a._input_quantizer.set_amax(torch.tensor(0.5))
+    x = torch.randn(1, 3, 6, 6)
+    ref = torch.nn.functional.conv2d(_fake_int8(x, torch.tensor(0.5)), b._weight_quantizer(b.weight), b.bias)
+    torch.testing.assert_close(b(x), ref, atol=1e-5, rtol=1e-5)
+    pool = quant_nn.QuantMaxPool2d(2)
+    pool._input_quantizer = a._input_quantizer
+    assert pool.input_quantizer is a._input_quantizer

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import nn
@@ -186,15 +187,33 @@ class TensorQuantizer(nn.Module):
                 "gives them about 2 steps with any calibrator; remove the outliers from the calibration data, or "
                 "keep this layer in float (quant.partial_quantize / disable the quantizer)", RuntimeWarning, stacklevel=4)
 
-    def load_calib_amax(self, method: str = "max", percentile: float | None = None) -> None:
-        """Set amax from the stored calibration statistics with ``method`` (no data rerun)."""
+    def load_calib_amax(self, method: str = "max", percentile: float | None = None, *, strict: bool = True,
+                        **kwargs: Any) -> None:
+        """Set amax from the stored calibration statistics with ``method`` (no data rerun).
+
+        ``strict=False`` (pytorch-quantization's keyword, as YOLOv7's QAT recipe passes it): a quantizer whose
+        calibrator saw no data (a layer the calibration never ran) warns and keeps its amax instead of raising.
+        Other keywords of pytorch-quantization's ``compute_amax`` (``stride``, ``start_bin``) are accepted; this
+        package's entropy search has its own resolution.
+        """
         if self.dynamic:
             return  # no amax: scales come from each input
         if self.calibrator is None:
             raise UsageError(f"quantizer {self.name or '?'} has no calibration statistics; run quantize(...) with a forward_loop")
+        unknown = set(kwargs) - {"stride", "start_bin"}
+        if unknown:
+            raise UsageError(f"load_calib_amax got unexpected keyword(s) {sorted(unknown)}; it takes method, "
+                             "percentile and strict")
         if isinstance(self.calibrator, MaxCalibrator) and method != "max":
             method = "max"  # weights and per-channel quantizers are max-calibrated by design
-        amax = self.calibrator.compute_amax(method, percentile)
+        try:
+            amax = self.calibrator.compute_amax(method, percentile)
+        except UsageError as exc:
+            if strict or "saw no data" not in str(exc):
+                raise
+            warnings.warn(f"quantizer {self.name or '?'}: {exc}; amax left as it was (strict=False)", RuntimeWarning,
+                          stacklevel=2)
+            return
         device = self.amax.device if self.amax is not None else getattr(self, "_calib_device", amax.device)
         self.amax = amax.float().to(device)  # on the data's device: no copy per forward, CUDA-graph safe
 
@@ -334,7 +353,7 @@ class TensorQuantizer(nn.Module):
         out = self._fake_quant(x if x.dtype == torch.float32 else x.float(), scale)
         return out if out.dtype == x.dtype else out.to(x.dtype)  # (no Cast nodes in fp32 ONNX graphs)
 
-    def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
         if torch.onnx.is_in_onnx_export() and torch.compiler.is_exporting():
             return self._export_qdq(xf, scale)
         if self.config.format == "fp8_e4m3":
@@ -356,7 +375,7 @@ class TensorQuantizer(nn.Module):
             # which Inductor fuses into the neighbouring kernels.
             s = scale if self.axis is None else scale.view([-1 if d == self.axis else 1 for d in range(xf.dim())])
             return torch.clamp(torch.round(xf * (1.0 / s)), qmin, 127) * s
-        amax = self.amax.float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
+        amax = (self.amax if amax is None else amax).float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
         return _FakeInt8.apply(xf, scale, amax, self.axis, qmin)
 
     def _dynamic_fake_quant(self, x: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,21 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
         if if_calib:
             self.enable_calib()
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """As overdrive.quant's quantizer; one with no amax (never calibrated: a layer built by hand, a weight
+        quantizer the calibration loop skipped) quantizes with the current tensor's own max, per tensor or per
+        channel along its axis, as pytorch-quantization's ``TensorQuantizer`` does, instead of raising."""
+        if (self.amax is not None or not self.enabled or self.calibrating or not self.quant_enabled or self.dynamic):
+            return super().forward(x)
+        x = self.apply_pre_quant_scale(x)
+        xf = x.float()
+        ax = self.__dict__.get("_channel_axis")  # the per-channel axis (see ``axis``), None per tensor
+        dims = [d for d in range(xf.dim()) if d != ax] if ax is not None else list(range(xf.dim()))
+        amax = xf.detach().abs().amax(dim=dims) if dims else xf.detach().abs()
+        scale = amax.clamp_min(_quantizer._TINY_AMAX) / self.config.bound
+        out = self._fake_quant(xf, scale, amax)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
+
     @property  # type: ignore[override]
     def axis(self) -> int | None:
         """The per-channel axis as pytorch-quantization gives it back: equal to ``(0,)`` (the descriptor's
@@ -82,6 +97,9 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
                 raise UsageError(f"axis={value!r}: one per-channel axis at most, e.g. (0,)")
             value = value[0]
         self.__dict__["_channel_axis"] = None if value is None else int(value)
+
+
+_ALIASES = {"_input_quantizer": "input_quantizer", "_weight_quantizer": "weight_quantizer"}
 
 
 class _QuantDescLayer:
@@ -134,6 +152,11 @@ class _QuantDescLayer:
         if not isinstance(value, QuantDescriptor):
             raise UsageError(f"expected a QuantDescriptor, got {type(value).__name__}")
         cls.default_quant_desc_weight = value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # ``layer._input_quantizer = other._input_quantizer`` (YOLOv7's QAT rules share one quantizer between the
+        # inputs of a concat) sets the quantizer the layer runs, not a third module beside it
+        super().__setattr__(_ALIASES.get(name, name), value)
 
     @property
     def _input_quantizer(self) -> _quantizer.TensorQuantizer:
@@ -206,6 +229,9 @@ class _QuantInputLayer:
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._float_class.forward(self, self.input_quantizer(input))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(_ALIASES.get(name, name), value)  # as _QuantDescLayer's
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
         _modules.rename_legacy_quantizer_keys(state_dict, prefix)
