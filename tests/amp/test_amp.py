@@ -38,8 +38,23 @@ def test_param_and_buffer_dtypes_per_level(net: Net, level: str) -> None:
     assert model.bn.weight.dtype == want_norm and model.bn.running_mean.dtype == want_norm
     assert model.ln.weight.dtype == want_norm
     out = model(batch()[0])
-    # O2/O3 hand back float outputs (apex); O1's outputs are what autocast makes of the last op
-    assert out.dtype == (torch.bfloat16 if level == "O1" else torch.float32)
+    # O2/O3 hand back float outputs (apex); O1's would be what autocast makes of the last op, but in bfloat16
+    # (which numpy cannot hold) they come back in float32
+    assert out.dtype == torch.float32
+
+
+def test_o1_bf16_outputs_reach_numpy(net: Net) -> None:
+    """Hugging Face's run_glue evaluation with --fp16: ``logits.detach().cpu().numpy()``. apex's O1 gave fp16 logits;
+    O1 in bfloat16 (the CPU's default) gave bf16 ones and numpy raised "Got unsupported ScalarType BFloat16".
+    The last layer still computed in bf16; an explicit cast_model_outputs is honoured."""
+    seen = {}
+    net.fc.register_forward_hook(lambda m, i, o: seen.update(dtype=o.dtype))
+    model, _ = amp.initialize(net, torch.optim.SGD(net.parameters(), lr=0.1), opt_level="O1", dtype=torch.bfloat16)
+    assert model(batch()[0]).detach().numpy().dtype.name == "float32" and seen["dtype"] == torch.bfloat16
+    other = Net()
+    other, _ = amp.initialize(other, torch.optim.SGD(other.parameters(), lr=0.1), opt_level="O1",
+                              dtype=torch.bfloat16, cast_model_outputs=torch.bfloat16)
+    assert other(batch()[0]).dtype == torch.bfloat16
 
 
 def test_o1_forward_runs_under_autocast(net: Net) -> None:
@@ -279,7 +294,8 @@ def test_o1_apex_hooks_work_under_torch_compile() -> None:
     x = torch.randn(4, 8)
     eager = m(x)
     out = torch.compile(m)(x)
-    assert out.dtype == torch.bfloat16  # ran under autocast
+    # ran under autocast: bf16 values, handed back in float32 (numpy has no bfloat16)
+    assert out.dtype == torch.float32 and torch.equal(out, out.bfloat16().float())
     torch.testing.assert_close(out, eager)
     # the apex surface keeps O1's autocast on for the training step, while its outputs are alive
     assert torch.is_autocast_enabled("cpu")

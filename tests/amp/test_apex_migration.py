@@ -33,7 +33,8 @@ def test_patch_torch_functions_is_accepted_at_its_opt_level() -> None:
     m = nn.Linear(4, 2)
     # apex's positional order: ..., cast_model_type, patch_torch_functions, keep_batchnorm_fp32, ...
     m, o = amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), True, "O1", None, True, dtype=BF16)
-    assert m(torch.ones(1, 4)).dtype == BF16  # O1's autocast
+    out = m(torch.ones(1, 4))  # O1's autocast: bf16 values, handed back in float32 (numpy has no bfloat16)
+    assert out.dtype == torch.float32 and torch.equal(out, out.to(BF16).float())
     m2 = nn.Linear(4, 2)
     amp.initialize(m2, torch.optim.SGD(m2.parameters(), lr=0.1), opt_level="O2", patch_torch_functions=False,
                    dtype=BF16)

@@ -138,6 +138,10 @@ def test_apex_optimizer_and_ddp_classes_support_isinstance_and_subclassing() -> 
 
     opt = FusedAdamV2(_model().parameters(), lr=1e-3)
     assert isinstance(opt, FusedAdam) and FromSubmodule is FusedAdam
+    from overdrive.apex.parallel import DistributedDataParallel as ApexDDP
+    from overdrive.apex.parallel.distributed import DistributedDataParallel as FromDistributed
+
+    assert issubclass(ApexDDP, nn.parallel.DistributedDataParallel) and FromDistributed is ApexDDP
     assert isinstance(FusedSGD(_model().parameters(), lr=0.1), (FusedSGD, torch.optim.SGD))
 
 
@@ -200,6 +204,43 @@ def test_distributed_data_parallel_accepts_apex_kwargs(tmp_path) -> None:  # noq
             DistributedDataParallel(_model(), gradient_average=False)
     finally:
         dist.destroy_process_group()
+
+
+def _apex_ddp_worker(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from overdrive.apex.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4).to(torch.bfloat16)
+        ddp = DistributedDataParallel(model, allreduce_always_fp32=True, delay_allreduce=True)
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(rank)).bfloat16()
+        ddp.disable_allreduce()  # accumulation steps: no communication
+        ddp(x).float().square().mean().backward()
+        local = [q.grad.clone() for q in model.parameters()]
+        ddp.enable_allreduce()
+        model.zero_grad()
+        ddp(x).float().square().mean().backward()
+        torch.save({"local": local, "reduced": [q.grad.clone() for q in model.parameters()]}, f"{out}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_apex_ddp_fp32_allreduce_and_disable_allreduce_on_two_ranks(tmp_path) -> None:  # noqa: ANN001
+    """``DDP(model, allreduce_always_fp32=True)`` was refused, and ``model.disable_allreduce()`` (DeepLearningExamples'
+    fairseq trainer, during accumulation) raised AttributeError. Two gloo ranks, bf16 parameters: with allreduce
+    disabled each rank keeps its own gradient; enabled, both hold the fp32 average of the two rounded once to bf16
+    (tolerance 0: halving and adding two bf16 values is exact in fp32)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_apex_ddp_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
+    assert not torch.equal(r0["local"][0], r1["local"][0])
+    for a, b, g0, g1 in zip(r0["local"], r1["local"], r0["reduced"], r1["reduced"]):
+        want = (a.float() / 2 + b.float() / 2).to(torch.bfloat16)
+        assert g0.dtype == torch.bfloat16 and torch.equal(g0, want) and torch.equal(g1, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

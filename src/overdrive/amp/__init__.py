@@ -14,8 +14,8 @@ fp8 on a Hopper/Ada GPU (the large Linear layers; needs the ``fp8`` extra, torch
     >>> print(amp.summary(model).to_markdown())  # doctest: +SKIP
 """
 
-from overdrive.amp.apex import (_amp_state, initialize, load_state_dict, master_params, mixed_precision_of, scale_loss,
-                                state_dict)
+from overdrive.amp.apex import (_amp_state, disable_casts, initialize, load_state_dict, master_params,
+                                mixed_precision_of, scale_loss, state_dict)
 from overdrive.amp.casting import NORM_TYPES, param_dtypes
 from overdrive.amp.config import FP8_RECIPES, OPT_LEVELS, Fp8, Policy
 from overdrive.amp.core import MixedPrecision, prepare
@@ -30,7 +30,7 @@ __all__ = [
     # fp8 training of the large Linear layers
     "Fp8", "FP8_RECIPES", "summary", "LayerChoice",
     # apex-compatible
-    "initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "mixed_precision_of",
+    "initialize", "scale_loss", "master_params", "state_dict", "load_state_dict", "mixed_precision_of", "disable_casts",
     "half_function", "float_function", "promote_function",
     "register_half_function", "register_float_function", "register_promote_function",
     # helpers

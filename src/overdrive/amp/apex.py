@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive.amp import casting
 from overdrive.amp.apex_state import AmpStash, AmpState, overflow_record
 from overdrive.amp.config import Fp8, Policy
 from overdrive.amp.core import MixedPrecision, prepare
@@ -121,6 +122,13 @@ def initialize(
         for h in delayed_checks:
             h.remove()
         raise
+    if cast_model_outputs is None and mp.policy.autocast and mp.policy.dtype == torch.bfloat16:
+        # apex's O1 hands back the model's fp16 outputs, which scripts read with .numpy() (Hugging Face's run_glue
+        # evaluation); numpy has no bfloat16, so O1 in bfloat16 (the CPU's default) returns them in float32, as
+        # cast_model_outputs=torch.float32 would
+        # (first among the forward hooks: O1's autocast region then follows the outputs the caller gets)
+        for model in mp.models:
+            mp._hooks.append(model.register_forward_hook(casting.CastHook(torch.float32, "outputs"), prepend=True))
     for opt in opt_list:
         _by_optimizer[opt] = weakref.ref(mp)
         _disabled.discard(opt)
@@ -130,6 +138,23 @@ def initialize(
         opt._lazy_init_maybe_master_weights = _masters_made_at_initialize  # type: ignore[attr-defined]
     _in_order.append(weakref.ref(mp))
     return models if optimizers is None else (models, optimizers)
+
+
+@contextlib.contextmanager
+def disable_casts() -> Iterator[None]:
+    """apex's ``amp.disable_casts()``: the code inside runs without O1's casts (fp32 where the model is fp32), as
+    DeepLearningExamples' Jasper featurizer and fp32 evaluation code use it.
+
+    Example:
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16), disable_casts():
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.float32
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield
 
 
 def _check_delayed_overflow(optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
