@@ -202,8 +202,6 @@ def test_registered_and_decorated_functions_run_in_their_precision() -> None:
     fused_ops.scaled_softmax = lambda x, scale: torch.softmax(x * scale, dim=-1)
     amp.register_float_function(fused_ops, "scaled_softmax")
     amp.register_half_function(torch, "bmm")  # torch.autocast runs bmm in half already: accepted
-    with pytest.raises(UsageError, match=r"does not patch torch.*amp.float_function\(torch.sigmoid\)"):
-        amp.register_float_function(torch, "sigmoid")
 
     @amp.half_function
     def project(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -238,3 +236,39 @@ def test_registered_and_decorated_functions_run_in_their_precision() -> None:
     # bf16 matmul against the fp32 one: bf16's 8 significant bits (rtol 2e-2, atol 5e-2)
     torch.testing.assert_close(proj.float(), h16.float() @ head.w, rtol=2e-2, atol=5e-2)
     assert fused_ops.scaled_softmax(h16, 0.5).dtype == BF16  # outside autocast: the function as it was
+
+
+def test_register_float_function_on_torch_runs_it_in_fp32_under_o1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``amp.register_float_function(torch, "sigmoid")`` before O1 (classifier and detection repos, into BCELoss) was
+    refused, since overdrive never patches torch. O1's region now casts the registered function's calls through a
+    TorchFunctionMode. Reference: the same sigmoid in fp32 on the bf16 activations (exact); outside O1, and for
+    ``Tensor.sigmoid`` (not the registered object, as under apex), nothing changes."""
+    from overdrive.amp import functions
+
+    monkeypatch.setattr(functions, "TORCH_REGISTERED", {})
+    seen: dict[str, torch.dtype] = {}
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = self.fc(x)
+            p = torch.sigmoid(h)
+            seen.update(h=h.dtype, p=p.dtype, method=h.sigmoid().dtype)
+            return p, h
+
+    amp.register_float_function(torch, "sigmoid")
+    torch.manual_seed(0)
+    head = Head()
+    head, opt = amp.initialize(head, torch.optim.SGD(head.parameters(), lr=0.1), opt_level="O1", dtype=BF16)
+    x = torch.randn(4, 8)
+    p, h = head(x)
+    assert seen == {"h": BF16, "p": torch.float32, "method": BF16}
+    torch.testing.assert_close(p, torch.sigmoid(h.to(BF16).float()), rtol=0, atol=0)
+    with amp.scale_loss(nn.functional.binary_cross_entropy(p, torch.ones_like(p)), opt) as scaled:
+        scaled.backward()  # the mode left with the region: backward and the step run outside it
+    opt.step()
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.sigmoid(torch.ones(2, dtype=BF16)).dtype == BF16  # outside O1's region: torch as it is

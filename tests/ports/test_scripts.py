@@ -103,6 +103,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 @pytest.fixture
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fresh working directory and argv, and the process-wide state a script may change, restored after."""
+    from overdrive.amp import functions as amp_functions
     from overdrive.quant.pytorch_quantization import nn as quant_nn
     from overdrive.quant.pytorch_quantization import quant_modules
 
@@ -110,11 +111,14 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     defaults = {c: (c.__dict__.get("default_quant_desc_input"), c.__dict__.get("default_quant_desc_weight"))
                 for c in layer_classes}
     environ = dict(os.environ)
+    registered = dict(amp_functions.TORCH_REGISTERED)  # amp.register_*_function(torch, ...) lasts for the process
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", [])
     gc.collect()  # the previous script's models, optimizers and their amp/ASP entries
     yield
     quant_modules.deactivate()
+    amp_functions.TORCH_REGISTERED.clear()
+    amp_functions.TORCH_REGISTERED.update(registered)
     for c, (din, dw) in defaults.items():
         for attr, value in (("default_quant_desc_input", din), ("default_quant_desc_weight", dw)):
             if value is None:

@@ -146,7 +146,7 @@ class AutocastRegion:
         if scope not in ("forward", "step"):
             raise UsageError(f"autocast scope {scope!r} is not 'forward' or 'step'")
         self.device_type, self.dtype, self.scope = device_type, dtype, scope
-        self._open: list[torch.autocast] = []
+        self._open: list[Any] = []  # torch.autocast, then the registered-casts mode if any (left in reverse)
         self._depth = 0  # forwards in flight
         self._outputs = 0  # outputs of this step's training forwards still alive
         self._generation = 0  # bumped by close(): finalizers of outputs from an earlier step do nothing
@@ -166,6 +166,12 @@ class AutocastRegion:
             ctx = torch.autocast(device_type=self.device_type, dtype=self.dtype)
             ctx.__enter__()
             self._open.append(ctx)
+            from overdrive.amp import functions  # (functions imports this module)
+
+            if functions.TORCH_REGISTERED:  # register_float_function(torch, "sigmoid") and the like
+                mode = functions.RegisteredCasts()
+                mode.__enter__()
+                self._open.append(mode)
         self._depth += 1
 
     @torch._dynamo.disable

@@ -7,8 +7,9 @@ function unchanged. The wrapped function runs with autocast off, on arguments ca
 ``torch.amp.custom_fwd(cast_inputs=...)`` treats a custom autograd function.
 
 torch's own functions are never patched (the style rule apex broke on): torch.autocast already runs the
-matmul and convolution family in half, so ``register_half_function(torch, "bmm")`` and the like are accepted
-as they are; any other registration on a torch namespace is refused with the one-line alternative.
+matmul and convolution family in half, so ``register_half_function(torch, "bmm")`` and the like change nothing;
+any other registration on a torch namespace (``register_float_function(torch, "sigmoid")``) is applied by
+:class:`RegisteredCasts`, a TorchFunctionMode that O1's autocast region enters while it is open.
 
 Example:
     >>> @float_function
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from overdrive._utils.errors import UsageError
@@ -38,6 +40,8 @@ AUTOCAST_HALF = frozenset({
     "tensordot",
 })
 _HOW = ("half", "float", "promote")
+# torch functions registered with register_*_function(torch, name) -> how; cast by RegisteredCasts in O1's region
+TORCH_REGISTERED: dict[Callable[..., Any], str] = {}
 
 
 def _device_type(args: Any, kwargs: Any) -> str | None:
@@ -45,6 +49,32 @@ def _device_type(args: Any, kwargs: Any) -> str | None:
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             return x.device.type
     return None
+
+
+def _cast_dtype(how: str, dev: str, args: Any, kwargs: Any) -> torch.dtype:
+    if how == "half":
+        return torch.get_autocast_dtype(dev)
+    if how == "float":
+        return torch.float32
+    floats = [x.dtype for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    return functools.reduce(torch.promote_types, floats)  # promote: the widest floating argument dtype
+
+
+class RegisteredCasts(TorchFunctionMode):
+    """While O1's autocast region is open, calls of the torch functions registered with ``register_*_function(torch,
+    name)`` (apex patched ``torch.sigmoid`` itself) run with autocast off on arguments cast as registered. A
+    TorchFunctionMode, torch's own interception point: no torch function is replaced. Only the function object
+    registered is caught (``torch.sigmoid``, not ``Tensor.sigmoid``, as apex's patch caught only that name)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        how = TORCH_REGISTERED.get(func)
+        dev = _device_type(args, kwargs) if how is not None else None
+        if dev is None or not torch.is_autocast_enabled(dev):
+            return func(*args, **kwargs)
+        dtype = _cast_dtype(how, dev, args, kwargs)
+        with torch.autocast(dev, enabled=False):
+            return func(*cast_floating(args, dtype), **cast_floating(kwargs, dtype))
 
 
 def _wrap(fn: Callable[..., Any], how: str) -> Callable[..., Any]:
@@ -56,14 +86,7 @@ def _wrap(fn: Callable[..., Any], how: str) -> Callable[..., Any]:
         dev = _device_type(args, kwargs)
         if dev is None or not torch.is_autocast_enabled(dev):
             return fn(*args, **kwargs)
-        if how == "half":
-            dtype = torch.get_autocast_dtype(dev)
-        elif how == "float":
-            dtype = torch.float32
-        else:  # promote: the widest floating dtype among the tensor arguments
-            floats = [x.dtype for x in tree_leaves((args, kwargs))
-                      if isinstance(x, torch.Tensor) and x.is_floating_point()]
-            dtype = functools.reduce(torch.promote_types, floats)
+        dtype = _cast_dtype(how, dev, args, kwargs)
         with torch.autocast(dev, enabled=False):
             return fn(*cast_floating(args, dtype), **cast_floating(kwargs, dtype))
 
@@ -93,11 +116,9 @@ def _register(module: Any, name: str, how: str) -> None:
     if mod_name.split(".")[0] == "torch":
         if how == "half" and name in AUTOCAST_HALF:
             return  # torch.autocast already runs it in half
-        raise UsageError(
-            f"register_{how}_function({mod_name}, {name!r}): overdrive does not patch torch's functions, and "
-            f"torch.autocast decides the dtype of {mod_name}.{name}; to force it, wrap the call site: "
-            f"amp.{how}_function({mod_name}.{name})(...), or decorate your own function with @amp.{how}_function"
-        )
+        # torch is never patched: O1's region runs a TorchFunctionMode that casts the calls of these functions
+        TORCH_REGISTERED[getattr(module, name)] = how
+        return
     # the user's own module or extension: rebinding the name there is what registering asks for
     setattr(module, name, _wrap(getattr(module, name), how))
 

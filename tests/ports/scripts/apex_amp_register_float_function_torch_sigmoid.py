@@ -2,8 +2,6 @@
 # library: apex.amp
 # group: amp
 # device: written device-agnostic (device = "cuda" if available else "cpu")
-# xfail: overdrive never patches torch, so amp.register_float_function(torch, 'sigmoid') raises UsageError (only the matmul/conv names torch.autocast already runs in half are accepted, for register_half_function); port by wrapping the call site, amp.float_function(torch.sigmoid)(logits), or by using BCEWithLogitsLoss on the logits
-# raises: UsageError
 """A sigmoid classifier under O1 with torch.sigmoid registered as a float function, then trained with BCELoss."""
 import torch
 import torch.nn as nn
