@@ -198,3 +198,23 @@ def test_every_verb_has_the_same_json_option() -> None:
                     seen[f"{name} {c.name}"] = (p.is_flag, p.flag_value, p.metavar)
     assert len(seen) >= 9, seen
     assert set(seen.values()) == {(False, "-", "[FILE]")}, seen
+
+
+def test_an_unexpected_error_with_a_cpp_stack_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """An Inductor engine given an out-of-range token id raised a RuntimeError whose message carried 20 lines of C++
+    frames, all printed after ``error:``. The message is now cut at the stack."""
+    import overdrive.cli.env as env_verb
+    from overdrive.cli.main import main
+
+    msg = ("index out of bounds: 0 <= tmp12 < 50L\nException raised from cpp_fused_0 at kernel.cpp:32 (most recent "
+           "call first):\nframe #0: c10::Error::Error(...)\nframe #1: c10::detail::torchCheckFail(...)")
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr(env_verb.command, "callback", boom)
+    assert main(["env"]) == 1
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == ["error: RuntimeError: index out of bounds: 0 <= tmp12 < 50L  (run with --verbose for the "
+                     "traceback)"]

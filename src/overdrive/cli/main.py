@@ -159,9 +159,27 @@ def _run(args: list[str], verbose: bool) -> int:
     except Exception as exc:  # an unexpected failure: one line unless --verbose
         if verbose:
             raise
-        _error(_escape(f"{type(exc).__name__}: {exc}") + "  (run with --verbose for the traceback)")
+        _error(_escape(f"{type(exc).__name__}: {_first_lines(str(exc))}") + "  (run with --verbose for the traceback)")
         code = 1
     return code
+
+
+def _first_lines(msg: str, limit: int = 400) -> str:
+    r"""An exception's message as one line: its lines up to a C++ stack (torch's ``Exception raised from ...`` and
+    ``frame #0 ...``, 20 lines after an Inductor kernel's index check) joined, cut at ``limit`` characters.
+
+    Example:
+        >>> _first_lines("index out of bounds: 0 <= tmp12 < 50\nException raised from run at x.cpp:7\nframe #0: f")
+        'index out of bounds: 0 <= tmp12 < 50'
+    """
+    kept = []
+    for line in msg.splitlines():
+        if line.lstrip().startswith(("Exception raised from", "frame #")):
+            break
+        if line.strip():
+            kept.append(line.strip())
+    one = " ".join(kept)
+    return one if len(one) <= limit else one[: limit - 3] + "..."
 
 
 def _flags_of(args: list[str]) -> dict[str, str]:

@@ -123,6 +123,9 @@ def load_inputs(engine: Any, spec: str, shapes: dict[str, tuple[int, ...]] | Non
         files[name] = e[len(name) + 1:]
     if set(files) != set(names):
         raise UsageError(f"--load-inputs gives {sorted(files)}; the engine takes {names}: give name:file for each input")
+    from overdrive.engine.runtime import check_all_dynamic_shapes
+
+    check_all_dynamic_shapes(engine.profiles, shapes)
     out = []
     for p, dt in zip(engine.profiles, engine.input_dtypes):
         shape = tuple((shapes or {}).get(p.name, p.opt))
