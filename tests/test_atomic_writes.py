@@ -101,3 +101,25 @@ def test_project_files_go_through_the_atomic_writer(tmp_path: Path, monkeypatch:
     assert path.read_bytes() == b"previous" and sorted(f.name for f in tmp_path.iterdir()) == ["out.bin"]
     save()
     assert path.read_bytes() != b"previous"
+
+
+def test_a_write_to_a_folder_or_a_missing_folder_is_one_clear_error(tmp_path) -> None:  # noqa: ANN001
+    """``Engine.save(folder)`` raised IsADirectoryError and ``Engine.save("/nonexistent/a.engine")`` FileNotFoundError,
+    each naming a hidden temporary file; /proc passed the writability check (root) and failed after the work."""
+    import pytest
+
+    from overdrive._utils.errors import UsageError
+    from overdrive._utils.files import atomic_write
+
+    with pytest.raises(UsageError, match="it is a folder"):
+        atomic_write(tmp_path, b"x")
+    with pytest.raises(UsageError, match="does not exist"):
+        atomic_write(tmp_path / "missing" / "a.engine", b"x")
+    if Path("/proc/self").is_dir():
+        with pytest.raises(UsageError, match="takes no new files"):
+            atomic_write("/proc/a.engine", b"x")
+        from overdrive.cli.common import check_output
+
+        with pytest.raises(UsageError, match="not writable"):
+            check_output("--save-engine", "/proc/a.engine")
+    assert list(tmp_path.iterdir()) == []

@@ -54,13 +54,24 @@ def _default_mode() -> int:
 def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` atomically; returns the path. An existing file keeps its
     permission bits; a new one gets the usual ``0o666 & ~umask``."""
+    from overdrive._utils.errors import UsageError
+
     path = Path(path)
     blob = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if path.is_dir():
+        raise UsageError(f"cannot write {str(path)!r}: it is a folder; give a file path such as "
+                         f"{str(path / 'out')!r}")
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} does not exist; create it first")
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = _default_mode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # a read-only or pseudo file system (/proc), where os.access said yes to root
+        raise UsageError(f"cannot write {str(path)!r}: folder {str(path.parent)!r} takes no new files "
+                         f"({exc.strerror or exc}); give a path in a folder you can write to") from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)

@@ -111,6 +111,18 @@ def write_json(data: Any, target: str | None) -> None:
         atomic_write(target, text + "\n")
 
 
+def _takes_files(folder: Path) -> bool:
+    """Whether a file can be made in ``folder``: os.access says yes to root everywhere, also on a read-only mount or
+    in /proc, where the write would fail after the work. An unnamed temporary file, gone when closed."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
 def check_output(flag: str, target: str | None, folder: bool = False) -> None:
     """Refuse an output path before any work, not after it: the folder it goes in must exist and be writable,
     so nothing is created outside the path named (``/nonexistent/x.onnx`` is refused, never made). A file
@@ -133,7 +145,7 @@ def check_output(flag: str, target: str | None, folder: bool = False) -> None:
     if not parent.is_dir():
         raise UsageError(f"{flag} {target}: parent folder does not exist ({str(parent)!r}); create it first or give "
                          "a path in an existing folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or not _takes_files(parent):
         raise UsageError(f"{flag} {target}: folder {str(parent)!r} is not writable; give a path in a folder you "
                          "can write to")
     if folder:
