@@ -424,3 +424,31 @@ def test_modelopt_utils_export_torch_mode_and_is_quantized() -> None:
     torch.testing.assert_close(ep.module()(x), model(x), atol=1e-5, rtol=1e-5)
     assert is_quantized(model) and not is_quantized(torch.nn.Linear(2, 2))
     assert is_quantized_layer_with_weight(model[0]) and not is_quantized_layer_with_weight(model[1])
+
+
+def test_enable_huggingface_checkpointing_round_trips_a_quantized_model(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """``mto.enable_huggingface_checkpointing()`` (ModelOpt's hf_ptq / llm_qat examples) raised AttributeError. Now
+    ``save_pretrained`` of a quantized GPT-2 and ``AutoModelForCausalLM.from_pretrained`` give back a quantized model
+    computing what the saved one computed (exactly: same weights, same amax); a float folder still loads float."""
+    transformers = pytest.importorskip("transformers")
+    base = transformers.PreTrainedModel
+    for attr in ("save_pretrained", "from_pretrained"):  # put transformers back as it was after this test
+        monkeypatch.setattr(base, attr, base.__dict__[attr])
+    monkeypatch.setattr(base, "_overdrive_modelopt_checkpointing", False, raising=False)
+    from overdrive.quant.modelopt.utils import is_quantized
+
+    mto.enable_huggingface_checkpointing()
+    mto.enable_huggingface_checkpointing()  # twice: wrapped once
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model.save_pretrained(tmp_path / "float")
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, forward_loop=lambda m: m(ids))
+    model.save_pretrained(tmp_path / "q")
+    assert (tmp_path / "q" / "modelopt_state.pth").is_file()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q").eval()
+    assert is_quantized(loaded)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    assert not is_quantized(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "float"))

@@ -91,4 +91,68 @@ def restore(model: nn.Module, f: str | os.PathLike[str]) -> nn.Module:
     return model
 
 
-__all__ = ["save", "restore", "modelopt_state", "restore_from_modelopt_state"]
+_HF_STATE = "modelopt_state.pth"  # beside a Hugging Face checkpoint's weights, as ModelOpt names it
+
+
+def _quantizer_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    names = {name for name, _ in api.quantizers(model)}
+    return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[0] in names}
+
+
+def enable_huggingface_checkpointing() -> None:
+    """ModelOpt's ``mto.enable_huggingface_checkpointing()``: from this call on, ``save_pretrained`` of a quantized
+    Hugging Face model also writes ``modelopt_state.pth`` (the quantization recipe and every quantizer's amax) beside
+    its weights, and ``from_pretrained`` (``AutoModelForCausalLM`` and the rest) of such a folder quantizes the model
+    it loads the same way, with no calibration data. Call it once, before either (ModelOpt's hf_ptq and llm_qat
+    examples call it at the top). It wraps transformers' ``PreTrainedModel.save_pretrained`` / ``from_pretrained``,
+    as ModelOpt's does; torch is not touched. A folder without the file loads as before.
+
+    Example:
+        >>> # mto.enable_huggingface_checkpointing(); model = mtq.quantize(model, cfg, loop)
+        >>> # model.save_pretrained("q"); AutoModelForCausalLM.from_pretrained("q")  # quantized again
+    """
+    import functools
+    from pathlib import Path
+
+    from overdrive._utils.optional import require
+
+    transformers = require("transformers", "text", "Hugging Face checkpointing")
+    base = transformers.PreTrainedModel
+    if getattr(base, "_overdrive_modelopt_checkpointing", False):
+        return
+    save_orig = base.save_pretrained
+    from_orig = base.from_pretrained.__func__
+
+    @functools.wraps(save_orig)
+    def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        out = save_orig(self, save_directory, *args, **kwargs)
+        if api.quantizers(self):
+            atomic_torch_save({"modelopt_state": modelopt_state(self), "quantizer_state_dict": _quantizer_state(self)},
+                              Path(os.fspath(save_directory)) / _HF_STATE)
+        return out
+
+    @functools.wraps(from_orig)
+    def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        model = from_orig(cls, pretrained_model_name_or_path, *args, **kwargs)
+        f = Path(os.fspath(pretrained_model_name_or_path)) / _HF_STATE
+        if not f.is_file():
+            return model
+        device = next((q.device for q in model.parameters()), torch.device("cpu"))
+        ckpt = torch.load(f, map_location=device, weights_only=True)
+        model = restore_from_modelopt_state(model, ckpt["modelopt_state"])
+        sd = ckpt["quantizer_state_dict"]
+        for name, q in api.quantizers(model):  # uncalibrated when saved: no amax to expect
+            if q.amax is not None and f"{name}.amax" not in sd:
+                q.amax = None
+        unexpected = model.load_state_dict(sd, strict=False).unexpected_keys
+        if unexpected:
+            raise UsageError(f"{f}: quantizer state for {unexpected[:3]} matches no quantizer of the loaded model; "
+                             "load it with the model class it was saved from")
+        return model
+
+    base.save_pretrained = save_pretrained
+    base.from_pretrained = classmethod(from_pretrained)
+    base._overdrive_modelopt_checkpointing = True
+
+
+__all__ = ["save", "restore", "modelopt_state", "restore_from_modelopt_state", "enable_huggingface_checkpointing"]
