@@ -8,6 +8,16 @@ from overdrive.cli.common import (check_device, check_distinct, check_json_targe
                                   json_option, progress_option, spec_file, trtexec_noops, write_json)
 
 
+def _size(n: int) -> str:
+    """An engine's size for the build line: MB, or kB below one (a small engine read "0.00 MB").
+
+    Example:
+        >>> _size(4835), _size(25_600_000)
+        ('4.8 kB', '25.60 MB')
+    """
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
 @click.command("build")
 @click.option("--onnx", default=None, metavar="FILE", help="Build from an ONNX model.")
 @click.option("--model", default=None, metavar="PKG.MODULE:FACTORY", help="Build from a PyTorch model factory.")
@@ -115,10 +125,14 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     flags = [p for p, f in (("fp16", flag_fp16), ("bf16", flag_bf16), ("int8", flag_int8), ("fp8", flag_fp8), ("best", flag_best)) if f]
     from overdrive._utils.progress import status
 
+    chosen = flags[-1] if flags else precision
+    if calib and chosen not in ("int8", "fp8", "best"):  # before the build: what the user meant may be --int8
+        click.echo(f"[I] --calib has no effect here: only int8/fp8 builds calibrate, and this one is {chosen} "
+                   "(add --int8 or --fp8 to use it)", err=True)
     source = onnx or model or torchscript or exported
     with status(f"building {save_engine} from {source} (export, compile, check)", enabled=not no_progress and json_path != "-"):
         engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
-                              precision=flags[-1] if flags else precision, shapes=shapes, min_shapes=min_shapes,
+                              precision=chosen, shapes=shapes, min_shapes=min_shapes,
                               opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
                               max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
                               layer_precision=layer_precision, calib=calib, accept_low_accuracy=accept_low_accuracy, checkpoint=checkpoint,
@@ -133,7 +147,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         write_json(info, json_path)
     if json_path != "-":
         click.echo(f"[I] built {save_engine}: backend {info['backend']} ({info['backend_reason']}), precision "
-                        f"{info['precision']}, device {describe_device(info['device'])}, {info['size_bytes'] / 1e6:.2f} MB in {info['build_s']:.1f} s")
+                        f"{info['precision']}, device {describe_device(info['device'])}, {_size(info['size_bytes'])} in {info['build_s']:.1f} s")
         if info.get("int8"):
             from overdrive.engine.int8 import summary as int8_summary
 
