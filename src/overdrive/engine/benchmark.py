@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive.engine.config import check_all_dynamic_shapes
 from overdrive._utils.files import atomic_write
 
 _STAGES = ("latency", "enqueue", "h2d", "compute", "d2h")
@@ -123,8 +124,6 @@ def load_inputs(engine: Any, spec: str, shapes: dict[str, tuple[int, ...]] | Non
         files[name] = e[len(name) + 1:]
     if set(files) != set(names):
         raise UsageError(f"--load-inputs gives {sorted(files)}; the engine takes {names}: give name:file for each input")
-    from overdrive.engine.runtime import check_all_dynamic_shapes
-
     check_all_dynamic_shapes(engine.profiles, shapes)
     out = []
     for p, dt in zip(engine.profiles, engine.input_dtypes):

@@ -16,7 +16,7 @@ from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
 from overdrive._utils.signing import signing_key
 from overdrive.engine import backends, format as fmt
-from overdrive.engine.config import ShapeProfile
+from overdrive.engine.config import ShapeProfile, check_all_dynamic_shapes
 from overdrive.engine.inputs import random_input, random_inputs
 from overdrive.engine.sources import ModelSource
 
@@ -232,30 +232,6 @@ class Engine:
         from overdrive.engine.benchmark import benchmark
 
         return benchmark(self, **kwargs)
-
-
-def check_all_dynamic_shapes(profiles: list[Any], shapes: dict[str, tuple[int, ...]] | None) -> None:
-    """Refuse ``--shapes`` that sets some inputs but leaves another dynamic input at its opt shape: a token model's
-    mask then disagrees with its ids (``input_ids:4x16`` beside an ``attention_mask`` at 8x8), and the run fails
-    deep in the engine with a broadcast error that names neither.
-
-    Example:
-        >>> from overdrive.engine.config import ShapeProfile
-        >>> ps = [ShapeProfile("ids", (1, 1), (8, 8), (8, 64)), ShapeProfile("mask", (1, 1), (8, 8), (8, 64))]
-        >>> check_all_dynamic_shapes(ps, {"ids": (4, 16)})
-        Traceback (most recent call last):
-        ...
-        overdrive._utils.errors.UsageError: --shapes gives ids but not 'mask', whose shape is dynamic (1x1 to 8x64); give every dynamic input its shape, e.g. --shapes ids:4x16,mask:...
-    """
-    if not shapes:
-        return
-    missing = [p for p in profiles if p.name not in shapes and tuple(p.min) != tuple(p.max)]
-    if missing:
-        p = missing[0]
-        given = ",".join(f"{n}:{'x'.join(map(str, s))}" for n, s in shapes.items())
-        raise UsageError(f"--shapes gives {', '.join(shapes)} but not {p.name!r}, whose shape is dynamic "
-                         f"({'x'.join(map(str, p.min))} to {'x'.join(map(str, p.max))}); give every dynamic input its "
-                         f"shape, e.g. --shapes {given},{p.name}:...")
 
 
 def phases_summary(phases: dict[str, float]) -> str:
