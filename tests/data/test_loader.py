@@ -339,6 +339,43 @@ def test_persistent_workers_serve_every_epoch_with_the_same_batches(folder: Path
     kept.close()
 
 
+def test_a_second_iteration_does_not_cut_a_persistent_epoch_short(folder: Path) -> None:
+    """With persistent_workers=True every iteration shared one DataLoader iterator: a batch taken with
+    ``next(iter(loader))`` inside the epoch's loop reset it, and the loop ended after 4 of 10 batches with other
+    labels, silently; ``zip(loader, loader)`` cut both short. Reference: the same epochs without persistent workers."""
+    import copy
+    import pickle
+
+    kw = dict(batch_size=2, size=8, num_workers=2, seed=0)
+    ref = ImageLoader(folder, **kw)
+    kept = ImageLoader(folder, persistent_workers=True, **kw)
+    xr, yr = _collect(ref)
+    seen_x, seen_y = [], []
+    for i, (x, y) in enumerate(kept):
+        if i == 1:
+            peek, _ = next(iter(kept))  # a batch for logging, mid-epoch
+            assert torch.equal(peek, xr[: len(peek)])
+        seen_x.append(x)
+        seen_y.append(y)
+    assert len(seen_x) == len(kept) and torch.equal(torch.cat(seen_x), xr) and torch.equal(torch.cat(seen_y), yr)
+    pairs = list(zip(kept, kept))
+    assert len(pairs) == len(kept) and torch.equal(torch.cat([a[0] for a, _ in pairs]), xr)
+    assert torch.equal(torch.cat([b[1] for _, b in pairs]), yr)
+    clone = pickle.loads(pickle.dumps(kept))  # a loader that kept workers copies without them
+    assert torch.equal(_collect(copy.deepcopy(clone))[0], xr)
+    kept.close()
+
+
 def test_persistent_workers_must_be_a_bool() -> None:
     with pytest.raises(UsageError, match="persistent_workers='yes' must be True or False"):
         LoaderConfig(persistent_workers="yes")
+
+
+def test_dali_style_mean_and_std_in_pixel_units_are_refused(folder: Path) -> None:
+    """DALI's crop_mirror_normalize takes mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375); passed here they
+    were divided by 255 a second time and every image came out nearly constant (range -2.12 to -1.79), silently."""
+    with pytest.raises(UsageError, match="0-255 pixel units.*divide DALI-style values by 255"):
+        ImageLoader(folder, pipeline="cpu", mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
+    with pytest.raises(UsageError, match="0-255 pixel units"):
+        LoaderConfig(std=(58.395, 57.12, 57.375))
+    LoaderConfig(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))  # 0-1 units, as torchvision's Normalize

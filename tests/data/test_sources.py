@@ -126,3 +126,19 @@ def test_tar_image_without_label_names_key_and_rule(tmp_path: Path) -> None:
     shard = _tar(tmp_path / "s.tar", {"000.input.jpg": b"IMG", "000.txt": b"a caption"})
     with pytest.raises(UsageError, match=r"image 000\.input\.jpg has no label member 000\.cls.*first dot"):
         resolve(shard)
+
+
+def test_a_folder_of_shards_with_a_subfolder_is_refused_not_read_as_classes(tmp_path: Path) -> None:
+    """A shard folder with any other subfolder (``previews/``) was read as an image folder: one sample of class
+    'previews', the shards dropped, silently. Now one error naming both; an uppercase ``.TAR`` is a shard too (it was
+    read as a file list)."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    _tar(d / "a.tar", {"000.jpg": b"IMG0", "000.cls": b"1"})
+    _tar(d / "B.TAR", {"001.jpg": b"IMG1", "001.cls": b"2"})
+    assert sorted(_tar_samples(d)) == [(1, b"IMG0"), (2, b"IMG1")]
+    assert _tar_samples(d / "B.TAR") == [(2, b"IMG1")]
+    (d / "previews").mkdir()
+    (d / "previews" / "p.png").write_bytes(b"x")
+    with pytest.raises(UsageError, match=r"holds both \.tar shards .* and subfolders \(previews\)"):
+        resolve(d)

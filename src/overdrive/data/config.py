@@ -131,6 +131,12 @@ class LoaderConfig(ConfigBase):
             raise UsageError(f"crop_fraction={self.crop_fraction} must be in (0, 1], e.g. 0.875")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise UsageError(f"mean={self.mean} / std={self.std} must be 3 values each, std > 0")
+        if max(abs(m) for m in self.mean) > 1 or max(self.std) > 1:
+            # DALI's crop_mirror_normalize takes 0-255 units (mean=[0.485*255, ...]); here they would be divided by
+            # 255 once more, and every image would come out nearly constant
+            raise UsageError(f"mean={self.mean} / std={self.std} look like 0-255 pixel units; overdrive.data takes "
+                             "torchvision's 0-1 units (ImageNet: mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, "
+                             "0.225)): divide DALI-style values by 255")
         if self.num_shards < 1 or not 0 <= self.shard_id < self.num_shards:
             raise UsageError(f"shard_id={self.shard_id} must be in [0, num_shards={self.num_shards})")
         for name, lowest in (("num_workers", 0), ("read_workers", 0), ("gpu_threads", 1), ("prefetch", 1)):

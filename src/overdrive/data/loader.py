@@ -270,7 +270,14 @@ class ImageLoader:
         self.stats = LoaderStats()
         self.decision: str | None = None  # why `auto` picked what it picked
         self._persistent: tuple[torch.utils.data.DataLoader, _EpochKeys] | None = None  # persistent_workers
+        self._persistent_user: object | None = None  # the iteration running on the kept workers, if any
         self.pipeline = self._choose(self.config.pipeline)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the kept worker processes belong to this process: a copy (pickle, deepcopy) starts its own
+        state = dict(self.__dict__)
+        state["_persistent"] = state["_persistent_user"] = None
+        return state
 
     # --- DataLoader-like surface --------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -310,7 +317,14 @@ class ImageLoader:
         cfg = config or self.config
         epoch = self.epoch if epoch is None else epoch
         keep = config is None and cfg.persistent_workers and cfg.num_workers > 0  # the epoch's own batches only
+        if keep and getattr(self, "_persistent_user", None) is not None:
+            # another iteration of this loader holds the kept workers (a batch taken for logging inside the epoch's
+            # loop, zip(loader, loader)): a DataLoader has one iterator, which this one would reset, cutting that
+            # epoch short. This one gets workers of its own.
+            keep = False
+        owner = object()
         if keep:
+            self._persistent_user = owner
             dl = self._persistent_loader(epoch, len(batches))
         else:
             ds = _BatchDataset(self.samples, batches, cfg, epoch)
@@ -331,6 +345,8 @@ class ImageLoader:
                 yield x, y
             done = True
         finally:
+            if keep and getattr(self, "_persistent_user", None) is owner:
+                self._persistent_user = None
             if not (keep and done):  # an early break (or an error): stop the worker processes now, not at GC
                 _shutdown(dl_iter)
                 if keep:

@@ -304,29 +304,35 @@ def resolve(source: str | os.PathLike | Sequence) -> tuple[list[Sample], list[st
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
         if p.is_dir():
-            tars = sorted(p.glob("*.tar"))
-            subdirs = any(d.is_dir() and not d.name.startswith(".") for d in p.iterdir())  # hidden: .ipynb_checkpoints
+            tars = sorted(q for q in p.iterdir() if q.suffix.lower() == ".tar" and q.is_file())
+            dirs = sorted(d.name for d in p.iterdir() if d.is_dir() and not d.name.startswith("."))  # hidden: .ipynb_checkpoints
+            subdirs = bool(dirs)
             packed = [q for q in sorted(p.iterdir()) if q.name.lower().endswith(_COMPRESSED_SUFFIXES)]
-            if tars and not subdirs:
+            if tars and subdirs:  # which one is the dataset? Reading the folders as classes dropped the shards
+                raise UsageError(f"{str(p)!r} holds both .tar shards ({tars[0].name}, ...) and subfolders "
+                                 f"({', '.join(dirs[:3])}): pass the shards (a list of .tar paths, or a folder of "
+                                 "shards only) or an image folder whose subfolders are the classes")
+            if tars:
                 samples, classes = from_tars(tars), None
             elif packed and not subdirs:  # compressed shards only: say so, not "no class subfolders"
                 raise compressed_shard_error(packed[0]) or UsageError(
                     f"{packed[0]} is a compressed tar; shards must be uncompressed .tar files")
             else:
                 samples, classes = from_folder(p)
-        elif p.is_file() and (p.suffix == ".tar" or compressed_shard_error(p) is not None):
+        elif p.is_file() and (p.suffix.lower() == ".tar" or compressed_shard_error(p) is not None):
             samples, classes = from_tars([p]), None  # a missing one gets the "does not exist" message below
         elif p.is_file():
             samples, classes = from_list(p), None
         else:
             raise UsageError(f"data source {str(source)!r} does not exist; pass an image folder, a .tar shard "
                              "(or a folder of them), a file list, or a list of (path, label)")
-    elif isinstance(source, Sequence) and source and all(str(s).endswith(".tar") for s in source):
+    elif isinstance(source, Sequence) and source and all(str(s).lower().endswith(".tar") for s in source):
         samples, classes = from_tars(list(source)), None
     elif isinstance(source, Sequence):
         samples, classes = from_list(list(source)), None
     else:
-        raise UsageError(f"data source of type {type(source).__name__} is not supported")
+        raise UsageError(f"data source of type {type(source).__name__} is not supported; pass a folder, a .tar shard, "
+                         "a file list, or a list of (path, label) (a generator: list(...) it first)")
     if not samples:
         raise UsageError(f"data source {source!r} holds no images (extensions {IMAGE_EXTS})")
     return samples, classes
