@@ -424,3 +424,17 @@ def test_permutation_budget_must_be_a_positive_number(budget) -> None:
     with pytest.raises(UsageError, match=r"permutation_budget_s .* must be a number of seconds > 0"):
         Config(permutation=True, permutation_budget_s=budget)
     assert Config(permutation_budget_s=1).permutation_budget_s == 1
+
+
+def test_a_layer_name_that_is_no_module_is_refused() -> None:
+    """``SparsityConfig(disallowed_layer_names=("haed",))`` (a typo) or ``("head.weight",)`` (a parameter name) pruned
+    the head the user meant to keep dense, without a word; so did an allowed_layer_names entry that matched nothing."""
+    model = nn.Sequential()
+    model.add_module("body", nn.Linear(32, 32))
+    model.add_module("head", nn.Linear(32, 16))
+    for cfg, bad in ((Config(disallowed_layer_names=("haed",)), "'haed'"),
+                     (Config(disallowed_layer_names=("head.weight",)), "'head.weight'"),
+                     (Config(allowed_layer_names=("body", "hed")), "'hed'")):
+        with pytest.raises(UsageError, match=f"names {bad}, which is not a module of Sequential.*did you mean"):
+            sparsify(model, cfg)
+    assert bool((model.head.weight != 0).all())  # refused before any pruning

@@ -238,3 +238,4 @@ def test_onnx_weight_sparsity_of_a_sequential(tmp_path) -> None:
     rows = sparsity.onnx_weight_sparsity(path, handle)
     assert [r["name"] for r in rows] == ["0.weight", "2.weight"]
     assert all(r["is_2to4"] and r["nonzero_fraction"] <= 0.5 for r in rows)
+

@@ -273,3 +273,28 @@ def test_fit_partial_accumulation_works_without_len() -> None:
     t = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.5), accumulate=3, progress=False)
     t.fit((b for b in _batches(5)), epochs=1)
     assert t.step_count == 2 and all(q.grad is None for q in model.parameters())
+
+
+def test_accuracy_only_where_it_means_top1_and_the_epoch_loss_is_per_sample() -> None:
+    """evaluate's accuracy compared argmax with any target: one BCE logit per sample against (N, 1) targets broadcast
+    to (N, N) and read 500%, per-token outputs were divided by sequences. Now None there. fit's epoch loss was the mean
+    of batch means, so a last batch of 1 weighed like one of 8 (1.222 against a per-sample 1.403); now per sample,
+    as evaluate's. Reference: the losses of the untrained model (lr 0) computed by hand."""
+    from overdrive.train import Trainer
+    from overdrive.train.loop import evaluate
+
+    torch.manual_seed(0)
+    x, yb = torch.randn(9, 16), torch.randint(0, 2, (9, 1)).float()
+    binary = nn.Linear(16, 1)
+    assert evaluate(binary, [(x, yb)], loss_fn=nn.BCEWithLogitsLoss())[1] is None
+    tokens = nn.Linear(16, 5)  # (B, T, C) scores against (B, T) targets
+    xt, yt = torch.randn(2, 3, 16), torch.randint(0, 5, (2, 3))
+    assert evaluate(tokens, [(xt, yt)], loss_fn=lambda o, t: nn.functional.cross_entropy(o.flatten(0, 1), t.flatten()))[1] is None
+    clf = nn.Linear(16, 3)
+    yc = torch.randint(0, 3, (9,))
+    acc = evaluate(clf, [(x, yc)])[1]
+    assert acc == int((clf(x).argmax(-1) == yc).sum()) / 9
+    trainer = Trainer(clf, torch.optim.SGD(clf.parameters(), lr=0.0), progress=False)
+    result = trainer.fit([(x[:8], yc[:8]), (x[8:], yc[8:])], epochs=1)
+    want = float(nn.functional.cross_entropy(clf(x), yc))  # the mean over the 9 samples
+    assert abs(result.history[-1].loss - want) < 1e-5

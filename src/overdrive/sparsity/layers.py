@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from overdrive._utils.errors import UsageError
 from overdrive._utils.optional import hf_conv1d_class
 from overdrive.sparsity.config import SparsityConfig
 
@@ -92,8 +93,27 @@ def _tied_elsewhere(model: nn.Module, wanted: tuple[str, ...]) -> dict[int, str]
     return out
 
 
+def _check_names(model: nn.Module, config: SparsityConfig) -> None:
+    """Refuse an ``allowed_layer_names`` / ``disallowed_layer_names`` entry that names no module of ``model``: a typo
+    (``"haed"``) or a parameter name (``"head.weight"``) in ``disallowed_layer_names`` pruned the layer it meant to keep
+    dense, silently."""
+    import difflib
+
+    names = {n for n, _ in model.named_modules()}
+    for field in ("allowed_layer_names", "disallowed_layer_names"):
+        for name in getattr(config, field) or ():
+            if name not in names:
+                owner = name.rsplit(".", 1)[0] if "." in name else None  # a parameter's name: its module
+                close = [owner] if owner in names else difflib.get_close_matches(name, sorted(names - {""}), n=3)
+                hint = f"did you mean {close}?" if close else f"module names look like {sorted(names - {''})[:4]}"
+                raise UsageError(f"SparsityConfig({field}=...) names {name!r}, which is not a module of "
+                                 f"{type(model).__name__}; give module names as model.named_modules() lists them "
+                                 f"({hint})")
+
+
 def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]:
     """Every weight of the configured layer types, with ``skip_reason`` set where it stays dense."""
+    _check_names(model, config)
     out: list[Candidate] = []
     seen: set[int] = set()
     tied = _tied_elsewhere(model, config.layer_types)

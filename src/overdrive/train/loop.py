@@ -260,13 +260,15 @@ class Trainer:
                 self.model.train()
                 skipped0 = self.skipped_steps
                 losses: list[torch.Tensor] = []
+                sizes: list[int] = []  # each step's batch size: the epoch loss is a mean over samples, as evaluate's
                 samples = 0
                 synchronize(self.device)
                 t0 = shown = time.perf_counter()
                 on_bar = 0  # this epoch's steps the bar has counted
                 for batch, end in _mark_last(train_data):
                     losses.append(self.train_step(batch, end_of_epoch=end))
-                    samples += int(batch[0].shape[0])
+                    sizes.append(int(batch[0].shape[0]))
+                    samples += sizes[-1]
                     if bar is not None and time.perf_counter() - shown >= BAR_SECONDS:
                         # reading the loss waits for the device: at most once per BAR_SECONDS, not every few steps
                         shown = time.perf_counter()
@@ -280,7 +282,9 @@ class Trainer:
                 # the mean is over the finite ones
                 stacked = torch.stack(losses).float()
                 finite = torch.isfinite(stacked)
-                mean_loss = float(stacked[finite].mean()) if bool(finite.any()) else math.nan
+                weights = torch.tensor(sizes, dtype=torch.float32, device=stacked.device)[finite]
+                mean_loss = (float((stacked[finite] * weights).sum() / weights.sum()) if bool(finite.any())
+                             else math.nan)
                 if not math.isfinite(mean_loss):
                     raise OverdriveError(
                         f"training diverged: no finite loss in epoch {self.epoch}; lower the learning rate, check the "
@@ -340,8 +344,10 @@ def evaluate(
     mp: MixedPrecision | None = None,
     channels_last: bool = False,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[float, float]:
-    """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given).
+) -> tuple[float, float | None]:
+    """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given). The accuracy is
+    None unless every batch is (N, C) class scores against (N,) integer targets (binary logits, per-token outputs
+    and regression have no top-1 accuracy).
 
     ``loss_fn(output, target)`` is called as in training and must return the batch *mean* (the
     convention of torch's losses); each batch is weighted by its size, so the result is the mean
@@ -358,6 +364,7 @@ def evaluate(
     total_loss = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.int64)
     n = 0
+    classifies = True  # every batch so far is (N, C) scores against (N,) class indices
     ctx = mp.autocast if mp is not None else None
     for x, y in data:
         x, y = x.to(device), y.to(device)
@@ -374,12 +381,29 @@ def evaluate(
         else:
             # a user loss has no ``reduction`` argument: undo its batch mean
             total_loss += loss_fn(out, y).double() * y.shape[0]
-        correct += (out.argmax(dim=-1) == y).sum()
+        if classifies and _is_classification(out, y):
+            correct += (out.argmax(dim=-1) == y).sum()
+        else:  # one logit per sample (BCE), per-token outputs, regression: top-1 accuracy is not defined here
+            classifies = False
         n += int(y.shape[0])
     model.train(was_training)
     if n == 0:
         raise UsageError("the evaluation data yielded no sample")
-    return float(total_loss) / n, float(correct) / n
+    return float(total_loss) / n, float(correct) / n if classifies else None
+
+
+def _is_classification(out: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether ``out`` (N, C) scores C > 1 classes for integer targets ``y`` (N,): where top-1 accuracy means what it
+    says. A (N, 1) logit against (N, 1) targets broadcast to (N, N) and read 500%.
+
+    Example:
+        >>> _is_classification(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+        True
+        >>> _is_classification(torch.zeros(4, 1), torch.zeros(4, 1))
+        False
+    """
+    return (out.dim() == 2 and out.shape[1] > 1 and y.dim() == 1 and out.shape[0] == y.shape[0]
+            and not y.is_floating_point() and not y.is_complex())
 
 
 def memory_mib(trainer: Trainer) -> float:
