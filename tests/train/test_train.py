@@ -298,3 +298,48 @@ def test_accuracy_only_where_it_means_top1_and_the_epoch_loss_is_per_sample() ->
     result = trainer.fit([(x[:8], yc[:8]), (x[8:], yc[8:])], epochs=1)
     want = float(nn.functional.cross_entropy(clf(x), yc))  # the mean over the 9 samples
     assert abs(result.history[-1].loss - want) < 1e-5
+
+
+def test_structured_inputs_outputs_and_a_clear_error_for_dict_batches() -> None:
+    """The Trainer took only (tensor, tensor) batches and a tensor output: a multi-input batch ((x1, x2), y) raised
+    "'tuple' object has no attribute 'to'", a model returning a dict or a Hugging Face ModelOutput raised "no
+    attribute 'float'" even with a loss_fn that indexes it, and a dict batch unpacked its keys. Now inputs may be a
+    tuple (model(*x)) or a dict (model(**x)) and a structured output goes to loss_fn as it is; a batch that is no
+    (inputs, targets) pair is one line. Reference: the same steps by hand, fp32 (tolerance 0)."""
+    from overdrive.train import Trainer
+    from overdrive.train.loop import evaluate
+
+    class TwoIn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 3), nn.Linear(5, 3)
+
+        def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"logits": self.a(x1) + self.b(x2)}
+
+    def loss_fn(out: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out["logits"], y)
+
+    torch.manual_seed(0)
+    model, ref = TwoIn(), TwoIn()
+    ref.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
+    data = [((torch.randn(6, 4, generator=g), torch.randn(6, 5, generator=g)), torch.randint(0, 3, (6,), generator=g))
+            for _ in range(3)]
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for (x1, x2), y in data:
+        loss_fn(ref(x1, x2), y).backward()
+        opt.step()
+        opt.zero_grad()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn=loss_fn, progress=False)
+    trainer.fit(data, epochs=1)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    kw = [({"x1": x1, "x2": x2}, y) for (x1, x2), y in data]  # keyword inputs
+    loss, acc = evaluate(model, kw, loss_fn=loss_fn)
+    assert acc is None and loss == pytest.approx(sum(float(loss_fn(model(*x), y)) for x, y in data) / 3, rel=1e-5)
+    with pytest.raises(UsageError, match=r"takes batches \(inputs, targets\); the data yielded a dict with keys"):
+        trainer.fit([{"x": torch.randn(2, 4), "y": torch.zeros(2, dtype=torch.long)}], epochs=1)
+    plain = Trainer(TwoIn(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
+    with pytest.raises(UsageError, match="returns a dict, not a tensor of scores: pass loss_fn"):
+        plain.fit(data, epochs=1)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
@@ -127,6 +128,7 @@ class Trainer:
         if self.parallel is not None:
             model = self.parallel.after_amp(model, self.mp.policy)
         self.loss_fn = loss_fn or nn.functional.cross_entropy
+        self._loss_fn_given = loss_fn is not None
         self.scheduler = scheduler
         self.grad_clip = cfg.grad_clip
         self.accumulate = accumulate
@@ -151,11 +153,16 @@ class Trainer:
         self._micro = int(value)
 
     # --- one step, in plain sight -----------------------------------------------------------
-    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.device, non_blocking=True)
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+    def _to_device(self, x: Any) -> Any:
+        """Inputs (a tensor, or tensors in a tuple or dict) on the device; 4-D ones channels-last if asked."""
+
+        def move(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            t = t.to(self.device, non_blocking=True)
+            return t.contiguous(memory_format=torch.channels_last) if self.channels_last and t.dim() == 4 else t
+
+        return tree_map(move, x)
 
     def train_step(self, batch: Batch, end_of_epoch: bool = False) -> torch.Tensor:
         """Forward, scaled backward, (every ``accumulate`` micro-batches) clip, step and step the
@@ -176,20 +183,26 @@ class Trainer:
 
         Returns the micro-batch loss as a detached tensor (no host sync of its own).
         """
-        x, y = batch
-        x, y = self._to_device(x), y.to(self.device, non_blocking=True)
+        x, y = _split(batch)
+        x = self._to_device(x)
+        y = tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t, y)
         k = self._micro % self.accumulate + 1  # micro-batches in this accumulation, this one included
         last = k == self.accumulate or end_of_epoch
-        empty = x.dim() > 0 and x.shape[0] == 0
+        first = next((t for t in tree_leaves(x) if isinstance(t, torch.Tensor)), None)
+        empty = first is not None and first.dim() > 0 and first.shape[0] == 0
         with self._grad_sync(last):
             with self.mp.autocast():
-                out = self.forward(x)
+                out = _call(self.forward, x)
                 # a batch of no samples: overdrive.data yields one when every file of it was undecodable, so
                 # that the ranks keep the same step count. Its mean loss is NaN, which made this rank skip the
                 # step while the others applied theirs: DDP replicas drifted apart. It backpropagates a zero
                 # gradient instead (every parameter reached, so DDP's and FSDP's collectives still match) and
                 # reports a NaN loss, which fit leaves out of the epoch's mean; loss_fn is not called on it.
-                loss = out.float().sum() * 0.0 if empty else self.loss_fn(out.float(), y)
+                out = _float_output(out, self._loss_fn_given)
+                if empty:
+                    loss = sum(t.float().sum() for t in tree_leaves(out) if isinstance(t, torch.Tensor)) * 0.0
+                else:
+                    loss = self.loss_fn(out, y)
             self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
             if empty:
                 loss = torch.full((), math.nan, device=loss.device)
@@ -267,7 +280,7 @@ class Trainer:
                 on_bar = 0  # this epoch's steps the bar has counted
                 for batch, end in _mark_last(train_data):
                     losses.append(self.train_step(batch, end_of_epoch=end))
-                    sizes.append(int(batch[0].shape[0]))
+                    sizes.append(_rows(_split(batch)[0]))
                     samples += sizes[-1]
                     if bar is not None and time.perf_counter() - shown >= BAR_SECONDS:
                         # reading the loss waits for the device: at most once per BAR_SECONDS, not every few steps
@@ -366,26 +379,32 @@ def evaluate(
     n = 0
     classifies = True  # every batch so far is (N, C) scores against (N,) class indices
     ctx = mp.autocast if mp is not None else None
-    for x, y in data:
-        x, y = x.to(device), y.to(device)
-        if channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.to(device)
+        return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+
+    for batch in data:
+        x, y = _split(batch)
+        x, y = tree_map(move, x), tree_map(move, y)
         if ctx is not None:
             with ctx():
-                out = model(x)
+                out = _call(model, x)
         else:
-            out = model(x)
-        out = out.float()
+            out = _call(model, x)
+        out = _float_output(out, loss_fn is not None)
+        rows = _rows(x)
         if loss_fn is None:
             total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
         else:
             # a user loss has no ``reduction`` argument: undo its batch mean
-            total_loss += loss_fn(out, y).double() * y.shape[0]
-        if classifies and _is_classification(out, y):
+            total_loss += loss_fn(out, y).double() * rows
+        if classifies and isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor) and _is_classification(out, y):
             correct += (out.argmax(dim=-1) == y).sum()
         else:  # one logit per sample (BCE), per-token outputs, regression: top-1 accuracy is not defined here
             classifies = False
-        n += int(y.shape[0])
+        n += rows
     model.train(was_training)
     if n == 0:
         raise UsageError("the evaluation data yielded no sample")
@@ -404,6 +423,47 @@ def _is_classification(out: torch.Tensor, y: torch.Tensor) -> bool:
     """
     return (out.dim() == 2 and out.shape[1] > 1 and y.dim() == 1 and out.shape[0] == y.shape[0]
             and not y.is_floating_point() and not y.is_complex())
+
+
+def _split(batch: Any) -> tuple[Any, Any]:
+    """A batch as (inputs, targets), or a one-line error saying what the Trainer takes."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch, str):
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping):
+        got = f"a dict with keys {sorted(map(str, batch))[:6]}"
+    elif isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)} items"
+    else:
+        got = type(batch).__name__
+    raise UsageError(f"the Trainer takes batches (inputs, targets); the data yielded {got}: yield pairs, e.g. "
+                     "((b['input_ids'], b['labels']) for b in loader); inputs may be a tensor, a tuple of tensors "
+                     "(model(*inputs)) or a dict of them (model(**inputs))")
+
+
+def _call(model: Any, x: Any) -> Any:
+    """``model`` on inputs that are a tensor, a tuple of tensors (positional) or a dict of them (keywords)."""
+    if isinstance(x, Mapping):
+        return model(**x)
+    if isinstance(x, (tuple, list)):
+        return model(*x)
+    return model(x)
+
+
+def _rows(x: Any) -> int:
+    """The batch size of inputs (the first dim of their first tensor)."""
+    t = next((v for v in tree_leaves(x) if isinstance(v, torch.Tensor)), None)
+    return int(t.shape[0]) if t is not None and t.dim() > 0 else 0
+
+
+def _float_output(out: Any, loss_fn_given: bool) -> Any:
+    """A tensor output in float32 for the loss; a structured one (a tuple, a dict, a Hugging Face ModelOutput) is
+    handed to ``loss_fn`` as it is, which must then be the user's own."""
+    if isinstance(out, torch.Tensor):
+        return out.float()
+    if not loss_fn_given:
+        raise UsageError(f"the model returns a {type(out).__name__}, not a tensor of scores: pass loss_fn=... that "
+                         "takes it, e.g. loss_fn=lambda out, y: F.cross_entropy(out.logits, y)")
+    return out
 
 
 def memory_mib(trainer: Trainer) -> float:
