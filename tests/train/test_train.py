@@ -343,3 +343,31 @@ def test_structured_inputs_outputs_and_a_clear_error_for_dict_batches() -> None:
     plain = Trainer(TwoIn(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
     with pytest.raises(UsageError, match="returns a dict, not a tensor of scores: pass loss_fn"):
         plain.fit(data, epochs=1)
+
+
+def test_bad_trainer_and_policy_values_are_one_usage_error() -> None:
+    """epochs=2.5 / "2" and loss_fn="cross_entropy" raised raw TypeErrors; init_scale=0 divided by zero at the first
+    step, NaN skipped 50 steps before "diverged"; growth_interval="10" raised TypeError and 2.5 was accepted;
+    keep_batchnorm_fp32="yes" was accepted. sparsify(model, "2:4") raised AttributeError; a preset name now works."""
+    from overdrive.sparsity import is_2to4, sparsify
+    from overdrive.train import Trainer
+
+    model = nn.Linear(8, 4)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
+    for bad in (2.5, "2", None, True):
+        with pytest.raises(UsageError, match="must be an int >= 1"):
+            trainer.fit([(torch.randn(2, 8), torch.zeros(2, dtype=torch.long))], epochs=bad)
+    with pytest.raises(UsageError, match="is not callable"):
+        Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn="cross_entropy", progress=False)
+    for kw, match in (({"init_scale": 0.0}, "init_scale=0.0 must be a positive finite"),
+                      ({"init_scale": float("nan")}, "init_scale=nan"),
+                      ({"growth_interval": "10"}, "growth_interval='10' must be an int"),
+                      ({"growth_interval": 2.5}, "growth_interval=2.5"),
+                      ({"keep_batchnorm_fp32": "yes"}, "keep_batchnorm_fp32='yes' must be True, False or None")):
+        with pytest.raises(UsageError, match=match):
+            Policy(opt_level="O1", **kw)
+    with pytest.raises(UsageError, match=r"not a preset; use one of \['default', 'permuted', 'transposable'\]"):
+        sparsify(nn.Linear(32, 32), "2:4")
+    lin = nn.Linear(32, 32)
+    sparsify(lin, "default")
+    assert is_2to4(lin.weight)

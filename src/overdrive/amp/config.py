@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -197,8 +199,18 @@ class Policy(ConfigBase):
             raise UsageError(f"max_loss_scale={self.max_loss_scale!r} must be positive")
         if self.min_loss_scale is not None and self.min_loss_scale > self.max_loss_scale:
             raise UsageError(f"min_loss_scale={self.min_loss_scale} exceeds max_loss_scale={self.max_loss_scale}")
-        if self.growth_interval < 1:
-            raise UsageError(f"growth_interval={self.growth_interval} must be >= 1")
+        gi = self.growth_interval
+        if isinstance(gi, bool) or not isinstance(gi, int) or gi < 1:
+            raise UsageError(f"growth_interval={gi!r} must be an int >= 1 (clean steps before the loss scale grows)")
+        try:
+            init = float(self.init_scale)
+        except (TypeError, ValueError):
+            init = math.nan
+        if not (init > 0 and math.isfinite(init)):  # 0 divided by zero at the first step; NaN skipped 50 steps
+            raise UsageError(f"init_scale={self.init_scale!r} must be a positive finite number (default 65536)")
+        if self.keep_batchnorm_fp32 is not None and not isinstance(self.keep_batchnorm_fp32, bool):
+            raise UsageError(f"keep_batchnorm_fp32={self.keep_batchnorm_fp32!r} must be True, False or None (the opt "
+                             "level's default)")
         if self.on_nonfinite not in ON_NONFINITE:
             raise UsageError(
                 f"on_nonfinite={self.on_nonfinite!r} is not one of {', '.join(map(repr, ON_NONFINITE))} (skip: skip "

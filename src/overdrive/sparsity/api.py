@@ -460,8 +460,9 @@ def _check_layer(layer: PrunedLayer) -> None:
                          "match the loaded masks; load weights and masks from the same pruned checkpoint")
 
 
-def sparsify(model: nn.Module, config: SparsityConfig | None = None, compute_masks: bool = True) -> SparseHandle:
-    """Prune ``model`` to 2:4 in place (masks as buffers) and return the handle that keeps them.
+def sparsify(model: nn.Module, config: SparsityConfig | str | None = None, compute_masks: bool = True) -> SparseHandle:
+    """Prune ``model`` to 2:4 in place (masks as buffers) and return the handle that keeps them. ``config`` is a
+    :class:`SparsityConfig` or a preset's name (``"default"``, ``"transposable"``, ``"permuted"``).
 
     ``compute_masks=False`` installs all-ones masks (apex's init_model_for_pruning) for a later
     :meth:`SparseHandle.compute_masks`.
@@ -472,7 +473,17 @@ def sparsify(model: nn.Module, config: SparsityConfig | None = None, compute_mas
         >>> [p["name"] for p in handle.report().pruned]
         ['0.weight']
     """
+    if isinstance(config, str):  # a preset's name, as the CLI's --preset takes it
+        from overdrive.sparsity.config import PRESETS
+
+        if config not in PRESETS:
+            raise UsageError(f"sparsify(config={config!r}): not a preset; use one of {sorted(PRESETS)} or a "
+                             "SparsityConfig(...)")
+        config = PRESETS[config]
     config = config or SparsityConfig()
+    if not isinstance(config, SparsityConfig):
+        raise UsageError(f"sparsify(config=...) takes a SparsityConfig or a preset name, got a "
+                         f"{type(config).__name__}; build one with SparsityConfig(**your_dict)")
     if not isinstance(model, nn.Module):
         raise UsageError(f"sparsify expects a torch.nn.Module, got {type(model).__name__}")
     already = [n for n, _ in model.named_buffers() if n.endswith(MASK_SUFFIX)]

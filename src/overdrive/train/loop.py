@@ -127,6 +127,9 @@ class Trainer:
         self.mp: MixedPrecision = prepare(model, optimizer, policy, device=self.device, autocast_hooks=False)
         if self.parallel is not None:
             model = self.parallel.after_amp(model, self.mp.policy)
+        if loss_fn is not None and not callable(loss_fn):
+            raise UsageError(f"loss_fn={loss_fn!r} is not callable; pass a function of (output, target), e.g. "
+                             "torch.nn.functional.cross_entropy or torch.nn.CrossEntropyLoss()")
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self._loss_fn_given = loss_fn is not None
         self.scheduler = scheduler
@@ -260,8 +263,8 @@ class Trainer:
         ``on_nonfinite="skip"`` it is skipped and the epoch's mean loss is over its finite losses. An epoch
         with no finite loss raises "training diverged".
         """
-        if epochs < 1:
-            raise UsageError(f"epochs={epochs} must be >= 1")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise UsageError(f"epochs={epochs!r} must be an int >= 1")
         result = FitResult()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
