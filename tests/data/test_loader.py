@@ -83,8 +83,10 @@ def test_sharding_covers_every_sample_once(n: int, shards: int, drop_last: bool)
 
 def test_len_and_drop_last(folder: Path) -> None:
     for bs, drop, shards in [(5, False, 1), (5, True, 1), (4, False, 3), (4, True, 3), (30, False, 1), (30, True, 1)]:
-        loaders = [ImageLoader(folder, batch_size=bs, size=8, drop_last=drop, num_workers=0, shard_id=s, num_shards=shards)
-                   for s in range(shards)]
+        with warnings.catch_warnings():  # (30, True): no batch, which the loader warns about
+            warnings.simplefilter("ignore", RuntimeWarning)
+            loaders = [ImageLoader(folder, batch_size=bs, size=8, drop_last=drop, num_workers=0, shard_id=s,
+                                   num_shards=shards) for s in range(shards)]
         per = (22 // shards) if drop else -(-22 // shards)
         want = per // bs if drop else -(-per // bs)
         for ld in loaders:
@@ -379,3 +381,12 @@ def test_dali_style_mean_and_std_in_pixel_units_are_refused(folder: Path) -> Non
     with pytest.raises(UsageError, match="0-255 pixel units"):
         LoaderConfig(std=(58.395, 57.12, 57.375))
     LoaderConfig(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))  # 0-1 units, as torchvision's Normalize
+
+
+def test_a_loader_with_no_batch_says_so(folder: Path) -> None:
+    """batch_size larger than the shard with drop_last=True made len(loader) == 0 and every epoch ended at once,
+    silently; now a warning with the counts and the fix. drop_last=False keeps its one short batch."""
+    n = len(ImageLoader(folder, batch_size=1, pipeline="cpu"))
+    with pytest.warns(RuntimeWarning, match=rf"batch_size={n + 1} with drop_last=True leaves no batch: this shard has {n}"):
+        ImageLoader(folder, batch_size=n + 1, drop_last=True, pipeline="cpu")
+    assert len(ImageLoader(folder, batch_size=n + 1, drop_last=False, pipeline="cpu")) == 1

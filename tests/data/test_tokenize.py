@@ -53,6 +53,19 @@ def test_cache_round_trip(corpus: list[str], tok, tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.npz"))) == 2
 
 
+def test_an_unreadable_cache_file_is_rebuilt(corpus: list[str], tok, tmp_path: Path) -> None:
+    """A cache file cut short (a killed writer) or replaced by garbage raised numpy's "pickled (object) data" error,
+    naming no file; it now warns, tokenizes again and writes the file anew (equal to a fresh run)."""
+    a = tokenize(corpus, tok, num_workers=0, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    for junk in (b"garbage", path.read_bytes()[:40]):
+        path.write_bytes(junk)
+        with pytest.warns(RuntimeWarning, match="unreadable"):
+            b = tokenize(corpus, tok, num_workers=0, cache_dir=tmp_path)
+        assert not b.from_cache and np.array_equal(a.ids, b.ids) and np.array_equal(a.offsets, b.offsets)
+        assert tokenize(corpus, tok, num_workers=0, cache_dir=tmp_path).from_cache
+
+
 def test_padded_tensors(tok) -> None:
     out = tokenize(["short", "a somewhat longer sentence here"], tok, num_workers=0)
     ids, mask = out.padded(pad_id=0)

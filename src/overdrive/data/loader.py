@@ -271,6 +271,12 @@ class ImageLoader:
         self.decision: str | None = None  # why `auto` picked what it picked
         self._persistent: tuple[torch.utils.data.DataLoader, _EpochKeys] | None = None  # persistent_workers
         self._persistent_user: object | None = None  # the iteration running on the kept workers, if any
+        if len(self) == 0:  # a loop over it would end at once, every epoch (torch's DataLoader says nothing)
+            n = len(self._indices())
+            warnings.warn(f"overdrive.data: batch_size={self.config.batch_size} with drop_last=True leaves no batch: "
+                          f"this shard has {n} image(s) ({len(self.samples)} in all, {self.config.num_shards} "
+                          "shard(s)), so every epoch yields nothing; use a smaller batch_size or drop_last=False",
+                          RuntimeWarning, stacklevel=2)
         self.pipeline = self._choose(self.config.pipeline)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@ import io
 import multiprocessing as mp
 import numbers
 import os
+import warnings
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -215,8 +217,13 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
                              "made if missing)")
         path = Path(cache_dir).expanduser() / f"{_cache_key(tok_json, texts, max_length, add_special_tokens)}.npz"
         if path.is_file():
-            with np.load(path) as z:
-                return TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+            try:  # allow_pickle=False: a cache file never runs code
+                with np.load(path, allow_pickle=False) as z:
+                    return TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                # a cache written by a killed process, or another file under its name: tokenize again, write anew
+                warnings.warn(f"overdrive.data.tokenize: cache file {path} is unreadable ({type(exc).__name__}); "
+                              "tokenizing again and replacing it", RuntimeWarning, stacklevel=2)
     if num_workers is None:
         num_workers = (os.cpu_count() or 1) if len(texts) >= 8 * chunk_size else 0
     chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
