@@ -60,6 +60,8 @@ class Trainer:
     keywords (``policy=``, ``accumulate=``, ...; each replaces that field of ``config`` or of the defaults),
     or both. The objects the loop works on (model, optimizer, ``loss_fn``, ``scheduler``) are arguments.
 
+    Batches are ``(inputs, targets)``: inputs a tensor, a tuple of tensors (``model(*inputs)``) or a dict of them
+    (``model(**inputs)``); a model that returns a dict or a Hugging Face ModelOutput hands it to ``loss_fn`` as it is.
     ``device`` moves the model there (batches follow); without it, the model's device is used.
     ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
     the loss scaler and optimizer hooks behave as usual). ``strategy="ddp"|"fsdp"`` (or an
