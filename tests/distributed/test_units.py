@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 
@@ -226,6 +227,7 @@ def test_group_of_one_refuses_unsupported_combinations() -> None:
             Trainer(torch.nn.Sequential(torch.nn.Linear(4, 3)), torch.optim.SGD(m.parameters(), lr=0.1),
                     strategy=Strategy(kind="fsdp", fsdp_blocks=("Nope",)), progress=False)
     finally:
+        gc.collect()  # what the refused Trainers made goes before the process group
         dist.destroy_process_group()
 
 
@@ -250,7 +252,9 @@ def test_fsdp_keeps_the_lr_scheduler_on_the_sharded_optimizer() -> None:
             t.train_step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
             lrs.append(t.optimizer.param_groups[0]["lr"])
         assert lrs == pytest.approx([g for g in _one_cycle(1e-2, 10)[1:6]])
+        del t  # the sharded model goes before its process group
     finally:
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -127,6 +127,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 setattr(c, attr, value)
     import torch.distributed as dist
 
+    gc.collect()  # the script's DDP model goes before its process group (gloo's teardown hung now and then after it)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     os.environ.clear()
