@@ -66,6 +66,12 @@ def test_an_unreadable_cache_file_is_rebuilt(corpus: list[str], tok, tmp_path: P
         assert tokenize(corpus, tok, num_workers=0, cache_dir=tmp_path).from_cache
 
 
+def test_slices_give_lists_of_ids(corpus: list[str], tok) -> None:
+    """``texts[1:3]`` raised TypeError ('<=' between int and slice)."""
+    out = tokenize(corpus, tok, num_workers=0)
+    assert out[1:3] == [out[1], out[2]] and out[::-1][0] == out[len(corpus) - 1] and out[5:5] == []
+
+
 def test_padded_tensors(tok) -> None:
     out = tokenize(["short", "a somewhat longer sentence here"], tok, num_workers=0)
     ids, mask = out.padded(pad_id=0)

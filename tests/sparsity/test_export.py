@@ -88,3 +88,31 @@ def test_a_failed_load_leaves_the_model_unpruned(tmp_path: Path) -> None:
         load_compressed(wrong, tmp_path / "m.pt")
     assert [n for n, _ in wrong.named_buffers()] == []  # no masks left behind by the failed load
     assert len(sparsify(wrong).layers) == 3  # so it can still be pruned (it was refused as "already pruned")
+
+
+def test_a_file_saved_from_a_wrapped_model_loads_into_the_plain_one(tmp_path: Path) -> None:
+    """A file saved from a DDP-wrapped (``module.``) or compiled (``_orig_mod.``) model named its layers with the
+    wrapper's prefix, and loading it into the plain model failed with "no prunable layer"; a missing file raised a raw
+    FileNotFoundError. Reference: the wrapped model's pruned weights, exactly."""
+
+    class Wrapper(nn.Module):  # what DDP looks like to named_modules: the model under ``module``
+        def __init__(self, m: nn.Module) -> None:
+            super().__init__()
+            self.module = m
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.module(x)
+
+    torch.manual_seed(0)
+    wrapped = Wrapper(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16)))
+    handle = sparsify(wrapped)
+    save_compressed(handle, tmp_path / "w.pt")
+    plain = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
+    load_compressed(plain, tmp_path / "w.pt")
+    for a, b in zip(plain.parameters(), wrapped.module.parameters()):
+        assert torch.equal(a, b)
+    again = Wrapper(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16)))
+    load_compressed(again, tmp_path / "w.pt")  # a model wrapped the same way keeps the names
+    assert torch.equal(again.module[0].weight, wrapped.module[0].weight)
+    with pytest.raises(UsageError, match="compressed checkpoint .* does not exist"):
+        load_compressed(plain, tmp_path / "missing.pt")

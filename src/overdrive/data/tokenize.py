@@ -42,8 +42,10 @@ class TokenizedTexts:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> list[int]:
+    def __getitem__(self, i: int | slice) -> list[int] | list[list[int]]:
         n = len(self.offsets) - 1
+        if isinstance(i, slice):  # texts[1:3]: their id lists, as a list of lists would give
+            return [self[j] for j in range(*i.indices(n))]
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for {n} texts")
         i %= n  # negative indices count from the end, as in a list

@@ -106,12 +106,16 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
     from overdrive.sparsity.api import MASK_SUFFIX, sparsify
     from overdrive.sparsity.config import SparsityConfig
 
+    from overdrive._utils.files import require_file
+
+    require_file(path, "compressed checkpoint", "write one with save_compressed / overdrive sparsify --out")
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise UsageError(f"{path} is not an overdrive 2:4 compressed checkpoint (format {FORMAT!r}); "
                          "write one with save_compressed / overdrive sparsify --out")
     if payload.get("version") != VERSION:
         raise UsageError(f"{path} has version {payload.get('version')}, this overdrive reads version {VERSION}")
+    payload = _without_wrapper_prefix(payload, model)
     names = list(payload["sparse"])
     have = {n for n, _ in model.named_buffers() if n.endswith(MASK_SUFFIX)}
     if have:
@@ -133,6 +137,29 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
             handle.remove()
         raise
     return handle
+
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile's and DDP's / FSDP's wrappers
+
+
+def _without_wrapper_prefix(payload: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """A file saved from ``torch.compile(model)`` or a DDP-wrapped model names its layers ``_orig_mod.x`` /
+    ``module.x``; loaded into the plain model those names matched nothing ("no prunable layer"). The wrapper's
+    prefix is dropped where the model lacks it (and kept for a model wrapped the same way)."""
+    modules = {n for n, _ in model.named_modules()}
+    changed = True
+    while changed:
+        changed = False
+        names = list(payload["sparse"])
+        for pre in _WRAPPER_PREFIXES:
+            if names and all(n.startswith(pre) for n in names) and not any(n.rsplit(".", 1)[0] in modules
+                                                                           for n in names):
+                cut = len(pre)
+                payload = {**payload, "sparse": {n[cut:]: v for n, v in payload["sparse"].items()},
+                           "state": {(k[cut:] if k.startswith(pre) else k): v for k, v in payload["state"].items()}}
+                changed = True
+                break
+    return payload
 
 
 def _load_into(model: nn.Module, handle: SparseHandle, payload: dict[str, Any], names: list[str],
