@@ -28,6 +28,13 @@ def test_cli_make_dataset_and_errors(tmp_path: Path) -> None:
     files = sorted((tmp_path / "d").rglob("*.jpg"))
     assert len(files) == 4 and files[0].read_bytes()[:2] == b"\xff\xd8"
     assert main(["data", "make-dataset", str(tmp_path / "e"), "-n", "0"]) == 2
+    # a 1-pixel size rounded to 0 after the class folders were made ("height and width must be > 0", exit 1)
+    assert main(["data", "make-dataset", str(tmp_path / "f"), "-n", "2", "--width", "1", "--height", "1"]) == 2
+    assert not (tmp_path / "f").exists()
+    from overdrive.data import make_sample_dataset
+
+    with pytest.warns(RuntimeWarning, match="3 class folder"):  # 5 classes for 2 images: 3 empty, said now
+        make_sample_dataset(tmp_path / "g", n=2, classes=5, size=(40, 30))
     assert main(["data", "bench", str(tmp_path / "d"), "--batch-size", "0", "--device", "cpu"]) == 2
 
 

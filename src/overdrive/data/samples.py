@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -75,6 +76,12 @@ def make_sample_dataset(root: str | os.PathLike, n: int = 2000, classes: int = 1
         raise UsageError(f"n={n} and classes={classes} must be >= 1")
     if not 1 <= quality <= 100:
         raise UsageError(f"quality={quality} must be in [1, 100]")
+    w, h = size
+    if min(w, h) < 8:  # each image's size is drawn within +-15% of it: a 1-pixel one rounded to 0 after the folders
+        raise UsageError(f"size={w}x{h}: width and height must be at least 8 pixels (--width / --height)")
+    if classes > n:  # a class folder with no image: ImageFolder-style readers refuse it, this loader counts it
+        warnings.warn(f"make_sample_dataset: classes={classes} > n={n}, so {classes - n} class folder(s) hold no "
+                      "image; give as many images as classes or more (-n / --classes)", RuntimeWarning, stacklevel=2)
     root = Path(root)
     for c in range(classes):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
