@@ -142,3 +142,16 @@ def test_a_folder_of_shards_with_a_subfolder_is_refused_not_read_as_classes(tmp_
     (d / "previews" / "p.png").write_bytes(b"x")
     with pytest.raises(UsageError, match=r"holds both \.tar shards .* and subfolders \(previews\)"):
         resolve(d)
+
+
+def test_webdataset_brace_and_glob_shard_patterns(tmp_path: Path) -> None:
+    """``ImageLoader("shard-{0000..0001}.tar")`` (WebDataset's pattern, what DALI and webdataset scripts pass) and
+    ``"shard-*.tar"`` said "does not exist". Braces keep their zero padding; a range naming a missing shard is one
+    error naming it, not a silently smaller dataset."""
+    for i in range(3):
+        _tar(tmp_path / f"shard-{i:04d}.tar", {f"{i:03d}.jpg": f"IMG{i}".encode(), f"{i:03d}.cls": str(i).encode()})
+    assert _tar_samples(str(tmp_path / "shard-{0000..0001}.tar")) == [(0, b"IMG0"), (1, b"IMG1")]
+    assert _tar_samples(str(tmp_path / "shard-{0000,0002}.tar")) == [(0, b"IMG0"), (2, b"IMG2")]
+    assert [lab for lab, _ in _tar_samples(str(tmp_path / "shard-*.tar"))] == [0, 1, 2]
+    with pytest.raises(UsageError, match=r"1 of its 4 shards do not exist \(the first: '.*shard-0003.tar'\)"):
+        resolve(str(tmp_path / "shard-{0000..0003}.tar"))

@@ -299,6 +299,49 @@ def from_list(items: Sequence[tuple[str, int]] | str | os.PathLike) -> list[Samp
     return out
 
 
+def expand_shards(pattern: str) -> list[str]:
+    """WebDataset's shard patterns: braces (``{0000..0099}``, zero padding kept; ``{a,b}``) expanded, then glob
+    wildcards (``*``, ``?``, ``[...]``) matched; the existing ``.tar`` files, in order.
+
+    Example:
+        >>> expand_shards("/nonexistent/shard-{00..01}.tar")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: data source '/nonexistent/shard-{00..01}.tar' names 2 shard(s), of which none exists (the first: '/nonexistent/shard-00.tar')
+    """
+    import glob
+
+    names = [pattern]
+    brace = re.compile(r"\{([^{}]*)\}")
+    while any(brace.search(n) for n in names):
+        out = []
+        for n in names:
+            m = brace.search(n)
+            if m is None:
+                out.append(n)
+                continue
+            body = m.group(1)
+            rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+            if rng:
+                lo, hi = rng.group(1), rng.group(2)
+                width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+                parts = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+            else:
+                parts = body.split(",")
+            out += [n[:m.start()] + part + n[m.end():] for part in parts]
+        names = out
+    found = [f for n in names for f in (sorted(glob.glob(n)) if any(c in n for c in "*?[") else [n])
+             if Path(f).is_file()]
+    if not found:
+        raise UsageError(f"data source {pattern!r} names {len(names)} shard(s), of which none exists (the first: "
+                         f"{names[0]!r})")
+    missing = [n for n in names if not any(c in n for c in "*?[") and not Path(n).is_file()]
+    if missing:
+        raise UsageError(f"data source {pattern!r}: {len(missing)} of its {len(names)} shards do not exist (the "
+                         f"first: {missing[0]!r}); check the range")
+    return found
+
+
 def resolve(source: str | os.PathLike | Sequence) -> tuple[list[Sample], list[str] | None]:
     """Any supported source -> (samples, class names or None)."""
     if isinstance(source, (str, os.PathLike)):
@@ -323,6 +366,9 @@ def resolve(source: str | os.PathLike | Sequence) -> tuple[list[Sample], list[st
             samples, classes = from_tars([p]), None  # a missing one gets the "does not exist" message below
         elif p.is_file():
             samples, classes = from_list(p), None
+        elif any(c in str(source) for c in "{*?["):  # WebDataset's "shard-{0000..0099}.tar", or a glob
+            shards = expand_shards(str(source))
+            samples, classes = from_tars(shards), None
         else:
             raise UsageError(f"data source {str(source)!r} does not exist; pass an image folder, a .tar shard "
                              "(or a folder of them), a file list, or a list of (path, label)")
