@@ -20,8 +20,14 @@ def _run(opt_level: str | None, steps: int = 3) -> tuple[nn.Module, torch.optim.
     if opt_level is not None:
         model, opt = amp.initialize(model, opt, opt_level=opt_level, verbosity=0)
     g = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        loss = model(torch.randn(4, 8, generator=g)).float().pow(2).mean()
+    _train(model, opt, opt_level, [torch.randn(4, 8, generator=g) for _ in range(steps)])
+    return model, opt
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, opt_level: str | None, batches: list[torch.Tensor]) -> None:
+    """One step per batch on the loss mean(model(x)^2): plain backward without amp, amp.scale_loss with it."""
+    for x in batches:
+        loss = model(x).float().pow(2).mean()
         if opt_level is None:
             loss.backward()
         else:
@@ -29,7 +35,6 @@ def _run(opt_level: str | None, steps: int = 3) -> tuple[nn.Module, torch.optim.
                 scaled.backward()
         opt.step()
         opt.zero_grad()
-    return model, opt
 
 
 def _weights(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -67,15 +72,7 @@ def _resume(opt_level: str | None, first: int = 2, then: int = 2) -> list[torch.
     opt.load_state_dict(saved_opt)
     if opt_level is not None:
         model, opt = amp.initialize(model, opt, opt_level=opt_level, verbosity=0)
-    for x in batches[first:]:
-        loss = model(x).float().pow(2).mean()
-        if opt_level is None:
-            loss.backward()
-        else:
-            with amp.scale_loss(loss, opt) as scaled:
-                scaled.backward()
-        opt.step()
-        opt.zero_grad()
+    _train(model, opt, opt_level, batches[first:])
     for st in opt.state.values():  # the loaded moments were used and kept counting
         assert float(st["step"]) == first + then
     return _weights(opt)

@@ -158,16 +158,15 @@ class Trainer:
         self._micro = int(value)
 
     # --- one step, in plain sight -----------------------------------------------------------
+    def _move(self, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.to(self.device, non_blocking=True)
+        return t.contiguous(memory_format=torch.channels_last) if self.channels_last and t.dim() == 4 else t
+
     def _to_device(self, x: Any) -> Any:
         """Inputs (a tensor, or tensors in a tuple or dict) on the device; 4-D ones channels-last if asked."""
-
-        def move(t: Any) -> Any:
-            if not isinstance(t, torch.Tensor):
-                return t
-            t = t.to(self.device, non_blocking=True)
-            return t.contiguous(memory_format=torch.channels_last) if self.channels_last and t.dim() == 4 else t
-
-        return tree_map(move, x)
+        return self._move(x) if isinstance(x, torch.Tensor) else tree_map(self._move, x)  # a tensor: no pytree walk
 
     def train_step(self, batch: Batch, end_of_epoch: bool = False) -> torch.Tensor:
         """Forward, scaled backward, (every ``accumulate`` micro-batches) clip, step and step the
@@ -190,10 +189,11 @@ class Trainer:
         """
         x, y = _split(batch)
         x = self._to_device(x)
-        y = tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t, y)
+        y = (y.to(self.device, non_blocking=True) if isinstance(y, torch.Tensor)
+             else tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t, y))
         k = self._micro % self.accumulate + 1  # micro-batches in this accumulation, this one included
         last = k == self.accumulate or end_of_epoch
-        first = next((t for t in tree_leaves(x) if isinstance(t, torch.Tensor)), None)
+        first = next((t for t in _leaves(x) if isinstance(t, torch.Tensor)), None)
         empty = first is not None and first.dim() > 0 and first.shape[0] == 0
         with self._grad_sync(last):
             with self.mp.autocast():
@@ -205,7 +205,7 @@ class Trainer:
                 # reports a NaN loss, which fit leaves out of the epoch's mean; loss_fn is not called on it.
                 out = _float_output(out, self._loss_fn_given)
                 if empty:
-                    loss = sum(t.float().sum() for t in tree_leaves(out) if isinstance(t, torch.Tensor)) * 0.0
+                    loss = sum(t.float().sum() for t in _leaves(out) if isinstance(t, torch.Tensor)) * 0.0
                 else:
                     loss = self.loss_fn(out, y)
             self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
@@ -454,9 +454,13 @@ def _call(model: Any, x: Any) -> Any:
     return model(x)
 
 
+def _leaves(x: Any) -> list[Any]:
+    return [x] if isinstance(x, torch.Tensor) else tree_leaves(x)  # a tensor (the common batch): no pytree walk
+
+
 def _rows(x: Any) -> int:
-    """The batch size of inputs (the first dim of their first tensor)."""
-    t = next((v for v in tree_leaves(x) if isinstance(v, torch.Tensor)), None)
+    """The batch size of inputs (the first dim of their first tensor; 0 for none or a 0-d one)."""
+    t = next((v for v in _leaves(x) if isinstance(v, torch.Tensor)), None)
     return int(t.shape[0]) if t is not None and t.dim() > 0 else 0
 
 

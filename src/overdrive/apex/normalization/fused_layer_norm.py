@@ -12,9 +12,9 @@ recompute-in-backward switch) is accepted; it changes no numbers.
 
 Example:
     >>> import torch
-    >>> from overdrive.apex.normalization import FusedLayerNorm
-    >>> ln = FusedLayerNorm(8)
-    >>> ln(torch.randn(2, 8, dtype=torch.bfloat16)).dtype
+    >>> from overdrive.apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction
+    >>> x = torch.randn(2, 8, dtype=torch.bfloat16)  # Megatron: bf16 activations, fp32 parameters
+    >>> FusedLayerNormAffineFunction.apply(x, torch.ones(8), torch.zeros(8), (8,), 1e-5).dtype
     torch.bfloat16
 """
 
