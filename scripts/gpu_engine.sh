@@ -20,7 +20,8 @@
 #   bash scripts/gpu_engine.sh 11  # ConvNeXt's int8/fp8 engines and the CNNs' int8/fp8 at batch 1 (the zoo's "not run")
 #   bash scripts/gpu_engine.sh 12  # layer-choice GPU tests; ResNet-50 and EfficientNet-B0 int8/fp8 with re-planning
 #                                  # (run 2026-12-05: engine_zoo_cnn_replan)
-#   bash scripts/gpu_engine.sh 13  # whole-engine timing: its GPU tests; ResNet-50 int8/fp8 (run 2026-12-05 with the
+#   bash scripts/gpu_engine.sh 13  # whole-engine timing: its GPU tests; ResNet-50 int8/fp8 (run 2026-12-05 on an H100:
+#                                  # engine_zoo_resnet50_whole; first run on the H200 with the
 #                                  # dequantized twin: engine_zoo_cnn_whole; EfficientNet-B0 ran past the limit)
 #   bash scripts/gpu_engine.sh 14  # EfficientNet-B0 int8/fp8 with the whole-engine timing (not yet run)
 set -uo pipefail
