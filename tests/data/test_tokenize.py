@@ -266,3 +266,93 @@ def test_bad_tokenizer_files_and_cache_dir(tok, tmp_path: Path) -> None:
         tokenize(["ok"], "nope.json")
     with pytest.raises(UsageError, match=r"cache_dir=.*vocab.txt' is a file; give a folder"):
         tokenize(["ok"], tok, cache_dir=notjson)  # was FileExistsError
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_pad_to_multiple_of_pads_each_text_as_encode_does(corpus: list[str], tok, workers: int, direction: str) -> None:
+    """``enable_padding(pad_to_multiple_of=8)``: encode() pads each text to a multiple of 8; tokenize() dropped the
+    padding (batch-longest padding was removed from the tokenizer), so 84 texts in 100 came out shorter."""
+    import copy
+
+    p = copy.deepcopy(tok)
+    p.enable_padding(pad_id=0, pad_token="[PAD]", pad_to_multiple_of=8, direction=direction)
+    texts = corpus[:60] + [""]
+    out = tokenize(texts, p, num_workers=workers, chunk_size=7)
+    assert [out[i] for i in range(len(texts))] == [p.encode(t).ids for t in texts]
+    assert set(out.lengths() % 8) == {0}
+
+
+def test_split_special_tokens_is_honoured_and_keyed(tok, hf_tok, tmp_path: Path) -> None:
+    """``encode_special_tokens`` (transformers: ``split_special_tokens``) is not in the tokenizer's JSON: tokenize()
+    gave [SEP] written in a text its special id, unlike encode(), and served the other setting's cache."""
+    import copy
+
+    texts = ["hello [SEP] world", "[CLS]"]
+    split = copy.deepcopy(tok)
+    split.encode_special_tokens = True
+    plain = tokenize(texts, tok, num_workers=0, cache_dir=tmp_path)
+    for workers in (0, 2):
+        out = tokenize(texts, split, num_workers=workers, chunk_size=1, cache_dir=tmp_path if workers == 0 else None)
+        assert not out.from_cache and [out[0], out[1]] == [split.encode(t).ids for t in texts]
+    assert [plain[0], plain[1]] == [tok.encode(t).ids for t in texts] and plain[0] != split.encode(texts[0]).ids
+    hf_tok.split_special_tokens = True
+    try:
+        out = tokenize(texts, hf_tok, num_workers=0)
+        want = hf_tok(texts)["input_ids"]
+    finally:
+        hf_tok.split_special_tokens = False
+    assert [out[0], out[1]] == want
+
+
+def test_default_workers_are_the_usable_cores(corpus: list[str], tok, monkeypatch: pytest.MonkeyPatch) -> None:
+    """num_workers=None started os.cpu_count() processes: the host's cores, not the affinity mask's (a container
+    given 1 core of 8 ran 8 processes)."""
+    mod = importlib.import_module("overdrive.data.tokenize")
+    sizes = []
+    real = mod.ProcessPoolExecutor
+
+    def spy(n, **kw):
+        sizes.append(n)
+        return real(n, **kw)
+
+    monkeypatch.setattr(mod, "ProcessPoolExecutor", spy)
+    monkeypatch.setattr(mod.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(mod.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    texts = corpus[:16]
+    out = tokenize(texts, tok, chunk_size=2)  # 16 texts >= 8 chunks of 2: large enough for processes
+    assert sizes == [2] and [out[i] for i in range(len(texts))] == [tok.encode(t).ids for t in texts]
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"max_length": 0}, r"max_length=0 must be an int >= 1"),  # was the longest length, as None
+    ({"max_length": -1}, r"max_length=-1 must be an int >= 1"),  # was torch's 'negative dimension' RuntimeError
+    ({"max_length": 2.5}, r"max_length=2.5 must be an int >= 1"),
+    ({"pad_id": None}, r"pad_id=None must be an int token id"),
+])
+def test_padded_bad_arguments(tok, kw: dict, message: str) -> None:
+    out = tokenize(["a b c", "d"], tok, num_workers=0)
+    with pytest.raises(UsageError, match=message):
+        out.padded(**kw)
+    assert out.padded(max_length=2)[0].shape == (2, 2)
+
+
+def test_a_save_pretrained_folder_names_its_tokenizer_json(hf_tok, tmp_path: Path) -> None:
+    """A save_pretrained folder (as AutoTokenizer takes) was 'is not a file', naming no file to pass."""
+    hf_tok.save_pretrained(tmp_path)
+    with pytest.raises(UsageError, match=r"is a folder; pass its tokenizer.json \('.*tokenizer.json'\) or "
+                                         r"AutoTokenizer.from_pretrained"):
+        tokenize(["ok"], str(tmp_path))
+
+
+@pytest.mark.parametrize("use_hf", [False, True])
+def test_max_length_below_the_special_tokens_is_refused(tok, hf_tok, use_hf: bool) -> None:
+    """max_length=1 with [CLS] ... [SEP]: tokenizers leaves such a text untruncated, so every row came out longer
+    than max_length, silently."""
+    t = hf_tok if use_hf else tok
+    with pytest.raises(UsageError, match=r"max_length=1 is less than the 2 special tokens .* max_length >= 3, or "
+                                         r"add_special_tokens=False"):
+        tokenize(["hello world"], t, max_length=1, num_workers=0)
+    cls_sep = [tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")]
+    assert tokenize(["hello world"], t, max_length=2, num_workers=0)[0] == cls_sep
+    assert len(tokenize(["hello world"], t, max_length=1, add_special_tokens=False, num_workers=0)[0]) == 1

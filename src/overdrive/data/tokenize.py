@@ -23,6 +23,7 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive._utils.files import atomic_write
 from overdrive._utils.optional import require
+from overdrive.data.config import usable_cpus
 
 
 @dataclass
@@ -55,9 +56,20 @@ class TokenizedTexts:
         return np.diff(self.offsets)
 
     def padded(self, pad_id: int = 0, max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, L) int64 ids right-padded with ``pad_id`` and the (N, L) attention mask."""
+        """(N, L) int64 ids right-padded with ``pad_id`` and the (N, L) attention mask; ``L`` is ``max_length``
+        (longer texts cut to it) or the longest text's length.
+
+        Example:
+            >>> TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3])).padded(pad_id=9)[0].tolist()
+            [[5, 6], [7, 9]]
+        """
+        if max_length is not None and not (_is_int(max_length) and max_length >= 1):
+            raise UsageError(f"max_length={max_length!r} must be an int >= 1 (longer texts are cut to it), or None "
+                             "(the longest text's length)")
+        if not _is_int(pad_id):
+            raise UsageError(f"pad_id={pad_id!r} must be an int token id, e.g. tokenizer.token_to_id('[PAD]')")
         lens = self.lengths()
-        L = int(max_length or (lens.max() if len(lens) else 0))
+        L = int(max_length if max_length is not None else (lens.max() if len(lens) else 0))
         ids = torch.full((len(self), L), pad_id, dtype=torch.long)
         mask = torch.zeros((len(self), L), dtype=torch.long)
         for i in range(len(self)):
@@ -81,6 +93,10 @@ def _backend(tokenizer: Any) -> Any:
             raise UsageError(f"tokenizer file {str(tokenizer)!r} is not a tokenizer.json ({exc}); pass the "
                              "tokenizer.json a tokenizers.Tokenizer saved (tok.save(path)) or a fast tokenizer "
                              "wrote (save_pretrained)") from None
+    if isinstance(tokenizer, (str, os.PathLike)) and (Path(tokenizer) / "tokenizer.json").is_file():
+        raise UsageError(f"tokenizer {str(tokenizer)!r} is a folder; pass its tokenizer.json "
+                         f"({str(Path(tokenizer) / 'tokenizer.json')!r}) or "
+                         f"AutoTokenizer.from_pretrained({str(tokenizer)!r})")
     if isinstance(tokenizer, (str, os.PathLike)):
         raise UsageError(f"tokenizer {str(tokenizer)!r} is not a file; pass the path of a tokenizer.json, a "
                          "tokenizers.Tokenizer, or a transformers fast tokenizer (AutoTokenizer.from_pretrained(name))")
@@ -97,12 +113,13 @@ def _prepared(tok: Any, max_length: int | None, hf_truncation_side: str | None) 
     """JSON of a copy of the caller's tokenizer (its settings untouched) that encodes a batch as the caller's
     ``encode`` would each text.
 
-    - A plain ``tokenizers.Tokenizer`` keeps its own truncation and fixed-length padding (``encode`` applies
-      them); ``max_length`` replaces the truncation length and keeps its direction and strategy.
+    - A plain ``tokenizers.Tokenizer`` keeps its own truncation and padding (``encode`` applies them);
+      ``max_length`` replaces the truncation length and keeps its direction and strategy.
     - A transformers fast tokenizer (``hf_truncation_side`` set) is set up as its ``__call__``/``encode`` set its
       backend on every call: no padding, truncation only with ``max_length``, on its ``truncation_side``.
       Whatever an earlier call left on the shared backend (``truncation=True, max_length=8``) is ignored.
-    - Batch-longest padding is dropped: it would make every text's ids depend on the others in its chunk.
+    - Batch-longest padding stays in the JSON (the cache key) but is applied per text by :func:`_encode`: in
+      ``encode_batch`` it would make every text's ids depend on the others in its chunk.
 
     The JSON is the cache key's tokenizer part, so any of these settings changing gives a new key."""
     t = require("tokenizers").Tokenizer.from_str(tok.to_str())
@@ -114,18 +131,50 @@ def _prepared(tok: Any, max_length: int | None, hf_truncation_side: str | None) 
     elif max_length:
         old = t.truncation or {}
         t.enable_truncation(max_length, **{k: old[k] for k in ("strategy", "direction") if k in old})
-    if t.padding is not None and t.padding.get("length") is None:
-        t.no_padding()
     return t.to_str()
 
 
-def _init_worker(tok_json: str, add_special_tokens: bool) -> None:
+def _encode_special_tokens(tokenizer: Any, tok: Any) -> bool:
+    """Whether special tokens written in a text are split as plain text: transformers' ``split_special_tokens``
+    (set on the backend by each call) or the Tokenizer's ``encode_special_tokens``. ``to_str()`` drops it, so it
+    travels beside the JSON, in the cache key too."""
+    if hasattr(tokenizer, "backend_tokenizer"):
+        return bool(getattr(tokenizer, "split_special_tokens", False))
+    return bool(getattr(tok, "encode_special_tokens", False))
+
+
+def _load(tok_json: str, encode_special_tokens: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The tokenizer of ``_prepared``'s JSON for ``encode_batch``, and the padding :func:`_encode` applies per
+    text (batch-longest padding with ``pad_to_multiple_of``: ``encode`` pads one text to a multiple of it)."""
+    t = require("tokenizers").Tokenizer.from_str(tok_json)
+    if encode_special_tokens:
+        t.encode_special_tokens = True
+    pad = t.padding
+    if pad is None or pad.get("length") is not None:  # none, or fixed-length: encode_batch pads as encode does
+        return t, None
+    t.no_padding()
+    return t, pad if pad.get("pad_to_multiple_of") else None
+
+
+def _encode(tok: Any, pad: dict[str, Any] | None, texts: list[str],
+            add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+    encodings = tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+    if pad is not None:  # each text to the next multiple of its own length, as encode(text) pads it
+        m = pad["pad_to_multiple_of"]
+        for e in encodings:
+            e.pad(-(-len(e.ids) // m) * m, direction=pad["direction"], pad_id=pad["pad_id"],
+                  pad_type_id=pad["pad_type_id"], pad_token=pad["pad_token"])
+    return _flatten(encodings)
+
+
+def _init_worker(tok_json: str, encode_special_tokens: bool, add_special_tokens: bool) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per process: the processes are the parallelism
-    _WORKER["tok"], _WORKER["special"] = require("tokenizers").Tokenizer.from_str(tok_json), add_special_tokens
+    _WORKER["tok"], _WORKER["pad"] = _load(tok_json, encode_special_tokens)
+    _WORKER["special"] = add_special_tokens
 
 
 def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    return _flatten(_WORKER["tok"].encode_batch(texts, add_special_tokens=_WORKER["special"]))
+    return _encode(_WORKER["tok"], _WORKER["pad"], texts, _WORKER["special"])
 
 
 def _flatten(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -138,10 +187,13 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _cache_key(tok_json: str, texts: Sequence[str], max_length: int | None, add_special_tokens: bool) -> str:
+def _cache_key(tok_json: str, texts: Sequence[str], max_length: int | None, add_special_tokens: bool,
+               encode_special_tokens: bool = False) -> str:
     h = hashlib.sha256()
     h.update(tok_json.encode())
     h.update(f"|{max_length}|{add_special_tokens}|{len(texts)}|".encode())
+    if encode_special_tokens:  # only when set, so that the keys of existing caches hold
+        h.update(b"|encode_special_tokens|")
     for t in texts:  # each text's length first: no separator can make two lists of texts hash alike
         b = t.encode("utf-8", "surrogatepass")
         h.update(len(b).to_bytes(8, "little"))
@@ -194,8 +246,8 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
 
     Texts are split into chunks of ``chunk_size`` and encoded with ``encode_batch`` in
     ``num_workers`` processes (0: in this process, with the tokenizer's own threads; None: one per
-    CPU core for large inputs). With ``cache_dir`` the result is stored under a key of the
-    tokenizer, options and texts, and a second call loads it.
+    usable CPU core, the affinity mask's, for large inputs). With ``cache_dir`` the result is stored under
+    a key of the tokenizer, options and texts, and a second call loads it.
 
     Example:
         >>> # out = tokenize(texts, tokenizers.Tokenizer.from_file("tokenizer.json"), max_length=128,
@@ -210,14 +262,22 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         raise UsageError(f"num_workers={num_workers!r} must be an int >= 0 (0: encode in this process) or None "
                          "(one process per CPU core for large inputs)")
     tok = _backend(tokenizer)
+    post = tok.post_processor if add_special_tokens else None
+    n_special = post.num_special_tokens_to_add(False) if post is not None else 0
+    if max_length is not None and max_length < n_special:  # tokenizers would leave every text untruncated
+        raise UsageError(f"max_length={max_length} is less than the {n_special} special tokens the tokenizer adds to "
+                         f"each text, so no text would be truncated; give max_length >= {n_special + 1}, or "
+                         "add_special_tokens=False")
     hf_side = getattr(tokenizer, "truncation_side", "right") if hasattr(tokenizer, "backend_tokenizer") else None
     tok_json = _prepared(tok, max_length, hf_side)  # holds max_length, truncation side and padding: the cache key's part
+    split_special = _encode_special_tokens(tokenizer, tok)
     path = None
     if cache_dir is not None:
         if Path(cache_dir).expanduser().exists() and not Path(cache_dir).expanduser().is_dir():
             raise UsageError(f"cache_dir={str(cache_dir)!r} is a file; give a folder for the tokenized cache (it is "
                              "made if missing)")
-        path = Path(cache_dir).expanduser() / f"{_cache_key(tok_json, texts, max_length, add_special_tokens)}.npz"
+        key = _cache_key(tok_json, texts, max_length, add_special_tokens, split_special)
+        path = Path(cache_dir).expanduser() / f"{key}.npz"
         if path.is_file():
             try:  # allow_pickle=False: a cache file never runs code
                 with np.load(path, allow_pickle=False) as z:
@@ -227,17 +287,17 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
                 warnings.warn(f"overdrive.data.tokenize: cache file {path} is unreadable ({type(exc).__name__}); "
                               "tokenizing again and replacing it", RuntimeWarning, stacklevel=2)
     if num_workers is None:
-        num_workers = (os.cpu_count() or 1) if len(texts) >= 8 * chunk_size else 0
+        num_workers = usable_cpus() if len(texts) >= 8 * chunk_size else 0
     chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
     try:
         if num_workers == 0 or len(chunks) <= 1:
-            local = require("tokenizers").Tokenizer.from_str(tok_json)
-            parts = [_flatten(local.encode_batch(c, add_special_tokens=add_special_tokens)) for c in chunks]
+            local, pad = _load(tok_json, split_special)
+            parts = [_encode(local, pad, c, add_special_tokens) for c in chunks]
         else:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             # no more processes than chunks: with fork, the pool starts all of its workers at once
             with ProcessPoolExecutor(min(num_workers, len(chunks)), mp_context=ctx, initializer=_init_worker,
-                                     initargs=(tok_json, add_special_tokens)) as ex:
+                                     initargs=(tok_json, split_special, add_special_tokens)) as ex:
                 parts = list(ex.map(_encode_chunk, chunks))
     except TypeError:  # tokenizers' words for a text it cannot take: "TextEncodeInput must be Union[...]"
         _raise_unencodable(texts)
