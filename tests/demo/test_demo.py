@@ -146,7 +146,8 @@ def test_data_stage_keeps_its_training_rows_when_the_loading_comparison_fails(mo
         raise RuntimeError("DataLoader timed out after 120 seconds")
 
     monkeypatch.setattr(data_stage, "speed_rows", hung)
-    (table,) = demo.run_demo(device="cpu", epochs=1, stages=["data"], progress=False)
+    monkeypatch.setattr(data_stage, "tokenize_table", lambda ctx: data_stage.Table("tokens", ["run"], stage="data"))
+    table, _ = demo.run_demo(device="cpu", epochs=1, stages=["data"], progress=False)
     assert table.status == "failed"
     assert table.rows[1][0].startswith("PNG folder via ImageLoader") and 0.0 <= table.rows[1][1] <= 1.0
     assert "not measured (RuntimeError: DataLoader timed out" in table.rows[-1][0]

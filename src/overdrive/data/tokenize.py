@@ -235,8 +235,22 @@ def _raise_unencodable(texts: Sequence[str]) -> None:
                              "with errors='replace', or drop the text") from None
 
 
+CHUNK_SIZE = 2048  # texts per encode_batch call (and per task of a worker process)
+
+
+def default_workers(n_texts: int, chunk_size: int = CHUNK_SIZE) -> int:
+    """The processes :func:`tokenize` starts when ``num_workers`` is None: one per usable CPU core (the affinity
+    mask's) from 8 chunks of texts up, none (this process) below that, where starting them costs more than they save.
+
+    Example:
+        >>> default_workers(100)
+        0
+    """
+    return usable_cpus() if n_texts >= 8 * chunk_size else 0
+
+
 def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None, add_special_tokens: bool = True,
-             num_workers: int | None = None, chunk_size: int = 2048, cache_dir: str | os.PathLike | None = None) -> TokenizedTexts:
+             num_workers: int | None = None, chunk_size: int = CHUNK_SIZE, cache_dir: str | os.PathLike | None = None) -> TokenizedTexts:
     """Token ids of every text, equal to ``tokenizer.encode(text).ids`` (truncated to ``max_length``).
 
     ``tokenizer`` is a ``tokenizers.Tokenizer`` (its own truncation and fixed-length padding apply, as in its
@@ -287,7 +301,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
                 warnings.warn(f"overdrive.data.tokenize: cache file {path} is unreadable ({type(exc).__name__}); "
                               "tokenizing again and replacing it", RuntimeWarning, stacklevel=2)
     if num_workers is None:
-        num_workers = usable_cpus() if len(texts) >= 8 * chunk_size else 0
+        num_workers = default_workers(len(texts), chunk_size)
     chunks = [list(texts[i:i + chunk_size]) for i in range(0, len(texts), chunk_size)]
     try:
         if num_workers == 0 or len(chunks) <= 1:

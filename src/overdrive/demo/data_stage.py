@@ -1,7 +1,9 @@
-"""Demo stage: the digits written out as an image folder (PNG), trained through overdrive.data.ImageLoader.
+"""Demo stage: the digits written out as an image folder (PNG), trained through overdrive.data.ImageLoader, and
+text tokenized through overdrive.data.tokenize.
 
 Compares with the accuracy the amp stage reached from in-memory tensors (same model). One file is
-corrupt on purpose: the loader skips it, warns, and counts it.
+corrupt on purpose: the loader skips it, warns, and counts it. The tokenization table times ``tokenize`` against
+the loops a user writes with the tokenizer itself, on the same texts, and checks every text's ids against them.
 """
 
 from __future__ import annotations
@@ -47,7 +49,20 @@ class _Gray:
             yield x[:, :1], y
 
 
-def run(ctx: DemoContext) -> Table:
+def run(ctx: DemoContext) -> list[Table]:
+    """The image-pipeline table, then the tokenization table (a tokenization that breaks is its own failed table:
+    the image rows stay)."""
+    tables = [images_table(ctx)]
+    try:
+        tables.append(tokenize_table(ctx))
+    except Exception as exc:  # noqa: BLE001 - as run_demo does for a stage: the error in a table, the rest kept
+        tables.append(Table("Fast tokenization (overdrive.data.tokenize)", ["run", "why"],
+                            [["not run", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"]],
+                            stage="data", status="failed"))
+    return tables
+
+
+def images_table(ctx: DemoContext) -> Table:
     from overdrive.data import ImageLoader, LoaderConfig
 
     d = ctx.digits
@@ -205,3 +220,72 @@ def speed_rows(ctx: DemoContext, table: Table) -> None:
     table.notes.append(f"loading rows: {len(files)} JPEGs (q90) of the upscaled digits, batch {batch}, per-sample random "
                        "resized crop to the size, batches moved to the device; best of 3 epochs after a warm-up one; "
                        f"ImageLoader {ours / base:.2f}x the DataLoader.")
+
+
+def tokenize_table(ctx: DemoContext, n_texts: int | None = None) -> Table:
+    """Texts/s of ``overdrive.data.tokenize`` (worker processes, then its disk cache) against the two loops a user
+    writes with the tokenizer alone: ``tokenizer.encode(text)`` per text (the baseline) and ``encode_batch`` (the
+    tokenizers library's own threads), on the same texts in this run; every text's ids are compared with
+    ``encode``'s (the accuracy: texts whose ids differ). The texts are lines of Python's standard library sources and
+    the tokenizer a WordPiece one trained on them here, so nothing is downloaded.
+
+    Example:
+        >>> # tokenize_table(ctx).rows[2][3]  # tokenize's speed-up over the per-text encode loop
+    """
+    from overdrive._utils.errors import MissingDependencyError
+    from overdrive.data import tokenize
+    from overdrive.data.tokenize import default_workers, local_corpus, train_local_tokenizer
+
+    cols = ["run", "texts/s", "tokens/s", "vs per-text encode", "vs encode_batch", "texts differing from encode",
+            "seconds"]
+    table = Table(f"Fast tokenization (overdrive.data.tokenize), {ctx.device.type} host", cols, stage="data")
+    quick = ctx.workload.width is None
+    if n_texts is None:
+        n_texts = 5_000 if quick else (200_000 if ctx.device.type == "cuda" else 50_000)
+    corpus = local_corpus(max_files=40 if quick else 400)
+    try:
+        tok = train_local_tokenizer(corpus[:20_000], vocab_size=4000 if quick else 8000)
+    except MissingDependencyError as exc:
+        table.status = "skipped"
+        table.rows.append(["not run", None, None, None, None, None, None])
+        table.notes.append(str(exc))
+        return table
+    texts = (corpus * (n_texts // max(len(corpus), 1) + 1))[:n_texts]
+    workers = default_workers(n_texts)  # what tokenize starts with num_workers left at its default
+
+    def timed(fn):  # (result, seconds)
+        t0 = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t0
+
+    ref, t_loop = timed(lambda: [tok.encode(t).ids for t in texts])
+    n_tokens = sum(len(r) for r in ref)
+    batch, t_batch = timed(lambda: [e.ids for e in tok.encode_batch(texts)])
+    with tempfile.TemporaryDirectory(prefix="overdrive_tokens_") as cache:
+        ours, t_ours = timed(lambda: tokenize(texts, tok, cache_dir=cache))  # num_workers: its default
+        cached, t_cached = timed(lambda: tokenize(texts, tok, cache_dir=cache))
+
+    def differing(ids_of) -> int:
+        return sum(ids_of(i) != ref[i] for i in range(len(ref)))
+
+    runs = [("tokenizer.encode(text) per text (baseline)", t_loop, 0),
+            ("tokenizer.encode_batch(texts) (the tokenizers library's threads)", t_batch,
+             differing(lambda i: batch[i])),
+            ("overdrive.data.tokenize, " + (f"{workers} worker processes" if workers else "in this process (few texts)")
+             + ", writes its cache", t_ours,
+             differing(lambda i: ours[i])),
+            ("overdrive.data.tokenize, the same call again (from its disk cache)", t_cached,
+             differing(lambda i: cached[i]))]
+    for label, secs, bad in runs:
+        secs = max(secs, 1e-9)
+        table.rows.append([label, n_texts / secs, n_tokens / secs, t_loop / secs, t_batch / secs, bad, secs])
+    table.add_speedup(f"tokenize ({workers} processes)" if workers else "tokenize", t_loop / max(t_ours, 1e-9), "per-text encode loop",
+                      0.0 if runs[2][2] == 0 else None)
+    table.notes.append(
+        f"{n_texts:,} texts ({n_tokens:,} tokens): lines of Python's standard library sources, repeated to that count; "
+        f"a WordPiece tokenizer (vocab {tok.get_vocab_size():,}, [CLS]/[SEP] added) trained on them in this run; each "
+        "run timed once, in this order, on the host's CPU cores; 'texts differing from encode': texts whose ids are "
+        "not exactly tokenizer.encode(text).ids.")
+    if not cached.from_cache:
+        table.notes.append("the second call did not load the cache (the cache folder was not writable?)")
+    return table
