@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from overdrive._utils.errors import UsageError
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from overdrive.data.tokenize import local_corpus, tokenize, train_local_tokenizer  # noqa: E402
+from overdrive.data.tokenize import TokenizedTexts, local_corpus, tokenize, train_local_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +358,32 @@ def test_max_length_below_the_special_tokens_is_refused(tok, hf_tok, use_hf: boo
     cls_sep = [tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")]
     assert tokenize(["hello world"], t, max_length=2, num_workers=0)[0] == cls_sep
     assert len(tokenize(["hello world"], t, max_length=1, add_special_tokens=False, num_workers=0)[0]) == 1
+
+
+def _group_texts(ids: list[list[int]], block: int, eos: int | None) -> list[list[int]]:
+    """The reference: Hugging Face's run_clm ``group_texts`` in plain Python (eos appended to each text first)."""
+    flat = [t for row in ids for t in (row + ([eos] if eos is not None else []))]
+    n = len(flat) // block * block
+    return [flat[i:i + block] for i in range(0, n, block)]
+
+
+@pytest.mark.parametrize("eos", [None, 3])
+@pytest.mark.parametrize("block", [1, 5, 16])
+def test_packed_equals_group_texts(block: int, eos: int | None) -> None:
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(4, 60000, size=int(n)).tolist() for n in rng.integers(0, 12, size=40)]  # empty texts too
+    lens = [len(r) for r in rows]
+    t = TokenizedTexts(np.array([x for r in rows for x in r], np.int32), np.concatenate([[0], np.cumsum(lens)]))
+    got = t.packed(block, eos_id=eos)
+    assert got.dtype == torch.int64 and got.shape[1] == block
+    assert got.tolist() == _group_texts(rows, block, eos)
+
+
+def test_packed_bad_arguments() -> None:
+    t = TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
+    for kw, msg in [({"block_size": 0}, "block_size=0 must be an int >= 1"),
+                    ({"block_size": 2.0}, "block_size=2.0"),
+                    ({"block_size": 2, "eos_id": "</s>"}, "eos_id='</s>' must be an int token id"),
+                    ({"block_size": 9}, "3 tokens make no block of block_size=9")]:
+        with pytest.raises(UsageError, match=re.escape(msg)):
+            t.packed(**kw)

@@ -78,6 +78,36 @@ class TokenizedTexts:
             mask[i, : len(row)] = 1
         return ids, mask
 
+    def packed(self, block_size: int, eos_id: int | None = None) -> torch.Tensor:
+        """(B, block_size) int64 blocks of every text's ids laid end to end, for causal-LM training (Hugging Face's
+        ``group_texts``, nanoGPT's token stream): ``eos_id`` (if given) follows each text, so a block that spans two
+        texts shows where one ends; the tokens after the last whole block are dropped. No padding and no mask: every
+        position is a token. Shift by one for the targets (``x = b[:, :-1], y = b[:, 1:]``).
+
+        Example:
+            >>> t = TokenizedTexts(np.array([5, 6, 7, 8, 9], np.int32), np.array([0, 2, 5]))
+            >>> t.packed(3, eos_id=0).tolist()  # 5 6 0 7 8 9 0: two blocks, the last 0 dropped
+            [[5, 6, 0], [7, 8, 9]]
+        """
+        if not (_is_int(block_size) and block_size >= 1):
+            raise UsageError(f"block_size={block_size!r} must be an int >= 1 (tokens per block)")
+        if eos_id is not None and not _is_int(eos_id):
+            raise UsageError(f"eos_id={eos_id!r} must be an int token id (e.g. tokenizer.token_to_id('</s>')) or None")
+        if eos_id is None:
+            stream = self.ids
+        else:  # each text's ids, then eos_id: one copy of the stream, no Python loop over texts
+            stream = np.empty(len(self.ids) + len(self), dtype=np.int64)
+            ends = self.offsets[1:] + np.arange(1, len(self) + 1)  # where each text's eos lands, one past its ids
+            is_eos = np.zeros(len(stream), dtype=bool)
+            is_eos[ends - 1] = True
+            stream[is_eos] = eos_id
+            stream[~is_eos] = self.ids
+        n = len(stream) // block_size
+        if n == 0:
+            raise UsageError(f"{len(stream)} tokens make no block of block_size={block_size}; give a block_size of at "
+                             f"most {len(stream)}, or more texts")
+        return torch.from_numpy(np.ascontiguousarray(stream[: n * block_size], dtype=np.int64)).view(n, block_size)
+
 
 def _backend(tokenizer: Any) -> Any:
     """A ``tokenizers.Tokenizer`` from a Tokenizer, a transformers fast tokenizer, or a tokenizer.json path."""
