@@ -48,4 +48,11 @@ def command(nnodes: int, nproc_per_node: str, node_rank: int, master_addr: str |
         raise UsageError(f"--node-rank {node_rank} with --nnodes {nnodes}: node ranks run 0 to {nnodes - 1}")
     cfg = LaunchConfig(nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank, master_addr=master_addr,
                        master_port=master_port, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
-    sys.exit(launch(cfg, script, list(script_args), module=module, check=not no_check, timeout_s=timeout_s))
+    rc = launch(cfg, script, list(script_args), module=module, check=not no_check, timeout_s=timeout_s)
+    if rc != 0:  # torchrun's own report ends in a Python traceback of its own (ChildFailedError): close with one line
+        from overdrive._utils.errors import OverdriveError
+
+        tried = f" in each of {max_restarts + 1} attempts" if max_restarts else ""
+        raise OverdriveError(f"{script} failed{tried} (torchrun exit code {rc}) and every rank was stopped; the first "
+                             "rank to fail is named under 'Root Cause' in torchrun's report above, its own error before it")
+    sys.exit(0)

@@ -193,8 +193,8 @@ def _position_blob(position: dict[str, Any] | None) -> bytes:
         position = {}
     if not isinstance(position, dict):
         raise UsageError(f"position={type(position).__name__}: expected a dict (e.g. sampler.state_dict()) or None")
-    data = _blob(dict(position))
     try:
+        data = _blob(dict(position))  # a lambda, a generator, an open file: pickling fails here
         _unblob(data)
     except Exception as exc:
         raise UsageError(
@@ -270,6 +270,9 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
         )
     position_blob = _position_blob(position)
     root = Path(root)
+    if root.exists() and not root.is_dir():  # DCP would fail on every rank with a CheckpointException (a BaseException)
+        raise UsageError(f"checkpoint.save root {str(root)!r} is a file, not a folder; pass a folder (it is created), "
+                         "e.g. checkpoint.save('ckpt', trainer)")
     path = root / f"step_{trainer.step_count:08d}"
     state = _state(trainer)
     state["rng"] = {f"rank{_rank()}": _rng_state()}
@@ -385,6 +388,11 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
         raise UsageError("checkpoint.load(None, ...): no checkpoint to load (checkpoint.latest(root) returns None "
                          "when no folder verifies; its warning names the ones it skipped)")
     path = Path(path)
+    if path.is_dir() and not (path / files.METADATA).exists() and (inside := _steps(path)):
+        # the root that save() writes step folders into: verify would call it "a save that did not finish"
+        raise UsageError(f"checkpoint.load({str(path)!r}): that is a checkpoint root holding {len(inside)} step "
+                         f"folder(s) ({inside[-1][1].name} the newest), not one checkpoint; pass "
+                         f"checkpoint.latest({str(path)!r}), the newest one that verifies")
     meta_bytes = _verified(path, allow_unverified)
     keys = set(files.read_metadata(path, meta_bytes).state_dict_metadata)
     world = _world()

@@ -182,6 +182,43 @@ def env_findings(env: dict[str, str], ifaces: list[dict[str, Any]]) -> tuple[lis
     return rows, findings
 
 
+RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")  # what torchrun sets in each rank
+
+
+def rank_env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
+    """(variable, problem) for each of WORLD_SIZE / RANK / LOCAL_RANK / MASTER_PORT in ``env`` that no process group
+    can be built from: not an integer, WORLD_SIZE < 1, RANK outside [0, WORLD_SIZE), LOCAL_RANK < 0, a port outside
+    1-65535. A RANK past WORLD_SIZE waited out the store's 300 s timeout in ``init()``; the others were a bare
+    ``ValueError`` from ``int()`` or from TCPStore.
+
+    Example:
+        >>> rank_env_problems({"WORLD_SIZE": "4", "RANK": "5"})
+        [('RANK', 'RANK=5 is outside [0, WORLD_SIZE=4): ranks run 0 to 3')]
+    """
+    fix = "unset it and start the script with `overdrive launch`, which sets it in every rank"
+    out: list[tuple[str, str]] = []
+    vals: dict[str, int] = {}
+    for k in RANK_VARS:
+        if k not in env:
+            continue
+        try:
+            vals[k] = int(env[k].strip())
+        except ValueError:
+            out.append((k, f"{k}={env[k]!r} is not an integer; {fix}"))
+    if vals.get("WORLD_SIZE", 1) < 1:
+        out.append(("WORLD_SIZE", f"WORLD_SIZE={vals['WORLD_SIZE']} must be >= 1 (the number of ranks); {fix}"))
+    elif "RANK" in vals and not 0 <= vals["RANK"] < vals.get("WORLD_SIZE", 1):
+        world = vals.get("WORLD_SIZE", 1)
+        out.append(("RANK", f"RANK={vals['RANK']} is outside [0, WORLD_SIZE={world}): ranks run 0 to {world - 1}"
+                    + ("" if "WORLD_SIZE" in env else " (WORLD_SIZE is unset: 1)")))
+    if vals.get("LOCAL_RANK", 0) < 0:
+        out.append(("LOCAL_RANK", f"LOCAL_RANK={vals['LOCAL_RANK']} must be >= 0; {fix}"))
+    if "MASTER_PORT" in vals and not 0 < vals["MASTER_PORT"] < 65536:
+        out.append(("MASTER_PORT", f"MASTER_PORT={vals['MASTER_PORT']} is not a TCP port (1-65535); pick a free "
+                    "port, or unset it and start the script with `overdrive launch`"))
+    return out
+
+
 def _is_local(addr: str) -> bool:
     try:
         ip = socket.gethostbyname(addr)
@@ -223,8 +260,11 @@ def diagnose(master_addr: str | None = None, master_port: int | None = None, nod
     env = dict(os.environ if env is None else env)
     ifaces = interfaces()
     rows, findings = env_findings(env, ifaces)
+    bad_env = rank_env_problems(env)
+    findings += [Finding("error", k, detail) for k, detail in bad_env]
     addr = master_addr or env.get("MASTER_ADDR")
-    port = master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else None)
+    port = master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit()
+                           and not any(k == "MASTER_PORT" for k, _ in bad_env) else None)
     if addr is not None and port is not None:
         findings += check_master(addr, port, node_rank)
     g = gpus()

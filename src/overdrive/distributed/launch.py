@@ -68,9 +68,11 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
         addr, prt = host, int(port)
     else:
         addr, prt = cfg.master_addr, cfg.master_port or (29500 if cfg.master_addr else None)
-    if cfg.standalone:  # torchrun picks its own free port; stale MASTER_* variables do not matter
+    # torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_PORT in every rank: stale ones here do not matter
+    env = {k: v for k, v in env.items() if k not in doctor.RANK_VARS}
+    if cfg.standalone:  # torchrun picks its own free port; a stale MASTER_ADDR does not matter either
         addr = prt = None
-        env = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        env = {k: v for k, v in env.items() if k != "MASTER_ADDR"}
     report = doctor.diagnose(master_addr=addr, master_port=prt, node_rank=cfg.node_rank, env=env, topology=False)
     if cfg.rdzv_endpoint is not None:
         # c10d rendezvous: whichever node comes first hosts the store; a busy port on us is fine.

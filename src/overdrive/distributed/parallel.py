@@ -59,6 +59,11 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     Example:
         >>> # env = overdrive.distributed.init(); model = ... .to(env.device)
     """
+    from overdrive.distributed.doctor import rank_env_problems
+
+    bad = rank_env_problems(dict(os.environ))
+    if bad:  # a RANK past WORLD_SIZE would wait out the store's timeout; a non-number is a bare ValueError
+        raise UsageError("overdrive.distributed.init(): " + "; ".join(detail for _, detail in bad))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -281,6 +286,31 @@ class Parallel:
         if kind == "fsdp" and self.accumulate > 1:
             self.wrapped.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
         yield
+
+    def check_same_batches(self, batches: int | None, epoch: int) -> None:
+        """Raise on every rank unless every rank's training data has the same number of batches this epoch (one
+        small all-reduce; skipped where a rank's data has no ``len``). DDP and FSDP2 run one collective per step, so
+        a rank with a batch more waited in it forever while the others had finished (or went on to their own
+        collectives in a save).
+
+        Example:
+            >>> # par.check_same_batches(len(loader), epoch=0)   # at the start of each epoch, on every rank
+        """
+        if self.strategy.kind == "none" or self.world_size == 1:
+            return
+        n = -1 if batches is None else int(batches)
+        dev = self.device if self.device.type == "cuda" else torch.device("cpu")
+        both = torch.tensor([n, -n], dtype=torch.int64, device=dev)  # max and -min in one all-reduce
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        most, fewest = int(both[0]), -int(both[1])
+        if fewest < 0 or most == fewest:  # a rank without len (its count is unknown), or all equal
+            return
+        raise UsageError(
+            f"epoch {epoch}: this rank ({dist.get_rank()}) has {n} training batches, but the ranks have between "
+            f"{fewest} and {most}; strategy={self.strategy.kind!r} needs the same count on every rank (the rank with "
+            "more would wait in a collective forever): shard with torch's DistributedSampler (pads) or "
+            "overdrive.distributed.ResumableSampler (drops the tail)"
+        )
 
     def after_step(self) -> None:
         """After each optimizer step: under FSDP2 with fp8 all-gather, the next forward's fp8 weight scales in one

@@ -29,6 +29,12 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         if n < 1 or batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise UsageError(f"ResumableSampler(n={n}, batch_size={batch_size}, rank={rank}, world_size={world_size}): "
                              "need n, batch_size, world_size >= 1 and 0 <= rank < world_size")
+        if n < batch_size * world_size:  # steps_per_epoch() would be 0: every epoch silently empty
+            fix = (f"lower batch_size to at most {n // world_size}" if n >= world_size
+                   else f"use at most {n} rank(s), or a larger dataset")
+            raise UsageError(f"ResumableSampler(n={n}, batch_size={batch_size}, world_size={world_size}): one global "
+                             f"step takes batch_size * world_size = {batch_size * world_size} samples, more than the "
+                             f"dataset's {n}, so every epoch would be empty; {fix}")
         self.n, self.batch_size, self.rank, self.world_size = n, batch_size, rank, world_size
         self.shuffle, self.seed = shuffle, seed
         self.epoch = 0

@@ -257,6 +257,9 @@ class Trainer:
         ``ReduceLROnPlateau``, which needs a metric: it steps once at the end of each epoch, on the
         eval loss when ``eval_data`` is given and otherwise on the epoch's mean training loss.
 
+        Under ``strategy="ddp"|"fsdp"``, each epoch starts by checking that every rank's ``train_data`` has the same
+        number of batches (where it has a ``len``): uneven counts raise ``UsageError`` on every rank.
+
         Each epoch starts with ``set_epoch(trainer.epoch)`` on ``train_data`` when it has one (an
         ``overdrive.data.ImageLoader``), else on its sampler (a DataLoader over a ``DistributedSampler`` or
         ``ResumableSampler``), as a hand-written torch loop does: each epoch gets its own shuffle.
@@ -275,6 +278,8 @@ class Trainer:
             task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
             for _ in range(epochs):
                 _set_epoch(train_data, self.epoch)
+                if self.parallel is not None:  # uneven batch counts over ranks: an error here, not a hang mid-epoch
+                    self.parallel.check_same_batches(_len_or_none(train_data), self.epoch)
                 self.model.train()
                 skipped0 = self.skipped_steps
                 losses: list[torch.Tensor] = []
