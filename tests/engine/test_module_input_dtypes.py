@@ -85,3 +85,35 @@ def test_one_input_renamed_by_the_profile_keeps_its_dtype() -> None:
     ids = torch.randint(0, 30, (2, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(eng(ids), model(ids), atol=1e-5, rtol=1e-5)
+
+
+class TableIndex(nn.Module):
+    """x (B, T, 8) plus rows of a parameter table picked by idx (B, T), and columns picked by cols (K,)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Parameter(torch.randn(50, 8))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return (x + self.table[idx])[:, :, cols]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "inductor"])
+def test_a_tensor_index_input_is_int64(backend: str) -> None:
+    """``table[idx]`` and ``x[:, :, cols]``: the index inputs are int64 (they were float, and the export failed with
+    'tensors used as indices must be long'); outputs against eager fp32, tolerance 1e-5, at the profile's min and max."""
+    m = TableIndex().eval()
+    assert module_dtypes(m) == {"idx": torch.int64, "cols": torch.int64}
+    prof = [ShapeProfile("x", (1, 1, 8), (2, 5, 8), (4, 10, 8)), ShapeProfile("idx", (1, 1), (2, 5), (4, 10)),
+            ShapeProfile("cols", (3,), (3,), (3,))]
+    eng = Builder(BuildConfig(device="cpu", backend=backend, profiles=prof)).build(m)
+    g = torch.Generator().manual_seed(0)
+    for b, t in ((1, 1), (4, 10)):
+        x, idx, cols = torch.randn(b, t, 8, generator=g), torch.randint(0, 50, (b, t), generator=g), torch.tensor([7, 0, 3])
+        with torch.no_grad():
+            torch.testing.assert_close(eng(x, idx, cols), m(x, idx, cols), atol=1e-5, rtol=1e-5)
+
+
+def module_dtypes(m: nn.Module) -> dict[str, torch.dtype]:
+    return with_forward_dtypes(from_module(m)).input_dtypes

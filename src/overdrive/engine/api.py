@@ -21,7 +21,8 @@ from overdrive._utils.files import atomic_write
 from overdrive.engine import accuracy, backends
 from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig
-from overdrive.engine.inputs import apply_io_formats, check_onnx_dims, ordered, random_inputs, resolve_profiles
+from overdrive.engine.inputs import (apply_io_formats, check_onnx_dims, onnx_shared_dims, ordered, random_inputs,
+                                     resolve_profiles)
 from overdrive.engine.runtime import Engine, device_facts
 from overdrive.engine.sources import ModelSource, fit_input_names, to_source, with_forward_dtypes
 
@@ -258,6 +259,8 @@ class Builder:
                                    f"batch(es) in {time.perf_counter() - t_sq:.1f} s")
         t0 = time.perf_counter()
         sections, runner, meta = backend.build(src, example, cfg, device, calib)
+        shared = meta.get("shared_dims") or []
+        meta["shared_dims"] = shared + [g for g in onnx_shared_dims(src) if g not in shared]  # checked at each call
         build_s = time.perf_counter() - t0
         calibration = calibration or meta.pop("calibration", None)
         outs = runner(*example)

@@ -3,6 +3,7 @@ PASSED/FAILED against ``|a - b| <= atol + rtol * |b|`` elementwise."""
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,43 @@ def _input_specs(fa: Any, fb: Any) -> list[tuple[str, list[int | None], torch.dt
     return None
 
 
+def _input_names(fn: Any) -> list[str] | None:
+    """The input names of an engine or an ONNX model, in the order it takes them (None for a PyTorch model)."""
+    from overdrive.engine.runtime import Engine
+
+    if isinstance(fn, Engine):
+        return list(fn.input_names)
+    if isinstance(fn, _OrtReference):
+        return [i.name for i in fn.session.get_inputs()]
+    return None
+
+
+def _for(fn: Any, label: str, inputs: tuple[torch.Tensor, ...], fa: Any, fb: Any) -> tuple[torch.Tensor, ...]:
+    """``inputs`` (in the order of the side :func:`_input_specs` reads: the engine's, else the first ONNX model's,
+    else A's) as ``fn`` takes them: by name where both sides name them (an ONNX model may order x, y as y, x).
+    Refuses another number of inputs: it fed only the first ones to an ONNX model and compared unrelated outputs."""
+    from overdrive.engine.runtime import Engine
+
+    have = _input_names(fn)
+    if have is None:  # a PyTorch model: refuse another number of inputs by name, not with forward's TypeError
+        try:
+            inspect.signature(fn.forward).bind(*inputs)
+        except TypeError as exc:
+            raise UsageError(f"{label} cannot take the {len(inputs)} input(s) of the other side ({exc}): compare two "
+                             "models that take the same inputs") from exc
+        except (ValueError, AttributeError):  # no signature Python can read: the call says
+            pass
+        return inputs
+    if len(have) != len(inputs):
+        raise UsageError(f"{label} takes {len(have)} input(s) {have}, but the other side takes {len(inputs)}: "
+                         "compare two models that take the same inputs")
+    sides = [f for f in (fa, fb) if isinstance(f, Engine)] + [f for f in (fa, fb) if isinstance(f, _OrtReference)]
+    order = _input_names(sides[0]) if sides else None
+    if order and order != have and sorted(order) == sorted(have):
+        return tuple(inputs[order.index(n)] for n in have)
+    return inputs
+
+
 def _make_inputs(fa: Any, fb: Any, shapes: dict[str, tuple[int, ...]] | None,
                  named: dict[str, torch.Tensor] | None, seed: int) -> tuple[torch.Tensor, ...]:
     """The inputs both sides run: ``named`` tensors or random ones at ``shapes`` (default: an engine's opt
@@ -233,7 +271,7 @@ def compare(a: Any, b: Any, inputs: Any = None, atol: float = 1e-3, rtol: float 
     if inputs is None or isinstance(inputs, dict):
         inputs = _make_inputs(fa, fb, shapes, inputs, seed)
     inputs = tuple(inputs)
-    oa, ob = _outputs(fa, inputs), _outputs(fb, inputs)
+    oa, ob = _outputs(fa, _for(fa, la, inputs, fa, fb)), _outputs(fb, _for(fb, lb, inputs, fa, fb))
     if len(oa) != len(ob):
         raise UsageError(f"{la} has {len(oa)} outputs but {lb} has {len(ob)}")
     names = _names(fa, len(oa)) or _names(fb, len(oa)) or [f"output{i}" for i in range(len(oa))]

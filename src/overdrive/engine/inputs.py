@@ -82,11 +82,66 @@ def resolve_profiles(profiles: list[ShapeProfile], src: ModelSource, example: tu
     shapes = src.onnx_shapes
     if shapes and all(n in shapes and all(d for d in shapes[n]) for n in names):
         return [ShapeProfile.fixed(n, tuple(shapes[n])) for n in names]
-    raise UsageError(f"give the input shapes: --shapes {names[0]}:1x3x224x224 (or --min/--opt/--max-shapes), or example inputs")
+    raise UsageError(f"give the input shapes: --shapes {_shapes_hint(names, shapes)} (or --min/--opt/--max-shapes), or "
+                     "example inputs")
+
+
+def _shapes_hint(names: list[str], shapes: dict[str, list[int | None]] | None) -> str:
+    """A ``--shapes`` value for every input: the ONNX model's dims, its dynamic ones (0 or None) read as 1; an
+    input whose dims are unknown (a PyTorch model's) gets a placeholder: an image shape when it is the only input.
+
+    Example:
+        >>> _shapes_hint(["x", "y"], {"x": [0, 3, 32, 32], "y": [None, 6]}), _shapes_hint(["x"], None)
+        ('x:1x3x32x32,y:1x6', 'x:1x3x224x224')
+        >>> _shapes_hint(["x", "idx"], None)
+        'x:AxBx...,idx:AxBx...'
+    """
+    known = shapes or {}
+    unknown = "1x3x224x224" if len(names) == 1 else "AxBx..."
+    return ",".join(f"{n}:{'x'.join(str(d or 1) for d in known[n]) if known.get(n) else unknown}" for n in names)
+
+
+def onnx_shared_dims(src: ModelSource) -> list[list[list[Any]]]:
+    """The input dims an ONNX model names alike (``dim_param``: ``batch`` on input_ids and attention_mask), which
+    ONNX declares equal: ``[[["x", 0], ["y", 0]], ...]``, the groups engines check at run time (as TensorRT 10's
+    named dimensions). Unlike sizes fed to such dims broadcast or failed deep in ONNX Runtime.
+
+    Example:
+        >>> onnx_shared_dims(ModelSource(input_names=["x", "y"], onnx_dim_params={"x": ["B", None], "y": ["B"]}))
+        [[['x', 0], ['y', 0]]]
+    """
+    return named_dim_groups({n: (src.onnx_dim_params or {}).get(n) or [] for n in src.input_names})
+
+
+def named_dim_groups(dims: dict[str, list[Any]]) -> list[list[list[Any]]]:
+    """The groups of input dims that carry one name (a string among each input's dims, as ONNX Runtime's
+    ``session.get_inputs()[i].shape`` gives them; ints and None are not names).
+
+    Example:
+        >>> named_dim_groups({"ids": ["batch", "seq"], "mask": ["batch", "seq"], "x": ["batch", 8]})
+        [[['ids', 0], ['mask', 0], ['x', 0]], [['ids', 1], ['mask', 1]]]
+    """
+    groups: dict[str, list[list[Any]]] = {}
+    for n, ds in dims.items():
+        for d, param in enumerate(ds):
+            if isinstance(param, str) and param:
+                groups.setdefault(param, []).append([n, d])
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def check_onnx_dims(profiles: list[ShapeProfile], src: ModelSource) -> None:
-    """Refuse a profile that an ONNX model's fixed input dims cannot run (it built, then failed at run time)."""
+    """Refuse a profile that an ONNX model's fixed input dims cannot run (it built, then failed at run time), or
+    that gives dims the model names alike (one ``dim_param``) different ranges."""
+    by = {p.name: p for p in profiles}
+    params = src.onnx_dim_params or {}
+    for group in onnx_shared_dims(src):
+        ranges = {f"{n}[{d}]": tuple(getattr(by[n], end)[d] for end in ("min", "opt", "max"))
+                  for n, d in group if n in by and d < len(by[n].opt)}
+        if len(set(ranges.values())) > 1:
+            n0, d0 = group[0]
+            raise UsageError(f"inputs {', '.join(f'{k} {lo}/{mid}/{hi}' for k, (lo, mid, hi) in ranges.items())} "
+                             f"(min/opt/max) share the ONNX model's dim {params[n0][d0]!r}, so they have one size; "
+                             "give them the same min, opt and max")
     shapes = src.onnx_shapes or {}
     for p in profiles:
         fixed = shapes.get(p.name)

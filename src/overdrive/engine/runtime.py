@@ -181,8 +181,12 @@ class Engine:
         out = []
         for x, p, dt, layout in zip(inputs, self.profiles, self.input_dtypes, self.input_layouts):
             x = torch.as_tensor(x)
-            if layout == "hwc" and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)  # the binding's layout (no copy when it is already)
+            # the binding's layout (no copy when it is already): a compiled program (AOTInductor above all) reads its
+            # inputs at the strides it was built for, so a transposed, sliced or expanded view gave wrong numbers
+            if layout in ("hwc", "hwc8") and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            else:
+                x = x.contiguous()
             if x.dim() != len(p.min):
                 raise UsageError(f"input {p.name!r} has {x.dim()} dims {tuple(x.shape)} but the engine's input has "
                                  f"{len(p.min)} (profile min {p.min} max {p.max}); reshape it, or rebuild the engine "

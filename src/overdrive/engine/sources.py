@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import threading
+import types
 import warnings
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ class ModelSource:
     input_names: list[str] = field(default_factory=list)
     input_dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     onnx_shapes: dict[str, list[int | None]] = field(default_factory=dict)  # None: dynamic dim
+    onnx_dim_params: dict[str, list[str | None]] = field(default_factory=dict)  # an ONNX input's named dims
     onnx_output_names: list[str] = field(default_factory=list)  # an ONNX model's own output names
     kind: str = "module"  # module | onnx | torchscript | exported
 
@@ -94,7 +96,8 @@ class ModelSource:
             finally:
                 for mod, mode in modes:
                     mod.training = mode
-            return buf.getvalue()
+            if not dynamic or _reproduces(buf.getvalue(), wrapped, example, profiles, self.input_names):
+                return buf.getvalue()
         except Exception:  # noqa: BLE001 - fall through to the dynamo exporter, which raises its own error
             pass
         require("onnxscript", "onnx", "ONNX export")
@@ -108,9 +111,61 @@ class ModelSource:
                                          input_names=self.input_names, dynamic_shapes=dyn, opset_version=opset,
                                          verbose=False)
         except Exception as exc:  # noqa: BLE001 - both exporters failed: the model's own error, in one line
-            raise OverdriveError(f"the model could not be exported to ONNX with these inputs: {export_summary(exc)}; "
-                                 "check --shapes against what the model takes, or build with --backend inductor") from exc
+            why = export_summary(exc)
+            fix = ("the model fixes a dim the shape profile lets vary (Python code on a size, such as a loop over the "
+                   "sequence): make that dim static in the profile (--shapes), or change the model"
+                   if "inferred a static shape" in why or "Constraints violated" in why else
+                   "check --shapes against what the model takes, or build with --backend inductor")
+            raise OverdriveError(f"the model could not be exported to ONNX with these inputs: {why}; {fix}") from exc
         return prog.model_proto.SerializeToString()
+
+
+def _probe_shape(shape: tuple[int, ...], p: ShapeProfile) -> tuple[int, ...]:
+    """A shape inside ``p`` that differs from the traced ``shape`` in every dim the profile lets vary.
+
+    Example:
+        >>> _probe_shape((4, 8, 16), ShapeProfile("x", (1, 8, 16), (4, 8, 16), (8, 32, 16)))
+        (1, 9, 16)
+    """
+    return tuple(n if lo == hi else lo if lo != n else min(n + 1, hi) for n, lo, hi in zip(shape, p.min, p.max))
+
+
+def _reproduces(onnx_bytes: bytes, module: nn.Module, example: tuple[torch.Tensor, ...], profiles: list[ShapeProfile],
+                names: list[str]) -> bool:
+    """Whether a TorchScript-exported ONNX model computes what ``module`` does at a shape other than the traced one in
+    every dynamic dim (tolerance 1e-3 of the output's range). The TorchScript exporter traces Python control flow on
+    sizes at the example's sizes: a loop over the sequence ran that many steps at every size, wrong with no error
+    (an LSTM-style cell at T=12 from a trace at T=8: 1.3 off). True where ONNX Runtime is absent (nothing to run)."""
+    from overdrive._utils.optional import is_available
+
+    by = {p.name: p for p in profiles}
+    g = torch.Generator().manual_seed(0)
+    shapes = [_probe_shape(tuple(x.shape), by[n]) if n in by else tuple(x.shape) for n, x in zip(names, example)]
+    # floats from N(0, 1); integer and bool inputs all ones (a mask attending to every token, ids in any table)
+    xs = tuple((torch.randn(s, generator=g) if x.is_floating_point() else torch.ones(s)).to(x.device, x.dtype)
+               for s, x in zip(shapes, example))
+    if not is_available("onnxruntime") or all(a.shape == b.shape for a, b in zip(xs, example)):
+        return True
+    import onnxruntime as ort
+    from torch.utils._pytree import tree_leaves
+
+    try:
+        with torch.no_grad():
+            ref = [o for o in tree_leaves(module(*xs)) if isinstance(o, torch.Tensor)]
+        so = ort.SessionOptions()
+        so.log_severity_level = 4  # a failed run is an answer here, not an error for the terminal
+        sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+        outs = sess.run(None, {i.name: x.detach().cpu().numpy() for i, x in zip(sess.get_inputs(), xs)})
+    except Exception:  # noqa: BLE001 - the export cannot run at that shape (a Gather past the traced size)
+        return False
+    if len(outs) != len(ref):
+        return False
+    for o, r in zip(outs, ref):
+        o, r = torch.from_numpy(o).double(), r.detach().cpu().double()
+        scale = float(r.abs().nan_to_num(0.0, 0.0, 0.0).max()) if r.numel() else 0.0
+        if o.shape != r.shape or not torch.allclose(o, r, rtol=1e-3, atol=1e-3 * max(1.0, scale), equal_nan=True):
+            return False
+    return True
 
 
 def export_summary(exc: BaseException) -> str:
@@ -228,9 +283,10 @@ _FX_SAME_VALUES = {"reshape", "view", "flatten", "unsqueeze", "squeeze", "contig
 
 
 def module_input_dtypes(module: nn.Module, names: list[str]) -> dict[str, torch.dtype]:
-    """int64 for the forward inputs that index (an ``nn.Embedding``/``EmbeddingBag``, ``gather``, ``index_select``),
-    bool for those used as a mask (``~mask``, ``masked_fill``, ``where``), as far as ``torch.fx`` can trace the
-    module without inputs; {} where it cannot (data-dependent control flow: Hugging Face models go by input names).
+    """int64 for the forward inputs that index (an ``nn.Embedding``/``EmbeddingBag``, ``gather``, ``index_select``,
+    ``table[idx]``), bool for those used as a mask (``~mask``, ``masked_fill``, ``where``), as far as ``torch.fx`` can
+    trace the module without inputs; {} where it cannot (data-dependent control flow: Hugging Face models go by input
+    names).
 
     Example:
         >>> class Bag(nn.Module):
@@ -266,6 +322,9 @@ def module_input_dtypes(module: nn.Module, names: list[str]) -> dict[str, torch.
                     dtype = torch.int64
                 elif user.op in ("call_function", "call_method") and _FX_BOOL_FUNCS.get(what, -1) == pos:
                     dtype = torch.bool
+                elif what == "getitem" and len(user.args) > 1 and user.args[0] is not node and any(
+                        a is node for a in (user.args[1] if isinstance(user.args[1], tuple) else (user.args[1],))):
+                    dtype = torch.int64  # the index of a tensor: table[idx], x[:, idx] (a float index fails to export)
                 elif what in _FX_SAME_VALUES and pos == 0 and user not in seen:
                     seen.add(user)
                     todo.append(user)
@@ -355,7 +414,7 @@ def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
             raise UsageError(f"{model}: with its external data the model is over 2 GB, more than one engine section "
                              "holds; build from a torch.export archive (.pt2) instead") from exc
     inits = {t.name for t in proto.graph.initializer}
-    names, dtypes, shapes = [], {}, {}
+    names, dtypes, shapes, params = [], {}, {}, {}
     for i in proto.graph.input:
         if i.name in inits:
             continue
@@ -363,7 +422,9 @@ def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
         tt = i.type.tensor_type
         dtypes[i.name] = _ONNX_FLOAT.get(tt.elem_type, torch.float32)
         shapes[i.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        params[i.name] = [d.dim_param if d.HasField("dim_param") and d.dim_param else None for d in tt.shape.dim]
     return ModelSource(onnx_bytes=data, input_names=names, input_dtypes=dtypes, onnx_shapes=shapes,
+                       onnx_dim_params=params,
                        onnx_output_names=[o.name for o in proto.graph.output], kind="onnx")
 
 
@@ -535,11 +596,33 @@ def load_exported(f: str | Path | bytes, what: str = "exported program") -> Any:
                 os.environ[_FORCE] = old
 
 
+class _Positional(nn.Module):
+    """A ``torch.export`` module exported with positional inputs, called with them positionally."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *xs: torch.Tensor) -> Any:
+        return self.module(*xs)
+
+
 def from_exported(path: str | Path) -> ModelSource:
     require_file(path, "exported program")
     ep = load_exported(path, f"exported program {path}")
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    src = from_module(ep.module(), names)
+    module = ep.module()
+    # torch.export's module refuses train()/eval() (NotImplementedError), which the ONNX exporters and the by-name
+    # wrapper of a multi-input model call: `--exported` of a two-input archive failed with that error. Its graph is
+    # fixed at export, so the mode is a flag only here; it is set to eval, as an engine runs (training mode made the
+    # TorchScript exporter warn that the model was exported in training mode)
+    module.train = types.MethodType(nn.Module.train, module)
+    module.eval = types.MethodType(nn.Module.eval, module)
+    module.eval()
+    kwargs = (getattr(ep, "example_inputs", None) or ((), {}))[1]
+    # exported with positional inputs, it takes them so only (by name: "kwarg keyword mismatch"); the wrapper's
+    # forward(*xs) keeps the by-name wrapper of multi-input models (by_name) away from it
+    src = from_module(module if kwargs else _Positional(module), names)
     src.kind = "exported"
     return src
 

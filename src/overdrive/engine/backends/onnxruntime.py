@@ -21,6 +21,7 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive._utils.optional import is_available, require
 from overdrive.engine.config import BuildConfig
+from overdrive.engine.inputs import named_dim_groups
 from overdrive.engine.sources import ModelSource
 
 NAME = "onnxruntime"
@@ -202,7 +203,10 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
         except Exception as exc:
             raise UsageError(f"onnxruntime could not load the model: {exc}") from exc
     runner = Runner(_session(optimized, device, unfused_qdq=unfused), device)
-    meta.update(export_s=t_export, providers=_providers(device))
+    # dims the model names alike (ids and mask share "batch", or the exporter proved them equal): one size, checked at
+    # each call; unlike sizes broadcast or failed deep in ONNX Runtime
+    shared = named_dim_groups({i.name: list(i.shape) for i in runner.session.get_inputs()})
+    meta.update(export_s=t_export, providers=_providers(device), shared_dims=shared)
     if qdq and device.type == "cpu":
         meta["int8_kernels"] = ("fused int8 kernels: " if exact else "not fused: ") + why
         meta["unfused_qdq"] = unfused
