@@ -22,3 +22,28 @@ def test_a_rank_that_raises_ends_in_one_error_line(tmp_path: Path) -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error:") and "fails.py failed" in last and "exit code 1" in last, proc.stderr[-2000:]
     assert "Root Cause" in last and "rank 1 gives up" in proc.stderr
+
+
+def test_a_module_no_rank_could_import_is_refused_before_the_ranks(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    import pytest
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.distributed.config import LaunchConfig
+    from overdrive.distributed.launch import check_module, launch
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="no module or package 'mypkgx' in this folder"):
+        launch(LaunchConfig(nproc_per_node=2), "mypkgx.train", module=True, check=False,
+               env={"PYTHONPATH": ""})
+    for bad in ("train.py", "my-pkg.train", ""):
+        with pytest.raises(UsageError, match="is not a module name"):
+            check_module(bad, {})
+    (tmp_path / "mypkgx").mkdir()
+    (tmp_path / "mypkgx" / "__init__.py").write_text("")
+    check_module("mypkgx.train", {})  # the ranks run from this folder: found (its submodule is the rank's to import)
+    elsewhere = tmp_path / "lib"
+    (elsewhere / "otherpkg").mkdir(parents=True)
+    check_module("json", {})
+    with pytest.raises(UsageError):
+        check_module("otherpkg.train", {})
+    check_module("otherpkg.train", {"PYTHONPATH": str(elsewhere)})  # a namespace package on PYTHONPATH

@@ -90,6 +90,30 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
     return report
 
 
+def check_module(name: str, env: dict[str, str] | None = None) -> None:
+    """Refuse a ``-m`` module whose top-level package no rank could import: each rank runs ``python -m name`` from
+    this folder, so it searches the current folder, ``PYTHONPATH`` and the interpreter's paths. Only the top level is
+    looked up (nothing is imported or run here); a typo there failed in every rank, after their start.
+
+    Example:
+        >>> check_module("json")  # the standard library: found
+    """
+    import importlib.machinery
+    import importlib.util
+
+    env = dict(os.environ if env is None else env)
+    top = name.split(".")[0]
+    if name.endswith(".py") or not all(part.isidentifier() for part in name.split(".")):
+        raise UsageError(f"-m {name!r} is not a module name (dotted Python identifiers, e.g. mypkg.train); for a "
+                         "file, drop -m and give its path")
+    paths = [os.getcwd(), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p], *sys.path]
+    if top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(top, paths) is not None:
+        return
+    raise UsageError(f"-m {name}: no module or package {top!r} in this folder ({os.getcwd()}), PYTHONPATH or the "
+                     f"installed packages, so every rank would fail to start; check the name, run from the folder "
+                     f"that holds {top!r}, or add its parent folder to PYTHONPATH")
+
+
 def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None, module: bool = False,
            check: bool = True, env: dict[str, str] | None = None, timeout_s: float | None = None) -> int:
     """Run ``script`` under torchrun; returns its exit code.
@@ -119,9 +143,11 @@ def launch(cfg: LaunchConfig, script: str, script_args: list[str] | None = None,
                              "number of ranks instead (e.g. --nproc-per-node 2: CPU ranks on gloo)")
     if not module:
         require_file(script, "training script")
+    env = dict(os.environ if env is None else env)
+    if module:
+        check_module(script, env)
     if timeout_s is not None and not timeout_s > 0:
         raise UsageError(f"launch timeout_s={timeout_s!r}: expected a positive number of seconds, or None for no limit")
-    env = dict(os.environ if env is None else env)
     if check:
         preflight(cfg, env)
     if cfg.standalone and cfg.max_restarts > 0:
