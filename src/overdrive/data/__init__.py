@@ -19,6 +19,7 @@ from overdrive.data.api import (
     make_sample_dataset,
     measure,
     shard_indices,
+    read_texts,
     tokenize,
 )
 
@@ -27,5 +28,5 @@ __all__ = [
     "ImageLoader", "LoaderConfig", "LoaderStats", "IMAGENET_TRAIN", "IMAGENET_EVAL", "PRESETS", "shard_indices",
     "bench", "measure", "make_sample_dataset",
     # text
-    "tokenize", "TokenizedTexts",
+    "tokenize", "TokenizedTexts", "read_texts",
 ]

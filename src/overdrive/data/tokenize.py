@@ -235,8 +235,9 @@ def _as_texts(texts: Any) -> Sequence[str]:
     """``texts`` as a sequence of str: a list or tuple as it is, any other iterable of strings (a generator, a NumPy
     array, a pandas Series) as a list; what is not texts is a UsageError saying what to pass instead."""
     if isinstance(texts, (str, os.PathLike)):
-        raise UsageError(f"texts={str(texts)[:60]!r} is one string; pass a list of texts, e.g. the lines of a file: "
-                         "Path(p).read_text(encoding='utf-8').splitlines(), or [text] for a single one")
+        raise UsageError(f"texts={str(texts)[:60]!r} is one string; pass a list of texts, e.g. a file's or a folder's: "
+                         "overdrive.data.read_texts(path) (lines of .txt, a field of .jsonl, .gz too), or [text] for a "
+                         "single one")
     if isinstance(texts, Mapping):
         raise UsageError(f"texts is a mapping with keys {list(texts)[:5]}; pass the column of texts, e.g. "
                          "texts['text']")
