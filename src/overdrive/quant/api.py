@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import inspect
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +25,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.quant import fidelity as fid
-from overdrive.quant.config import QuantConfig
+from overdrive.quant.config import QuantConfig, check_percentile
 from overdrive.quant.modules import (
     GRAPH_QUANT_MODULES,
     QUANT_MODULES,
@@ -145,13 +147,18 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
         >>> type(m).__name__
         'QuantLinear'
     """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"model must be a torch.nn.Module, got {type(model).__name__}; pass the float model itself")
     if not isinstance(config, QuantConfig):
         raise UsageError(f"config must be a quant.QuantConfig (e.g. quant.INT8_DEFAULT), got {type(config).__name__}")
+    if forward_loop is not None:
+        _check_forward_loop(forward_loop)
     if any(True for _ in quantizers(model)):
         raise UsageError("this model already has quantizers (from an earlier quantize() or placed by hand); call "
                          "quantize() on the float model, or quant.calibrate(model, forward_loop) to calibrate the "
                          "quantizers it has")
     before = fid.validated(validate, model)  # the float model's own figure, before any layer is swapped
+    names = {n for n, _ in model.named_modules(remove_duplicate=False)}  # what include / exclude can match
     skipped: dict[str, str] = {}
     cls = quant_class(model)
     if cls is not None:  # a bare layer
@@ -166,8 +173,10 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
             skipped["<root>"] = reason
         _swap(model, config, "", skipped, {})
     untraced: list[str] = []
+    left_out: list[str] = []
     if (config.residual_add or config.quantize_matmuls) and cls is None:
-        model, _, untraced = insert_graph_quantizers(model, config)
+        model, _, untraced = insert_graph_quantizers(model, config, left_out=left_out)
+    _warn_unmatched_patterns(config, names | set(left_out) | {n for n, _ in model.named_modules()})
     for name, q in quantizers(model):
         q.name = name
     model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
@@ -191,6 +200,35 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
         after = fid.validated(validate, model)
         model._overdrive_quant["validate"] = {"float": before, "quantized": after, "delta": after - before}
     return model
+
+
+def _check_forward_loop(forward_loop: object) -> None:
+    """A UsageError unless ``forward_loop`` is a function taking the model (not the batches themselves)."""
+    hint = "e.g. forward_loop=lambda m: [m(x) for x in batches]"
+    if not callable(forward_loop):
+        raise UsageError(f"forward_loop must be a function that runs the model on calibration batches, got a "
+                         f"{type(forward_loop).__name__}; {hint}")
+    try:
+        params = inspect.signature(forward_loop).parameters.values()
+    except (TypeError, ValueError):  # builtins and some callables have no signature: trust them
+        return
+    if not any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params):
+        raise UsageError(f"forward_loop {getattr(forward_loop, '__name__', forward_loop)!r} takes no argument; it is "
+                         f"called with the model to calibrate, {hint}")
+
+
+def _warn_unmatched_patterns(config: QuantConfig, names: set[str]) -> None:
+    """Warn for each include / exclude pattern that matches no module name (fnmatch against the full dotted
+    name: ``exclude=("head",)`` does not match ``decoder.head``), so a layer meant to stay float is not quantized
+    in silence."""
+    for field, patterns in (("exclude", config.exclude), ("include", config.include)):
+        for pat in patterns:
+            if pat == "*" or any(fnmatch.fnmatch(n, pat) for n in names):
+                continue
+            near = sorted(n for n in names if n and fnmatch.fnmatch(n.rsplit(".", 1)[-1], pat))[:3]
+            hint = f"; patterns match the full dotted name, e.g. {near}" if near else ""
+            warnings.warn(f"QuantConfig {field} pattern {pat!r} matches no module of this model, so it changes "
+                          f"nothing{hint}", UserWarning, stacklevel=3)
 
 
 def _calibrate_weights(model: nn.Module, missing_only: bool = False) -> None:
@@ -229,6 +267,7 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
     forward) are calibrated too: unnamed ones get their module name, and uncalibrated weight quantizers of
     quantized layers get max |weight|.
     """
+    _check_forward_loop(forward_loop)
     for name, q in quantizers(model):
         q.name = q.name or name
     _calibrate_weights(model, missing_only=True)
@@ -276,14 +315,18 @@ def load_calib_amax(model: nn.Module, method: str = "max", percentile: float | N
     """
     if method not in ("max", "percentile", "entropy", "mse"):
         raise UsageError(f"calibration method {method!r} is not one of max, percentile, entropy, mse")
+    if method == "percentile" and percentile is not None:
+        check_percentile(percentile)  # before any quantizer is changed
     for q in _activation_quantizers(model):
         if q.enabled:
             q.load_calib_amax(method, percentile)
 
 
 def set_quantizers_enabled(model: nn.Module, enabled: bool, names: Sequence[str] | None = None) -> None:
-    """Turn the quantizers of the layers named in ``names`` (all layers if None) on or off."""
+    """Turn the quantizers of the layers named in ``names`` (all layers if None; a string is one name) on or off."""
     owners = {n: m for n, m in model.named_modules() if isinstance(m, (_QuantMixin, *GRAPH_QUANT_MODULES))}
+    if isinstance(names, str):  # one layer's name, not its characters
+        names = (names,)
     if names is not None:
         unknown = [n for n in names if n not in owners]
         if unknown:

@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -116,6 +118,9 @@ class HistogramCalibrator:
         edges = np.arange(1, hist.size + 1) * self.width  # right edges
         if method == "percentile":
             p = 99.99 if percentile is None else percentile
+            if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 100.0:
+                # 200 would silently mean max; quant.calibrate / load_calib_amax also refuse <= 50 (a fraction)
+                raise UsageError(f"percentile {p!r} must be a number in [0, 100], a percent such as 99.99")
             cdf = np.cumsum(hist) / hist.sum()
             idx = int(np.searchsorted(cdf, p / 100.0))
             return torch.tensor(float(min(edges[min(idx, hist.size - 1)], self.max)))

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -72,6 +73,39 @@ def check_alpha(alpha: object) -> float:
     return float(alpha)
 
 
+def check_percentile(percentile: object) -> float:
+    """A calibration percentile as a float in (50, 100], or a UsageError that names it.
+
+    It is a percent (99.99 keeps all but the top 0.01% of magnitudes): a fraction such as 0.9999 would clip every
+    activation to the smallest values seen, and a value above 100 would silently mean max.
+
+    Example:
+        >>> check_percentile(99.9)
+        99.9
+    """
+    if (isinstance(percentile, bool) or not isinstance(percentile, numbers.Real)
+            or not 50.0 < float(percentile) <= 100.0):
+        raise UsageError(f"percentile {percentile!r} must be a number in (50, 100]: a percent such as 99.99, not a "
+                         "fraction such as 0.9999")
+    return float(percentile)
+
+
+def _check_names(owner: str, name: str, value: object) -> tuple[str, ...]:
+    """``value`` (a tuple or list of strings, e.g. fnmatch patterns) as a tuple, or a UsageError naming it: a bare
+    string would be read as one pattern per character (``exclude="fc2"`` -> 'f', 'c', '2', excluding nothing)."""
+    if isinstance(value, str):
+        raise UsageError(f"{owner} {name}={value!r} is a string; give a tuple of strings, e.g. {name}=({value!r},)")
+    try:
+        items = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise UsageError(f"{owner} {name}={value!r} must be a tuple of strings, e.g. {name}=('fc2',)") from None
+    bad = [v for v in items if not isinstance(v, str)]
+    if bad:
+        raise UsageError(f"{owner} {name}={value!r} holds non-string item(s) {bad}; give module names / patterns as "
+                         f"strings, e.g. {name}=({str(bad[0])!r},)")
+    return items
+
+
 @dataclass(frozen=True)
 class QuantConfig(ConfigBase):
     """What ``quantize`` does: the input and weight quantizers, the calibrator, and layer selection.
@@ -109,12 +143,19 @@ class QuantConfig(ConfigBase):
     _JSON_INDENT = 2  # recipes are saved for people to read and edit
 
     def __post_init__(self) -> None:
+        for name in ("input", "weight"):
+            value = getattr(self, name)
+            if not isinstance(value, QuantizerConfig):
+                raise UsageError(f"QuantConfig {name}={value!r} must be a QuantizerConfig, e.g. "
+                                 f"{name}=QuantizerConfig(format='fp8_e4m3')")
         if self.method not in METHODS:
             raise UsageError(f"calibration method {self.method!r} is not one of {METHODS}; pick one of those")
-        if not 50.0 < self.percentile <= 100.0:
-            raise UsageError(f"percentile {self.percentile} must be in (50, 100], e.g. 99.99")
-        if self.num_bins < 128:
-            raise UsageError(f"num_bins {self.num_bins} must be >= 128 (the entropy method merges into 128 bins)")
+        check_percentile(self.percentile)
+        if isinstance(self.num_bins, bool) or not isinstance(self.num_bins, int) or self.num_bins < 128:
+            raise UsageError(f"num_bins {self.num_bins!r} must be an int >= 128 (the entropy method merges into 128 "
+                             "bins), e.g. 2048")
+        for name in ("layer_types", "include", "exclude"):  # JSON gives lists; keep the config hashable
+            object.__setattr__(self, name, _check_names("QuantConfig", name, getattr(self, name)))
         for flag in ("residual_add", "quantize_matmuls"):
             if not isinstance(getattr(self, flag), bool):
                 raise UsageError(f"{flag}={getattr(self, flag)!r} must be True or False")
@@ -132,8 +173,6 @@ class QuantConfig(ConfigBase):
         bad = [t for t in self.layer_types if t not in LAYER_TYPES]
         if bad:
             raise UsageError(f"layer type(s) {bad} cannot be quantized; supported: {LAYER_TYPES}")
-        for name in ("layer_types", "include", "exclude"):  # JSON gives lists; keep the config hashable
-            object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 @dataclass(frozen=True)

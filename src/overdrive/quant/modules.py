@@ -395,7 +395,8 @@ def _has_none_defaults(module: nn.Module) -> bool:
     return any(p.default is None for p in params)
 
 
-def insert_graph_quantizers(module: nn.Module, config: QuantConfig, prefix: str = "") -> tuple[nn.Module, list[str], list[str]]:
+def insert_graph_quantizers(module: nn.Module, config: QuantConfig, prefix: str = "",
+                            left_out: list[str] | None = None) -> tuple[nn.Module, list[str], list[str]]:
     """Rewrite tensor ``a + b`` adds in forward code into :class:`QuantAdd` modules (``config.residual_add``)
     and activation matmuls / SDPA into :class:`QuantMatmul` / :class:`QuantSDPA` (``config.quantize_matmuls``)
     with torch.fx.
@@ -407,13 +408,14 @@ def insert_graph_quantizers(module: nn.Module, config: QuantConfig, prefix: str 
     flow) keeps its adds (and matmuls) unquantized and is reported. The residual operand is the one
     not produced by a submodule call (``x + self.conv2(...)``: ``x``); when both are, the second
     operand. A module registered under several names is rewritten once; every name gets the result.
-    Returns (module, names of modules inserted, names of modules with adds/matmuls that could not be traced).
+    Returns (module, names of modules inserted, names of modules with adds/matmuls that could not be traced);
+    ``left_out`` (a list) gets the names of the adds / matmuls that include / exclude kept in float.
     """
-    return _insert(module, config, prefix, {})
+    return _insert(module, config, prefix, {}, [] if left_out is None else left_out)
 
 
 def _insert(module: nn.Module, config: QuantConfig, prefix: str,
-            done: dict[int, tuple[nn.Module, nn.Module]]) -> tuple[nn.Module, list[str], list[str]]:
+            done: dict[int, tuple[nn.Module, nn.Module]], left_out: list[str]) -> tuple[nn.Module, list[str], list[str]]:
     """insert_graph_quantizers below ``module``; ``done``: id(original) -> (original, replacement)."""
     added: list[str] = []
     untraced: list[str] = []
@@ -423,7 +425,7 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
         if id(child) in done:
             new = done[id(child)][1]
         else:
-            new, a, u = _insert(child, config, f"{prefix}{name}.", done)
+            new, a, u = _insert(child, config, f"{prefix}{name}.", done, left_out)
             done[id(child)] = (child, new)  # the original is kept alive so its id is not reused
             added += a
             untraced += u
@@ -468,6 +470,7 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
         residual_first = a.op != "call_module" and b.op == "call_module"
         qname = free_name("residual_add")
         if not name_selected(prefix + qname, config):  # QuantConfig's include / exclude apply here too
+            left_out.append(prefix + qname)
             continue
         quant_modules[qname] = QuantAdd(config, residual_first=residual_first)
         with graph.inserting_after(node):
@@ -478,6 +481,7 @@ def _insert(module: nn.Module, config: QuantConfig, prefix: str,
         op = _matmul_op(node)
         qname = free_name("matmul" if op else "sdpa")
         if not name_selected(prefix + qname, config):
+            left_out.append(prefix + qname)
             continue
         quant_modules[qname] = QuantMatmul(config, op) if op else QuantSDPA(config)
         with graph.inserting_after(node):
