@@ -224,7 +224,8 @@ def test_group_of_one_refuses_unsupported_combinations() -> None:
             Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), policy=Policy(opt_level="O2", dtype=torch.float16),
                     strategy="fsdp", progress=False)
         with pytest.raises(UsageError, match="matched no module"):
-            Trainer(torch.nn.Sequential(torch.nn.Linear(4, 3)), torch.optim.SGD(m.parameters(), lr=0.1),
+            seq = torch.nn.Sequential(torch.nn.Linear(4, 3))
+            Trainer(seq, torch.optim.SGD(seq.parameters(), lr=0.1),
                     strategy=Strategy(kind="fsdp", fsdp_blocks=("Nope",)), progress=False)
     finally:
         gc.collect()  # what the refused Trainers made goes before the process group

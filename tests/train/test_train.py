@@ -340,7 +340,8 @@ def test_structured_inputs_outputs_and_a_clear_error_for_dict_batches() -> None:
     assert acc is None and loss == pytest.approx(sum(float(loss_fn(model(*x), y)) for x, y in data) / 3, rel=1e-5)
     with pytest.raises(UsageError, match=r"takes batches \(inputs, targets\); the data yielded a dict with keys"):
         trainer.fit([{"x": torch.randn(2, 4), "y": torch.zeros(2, dtype=torch.long)}], epochs=1)
-    plain = Trainer(TwoIn(), torch.optim.SGD(model.parameters(), lr=0.1), progress=False)
+    other = TwoIn()
+    plain = Trainer(other, torch.optim.SGD(other.parameters(), lr=0.1), progress=False)
     with pytest.raises(UsageError, match="returns a dict, not a tensor of scores: pass loss_fn"):
         plain.fit(data, epochs=1)
 

@@ -185,6 +185,9 @@ class Policy(ConfigBase):
         object.__setattr__(self, "cast_model_type", _parse_cast_type(self.cast_model_type))
         # parsed like cast_model_type, so a JSON round trip ('bfloat16') gives back a dtype
         object.__setattr__(self, "cast_model_outputs", _parse_cast_type(self.cast_model_outputs, "cast_model_outputs"))
+        if isinstance(self.loss_scale, bool):  # True read as a static scale of 1.0: no scaling where one was meant
+            raise UsageError(f"loss_scale={self.loss_scale!r} is a bool; pass 'dynamic' (a dynamic scale), a positive "
+                             "number (a static scale) or None (the opt level's default)")
         if self.loss_scale is not None and self.loss_scale != "dynamic":
             try:
                 scale = float(self.loss_scale)
@@ -193,10 +196,13 @@ class Policy(ConfigBase):
             if not scale > 0 or scale == float("inf"):
                 raise UsageError(f"loss_scale={self.loss_scale!r} must be a positive finite number or 'dynamic'")
             object.__setattr__(self, "loss_scale", scale)
-        if self.min_loss_scale is not None and not self.min_loss_scale > 0:
-            raise UsageError(f"min_loss_scale={self.min_loss_scale!r} must be positive")
-        if not self.max_loss_scale > 0:
-            raise UsageError(f"max_loss_scale={self.max_loss_scale!r} must be positive")
+        for what in ("min_loss_scale", "max_loss_scale"):
+            value = getattr(self, what)
+            if value is None and what == "min_loss_scale":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise UsageError(f"{what}={value!r} must be a positive number" +
+                                 (" or None (the default floor, 1)" if what == "min_loss_scale" else " (default 2**24)"))
         if self.min_loss_scale is not None and self.min_loss_scale > self.max_loss_scale:
             raise UsageError(f"min_loss_scale={self.min_loss_scale} exceeds max_loss_scale={self.max_loss_scale}")
         gi = self.growth_interval
@@ -211,6 +217,9 @@ class Policy(ConfigBase):
         if self.keep_batchnorm_fp32 is not None and not isinstance(self.keep_batchnorm_fp32, bool):
             raise UsageError(f"keep_batchnorm_fp32={self.keep_batchnorm_fp32!r} must be True, False or None (the opt "
                              "level's default)")
+        if self.master_weights is not None and not isinstance(self.master_weights, bool):
+            raise UsageError(f"master_weights={self.master_weights!r} must be True, False or None (the opt level's "
+                             "default: fp32 masters at O2 only)")
         if self.on_nonfinite not in ON_NONFINITE:
             raise UsageError(
                 f"on_nonfinite={self.on_nonfinite!r} is not one of {', '.join(map(repr, ON_NONFINITE))} (skip: skip "

@@ -52,6 +52,17 @@ class MixedPrecision:
     ) -> None:
         self.models = list(models)
         self.optimizers = list(optimizers)
+        for opt in self.optimizers:
+            earlier = _prepared_by(opt)
+            if earlier is not None:
+                # At O2 a second prepare saw the fp32 masters as no model's parameters and the model's half copies
+                # as no optimizer's: the half gradients reached the masters still multiplied by the loss scale.
+                raise UsageError(
+                    f"this {type(opt).__name__} was already prepared (opt_level {earlier.policy.opt_level!r}) by an "
+                    "earlier amp.prepare / amp.initialize / Trainer, whose hooks are still on it; prepare each model "
+                    "and optimizer once and keep that MixedPrecision (or call .remove() on the earlier one first; "
+                    "after O2, whose prepare made the model half, build a new model and optimizer)"
+                )
         self.policy = policy.resolve(device)
         self.device = device
         p = self.policy
@@ -103,6 +114,9 @@ class MixedPrecision:
                 self._hooks += casting.add_autocast_hooks(model, device.type, p.dtype, self.region)
         _cast_state_like_params(self.optimizers)
         self._skip: set[int] = set()  # ids of optimizers whose next step is skipped (overflow)
+        # ids of optimizers that an overflowing backward reached without being named in its scale_loss: their next
+        # step checks the gradients it would apply (they may have been zeroed and recomputed since)
+        self._check: set[int] = set()
         self._why: dict[int, str] = {}  # optimizer id -> why its pending skip is not a routine backoff
         self._bad_loss: dict[int, torch.Tensor] = {}  # static scales: optimizer id -> inf/NaN loss flag (device)
         self._n_groups = {id(opt): len(opt.param_groups) for opt in self.optimizers}  # to see add_param_group
@@ -177,8 +191,9 @@ class MixedPrecision:
 
         Gradients accumulated by earlier backward passes are kept aside while this one runs, so
         gradient accumulation over several ``scale_loss`` blocks is exact. On an overflow the next
-        step of ``optimizers`` (default: all of this object's) is skipped, and that of any other
-        optimizer whose parameters this backward reached (as apex skips the ones passed to it).
+        step of ``optimizers`` (default: all of this object's) is skipped, as apex skips the ones passed
+        to it; any other optimizer whose parameters this backward reached checks its gradients at its
+        next step, and skips it only if they still hold inf/NaN (not after its zero_grad and a clean backward).
         ``loss_id`` picks the loss scaler (``num_losses`` > 1).
         """
         self.close_autocast()  # the loss is computed: backward runs outside O1's training-step region
@@ -233,16 +248,20 @@ class MixedPrecision:
             if q.grad is None and s is not None:
                 q.grad = s
         scaler.update(found)
+        # Only the optimizers this loss is for skip their next step for it: a GAN's generator must not lose its next
+        # (clean) step to an overflow in the discriminator's loss. One whose grads the backward reached without being
+        # named (the discriminator, under the generator's loss) checks the gradients it holds at its next step: skipped
+        # if they still hold inf/NaN, applied if they were zeroed and recomputed since (its next clean step).
+        named = self._named(optimizers)
         if not scaler.dynamic:
             if loss_bad is not None:  # kept on the device until the step reads it with the gradients' check
-                for key in self._for_this_loss(reached, optimizers):
+                for key in named:
                     prev = self._bad_loss.get(key)
                     self._bad_loss[key] = loss_bad if prev is None else prev | loss_bad.to(prev.device)
         elif found or bad_loss:
-            # Only the optimizers this loss is for, and those whose grads it touched: a GAN's
-            # generator must not lose its next (clean) step to an overflow in the discriminator's loss.
-            affected = self._for_this_loss(reached, optimizers)
+            affected = named
             self._skip.update(affected)
+            self._check.update(self._for_this_loss(reached, optimizers) - named)
             # backing off is routine; an inf/NaN loss, or an overflow at the floor scale, is not
             why = LOSS_WHY if bad_loss else (
                 f"the gradients overflow (inf/NaN) even at the loss scale floor {scaler.min_scale:g}, so a "
@@ -259,6 +278,11 @@ class MixedPrecision:
             id(opt) for opt in self.optimizers
             if id(opt) in named or any(id(q) in reached for q in self.master_params(opt))
         }
+
+    def _named(self, optimizers: Sequence[torch.optim.Optimizer] | None) -> set[int]:
+        """ids of this object's optimizers among ``optimizers`` (None: all of them)."""
+        named = casting.ids(self.optimizers if optimizers is None else optimizers)
+        return {id(opt) for opt in self.optimizers if id(opt) in named}
 
     def _copy_half_grads(self) -> tuple[list[tuple[nn.Parameter, nn.Parameter]], list[torch.Tensor], int]:
         """O2: fp32 copies of the half model grads; fresh masters get theirs as ``.grad`` directly."""
@@ -292,8 +316,10 @@ class MixedPrecision:
         key = id(optimizer)
         index = self.optimizers.index(optimizer)
         why = self._why.pop(key, None)
-        if not self.scaler.dynamic:
-            # a dynamic scale checked each backward already; a static one (bf16's 1.0 too) checks here
+        if not self.scaler.dynamic or key in self._check:
+            # a dynamic scale checked each backward already; a static one (bf16's 1.0 too) checks here, and so does
+            # an optimizer an overflowing backward reached without naming it
+            self._check.discard(key)
             why = self._nonfinite_at_step(optimizer) or why
             if why is not None:
                 self._skip.add(key)
@@ -476,6 +502,7 @@ class MixedPrecision:
             "grads": [clone(q.grad) for q in self.master_params()],
             "half_grads": [clone(h.grad) for h, _ in self._pairs],
             "skip": [i for i, opt in enumerate(self.optimizers) if id(opt) in self._skip],
+            "check": [i for i, opt in enumerate(self.optimizers) if id(opt) in self._check],
             "nonfinite": why,  # optimizer index -> what its next step will be skipped for (not a routine backoff)
         }
 
@@ -494,6 +521,7 @@ class MixedPrecision:
                     raise UsageError(f"pending gradient of shape {tuple(g.shape)} != parameter shape {tuple(q.shape)}")
                 q.grad = None if g is None else g.to(device=q.device, dtype=q.dtype, copy=True)
         self._skip = {id(self.optimizers[i]) for i in state.get("skip", [])}
+        self._check = {id(self.optimizers[i]) for i in state.get("check", [])}
         self._why = {id(self.optimizers[int(i)]): str(w) for i, w in state.get("nonfinite", {}).items()}
         self._bad_loss = {}
 
@@ -534,6 +562,9 @@ def prepare(
     """
     if isinstance(policy, str):
         policy = Policy.from_opt_level(policy)
+    elif not isinstance(policy, Policy):
+        raise UsageError(f"policy={policy!r} is not an amp.Policy or an opt level; pass 'O0'..'O3' or "
+                         "amp.Policy(opt_level=..., dtype=...) (a saved dict: amp.Policy.from_dict(d))")
     models_l = casting.flatten(models)
     opts_l = [] if optimizers is None else casting.flatten(optimizers)
     for m in models_l:
@@ -545,8 +576,21 @@ def prepare(
     if device is None:
         first = next((q for m in models_l for q in m.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-    return MixedPrecision(models_l, opts_l, policy, torch.device(device), autocast_hooks=autocast_hooks,
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"device={device!r} is not a torch device; use e.g. 'cuda', 'cuda:1' or 'cpu'") from exc
+    return MixedPrecision(models_l, opts_l, policy, device, autocast_hooks=autocast_hooks,
                           num_losses=num_losses, autocast_scope=autocast_scope)
+
+
+def _prepared_by(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:
+    """The MixedPrecision whose step hooks are on ``optimizer`` (an earlier prepare, not removed), or None."""
+    for hook in getattr(optimizer, "_optimizer_step_pre_hooks", {}).values():
+        owner = getattr(hook, "__self__", None)
+        if isinstance(owner, MixedPrecision):
+            return owner
+    return None
 
 
 def _cast_state_like_params(optimizers: Sequence[torch.optim.Optimizer]) -> None:

@@ -87,6 +87,12 @@ class Trainer:
         scheduler: Any | None = None,
         **settings: Any,
     ) -> None:
+        if not isinstance(model, nn.Module):
+            raise UsageError(f"model={type(model).__name__} is not a torch.nn.Module; pass the model to train")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            # None trained nothing: every step found no optimizer to step, and the loss stayed where it was
+            raise UsageError(f"optimizer={optimizer!r} is not a torch.optim.Optimizer; pass one built on the model's "
+                             "parameters, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)")
         if isinstance(config, (Policy, str)):  # the old third positional argument: the amp policy
             if "policy" in settings:
                 raise UsageError(f"the policy is given twice: {config!r} as the third argument and "
@@ -117,6 +123,14 @@ class Trainer:
                         "before its first step"
                     )
                 optimizer = _rebind_optimizer(optimizer, names, model)
+        mine = {id(q) for q in model.parameters()}
+        if mine and not any(id(q) in mine for g in optimizer.param_groups for q in g["params"]):
+            # e.g. an optimizer built on another model, or on this one before a deepcopy: no step changes this model
+            raise UsageError(
+                f"the optimizer holds {sum(len(g['params']) for g in optimizer.param_groups)} parameter(s), none of "
+                f"them the model's ({len(mine)}); build it on this model's parameters, e.g. "
+                f"torch.optim.{type(optimizer).__name__}(model.parameters(), ...)"
+            )
         # strategy='ddp'|'fsdp' (or an overdrive.distributed.Strategy): see overdrive/distributed/parallel.py
         self.parallel = None
         if strategy is not None:
