@@ -297,7 +297,8 @@ def test_policy_without_fp8_writes_and_reads_json_as_before() -> None:
 @pytest.mark.parametrize("fp8", ["rowwise", Fp8(recipe="rowwise")])
 def test_initialize_and_policy_agree(fp8: object) -> None:
     with pytest.raises(UsageError, match="emulate=True"):  # the CPU refuses real fp8
-        amp.initialize(MLP(), torch.optim.SGD(MLP().parameters(), lr=0.1), opt_level="O2", dtype="bf16", fp8=fp8)
+        m = MLP()
+        amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O2", dtype="bf16", fp8=fp8)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     wanted = Fp8(recipe="rowwise", emulate=True)

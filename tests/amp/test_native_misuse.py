@@ -142,3 +142,26 @@ def test_bad_policy_values_are_one_line_usage_errors(kwargs: dict, match: str) -
 def test_bad_prepare_arguments_are_usage_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(UsageError, match=match):
         prepare(nn.Linear(2, 2), None, **kwargs)
+
+
+def test_prepare_warns_for_an_optimizer_over_none_of_the_models_parameters() -> None:
+    """After mp.remove() at O2 the model stays half and the optimizer holds the fp32 masters: preparing them again
+    trained nothing (the weights after a step equal those before, exactly); now a RuntimeWarning says so."""
+    import warnings as _w
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    mp = prepare(model, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
+    mp.remove()
+    with pytest.warns(RuntimeWarning, match=r"optimizer 0 \(SGD\) holds none of the models' 2 parameters"):
+        mp2 = prepare(model, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
+    before = model.weight.detach().clone()
+    loss = nn.functional.cross_entropy(model(torch.randn(8, 4)).float(), torch.randint(0, 3, (8,)))
+    mp2.backward(loss)
+    mp2.step()
+    assert torch.equal(model.weight, before)  # what the warning is about: nothing trained
+    with _w.catch_warnings():  # an optimizer over the model: no warning
+        _w.simplefilter("error", RuntimeWarning)
+        m2 = nn.Linear(4, 3)
+        prepare(m2, torch.optim.SGD(m2.parameters(), lr=0.1), "O1")

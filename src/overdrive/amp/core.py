@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -573,6 +574,17 @@ def prepare(
     for o in opts_l:
         if not isinstance(o, torch.optim.Optimizer):
             raise UsageError(f"expected torch.optim.Optimizer(s), got {type(o).__name__}")
+    mine = {id(q) for m in models_l for q in m.parameters()}
+    for k, o in enumerate(opts_l):
+        held = [q for g in o.param_groups for q in g["params"]]
+        if mine and held and _prepared_by(o) is None and not any(id(q) in mine for q in held):
+            # after mp.remove() at O2 the model stays half and the optimizer holds the fp32 masters: preparing the
+            # two again trained nothing, silently (the half parameters' gradients reach no optimizer)
+            warnings.warn(
+                f"amp.prepare: optimizer {k} ({type(o).__name__}) holds none of the models' {len(mine)} parameters, so "
+                "its steps change no model given here; build it on the model's parameters (after an O2 prepare was "
+                "removed, the model stays half and the optimizer holds the fp32 masters: start from the fp32 model "
+                "and a new optimizer)", RuntimeWarning, stacklevel=2)
     if device is None:
         first = next((q for m in models_l for q in m.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
