@@ -66,6 +66,12 @@ def test_bad_paths(tmp_path: Path) -> None:
         read_texts(tmp_path / "data.parquet")
     with pytest.raises(UsageError, match="holds no text files"):
         read_texts(tmp_path)
+    (tmp_path / "plain.txt.gz").write_bytes(b"not gzip\n")
+    with pytest.raises(UsageError, match="plain.txt.gz: not a whole gzip file"):
+        read_texts(tmp_path / "plain.txt.gz")
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:40])
+    with pytest.raises(UsageError, match="cut.jsonl.gz: not a whole gzip file"):
+        read_texts(tmp_path / "cut.jsonl.gz")
 
 
 def test_read_texts_feeds_tokenize(tmp_path: Path) -> None:

@@ -190,20 +190,25 @@ def test_bad_counts_are_usage_errors(tok, kw: dict) -> None:
         tokenize(["a b c", "d e f"], tok, chunk_size=1, **kw)
 
 
-def test_no_more_processes_than_chunks(corpus: list[str], tok, monkeypatch: pytest.MonkeyPatch) -> None:
-    """num_workers=8 for 3 chunks started 8 processes (a fork pool starts all of its workers at once)."""
+@pytest.fixture
+def pool_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The process count of every worker pool tokenize starts (the pools still run)."""
     mod = importlib.import_module("overdrive.data.tokenize")  # the package attribute is the function
-
-    sizes = []
+    sizes: list[int] = []
     real = mod.ProcessPoolExecutor
 
-    def spy(n, **kw):
+    def spy(n, **kw):  # type: ignore[no-untyped-def]
         sizes.append(n)
         return real(n, **kw)
 
     monkeypatch.setattr(mod, "ProcessPoolExecutor", spy)
+    return sizes
+
+
+def test_no_more_processes_than_chunks(corpus: list[str], tok, pool_sizes: list[int]) -> None:
+    """num_workers=8 for 3 chunks started 8 processes (a fork pool starts all of its workers at once)."""
     out = tokenize(corpus[:3], tok, num_workers=8, chunk_size=1)
-    assert sizes == [3] and [out[i] for i in range(3)] == [tok.encode(t).ids for t in corpus[:3]]
+    assert pool_sizes == [3] and [out[i] for i in range(3)] == [tok.encode(t).ids for t in corpus[:3]]
 
 
 def test_concurrent_cache_writers_of_one_key(corpus: list[str], tok, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -307,23 +312,16 @@ def test_split_special_tokens_is_honoured_and_keyed(tok, hf_tok, tmp_path: Path)
     assert [out[0], out[1]] == want
 
 
-def test_default_workers_are_the_usable_cores(corpus: list[str], tok, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_workers_are_the_usable_cores(corpus: list[str], tok, monkeypatch: pytest.MonkeyPatch,
+                                              pool_sizes: list[int]) -> None:
     """num_workers=None started os.cpu_count() processes: the host's cores, not the affinity mask's (a container
     given 1 core of 8 ran 8 processes)."""
     mod = importlib.import_module("overdrive.data.tokenize")
-    sizes = []
-    real = mod.ProcessPoolExecutor
-
-    def spy(n, **kw):
-        sizes.append(n)
-        return real(n, **kw)
-
-    monkeypatch.setattr(mod, "ProcessPoolExecutor", spy)
     monkeypatch.setattr(mod.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(mod.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     texts = corpus[:16]
     out = tokenize(texts, tok, chunk_size=2)  # 16 texts >= 8 chunks of 2: large enough for processes
-    assert sizes == [2] and [out[i] for i in range(len(texts))] == [tok.encode(t).ids for t in texts]
+    assert pool_sizes == [2] and [out[i] for i in range(len(texts))] == [tok.encode(t).ids for t in texts]
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -12,7 +12,7 @@ from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive.engine import Engine
-from overdrive.engine.sources import torchscript_inputs
+from overdrive.engine.input_dtypes import torchscript_inputs
 from overdrive.recipes.build import build_engine
 
 pytest.importorskip("onnxruntime")

@@ -18,7 +18,8 @@ from overdrive.amp.apex import (_amp_state, disable_casts, initialize, load_stat
                                 mixed_precision_of, scale_loss, state_dict)
 from overdrive.amp.casting import NORM_TYPES, param_dtypes
 from overdrive.amp.config import FP8_RECIPES, OPT_LEVELS, Fp8, Policy
-from overdrive.amp.core import MixedPrecision, prepare
+from overdrive.amp.api import prepare
+from overdrive.amp.core import MixedPrecision
 from overdrive.amp.fp8 import LayerChoice, summary
 from overdrive.amp.functions import (float_function, half_function, promote_function, register_float_function,
                                      register_half_function, register_promote_function)

@@ -21,7 +21,8 @@ from overdrive._utils.errors import UsageError
 from overdrive.amp import casting
 from overdrive.amp.apex_state import AmpStash, AmpState, overflow_record
 from overdrive.amp.config import Fp8, Policy
-from overdrive.amp.core import MixedPrecision, prepare
+from overdrive.amp.api import prepare
+from overdrive.amp.core import MixedPrecision
 from overdrive.amp.guard import found_nonfinite, read_flags
 from overdrive.amp.scaler import WARN_AFTER_SKIPS, LossScaler
 

@@ -25,7 +25,15 @@ def _kind(p: Path) -> str | None:
 
 
 def _read(p: Path, errors: str) -> str:
-    raw = gzip.open(p, "rb").read() if p.name.lower().endswith(".gz") else p.read_bytes()
+    if p.name.lower().endswith(".gz"):
+        try:
+            with gzip.open(p, "rb") as f:
+                raw = f.read()
+        except (OSError, EOFError) as exc:  # not gzip, or cut short
+            raise UsageError(f"{p}: not a whole gzip file ({exc}); recompress it, or drop .gz from a plain file's "
+                             "name") from None
+    else:
+        raw = p.read_bytes()
     try:
         return raw.decode("utf-8-sig", errors=errors)
     except UnicodeDecodeError as exc:
@@ -54,11 +62,12 @@ def read_texts(path: str | os.PathLike[str], field: str = "text", per: str = "li
 
     Example:
         >>> import tempfile
-        >>> d = Path(tempfile.mkdtemp())
+        >>> tmp = tempfile.TemporaryDirectory(); d = Path(tmp.name)
         >>> _ = (d / "a.txt").write_text("first line\\r\\n\\nsecond\\n")
         >>> _ = (d / "b.jsonl").write_text('{"text": "a row", "id": 1}\\n')
         >>> read_texts(d)
         ['first line', 'second', 'a row']
+        >>> tmp.cleanup()
     """
     if per not in ("line", "file"):
         raise UsageError(f"per={per!r}: expected 'line' (one text per line) or 'file' (one text per file)")

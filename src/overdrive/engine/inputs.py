@@ -11,7 +11,8 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive._utils.inputs import forward_parameters, takes_names
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
-from overdrive.engine.sources import ModelSource, integer_dtypes
+from overdrive.engine.input_dtypes import integer_dtypes
+from overdrive.engine.sources import ModelSource
 
 
 def apply_io_formats(example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: Any, backend: str) -> tuple[torch.Tensor, ...]:
