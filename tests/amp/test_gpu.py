@@ -100,3 +100,38 @@ def test_layernorm_fp32_under_o2_with_half_inputs_on_cuda() -> None:
     assert out.dtype == torch.float32 and m[1].weight.dtype == torch.float32
     mp.backward(out.sum())
     mp.step()
+
+
+def _trainer_run(defer: bool, nan_at: int) -> tuple[object, list[torch.Tensor]]:
+    from overdrive.train import Trainer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+    t = Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True),
+                policy=Policy(opt_level="O2", dtype=torch.float16), progress=False)
+    assert t.mp.deferred  # the CUDA default
+    t.mp.defer_checks(defer)
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 4, (16,), generator=g).cuda()) for _ in range(6)]
+    data[nan_at][0][0, 0] = float("nan")
+    t.train_step(data[0])  # the optimizer's state is made at its first step
+    if defer:  # no host sync in a training step: the verdicts are read from pinned memory after their event
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in data[1:]:
+            t.train_step(b)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return t, [q.detach().clone() for q in t.mp.master_params()]
+
+
+def test_trainer_on_cuda_defers_its_checks_without_a_sync_and_trains_as_the_immediate_ones() -> None:
+    """Reference: the same run with the checks read on the host each step; weights equal exactly, the NaN step is
+    skipped (on the device) and counted, the scale backed off alike."""
+    with pytest.warns(RuntimeWarning, match=r"^step 3: the loss is inf or NaN"):
+        now, w_now = _trainer_run(False, nan_at=3)
+    with pytest.warns(RuntimeWarning, match=r"^step 3: the loss is inf or NaN"):  # read at step 4's backward
+        later, w_later = _trainer_run(True, nan_at=3)
+    assert later.skipped_steps == now.skipped_steps == 1
+    assert later.mp.loss_scale == now.mp.loss_scale
+    assert all(torch.equal(a, b) for a, b in zip(w_now, w_later))

@@ -23,6 +23,17 @@ from overdrive.amp.scaler import LossScaler
 LOSS_WHY = "the loss is inf or NaN"
 
 
+@dataclasses.dataclass
+class _Verdict:
+    """One backward's or one step's inf/NaN flags (gradients, loss, step skipped) on their way to the host."""
+
+    kind: str  # "backward", "step" (a dynamic scale's step) or "static" (a static scale's step, checked there)
+    values: torch.Tensor  # (3,) on the host (pinned, filled by a copy that ``event`` marks) or on the CPU
+    event: Any  # torch.cuda.Event, or None
+    at_floor: bool = False  # the backward ran at the loss scale floor
+    number: int | None = None  # the step's number in the caller's loop, for messages
+
+
 class MixedPrecision:
     """Models and optimizers prepared for one :class:`Policy`; owns the loss scaler.
 
@@ -121,14 +132,118 @@ class MixedPrecision:
         self._why: dict[int, str] = {}  # optimizer id -> why its pending skip is not a routine backoff
         self._bad_loss: dict[int, torch.Tensor] = {}  # static scales: optimizer id -> inf/NaN loss flag (device)
         self._n_groups = {id(opt): len(opt.param_groups) for opt in self.optimizers}  # to see add_param_group
+        # defer_checks(): the inf/NaN verdicts travel to the host while the GPU works on, and are read a step later
+        self.deferred = False
+        self._verdicts: list[_Verdict] = []  # flags of backwards and steps not yet read, in order
+        self._dev_skip: torch.Tensor | None = None  # 0-d, > 0: the next step is skipped (on the device)
+        self._deferred_why: str | None = None  # what the read verdicts say the next skipped step is for
+        self._numbers: dict[int, int] = {}  # optimizer index -> the number step() was given for its next step
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._before_step))
             self._hooks.append(opt.register_step_post_hook(self._after_step))
 
     @property
     def scaler(self) -> LossScaler:
-        """The loss scaler of loss 0 (the only one unless ``num_losses`` > 1)."""
+        """The loss scaler of loss 0 (the only one unless ``num_losses`` > 1), with every verdict read."""
+        self._settle()
         return self.scalers[0]
+
+    # --- checks without a host sync per step ------------------------------------------------
+    def defer_checks(self, enable: bool = True) -> bool:
+        """Read the inf/NaN checks a step late, so a training step makes no host sync; returns whether that is on.
+
+        By default every backward with a dynamic loss scale (and every step with a static one) reads its inf/NaN
+        flag on the host, as apex does: on a GPU that waits for the queued work, and the GPU then idles while the
+        host launches the next step. Deferred, the flag goes to the host in the background; an optimizer whose
+        step takes torch's ``found_inf`` (Adam, AdamW, SGD and Adagrad with ``fused=True``) skips a bad step on
+        the device, as with torch's GradScaler, and the loss scale, the skip count and any warning follow when
+        the flag is read: at the next backward, or when :attr:`loss_scale`, :attr:`skipped_steps`,
+        :meth:`state_dict` or ``step(wait=True)`` asks. A skipped step is then warned about one step late,
+        naming its own step number. It needs one optimizer of that kind, one loss and ``on_nonfinite='skip'``
+        (an error must stop the step it is about), and no sharded (DTensor) parameters; otherwise this returns
+        False and every check stays immediate. :class:`~overdrive.train.Trainer` turns it on for CUDA runs.
+
+        Example:
+            >>> model = nn.Linear(4, 2); opt = torch.optim.AdamW(model.parameters(), fused=True)
+            >>> mp = prepare(model, opt, Policy(opt_level="O1", dtype=torch.bfloat16))
+            >>> mp.defer_checks()
+            True
+        """
+        if not enable:
+            self._settle()
+            self.deferred = False
+            return False
+        opt = self.optimizers[0] if len(self.optimizers) == 1 else None
+        self.deferred = (
+            opt is not None and len(self.scalers) == 1 and self.policy.on_nonfinite == "skip"
+            and bool(getattr(opt, "_step_supports_amp_scaling", False))
+            and not any(hasattr(q, "to_local") for g in opt.param_groups for q in g["params"])
+        )
+        return self.deferred
+
+    def _settle(self) -> None:
+        """Read every deferred verdict, in order: loss-scale updates, step counts, warnings."""
+        while self._verdicts:
+            v = self._verdicts.pop(0)
+            if v.event is not None:
+                v.event.synchronize()  # only the work up to this verdict's flags; later work runs on
+            grad_bad, loss_bad, skip = (x > 0 for x in v.values.tolist())
+            if v.kind == "backward":
+                self.scalers[0].update(grad_bad or loss_bad)
+                if (grad_bad or loss_bad) and self._deferred_why is None:
+                    self._deferred_why = LOSS_WHY if loss_bad else self._floor_why(self.scalers[0]) if v.at_floor else None
+                continue
+            if v.number is not None:
+                self.guard.number(0, v.number)
+            if skip:
+                why = self._deferred_why
+                if v.kind == "static":
+                    why = LOSS_WHY if loss_bad else self._static_why() if grad_bad else why
+                self._deferred_why = None
+                self.guard.step_skipped(0, why)  # counts; warns; may stop a run that cannot recover
+            else:
+                self._deferred_why = None
+                self.guard.step_taken(0)
+
+    def _defer(self, kind: str, grad_flag: torch.Tensor | None, loss_flag: torch.Tensor | None,
+               skip: torch.Tensor | None, **fields: Any) -> None:
+        """Queue a verdict: the flags go to the host without waiting (pinned memory, an event on CUDA)."""
+        present = [f for f in (grad_flag, loss_flag, skip) if f is not None]
+        if not present:
+            self._verdicts.append(_Verdict(kind, torch.zeros(3), None, **fields))
+            return
+        device = present[0].device
+        zero = torch.zeros((), device=device)
+        flags = torch.stack([zero if f is None else f.reshape(()).to(device, torch.float32)
+                             for f in (grad_flag, loss_flag, skip)])
+        if device.type != "cuda":
+            self._verdicts.append(_Verdict(kind, flags, None, **fields))
+            return
+        host = torch.empty(3, pin_memory=True)
+        host.copy_(flags, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        self._verdicts.append(_Verdict(kind, host, event, **fields))
+
+    @staticmethod
+    def _floor_why(scaler: LossScaler) -> str:
+        return (f"the gradients overflow (inf/NaN) even at the loss scale floor {scaler.min_scale:g}, so a "
+                "smaller scale cannot help")
+
+    def _static_why(self) -> str:
+        scale = self.scalers[0].scale
+        return "the gradients hold inf or NaN" + (f" (static loss scale {scale:g})" if scale != 1.0 else "")
+
+    def _device_skip_ok(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``optimizer``'s step can skip on the device now: fused SGD with momentum makes its momentum
+        buffers with ``empty_like`` at its first step and leaves them so when that step is skipped (garbage
+        momentum), so its first step is checked on the host."""
+        if not self.deferred or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return False
+        if isinstance(optimizer, torch.optim.SGD):
+            return all(g.get("momentum", 0) == 0 or all("momentum_buffer" in optimizer.state.get(q, {})
+                                                         for q in g["params"]) for g in optimizer.param_groups)
+        return True
 
     # --- parameters -------------------------------------------------------------------------
     def master_pairs(self, optimizer: torch.optim.Optimizer | None = None) -> list[tuple[nn.Parameter, nn.Parameter]]:
@@ -201,6 +316,7 @@ class MixedPrecision:
         if not 0 <= loss_id < len(self.scalers):
             raise UsageError(f"loss_id={loss_id} but there are {len(self.scalers)} loss scaler(s); pass "
                              f"num_losses={loss_id + 1} or more to initialize/prepare")
+        self._settle()  # the last step's verdicts: its flags have long reached the host (the forward ran since)
         scaler = self.scalers[loss_id]
         self._adopt_added_groups()
         self._flush_pending()
@@ -231,7 +347,7 @@ class MixedPrecision:
         loss_bad: torch.Tensor | None = None,
         scaler: LossScaler | None = None,
     ) -> None:
-        scaler = scaler or self.scaler
+        scaler = scaler or self.scalers[0]
         # O2: the half model grads are copied into fp32 buffers first, so all new gradients are
         # unscaled and checked in one pass (one device sync when the scale is dynamic, which reads
         # the loss's flag too). A static scale only unscales here: the step checks (_before_step).
@@ -240,7 +356,11 @@ class MixedPrecision:
         fresh = [q.grad for q in direct if q.grad is not None]
         at_floor = scaler.scale <= scaler.min_scale
         grad_flag = scaler.unscale_and_check_(fresh + bufs)
-        found, bad_loss = read_flags(grad_flag, loss_bad) if scaler.dynamic else (False, False)
+        deferred = self.deferred and scaler.dynamic
+        if deferred:  # read at the next backward; the next step skips on the device
+            self._defer("backward", grad_flag, loss_bad, None, at_floor=at_floor)
+            self._dev_skip = _any_flag(self._dev_skip, grad_flag, loss_bad)
+        found, bad_loss = read_flags(grad_flag, loss_bad) if scaler.dynamic and not deferred else (False, False)
         self._accumulate_masters(pairs, bufs, n_new)
         to_add = [(q.grad, s) for q, s in zip(direct, stash) if s is not None and q.grad is not None]
         if to_add:
@@ -248,7 +368,8 @@ class MixedPrecision:
         for q, s in zip(direct, stash):
             if q.grad is None and s is not None:
                 q.grad = s
-        scaler.update(found)
+        if not deferred:
+            scaler.update(found)
         # Only the optimizers this loss is for skip their next step for it: a GAN's generator must not lose its next
         # (clean) step to an overflow in the discriminator's loss. One whose grads the backward reached without being
         # named (the discriminator, under the generator's loss) checks the gradients it holds at its next step: skipped
@@ -264,9 +385,7 @@ class MixedPrecision:
             self._skip.update(affected)
             self._check.update(self._reached(reached) - named)
             # backing off is routine; an inf/NaN loss, or an overflow at the floor scale, is not
-            why = LOSS_WHY if bad_loss else (
-                f"the gradients overflow (inf/NaN) even at the loss scale floor {scaler.min_scale:g}, so a "
-                "smaller scale cannot help" if at_floor else None)
+            why = LOSS_WHY if bad_loss else self._floor_why(scaler) if at_floor else None
             if why is not None:
                 for key in affected:
                     self._why.setdefault(key, why)
@@ -311,8 +430,22 @@ class MixedPrecision:
         self._flush_pending()
         key = id(optimizer)
         index = self.optimizers.index(optimizer)
+        number = self._numbers.pop(index, None)
+        if key not in self._skip and self._device_skip_ok(optimizer):  # (a skip restored by load_pending_state: on the host)
+            self._step_on_device(optimizer, number)
+            return
+        if self.deferred:  # this step is checked on the host: read what the backwards found first
+            self._settle()
+            if self._dev_skip is not None and read_flags(self._dev_skip)[0]:
+                self._skip.add(key)
+                self._why.setdefault(key, self._deferred_why)  # type: ignore[arg-type]
+                if self._why[key] is None:
+                    del self._why[key]
+            self._dev_skip, self._deferred_why = None, None
+        if number is not None:
+            self.guard.number(index, number)
         why = self._why.pop(key, None)
-        if not self.scaler.dynamic or key in self._check:
+        if not self.scalers[0].dynamic or key in self._check:
             # a dynamic scale checked each backward already; a static one (bf16's 1.0 too) checks here, and so does
             # an optimizer an overflowing backward reached without naming it
             self._check.discard(key)
@@ -331,6 +464,23 @@ class MixedPrecision:
         else:
             self.guard.step_taken(index)
 
+    def _step_on_device(self, optimizer: torch.optim.Optimizer, number: int | None) -> None:
+        """Deferred checks: the step skips itself on the device when the flag is set (torch's ``found_inf``)."""
+        if self.scalers[0].dynamic:
+            grad_flag = loss_flag = None
+            skip, self._dev_skip = self._dev_skip, None
+            kind = "step"
+        else:  # a static scale checks the gradients this step applies, and the losses behind them
+            loss_flag = self._bad_loss.pop(id(optimizer), None)
+            grad_flag = found_nonfinite([q.grad for q in self.master_params(optimizer) if q.grad is not None])
+            skip = _any_flag(grad_flag, loss_flag)
+            kind = "static"
+        if skip is not None:
+            params = [q for g in optimizer.param_groups for q in g["params"]]
+            optimizer.found_inf = skip.reshape(()).to(params[0].device, torch.float32)  # type: ignore[attr-defined]
+            optimizer.grad_scale = None  # type: ignore[attr-defined]
+        self._defer(kind, grad_flag, loss_flag, skip, number=number)
+
     def _nonfinite_at_step(self, optimizer: torch.optim.Optimizer) -> str | None:
         """Static scales: what is wrong with the step ``optimizer`` is about to take, or None. One fused
         check over the gradients it would apply (after accumulation and clipping) and the flags of the
@@ -340,12 +490,13 @@ class MixedPrecision:
         bad_grads, bad_loss = read_flags(found_nonfinite(grads), loss_flag)
         if bad_loss:
             return LOSS_WHY
-        if bad_grads:
-            scale = self.scaler.scale
-            return "the gradients hold inf or NaN" + (f" (static loss scale {scale:g})" if scale != 1.0 else "")
-        return None
+        return self._static_why() if bad_grads else None
 
     def _after_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        for name in ("found_inf", "grad_scale"):  # a device-skipped step's flag is for that step only
+            optimizer.__dict__.pop(name, None)
+        # (a step skipped on the device left the masters as they were: copying them to the half weights again
+        # changes nothing)
         skipped = id(optimizer) in self._skip
         self._skip.discard(id(optimizer))
         if self.policy.master_weights:
@@ -358,23 +509,30 @@ class MixedPrecision:
                 m.grad = None
 
     # --- conveniences for the native API ----------------------------------------------------
-    def step(self, number: int | None = None) -> bool:
+    def step(self, number: int | None = None, wait: bool = True) -> bool | None:
         """Step every optimizer; returns False when a step was skipped (inf/NaN gradients or loss).
 
         ``number`` is this step's number in your loop, which a warning or error about it names
-        (default: the optimizer's steps since prepare, from 0).
+        (default: the optimizer's steps since prepare, from 0). With :meth:`defer_checks` on, ``wait=False``
+        returns None instead of waiting for the verdict (no host sync); :attr:`skipped_steps` counts it later.
         """
-        if number is not None:
-            for i in range(len(self.optimizers)):
-                self.guard.number(i, number)
-        before = self.guard.skipped
-        for opt in self.optimizers:
+        before = self.guard.skipped if wait else 0
+        if wait:
+            self._settle()
+            before = self.guard.skipped
+        for i, opt in enumerate(self.optimizers):
+            if number is not None:
+                self._numbers[i] = number
             opt.step()
+        if not wait and self.deferred:
+            return None
+        self._settle()
         return self.guard.skipped == before
 
     @property
     def skipped_steps(self) -> int:
         """Optimizer steps skipped for inf/NaN gradients or loss so far (all optimizers together)."""
+        self._settle()
         return self.guard.skipped
 
     def pending_skips(self) -> set[int]:
@@ -408,7 +566,8 @@ class MixedPrecision:
 
     @property
     def loss_scale(self) -> float:
-        return self.scaler.scale
+        self._settle()
+        return self.scalers[0].scale
 
     # --- state ------------------------------------------------------------------------------
     def _half_dtype(self) -> torch.dtype | None:
@@ -419,6 +578,7 @@ class MixedPrecision:
 
     def state_dict(self) -> dict[str, Any]:
         """Scaler state, plus the fp32 masters under O2 (so a resume is bit-identical)."""
+        self._settle()
         self._adopt_added_groups()
         state: dict[str, Any] = {
             "opt_level": self.policy.opt_level,
@@ -439,6 +599,7 @@ class MixedPrecision:
         hook). They set a dynamic scaler's scale and clean-step count; a static scale belongs to
         this run's policy (bf16 needs none) and is kept.
         """
+        self._settle()
         self._adopt_added_groups()
         if "opt_level" not in state and "loss_scale" in state:  # apex/amp/frontend.py's format
             if self.scaler.dynamic:
@@ -483,12 +644,17 @@ class MixedPrecision:
         ``grads`` follow :meth:`master_params`; ``half_grads`` are O2 model grads from a backward
         outside :meth:`scale_loss` that were not yet moved to the masters.
         """
-
+        self._settle()
         self._adopt_added_groups()
 
         def clone(g: torch.Tensor | None) -> torch.Tensor | None:
             return None if g is None else g.detach().clone()
 
+        if self._dev_skip is not None and read_flags(self._dev_skip)[0]:  # deferred checks: an overflow found
+            self._skip.add(id(self.optimizers[0]))
+            if self._deferred_why is not None:
+                self._why.setdefault(id(self.optimizers[0]), self._deferred_why)
+            self._dev_skip, self._deferred_why = None, None
         why = {i: self._why[id(opt)] for i, opt in enumerate(self.optimizers) if id(opt) in self._why}
         for i, opt in enumerate(self.optimizers):
             flag = self._bad_loss.get(id(opt))
@@ -504,6 +670,7 @@ class MixedPrecision:
 
     def load_pending_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`pending_state` saved (after the model, optimizer and amp state)."""
+        self._settle()
         self._adopt_added_groups()
         for key, params in (("grads", list(self.master_params())), ("half_grads", [h for h, _ in self._pairs])):
             saved = state.get(key)
@@ -523,6 +690,7 @@ class MixedPrecision:
 
     def remove(self) -> None:
         """Remove every hook this object installed (the model stays cast, and its fp8 layers fp8)."""
+        self._settle()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -531,6 +699,18 @@ class MixedPrecision:
         for h in self._fp8_row_hooks:
             h.remove()
         self._fp8_row_hooks.clear()
+
+
+def _any_flag(*flags: torch.Tensor | None) -> torch.Tensor | None:
+    """1.0 where any flag is set (> 0 or True), else 0.0: a 0-d float32 on the first flag's device, or None when all
+    are None. Exactly 1.0: torch's fused optimizers skip a step only when ``found_inf == 1``."""
+    present = [f for f in flags if f is not None]
+    if not present:
+        return None
+    total = present[0].reshape(()).float()
+    for f in present[1:]:
+        total = total + f.reshape(()).float().to(total.device)
+    return (total > 0).float()
 
 
 def _prepared_by(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:

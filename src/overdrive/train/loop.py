@@ -141,6 +141,12 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.mp: MixedPrecision = prepare(model, optimizer, policy, device=self.device, autocast_hooks=False)
+        if self.device.type == "cuda":
+            # no host sync per step: the inf/NaN flag is read a step late and a fused optimizer skips a bad step on
+            # the device (GradScaler's way). Synced once per step, the GPU idled while the host launched the next
+            # step: the demo's ResNet-18 O2 + compile ran 0.74-0.84x the hand-written loop.
+            self.mp.defer_checks()
+        self._skips_before = self.mp.skipped_steps
         if self.parallel is not None:
             model = self.parallel.after_amp(model, self.mp.policy)
         if loss_fn is not None and not callable(loss_fn):
@@ -155,11 +161,15 @@ class Trainer:
         self.channels_last = cfg.channels_last
         self.forward = _compiled(model, whole_call=self.parallel is None) if cfg.compile else model
         self.step_count = 0  # optimizer steps taken (skipped ones included)
-        self.skipped_steps = 0  # optimizer steps skipped for an inf/NaN gradient or loss
         # ReduceLROnPlateau needs a metric: fit steps it once per epoch, train_step never
         self._plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         self.epoch = 0
         self._micro = 0
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps this trainer skipped for an inf/NaN gradient or loss."""
+        return self.mp.skipped_steps - self._skips_before
 
     @property
     def micro_step(self) -> int:
@@ -239,8 +249,8 @@ class Trainer:
                 self._micro += self.accumulate - k
             if self.grad_clip is not None:
                 self.mp.clip_grad_norm_(self.grad_clip)
-            if not self.mp.step(number=self.step_count):  # inf/NaN: not applied (warned or raised)
-                self.skipped_steps += 1
+            # inf/NaN: not applied (warned or raised, a step late when the checks are deferred; skipped_steps counts it)
+            self.mp.step(number=self.step_count, wait=False)
             if self.parallel is not None:
                 self.parallel.after_step()
             self.mp.zero_grad()
