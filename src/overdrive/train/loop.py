@@ -203,8 +203,9 @@ class Trainer:
         An inf/NaN loss or gradient is reported by the call that steps (with ``accumulate`` > 1, the
         one closing the micro-batch's accumulation), naming ``step_count``: that step is not applied;
         the policy's ``on_nonfinite`` says whether it is skipped, counted in ``skipped_steps`` and warned
-        about ("skip", the default) or raises an OverdriveError ("raise"). The check is amp's (one host
-        sync per step, none more with a dynamic loss scale, which checks every backward).
+        about ("skip", the default) or raises an OverdriveError ("raise"). The check is amp's: on the CPU
+        one host read per step; on CUDA none (``MixedPrecision.defer_checks``: a fused optimizer skips the step on
+        the device, and the warning comes a step late, at the next backward, naming this step).
 
         A batch of no samples (``x.shape[0] == 0``) contributes a zero gradient and reports a NaN loss; the step
         is taken as usual, so every rank of a DDP/FSDP job steps alike.
