@@ -45,3 +45,17 @@ def test_a_root_that_is_a_file_is_a_usage_error(group: None, tmp_path: Path) -> 
     with pytest.raises(UsageError, match="is a file, not a folder"):
         odist.checkpoint.save(root, _trainer())
     assert root.read_text() == "not a folder"
+
+
+def test_latest_refuses_a_file_and_a_step_folder_instead_of_reporting_no_checkpoint(group: None, tmp_path: Path) -> None:
+    """Before, both returned None: a resume written as ``latest(...) or start fresh`` trained from scratch."""
+    root = tmp_path / "ckpt"
+    odist.checkpoint.save(root, _trainer())
+    step = odist.checkpoint.latest(root)
+    assert step is not None
+    with pytest.raises(UsageError, match=r"is one checkpoint, not a checkpoint root; pass its parent"):
+        odist.checkpoint.latest(step)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match=r"that is a file, not a checkpoint root"):
+        odist.checkpoint.latest(tmp_path / "afile")
+    assert odist.checkpoint.latest(tmp_path / "missing") is None  # a first run: nothing saved yet

@@ -56,8 +56,15 @@ def latest(root: str | os.PathLike[str], check_hashes: bool = True, allow_unveri
         True
     """
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        # a resume that read None here started training from scratch, with the checkpoints left unused
+        raise UsageError(f"checkpoint.latest({str(root)!r}): that is a file, not a checkpoint root; pass the folder "
+                         "that save() writes step_<n> folders into")
     if not root.is_dir():
         return None
+    if _STEP_DIR.match(root.name) and not _steps(root):
+        raise UsageError(f"checkpoint.latest({str(root)!r}): that is one checkpoint, not a checkpoint root; pass its "
+                         f"parent {str(root.parent)!r}, or load({str(root)!r}, ...) to load this one")
     skipped, found, note = [], None, ""
     for _, p in reversed(_steps(root)):
         try:
