@@ -383,7 +383,8 @@ def test_o0_state_moves_between_cuda_and_cpu() -> None:
     # O0 uses no half dtype, but the state recorded the device's default (float16 on CUDA) and the
     # CPU run (bfloat16) refused it
     m = nn.Linear(4, 2)
-    cuda_state = prepare(m, torch.optim.SGD(m.parameters(), lr=0.1), "O0", device="cuda").state_dict()  # no GPU touched
+    # O0 records no half dtype on any device, so this is the state a CUDA O0 run writes too
+    cuda_state = prepare(m, torch.optim.SGD(m.parameters(), lr=0.1), "O0").state_dict()
     old_state = {**cuda_state, "dtype": "float16"}  # as written before the fix
     m2 = nn.Linear(4, 2)
     cpu_mp = prepare(m2, torch.optim.SGD(m2.parameters(), lr=0.1), "O0")

@@ -165,3 +165,14 @@ def test_prepare_warns_for_an_optimizer_over_none_of_the_models_parameters() -> 
         _w.simplefilter("error", RuntimeWarning)
         m2 = nn.Linear(4, 3)
         prepare(m2, torch.optim.SGD(m2.parameters(), lr=0.1), "O1")
+
+
+def test_prepare_for_a_device_the_model_or_torch_is_not_on_is_refused() -> None:
+    """Before: device='cuda' without a GPU resolved the policy for CUDA (fp16, a dynamic scale) while torch disabled
+    autocast with a warning, and trained in fp32; a CPU model prepared for CUDA failed later, inside the forward."""
+    m = nn.Linear(4, 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match=r"device='cuda' but this torch sees no CUDA GPU"):
+            prepare(m, torch.optim.SGD(m.parameters(), lr=0.1), "O1", device="cuda")
+    with pytest.raises(UsageError, match=r"device='meta' but the model's parameters are on cpu; move the model"):
+        prepare(m, torch.optim.SGD(m.parameters(), lr=0.1), "O0", device="meta")

@@ -69,5 +69,14 @@ def prepare(
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise UsageError(f"device={device!r} is not a torch device; use e.g. 'cuda', 'cuda:1' or 'cpu'") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        # the policy resolved for CUDA (fp16, a dynamic scale) while torch disabled autocast: fp32 training, silently
+        raise UsageError(f"device={str(device)!r} but this torch sees no CUDA GPU ({torch.__version__}); pass "
+                         "device='cpu' (bf16) or run where torch.cuda.is_available()")
+    elsewhere = sorted({str(q.device) for m in models_l for q in m.parameters()
+                        if q.device.type not in (device.type, "meta")})
+    if elsewhere:
+        raise UsageError(f"device={str(device)!r} but the model's parameters are on {', '.join(elsewhere)}; move the "
+                         f"model first (model.to({str(device)!r})), then build the optimizer and prepare")
     return MixedPrecision(models_l, opts_l, policy, device, autocast_hooks=autocast_hooks,
                           num_losses=num_losses, autocast_scope=autocast_scope)

@@ -164,6 +164,7 @@ class MixedPrecision:
         False and every check stays immediate. :class:`~overdrive.train.Trainer` turns it on for CUDA runs.
 
         Example:
+            >>> from overdrive.amp import prepare
             >>> model = nn.Linear(4, 2); opt = torch.optim.AdamW(model.parameters(), fused=True)
             >>> mp = prepare(model, opt, Policy(opt_level="O1", dtype=torch.bfloat16))
             >>> mp.defer_checks()
