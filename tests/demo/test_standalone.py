@@ -52,3 +52,14 @@ def test_dependent_stage_gets_amp_at_o0_only(stage: str, ran: list) -> None:
 def test_asked_for_amp_keeps_every_level(ran: list) -> None:
     tables = run_demo(device="cpu", stages=["amp", "quant"], quick=True, progress=False)
     assert ran[0] == ("amp", ("O0", "O1", "O2", "O3")) and not any("ran first" in n for n in tables[0].notes)
+
+
+def test_a_stage_of_two_tables_says_how_long_it_took_once(monkeypatch: pytest.MonkeyPatch, ran: list) -> None:
+    """The data stage returns its image table and its tokenization table: the report said "stage 'data' took" twice."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(STAGES["data"]), "run",
+                        lambda ctx: [Table("images", ["x"], [[1]]), Table("tokenize", ["x"], [[1]])])
+    tables = run_demo(device="cpu", stages=["data"], quick=True, progress=False)
+    took = [[n for n in t.notes if n.startswith("stage 'data' took")] for t in tables]
+    assert [len(t) for t in took] == [0, 1]

@@ -96,12 +96,13 @@ def run_demo(
             if verbose:
                 traceback.print_exc()
             produced = [_status_table(name, "failed", f"{type(exc).__name__}: {exc}")]
-        for table in produced:
+        for k, table in enumerate(produced):
             table.stage = table.stage or name
             if prerequisite and name == "amp":
                 table.notes.append(f"stage 'amp' ran first, at O0 only: {', '.join(needs_model)} start(s) from its "
                                    "fp32 model; --stage amp trains and times every opt level")
-            table.notes.append(f"stage '{name}' took {time.perf_counter() - t0:.1f} s")
+            if k == len(produced) - 1:  # once per stage, under its last table (the data stage has two)
+                table.notes.append(f"stage '{name}' took {time.perf_counter() - t0:.1f} s")
             tables.append(table)
             if on_table is not None:
                 on_table(table)
