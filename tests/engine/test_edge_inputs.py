@@ -136,3 +136,21 @@ def test_an_index_past_the_table_is_one_clear_error(capfd: pytest.CaptureFixture
     with pytest.raises(UsageError, match=r"could not run the engine on these inputs: .*idx=99.*check their values"):
         eng(torch.full((2, 5), 99))
     assert "[E:onnxruntime" not in capfd.readouterr().err
+
+
+def test_an_example_outside_the_shape_profile_is_refused_before_the_build() -> None:
+    """Before: the build traced and checked with a batch of 16 under a profile of at most 8, and the engine it made
+    refused that very shape when called."""
+    from overdrive._utils.errors import UsageError
+    from overdrive.engine import BuildConfig, Builder
+    from overdrive.engine.config import ShapeProfile
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    builder = Builder(BuildConfig(profiles=[ShapeProfile("x", (1, 8), (4, 8), (8, 8))], device="cpu"))
+    with pytest.raises(UsageError, match=r"example input 'x' has shape \(16, 8\), outside its shape profile min "
+                                         r"\(1, 8\) max \(8, 8\); give an example inside it \(its opt shape \(4, 8\)\)"):
+        builder.build(model, torch.randn(16, 8))
+    with pytest.raises(UsageError, match=r"has shape \(4, 8, 1\), outside"):  # another rank
+        builder.build(model, torch.randn(4, 8, 1))
+    engine = builder.build(model, torch.randn(8, 8))  # the profile's edge is inside
+    assert engine(torch.randn(2, 8)).shape == (2, 4)

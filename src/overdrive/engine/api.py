@@ -22,7 +22,7 @@ from overdrive.engine import accuracy, backends
 from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.inputs import (apply_io_formats, check_onnx_dims, onnx_shared_dims, ordered, random_inputs,
-                                     resolve_profiles)
+                                     resolve_profiles, check_example_in_profiles)
 from overdrive.engine.runtime import Engine, device_facts
 from overdrive.engine.sources import ModelSource, fit_input_names, to_source, with_forward_dtypes
 
@@ -195,6 +195,8 @@ class Builder:
             src = with_forward_dtypes(src)
         cfg = cfg.replace(profiles=resolve_profiles(cfg.profiles, src, example_inputs))
         check_onnx_dims(cfg.profiles, src)
+        if example_inputs:
+            check_example_in_profiles(cfg.profiles, src.input_names, example_inputs)
         if not example_inputs and cfg.input_io_formats:  # --inputIOFormats int64:chw: the binding holds integers
             fmts = cfg.input_io_formats
             for i, n in enumerate(src.input_names):

@@ -50,6 +50,29 @@ def ordered(profiles: list[ShapeProfile], names: list[str]) -> list[ShapeProfile
     return [by[n] for n in names]
 
 
+def check_example_in_profiles(profiles: list[ShapeProfile], names: list[str],
+                              example: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
+    """Refuse example inputs outside the shape profiles, before the build traces, calibrates and times with them
+    (an engine built so refuses that very shape when called).
+
+    Example:
+        >>> check_example_in_profiles([ShapeProfile("x", (1, 8), (4, 8), (8, 8))], ["x"], (torch.zeros(16, 8),))
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: example input 'x' has shape (16, 8), outside its shape profile min (1, 8) max (8, 8); give an example inside it (its opt shape (4, 8)) or widen the profile (--minShapes/--maxShapes)
+    """
+    by = {p.name: p for p in profiles}
+    for name, x in zip(names, example):
+        p = by.get(name)
+        if p is None or not isinstance(x, torch.Tensor):
+            continue
+        shape = tuple(x.shape)
+        if len(shape) != len(p.min) or any(not lo <= d <= hi for d, lo, hi in zip(shape, p.min, p.max)):
+            raise UsageError(f"example input {name!r} has shape {shape}, outside its shape profile min {p.min} max "
+                             f"{p.max}; give an example inside it (its opt shape {p.opt}) or widen the profile "
+                             "(--minShapes/--maxShapes)")
+
+
 def resolve_profiles(profiles: list[ShapeProfile], src: ModelSource, example: tuple[torch.Tensor, ...] | None) -> list[ShapeProfile]:
     names = src.input_names
     if profiles:
