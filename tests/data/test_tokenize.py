@@ -385,3 +385,28 @@ def test_packed_bad_arguments() -> None:
                     ({"block_size": 9}, "3 tokens make no block of block_size=9")]:
         with pytest.raises(UsageError, match=re.escape(msg)):
             t.packed(**kw)
+
+
+@pytest.mark.parametrize("max_length", [None, 1, 3, 50])
+def test_padded_equals_a_row_by_row_reference(max_length: int | None) -> None:
+    """Reference: each text's ids copied into its row one by one (the loop padded() was); empty texts, texts cut at
+    max_length, a view whose offsets do not start at 0, and no texts at all."""
+    from overdrive.data.tokenize import TokenizedTexts
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(0, 9, size=40)
+    lens[[3, 7]] = 0
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    texts = TokenizedTexts(rng.integers(1, 1000, size=int(lens.sum())).astype(np.int32), offsets)
+    shifted = TokenizedTexts(texts.ids, offsets[5:])  # texts 5.. only
+    for t in (texts, shifted, TokenizedTexts(np.zeros(0, np.int32), np.zeros(1, np.int64))):
+        ids, mask = t.padded(pad_id=-1, max_length=max_length)
+        n = len(t)
+        L = max_length if max_length is not None else int(t.lengths().max() if n else 0)
+        ref = torch.full((n, L), -1, dtype=torch.long)
+        ref_mask = torch.zeros((n, L), dtype=torch.long)
+        for i in range(n):
+            row = torch.as_tensor(t[i][:L], dtype=torch.long)
+            ref[i, :len(row)] = row
+            ref_mask[i, :len(row)] = 1
+        assert torch.equal(ids, ref) and torch.equal(mask, ref_mask)
