@@ -20,8 +20,9 @@ INF = float("inf")
 
 
 def _run(defer: bool, policy: Policy, opt_cls: type = torch.optim.AdamW, steps: int = 6,
-         bad: dict[int, str] | None = None, **opt_kw: object) -> tuple[object, list[str]]:
-    """``bad``: step -> "grad" (an inf in one gradient: the loss is finite) or "loss" (an inf input)."""
+         bad: dict[int, str] | None = None, accumulate: int = 1, **opt_kw: object) -> tuple[object, list[str]]:
+    """``bad``: backward -> "grad" (an inf in one gradient: the loss is finite) or "loss" (an inf input); a step
+    every ``accumulate`` backwards."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     opt = opt_cls(model.parameters(), lr=1e-2, fused=True, **opt_kw)
@@ -48,8 +49,9 @@ def _run(defer: bool, policy: Policy, opt_cls: type = torch.optim.AdamW, steps: 
             with mp.autocast():
                 loss = model(x.to(next(model.parameters()).dtype)).float().square().mean()
             mp.backward(loss)
-            mp.step(number=i, wait=not defer)
-            mp.zero_grad()
+            if (i + 1) % accumulate == 0:
+                mp.step(number=i // accumulate, wait=not defer)
+                mp.zero_grad()
         state = {
             "masters": [q.detach().clone() for q in mp.master_params()],
             "weights": [q.detach().clone() for q in model.parameters()],
@@ -79,6 +81,16 @@ def test_deferred_checks_train_exactly_as_the_immediate_ones(policy: Policy, bad
     later, _ = _run(True, policy, bad=bad)
     _same(now, later)
     assert later["skipped"] == len(bad)
+
+
+@pytest.mark.parametrize("bad", [{2: "grad"}, {3: "grad"}, {4: "loss"}], ids=["first-micro", "second-micro", "loss"])
+def test_deferred_checks_with_gradient_accumulation(bad: dict[int, str]) -> None:
+    """An overflow in either micro-batch of an accumulation skips that step and backs off the scale the next
+    micro-batch multiplies by, exactly as the immediate checks do."""
+    now, _ = _run(False, DYNAMIC, bad=bad, steps=8, accumulate=2)
+    later, _ = _run(True, DYNAMIC, bad=bad, steps=8, accumulate=2)
+    _same(now, later)
+    assert later["skipped"] == 1
 
 
 def test_a_deferred_inf_loss_warns_a_step_late_naming_its_own_step() -> None:
