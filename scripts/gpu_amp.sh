@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine:
 #   bash scripts/gpu_amp.sh            # amp's GPU tests, then the amp training benchmark (about 7 minutes on an H200)
-#   bash scripts/gpu_amp.sh overhead   # the demo's amp workload: Trainer O2 + compile against the hand loop, with
-#                                      # and without one host read per step (where the 0.74-0.84x gap may come
-#                                      # from; not yet run): benchmarks/results/train_overhead_cuda_compile_demo
+#   bash scripts/gpu_amp.sh overhead   # the demo's amp workload: Trainer O2 + compile (checks deferred, and read
+#                                      # every step) against the hand loop, with and without one host read per step
+#                                      # (run 2026-12-05 on the H200 with --levels O2, about 5 minutes:
+#                                      # benchmarks/results/train_overhead_cuda_compile_demo)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-}

@@ -23,7 +23,8 @@
 #   bash scripts/gpu_engine.sh 13  # whole-engine timing: its GPU tests; ResNet-50 int8/fp8 (run 2026-12-05 on an H100:
 #                                  # engine_zoo_resnet50_whole; first run on the H200 with the
 #                                  # dequantized twin: engine_zoo_cnn_whole; EfficientNet-B0 ran past the limit)
-#   bash scripts/gpu_engine.sh 14  # EfficientNet-B0 int8/fp8 with the whole-engine timing (not yet run)
+#   bash scripts/gpu_engine.sh 14  # EfficientNet-B0 int8/fp8 with the whole-engine timing (run 2026-12-05, H200, 238 s:
+#                                  # engine_zoo_effnet_whole)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
