@@ -198,7 +198,11 @@ def test_conv_transpose_weights_per_output_channel_and_ort(groups: int, tmp_path
         with torch.no_grad():
             ref = q(x).numpy()
         out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
-        np.testing.assert_allclose(out, ref, atol=1e-4)
+        # equal to float rounding, except where the ConvTranspose output lands within float error of a rounding
+        # boundary of the next layer's input quantizer: one int8 step of it there (its amax / 127 times |w|), rarely
+        diff = np.abs(out - ref)
+        step = float(q[1].input_quantizer.amax) / 127 * float(q[1].weight.abs().sum(dim=(1, 2, 3)).max())
+        assert diff.max() <= step * 1.01 and (diff > 1e-4).mean() <= 0.01, (diff.max(), step, (diff > 1e-4).mean())
         return
     assert type(q[0]) is nn.ConvTranspose2d  # left in float, and said why
     reason = quant.summary(q)["skipped"]["0"]

@@ -452,3 +452,89 @@ def test_enable_huggingface_checkpointing_round_trips_a_quantized_model(tmp_path
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
     assert not is_quantized(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "float"))
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+@pytest.mark.parametrize("direction", ["disabled after quantize", "enabled after quantize"])
+def test_mto_save_restore_keeps_quantizers_switched_after_quantize(direction: str, tmp_path) -> None:
+    """Before: modelopt_state wrote each quantizer's config, whose ``enabled`` the switches after quantize do not
+    change: the restored model had the config's on/off state, and other outputs (0.0055 here)."""
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    if direction == "disabled after quantize":
+        m = mtq.quantize(_mlp(), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+        mtq.disable_quantizer(m, "2.*")
+    else:
+        cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+        cfg["quant_cfg"]["*2.input_quantizer"] = {"enable": False}
+        m = mtq.quantize(_mlp(), cfg, lambda m: m(x))
+        mtq.enable_quantizer(m, "2.input_quantizer")
+        mtq.calibrate(m, forward_loop=lambda m: m(x))
+    mto.save(m, tmp_path / "q.pth")
+    r = mto.restore(_mlp(), tmp_path / "q.pth")
+    for (n, a), (_, b) in zip(quant.quantizers(m), quant.quantizers(r)):
+        assert a.enabled == b.enabled, n
+    assert torch.equal(m(x), r(x))
+
+
+def test_fold_weight_leaves_a_tied_weight_unfolded_and_the_outputs_unchanged() -> None:
+    """Before: the tied weight was written in one layer's quantized form (and quantized again by the other), so the
+    outputs changed by up to 1.6 where fold_weight promises none."""
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln, self.a, self.b = nn.LayerNorm(16), nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False)
+            self.b.weight = self.a.weight
+            self.c = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.ln(x)
+            return self.c(self.a(h) + self.b(torch.relu(h) * 3))
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    x[:, 2] *= 40
+    m = mtq.quantize(Tied(), mtq.INT8_SMOOTHQUANT_CFG, lambda m: m(x))
+    before = m(x)
+    with pytest.warns(RuntimeWarning, match=r"2 layer\(s\) share their weight with another module \(a, b\)"):
+        mtq.fold_weight(m)
+    assert torch.equal(m(x), before)
+    assert m.a.weight_quantizer.enabled and not m.c.weight_quantizer.enabled  # c (not shared) folded
+
+
+def test_presets_quantize_conv_transpose_per_output_channel() -> None:
+    """Before: ``axis: 0`` of INT8_DEFAULT_CFG / FP8_DEFAULT_CFG was refused on a ConvTranspose (a UNet or decoder
+    script failed on the import change); it means per output channel, axis 1 of that weight."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    for cfg in (mtq.INT8_DEFAULT_CFG, mtq.FP8_DEFAULT_CFG):
+        m = mtq.quantize(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 4, 2, stride=2)), cfg,
+                         lambda m: m(x))
+        wq = m[1].weight_quantizer
+        if cfg is mtq.FP8_DEFAULT_CFG:  # per tensor in that preset
+            assert wq.axis is None and torch.equal(wq.amax, m[1].weight.detach().abs().max())
+            continue
+        assert wq.axis == 1 and wq.amax.shape == (4,)
+        torch.testing.assert_close(wq.amax, m[1].weight.detach().abs().amax(dim=(0, 2, 3)))
+
+
+def test_a_negative_amax_and_a_list_of_patterns_are_refused() -> None:
+    m = mtq.quantize(_mlp(), mtq.INT8_DEFAULT_CFG, lambda m: m(torch.randn(32, 16)))
+    with pytest.raises(UsageError, match=r"amax holds a negative or NaN value"):
+        mtq.postprocess_amax(m, "*input_quantizer", lambda a: -a)  # every input quantized to about 0, before
+    with pytest.raises(UsageError, match=r"wildcard_or_filter=\['\*0\*', '\*2\*'\] must be one fnmatch pattern"):
+        mtq.disable_quantizer(m, ["*0*", "*2*"])
+
+
+def test_activations_calibrate_in_the_float_network() -> None:
+    """Reference: max |input| of the second layer in the float model (ModelOpt, pytorch-quantization and TensorRT
+    observe activations with every quantizer passing through; the weights were fake-quantized here before)."""
+    torch.manual_seed(0)
+    float_model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4))
+    x = torch.randn(256, 64)
+    m = mtq.quantize(copy.deepcopy(float_model), mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    with torch.no_grad():
+        assert torch.equal(m[1].input_quantizer.amax, float_model[0](x).abs().max())

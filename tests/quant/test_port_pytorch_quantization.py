@@ -161,23 +161,25 @@ def test_hand_placed_layers_calibrate_with_quant_calibrate():
     torch.manual_seed(0)
     model = Residual()
     data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    # what quant.calibrate does, by hand: weight amax = max |w| per row, then the activations observed with
-    # the weights fake-quantized (the TensorRT loop would observe them with float weights)
+    # what quant.calibrate does, by hand: weight amax = max |w| per row, then the activations observed in the
+    # float network, every quantizer passing values through (pytorch-quantization's loop, ModelOpt, TensorRT)
     reference = copy.deepcopy(model)
     for fc in (reference.fc1, reference.fc2):
         fc._weight_quantizer.set_amax(fc.weight.detach().abs().amax(1))
-    acts = [q for n, q in reference.named_modules()
-            if isinstance(q, quant_nn.TensorQuantizer) and not n.endswith("weight_quantizer")]
+    every = [(n, q) for n, q in reference.named_modules() if isinstance(q, quant_nn.TensorQuantizer)]
+    acts = [q for n, q in every if not n.endswith("weight_quantizer")]
     with torch.no_grad():
-        for q in acts:
+        for _, q in every:
             q.disable_quant()
+        for q in acts:
             q.enable_calib()
         for x in data:
             reference(x)
         for q in acts:
             q.load_calib_amax()
-            q.enable_quant()
             q.disable_calib()
+        for _, q in every:
+            q.enable_quant()
     with pytest.raises(UsageError, match="quant.calibrate"):
         quant.quantize(model, quant.INT8_DEFAULT)
     quant.calibrate(model, lambda m: [m(x) for x in data])  # weights get max |w|, activations max

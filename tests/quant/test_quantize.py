@@ -370,7 +370,7 @@ def test_traced_module_keeps_unused_state_and_methods() -> None:
     assert set(float_sd) <= set(q.state_dict())  # aux_head.* and class_weights kept
     # reference: x + fc2(relu(fc1(x))) with x quantized once (fc1's input and the residual share amax)
     w1, b1, w2, b2 = (float_sd[k] for k in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"))
-    h_calib = torch.relu(F.linear(x, _wq(w1), b1))  # while calibrating, inputs pass through
+    h_calib = torch.relu(F.linear(x, w1, b1))  # while calibrating, inputs and weights pass through (float network)
     xq = _fq(x, x.abs().max())
     ref = xq + F.linear(_fq(torch.relu(F.linear(xq, _wq(w1), b1)), h_calib.abs().max()), _wq(w2), b2)
     out = q(x).detach()

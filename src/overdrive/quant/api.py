@@ -278,9 +278,15 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
     if not acts:
         return model
     previous = [q.calibrator for q in acts]
+    # the activations are observed in the float network, as ModelOpt, pytorch-quantization and TensorRT calibrate:
+    # the weight quantizers pass values through meanwhile (they quantized the weights the activations saw)
+    weights = [m.weight_quantizer for m in model.modules()
+               if isinstance(m, _QuantMixin) and m.weight_quantizer.quant_enabled]
     with eval_mode(model):
         for q in acts:
             q.start_calibration()
+        for q in weights:
+            q.quant_enabled = False
         try:
             forward_loop(model)
         except BaseException:
@@ -292,6 +298,8 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
         finally:
             for q in acts:
                 q.calibrating = False
+            for q in weights:
+                q.quant_enabled = True
     missing = [q.name for q in acts if q.calibrator is None or
                (getattr(q.calibrator, "hist", None) is None and not getattr(q.calibrator, "_zeros", 0)
                 and getattr(q.calibrator, "amax", None) is None)]

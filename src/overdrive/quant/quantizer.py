@@ -230,6 +230,12 @@ class TensorQuantizer(nn.Module):
         ModelOpt keep the reduced dimensions ((C, 1) for a Linear weight, (C, 1, 1, 1) for a conv), so an amax
         assigned or loaded in that shape is flattened here; any other shape is refused."""
         axis = getattr(self, "axis", None)
+        if amax.device.type != "meta" and amax.numel() and not bool((amax >= 0).all()):
+            # a negative amax (a postprocess that flipped the sign, a hand-set value) made every scale the tiny floor:
+            # the layer's input quantized to about 0, silently (pytorch-quantization: "Negative values in amax")
+            raise UsageError(f"quantizer {self.name or '?'}: amax holds a negative or NaN value (min "
+                             f"{float(amax.min()):g}); amax is the largest magnitude to represent, >= 0; check the "
+                             "function that set it (postprocess_amax, load_calib_amax) or the checkpoint")
         if axis is None and amax.numel() == 1:
             return amax.reshape(())
         if axis is not None and amax.dim() > 1 and sorted(amax.shape)[:-1] == [1] * (amax.dim() - 1):

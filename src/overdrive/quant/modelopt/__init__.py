@@ -168,8 +168,11 @@ def _owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, int | No
     """quantizer name -> (owning module, the weight axis ModelOpt's configs name, the weight axis of the tensor)
     for weight quantizers of quantized layers, (module, None, None) for the others.
 
-    The two differ for Hugging Face's Conv1D (GPT-2), whose weight is stored (in, out): ModelOpt's configs say
-    ``axis: 0`` meaning per output channel, which is axis 1 of that tensor."""
+    The two differ for Hugging Face's Conv1D (GPT-2), whose weight is stored (in, out), and for ConvTranspose, whose
+    weight is (in, out / groups, *kernel): ModelOpt's presets say ``axis: 0`` meaning per output channel (as for
+    Linear and Conv), which is axis 1 of those tensors, the axis TensorRT takes a deconvolution's per-channel scales
+    on. (ModelOpt itself applies axis 0 to a ConvTranspose weight literally, per input channel; here the presets
+    run unchanged on UNets and decoders, per output channel.)"""
     out: dict[str, tuple[torch.nn.Module, int | None, int | None]] = {}
     for mname, m in model.named_modules():
         for cname, child in m.named_children():
@@ -178,7 +181,8 @@ def _owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, int | No
                     axis = m.weight_axis if child is m.weight_quantizer else None
                 else:  # a custom module's (mtq.register): its weight quantizer's axis 0 is the tensor's axis 0
                     axis = 0 if cname.endswith("weight_quantizer") else None
-                named = 0 if axis is not None and type(m).__name__ == "QuantConv1D" else axis
+                named = 0 if axis is not None and (type(m).__name__ == "QuantConv1D"
+                                                   or isinstance(m, torch.nn.modules.conv._ConvTransposeNd)) else axis
                 out[f"{mname}.{cname}" if mname else cname] = (m, named, axis)
     return out
 
@@ -474,17 +478,35 @@ def fold_weight(model: torch.nn.Module) -> None:
         >>> bool(torch.equal(before, m(x))), m[0].weight_quantizer.enabled
         (True, False)
     """
-    for m in model.modules():
+    # A weight two modules share (a tied embedding and LM head, a shared projection): folding it into one layer's
+    # quantized form changed the other's weight too (and a second quantized user quantized it again). Those stay
+    # quantized on the fly.
+    owners: dict[int, list[str]] = {}
+    for mname, m in model.named_modules(remove_duplicate=False):
+        for pname, param in m.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append(f"{mname}.{pname}" if mname else pname)
+    shared: list[str] = []
+    for mname, m in model.named_modules():
         if not isinstance(m, _QuantMixin):
             continue
         q = m.weight_quantizer
         if q.enabled and q.quant_enabled and not q.calibrating and q.is_calibrated:
+            if len(set(owners.get(id(m.weight), []))) > 1:
+                shared.append(mname)
+                continue
             m.weight.copy_(q(m.weight).to(m.weight.dtype))
             q.pre_quant_scale = None  # already in the folded weight
             q.enabled = False
+    if shared:
+        warnings.warn(f"mtq.fold_weight: {len(shared)} layer(s) share their weight with another module ("
+                      f"{', '.join(shared[:5])}{', ...' if len(shared) > 5 else ''}); their weights were not folded (the "
+                      "other module would have changed too) and stay quantized on the fly", RuntimeWarning, stacklevel=2)
 
 
 def _select(model: torch.nn.Module, wildcard_or_filter: str | Callable[[str], bool]) -> list[TensorQuantizer]:
+    if not (isinstance(wildcard_or_filter, str) or callable(wildcard_or_filter)):
+        raise UsageError(f"wildcard_or_filter={wildcard_or_filter!r} must be one fnmatch pattern string (e.g. "
+                         "'*lm_head*') or a function of the quantizer's name; call once per pattern")
     match = wildcard_or_filter if callable(wildcard_or_filter) else (
         lambda n: fnmatch.fnmatch(n, wildcard_or_filter))  # type: ignore[arg-type]
     return [q for n, q in api.quantizers(model) if match(n)]

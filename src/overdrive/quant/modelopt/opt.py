@@ -40,8 +40,10 @@ def modelopt_state(model: nn.Module) -> dict[str, Any]:
         return {"modelopt_state_dict": [], "modelopt_version": _VERSION}
     quantizers = {}
     for name, q in api.quantizers(model):
-        quantizers[name] = {**q.config.to_dict(), "axis": None if q.axis is None else int(q.axis), "histogram": q.histogram,
-                            "quant_enabled": q.quant_enabled}
+        # ``enabled`` as the quantizer is now: disable_quantizer / enable_quantizer / fold_weight after quantize
+        # change the quantizer, not its config (a restored model came back with them as the config had them)
+        quantizers[name] = {**q.config.to_dict(), "enabled": bool(q.enabled), "axis": None if q.axis is None else int(q.axis),
+                            "histogram": q.histogram, "quant_enabled": q.quant_enabled}
     return {"modelopt_state_dict": [("quantize", {"config": meta["config"].to_dict(), "quantizers": quantizers})],
             "modelopt_version": _VERSION}
 
