@@ -106,3 +106,94 @@ def test_torch_save_whole_model_after_asp() -> None:
     bad["0.weight"].fill_(1.0)  # nonzero where the mask prunes: the loaded copy still checks
     with pytest.raises(UsageError, match="nonzero where its mask prunes"):
         loaded.load_state_dict(bad)
+
+
+def test_the_permutation_reorders_the_optimizer_state_with_the_weights() -> None:
+    """Reference: each moved weight row carries its own Adam moments. Before, the weights moved and the moments
+    stayed, so fine-tuning updated each channel with another channel's moments."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        m(torch.randn(8, 32)).pow(2).sum().backward()
+        opt.step()
+    w0, ea0 = m[0].weight.detach().clone(), opt.state[m[0].weight]["exp_avg"].clone()
+    c0 = opt.state[m[2].weight]["exp_avg_sq"].clone()
+    ASP.init_model_for_pruning(m, verbosity=0, disallowed_layer_names=["0"])
+    ASP.init_optimizer_for_pruning(opt)
+    ASP.compute_sparse_masks(m)
+    w1 = m[0].weight.detach()
+    src = [int((w0 == w1[i]).all(1).nonzero()) for i in range(64)]
+    assert src != list(range(64))  # the permutation moved rows
+    assert torch.equal(opt.state[m[0].weight]["exp_avg"], ea0[src])
+    assert torch.equal(opt.state[m[2].weight]["exp_avg_sq"], c0[:, src])  # the consumer's columns too
+    ASP._handle(m).remove()
+
+
+def test_an_optimizer_with_state_attached_after_the_permutation_is_refused() -> None:
+    from overdrive.sparsity import SparsityConfig, sparsify
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    m(torch.randn(8, 32)).sum().backward()
+    opt.step()
+    handle = sparsify(m, SparsityConfig(permutation=True))  # this optimizer's moments stay in the old order
+    assert handle.permutation["groups"] == 1
+    with pytest.raises(UsageError, match=r"holds state .* for \['0.bias', '0.weight', '2.weight'\].*attach it before"):
+        handle.attach(opt)
+
+
+def test_weight_norm_and_tied_disallowed_layers_are_skipped_with_the_reason() -> None:
+    """Before: a weight_norm layer was reported pruned and stayed dense (its weight is recomputed each forward);
+    a weight tied between a pruned and a disallowed layer was pruned through the first, with no word."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    from overdrive.sparsity import SparsityConfig, sparsify
+
+    torch.manual_seed(0)
+    m = nn.Sequential(weight_norm(nn.Linear(32, 64)), nn.ReLU(), nn.Linear(64, 16))
+    h = sparsify(m, SparsityConfig())
+    assert [layer.name for layer in h.layers] == ["2.weight"]
+    assert any(d["name"] == "0.weight" and "weight_norm or a parametrization" in d["reason"] for d in h.report().skipped)
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc, self.dec = nn.Linear(32, 32), nn.Linear(32, 32)
+            self.dec.weight = self.enc.weight
+
+    t = Tied()
+    with pytest.raises(UsageError, match=r"no prunable layer.*weight tied to 'dec', which is in disallowed_layer_names"):
+        ASP.init_model_for_pruning(t, verbosity=0, disallowed_layer_names=["dec"])
+    assert float((t.enc.weight == 0).float().mean()) == 0.0
+
+
+def test_apex_asp_faces() -> None:
+    """prune_trained_model prunes what apex's does (Linear and Conv2d); is_sparsity_enabled is False before any
+    init; an optimizer of an initialized model holding no pruned weight is accepted; create_mask and the asp
+    submodule import as in apex."""
+    from overdrive.apex.contrib.sparsity import create_mask
+    from overdrive.apex.contrib.sparsity.asp import ASP as ASP2
+
+    assert ASP2 is ASP
+    assert create_mask(torch.tensor([[0.1, -3.0, 2.0, 0.2]])).tolist() == [[0.0, 1.0, 1.0, 0.0]]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(16, 32, 3)
+            self.att = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    n = Net()
+    ASP.prune_trained_model(n, torch.optim.SGD(n.parameters(), lr=0.1))
+    assert [p["name"] for p in ASP.handle(n).report().pruned] == ["att.out_proj.weight"]
+    ASP.handle(n).remove()
+
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    m[0].requires_grad_(False)
+    ASP.init_model_for_pruning(m, verbosity=0)
+    ASP.init_optimizer_for_pruning(torch.optim.SGD([q for q in m.parameters() if q.requires_grad], lr=0.1))
+    with pytest.raises(UsageError, match="owns this optimizer"):  # another model's optimizer
+        ASP.init_optimizer_for_pruning(torch.optim.SGD(nn.Linear(4, 4).parameters(), lr=0.1))

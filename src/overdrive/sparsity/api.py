@@ -75,6 +75,9 @@ class SparseHandle:
         self.permutation = permutation
         self._hooks: list[Any] = []
         self._optimizers: list[torch.optim.Optimizer] = []
+        # every optimizer attached (ASP's registry drops its strong reference from _optimizers): the permutation
+        # reorders their state too
+        self._attached: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._permutation_pending = config.permutation
         # apex ASP's callable mask_calculator (weight -> mask); not part of the JSON config
         self.mask_fn: Any = None
@@ -155,7 +158,7 @@ class SparseHandle:
         # a Conv1D (weight stored (in, out)) is not permuted: its masks are chosen as they are
         self.permutation = permute_for_sparsity(
             self.model, [layer.module for layer in self.layers if layer.param_name == "weight" and not layer.transposed],
-            self.config, self._masters)
+            self.config, self._masters, list(self._attached))
 
     def apply_masks(self) -> None:
         """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2)."""
@@ -276,11 +279,38 @@ class SparseHandle:
                 f"the optimizer holds none of the pruned weights ({missing[:3]}...): pass the optimizer built on this "
                 "model's parameters; with overdrive.amp O2/apex O2, call sparsify/ASP before amp.prepare/initialize"
             )
+        stale = self._permuted_with_state(optimizer)
+        if stale:
+            # its moments are in the channel order from before the permutation: fine-tuning would update each channel
+            # with another's (attached before compute_masks, the permutation reorders them too)
+            raise UsageError(
+                f"this optimizer holds state (momentum, Adam moments) for {stale[:3]}, whose channels the sparsity "
+                "permutation reordered after that state was made; attach it before the masks are computed "
+                "(sparsify(model, compute_masks=False); handle.attach(optimizer); handle.compute_masks(), which is "
+                "what ASP.prune_trained_model does), build a new optimizer, or sparsify with SparsityConfig(permutation=False)")
         self._hooks.append(optimizer.register_step_pre_hook(lambda _opt, _a, _k: self.mask_grads()))
         self._hooks.append(optimizer.register_step_post_hook(lambda _opt, _a, _k: self.apply_masks()))
         self._optimizers.append(optimizer)
+        self._attached.add(optimizer)
         self.apply_masks()
         return self
+
+    def _permuted_with_state(self, optimizer: torch.optim.Optimizer) -> list[str]:
+        """Names of parameters the permutation reordered for which ``optimizer`` already holds tensor state."""
+        if not self.permutation or not self.permutation.get("groups"):
+            return []
+        names = []
+        for d in self.permutation["details"]:
+            for mname in (d["producer"], *d["channelwise"], *d["consumers"]):
+                mod = self.model.get_submodule(mname)
+                for pname, q in mod.named_parameters(recurse=False):
+                    if mname in d["consumers"] and pname != "weight":
+                        continue  # a consumer's input channels: its weight's columns only
+                    for x in (q, self._masters.get(id(q))):
+                        st = optimizer.state.get(x) if x is not None else None
+                        if isinstance(st, dict) and any(isinstance(v, torch.Tensor) and v.dim() > 0 for v in st.values()):
+                            names.append(f"{mname}.{pname}")
+        return sorted(set(names))
 
     def remove(self) -> None:
         """Drop hooks and mask buffers; the weights stay pruned."""

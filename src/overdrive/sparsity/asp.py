@@ -100,9 +100,11 @@ class ASP:
                 h.use_masters(mp.master_pairs(optimizer))
         held = {id(q) for g in optimizer.param_groups for q in g["params"]}
         owners = [h for h in _HANDLES.values() if any(id(layer.original) in held or id(layer.weight) in held for layer in h.layers)]
-        if not owners:
+        if not owners and not any(id(q) in held for h in _HANDLES.values() for q in h.model.parameters()):
             raise UsageError("no model initialized with ASP.init_model_for_pruning owns this optimizer's parameters; "
                              "call init_model_for_pruning(model) first")
+        # an optimizer of an initialized model that holds none of its pruned weights (a frozen pruned backbone, only
+        # a head trained): nothing of its steps to mask, as in apex
         for h in owners:
             attached = _ATTACHED.setdefault(h, weakref.WeakSet())
             if optimizer in attached:
@@ -124,7 +126,9 @@ class ASP:
 
     @staticmethod
     def is_sparsity_enabled(model: nn.Module | None = None) -> bool:
-        """True when some mask prunes something."""
+        """True when some mask prunes something (False before any model is initialized, as in apex)."""
+        if model is None and not _HANDLES:
+            return False
         return any(not bool(layer.mask.all()) for layer in ASP._handle(model).layers)
 
     @staticmethod
@@ -150,8 +154,12 @@ class ASP:
 
     @staticmethod
     def prune_trained_model(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """The one-call recipe: init model (m4n2_1d, Linear/Conv/MHA), init optimizer, compute masks."""
-        ASP.init_model_for_pruning(model, mask_calculator="m4n2_1d", verbosity=2, allow_recompute_mask=False)
+        """The one-call recipe: init model (m4n2_1d, Linear and Conv2d layers, as apex), init optimizer, compute
+        masks."""
+        # apex passes whitelist=[Linear, Conv2d] here: the default list (Conv1d/3d, MultiheadAttention too) pruned
+        # more of a ported model than apex did
+        ASP.init_model_for_pruning(model, mask_calculator="m4n2_1d", verbosity=2, whitelist=[nn.Linear, nn.Conv2d],
+                                   allow_recompute_mask=False)
         ASP.init_optimizer_for_pruning(optimizer)
         ASP.compute_sparse_masks(model)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from overdrive._utils.errors import UsageError
 from overdrive._utils.optional import hf_conv1d_class
@@ -117,6 +118,17 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
     out: list[Candidate] = []
     seen: set[int] = set()
     tied = _tied_elsewhere(model, config.layer_types)
+    # a weight two of these layers share (an encoder and a decoder tied): every layer holding it is judged, not only
+    # the first met (a disallowed second layer was pruned through the first, silently)
+    sharers: dict[int, list[str]] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        kind = _kind(module, config.layer_types)
+        if kind is not None:
+            for pname in (["in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"]
+                          if kind == "MultiheadAttention" else ["weight"]):
+                p = getattr(module, pname, None)
+                if isinstance(p, torch.Tensor) and mname not in sharers.setdefault(id(p), []):
+                    sharers[id(p)].append(mname)
     for mname, module in model.named_modules():
         kind = _kind(module, config.layer_types)
         if kind is None:
@@ -139,10 +151,21 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
             seen.add(id(p))
             full = f"{mname}.{pname}" if mname else pname
             cand = Candidate(full, mname, module, pname, kind, transposed=kind == "Conv1D")
-            if config.allowed_layer_names is not None and mname not in config.allowed_layer_names:
+            holders = sharers.get(id(p), [mname])
+            others = [n for n in holders if n != mname]
+            if config.allowed_layer_names is not None and not any(n in config.allowed_layer_names for n in holders):
                 cand.skip_reason = "not in allowed_layer_names"
             elif mname in config.disallowed_layer_names:
                 cand.skip_reason = "in disallowed_layer_names"
+            elif any(n in config.disallowed_layer_names for n in others):
+                cand.skip_reason = (f"weight tied to {[n for n in others if n in config.disallowed_layer_names][0]!r}, "
+                                    "which is in disallowed_layer_names: pruning it would prune that layer too")
+            elif parametrize.is_parametrized(module, pname) or (not isinstance(p, nn.Parameter) and p.grad_fn is not None):
+                # weight_norm and other parametrizations recompute the weight from their own parameters at every
+                # forward: masking the computed tensor left the layer dense, reported as pruned
+                cand.skip_reason = (f"{pname} is computed from other parameters (weight_norm or a parametrization); "
+                                    "remove it first (torch.nn.utils.parametrize.remove_parametrizations(module, "
+                                    f"{pname!r})) to prune the layer")
             elif not p.requires_grad and p.grad_fn is None and not isinstance(p, nn.Parameter):
                 cand.skip_reason = "not a parameter"
             elif id(p) in tied and config.allowed_layer_names is None:

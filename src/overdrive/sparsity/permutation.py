@@ -11,6 +11,7 @@ permuting them would change what those users see.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -176,16 +177,28 @@ def find_groups(model: nn.Module) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def apply_permutation(model: nn.Module, group: dict[str, Any], perm: torch.Tensor,
-                      masters: dict[int, torch.Tensor] | None = None) -> None:
+                      masters: dict[int, torch.Tensor] | None = None,
+                      optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
     """Reorder the producer's output channels (weight rows, bias), BatchNorm stats/affine on the
     path, and the consumers' input channels, all by ``perm``. ``masters`` (id of a model parameter -> its
-    fp32 master under amp O2) are reordered with their parameters, or the next step would copy them back."""
+    fp32 master under amp O2) are reordered with their parameters, or the next step would copy them back; so is
+    the state ``optimizers`` keep for each (Adam's moments, SGD's momentum): left in the old order, fine-tuning a
+    trained model updated each channel with another channel's moments."""
     masters = masters or {}
+
+    def states(x: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for opt in optimizers:
+            st = opt.state.get(x)
+            if isinstance(st, dict):
+                out += [v for v in st.values() if isinstance(v, torch.Tensor) and v.shape == x.shape and v.dim() > 0]
+        return out
 
     def rows(t: torch.Tensor) -> None:
         for x in (t, masters.get(id(t))):
             if x is not None:
-                x.copy_(x[p.to(x.device)])
+                for y in (x, *states(x)):
+                    y.copy_(y[p.to(y.device)])
 
     with torch.no_grad():
         prod = model.get_submodule(group["producer"])
@@ -203,11 +216,13 @@ def apply_permutation(model: nn.Module, group: dict[str, Any], perm: torch.Tenso
             cons = model.get_submodule(name)
             for x in (cons.weight, masters.get(id(cons.weight))):
                 if x is not None:
-                    x.copy_(x[:, p.to(x.device)])
+                    for y in (x, *states(x)):
+                        y.copy_(y[:, p.to(y.device)])
 
 
 def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], config: SparsityConfig,
-                         masters: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
+                         masters: dict[int, torch.Tensor] | None = None,
+                         optimizers: Sequence[torch.optim.Optimizer] = ()) -> dict[str, Any]:
     """Search and apply input-channel permutations for the groups whose consumers include a sparse
     module; returns {"groups": n, "details": [...], "notes": [...]}."""
     groups, notes = find_groups(model)
@@ -222,6 +237,6 @@ def permute_for_sparsity(model: nn.Module, sparse_modules: list[nn.Module], conf
         perm = search_permutation(mat, config.permutation_budget_s)
         after = float(group_score(mat[:, perm].abs().float().reshape(mat.shape[0], -1, 4).permute(1, 0, 2)).sum())
         if after > before:
-            apply_permutation(model, grp, perm, masters)
+            apply_permutation(model, grp, perm, masters, optimizers)
             details.append({**grp, "kept_before": before, "kept_after": after})
     return {"groups": len(details), "details": details, "notes": notes}
