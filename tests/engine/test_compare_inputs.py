@@ -69,3 +69,31 @@ def test_sides_that_take_other_inputs_are_refused_by_name(engine_and_model: tupl
             compare(a, b)
     with pytest.raises(UsageError, match=r"pytorch\(Linear\) cannot take the 2 input\(s\) of the other side"):
         compare(eng, nn.Linear(8, 4).eval())
+
+
+def test_a_pytorch_model_is_fed_by_its_forward_names() -> None:
+    """An ONNX model declaring its inputs (y, x) against PyTorch models taking (x, y) and (y, x): both the same
+    function, both PASS within 1e-5; and a different function of the same inputs FAILS. Before, the PyTorch side
+    got the ONNX order by position: a false PASS for the different function, a false FAIL for the same one."""
+    m = TwoIn().eval()
+    onnx_yx = _onnx(Swapped(m), (torch.randn(3, 6), torch.randn(3, 8)), ["y", "x"])
+    shapes = {"x": (3, 8), "y": (3, 6)}
+    assert compare(onnx_yx, m, atol=1e-5, rtol=1e-5, shapes=shapes)["passed"]
+    assert compare(onnx_yx, Swapped(m), atol=1e-5, rtol=1e-5, shapes=shapes)["passed"]
+
+    class Other(nn.Module):  # another function of the same (x, y)
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return 2 * x + y
+
+    class Same(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x + 2 * y
+
+    class SameYX(nn.Module):
+        def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return x + 2 * y
+
+    onnx_same = _onnx(SameYX(), (torch.randn(3, 4), torch.randn(3, 4)), ["y", "x"])
+    shapes = {"x": (3, 4), "y": (3, 4)}
+    assert compare(onnx_same, Same(), atol=1e-5, rtol=1e-5, shapes=shapes)["passed"]
+    assert not compare(onnx_same, Other(), atol=1e-5, rtol=1e-5, shapes=shapes)["passed"]

@@ -192,6 +192,17 @@ def _for(fn: Any, label: str, inputs: tuple[torch.Tensor, ...], fa: Any, fb: Any
                              "models that take the same inputs") from exc
         except (ValueError, AttributeError):  # no signature Python can read: the call says
             pass
+        # by name where forward names the other side's inputs (an ONNX model may declare a, b as b, a): by position
+        # a model computing 2a + b "PASSED" against one computing 2b + a, and failed against its own export
+        sides = [f for f in (fa, fb) if isinstance(f, Engine)] + [f for f in (fa, fb) if isinstance(f, _OrtReference)]
+        order = _input_names(sides[0]) if sides else None
+        try:
+            params = [n for n, q in inspect.signature(fn.forward).parameters.items()
+                      if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)][:len(inputs)]
+        except (ValueError, AttributeError, TypeError):
+            params = []
+        if order and len(order) == len(inputs) and order != params and sorted(order) == sorted(params):
+            return tuple(inputs[order.index(n)] for n in params)
         return inputs
     if len(have) != len(inputs):
         raise UsageError(f"{label} takes {len(have)} input(s) {have}, but the other side takes {len(inputs)}: "
