@@ -109,3 +109,22 @@ def test_a_link_to_an_input_is_the_input(tmp_path: Path) -> None:
         code = main(["build", "--onnx", str(tmp_path / "m.onnx"), "--save-engine", str(tmp_path / "link.onnx")])
     assert code == 2 and "is the --onnx input" in err.getvalue()
     assert (tmp_path / "m.onnx").read_bytes() == b"model"
+
+
+def test_an_output_over_a_dotted_model_specs_source_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model victim_model:make --save-engine victim_model.py`` replaced the model's code with an engine (only the
+    ``victim_model.py:make`` form was checked). Now: one line, exit 2, the source byte for byte as it was."""
+    import sys
+
+    src = "import torch\ndef make():\n    return torch.nn.Linear(4, 2)\n"
+    (tmp_path / "victim_model_a.py").write_text(src)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    for args in (["build", "--model", "victim_model_a:make", "--shapes", "x:2x4", "--save-engine", "victim_model_a.py"],
+                 ["build", "--model", "victim_model_a:make", "--shapes", "x:2x4", "--save-engine", "v.engine",
+                  "--json", "victim_model_a.py"]):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(args)
+        assert code == 2 and "victim_model_a.py is the --model input" in err.getvalue(), err.getvalue()
+        assert (tmp_path / "victim_model_a.py").read_text() == src

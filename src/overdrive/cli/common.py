@@ -6,6 +6,7 @@ import click
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,16 +157,33 @@ def check_output(flag: str, target: str | None, folder: bool = False) -> None:
 
 
 def spec_file(spec: str | None) -> str | None:
-    """The file a ``--model path/to/file.py:factory`` spec reads (None for a dotted module or no spec).
+    """The file a ``--model`` spec reads: ``path/to/file.py:factory``'s file, or the source file of a dotted
+    ``pkg.module:factory`` (found as the model loader finds it, the current folder first), so that no output path
+    overwrites a model's own code; None when there is no spec or no such file.
 
     Example:
-        >>> spec_file("models/net.py:build"), spec_file("torchvision.models:resnet50")
+        >>> spec_file("models/net.py:build"), spec_file("no_such_pkg_here.models:build")
         ('models/net.py', None)
     """
     if not spec or ":" not in spec:
         return None
     where = spec.rsplit(":", 1)[0]
-    return where if where.endswith(".py") else None
+    if where.endswith(".py"):
+        return where
+    import importlib.util
+
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(where)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    origin = getattr(found, "origin", None)
+    return origin if origin and origin.endswith(".py") and Path(origin).is_file() else None
 
 
 def input_files(spec: str | None) -> list[str]:
