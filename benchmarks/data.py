@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -236,6 +237,7 @@ def main() -> None:
     size = (128, 96) if q else (500, 375)
     for d, sz in [(big, size), (small, (64, 48))]:
         if not (d / "done").exists():
+            shutil.rmtree(d, ignore_errors=True)  # what an interrupted run left
             data.make_sample_dataset(d, n=n, size=sz, processes=workers)
             (d / "done").write_text("ok")
     facts["dataset_seconds"] = time.perf_counter() - t0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import threading
 import time
@@ -77,6 +78,7 @@ def main() -> None:
     device = torch.device("cuda" if gpu else "cpu")
     root = Path(args.dir) / f"jpeg_{n}_{'quick' if q else 'full'}"
     if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)  # what an interrupted run left
         data.make_sample_dataset(root, n=n, size=(128, 96) if q else (500, 375), processes=min(16, os.cpu_count() or 1))
         (root / "done").write_text("ok")
     samples, _ = resolve(root)

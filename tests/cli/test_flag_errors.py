@@ -23,6 +23,9 @@ CASES = [
     (["exec", "--load-engine", "x.engine", "--iterations", "0"], "--iterations"),
     (["exec", "--load-engine", "x.engine", "--duration", "-1"], "--duration"),
     (["exec", "--load-engine", "x.engine", "--warm-up", "-1"], "--warm-up"),
+    (["exec", "--load-engine", "x.engine", "--duration", "inf"], "--duration"),  # ran for ever
+    (["exec", "--load-engine", "x.engine", "--warm-up", "inf"], "--warm-up"),
+    (["exec", "--load-engine", "x.engine", "--duration", "nan"], "--duration"),
     (["exec", "--load-engine", "x.engine", "--device", "gpu0"], "--device gpu0"),
     (["build", "--onnx", "m.onnx", "--save-engine", "m.engine", "--device", "gpu0"], "--device gpu0"),
     (["demo", "--device", "gpu0"], "--device gpu0"),

@@ -192,6 +192,10 @@ def test_example_parses(example: str, folder: Path, monkeypatch: pytest.MonkeyPa
 
 def _run(example: str, folder: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(folder)
+    if "make-dataset" in example:  # it writes into a new or empty folder only (two examples write imgs/)
+        import shutil
+
+        shutil.rmtree(folder / "imgs", ignore_errors=True)
     monkeypatch.setenv("PYTHONPATH", ":".join(p for p in __import__("sys").path if p))  # launched ranks
     try:
         code = main(argv(example))

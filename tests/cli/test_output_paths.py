@@ -128,3 +128,13 @@ def test_an_output_over_a_dotted_model_specs_source_is_refused(tmp_path: Path, m
             code = main(args)
         assert code == 2 and "victim_model_a.py is the --model input" in err.getvalue(), err.getvalue()
         assert (tmp_path / "victim_model_a.py").read_text() == src
+
+
+def test_an_error_prints_a_path_with_colons_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich read ':x:' in 'run:x:1.engine' as an emoji code: the error named 'run❌1.engine' and told the user to
+    build that."""
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["exec", "--load-engine", "run:x:1.engine"])
+    assert code == 2 and "run:x:1.engine" in err.getvalue() and "\u274c" not in err.getvalue(), err.getvalue()

@@ -28,6 +28,10 @@ def test_cli_make_dataset_and_errors(tmp_path: Path) -> None:
     files = sorted((tmp_path / "d").rglob("*.jpg"))
     assert len(files) == 4 and files[0].read_bytes()[:2] == b"\xff\xd8"
     assert main(["data", "make-dataset", str(tmp_path / "e"), "-n", "0"]) == 2
+    # into a folder that holds files: it replaced same-named images and left the rest beside the new ones
+    before = {f: f.read_bytes() for f in files}
+    assert main(["data", "make-dataset", str(tmp_path / "d"), "-n", "2", "--classes", "1"]) == 2
+    assert {f: f.read_bytes() for f in sorted((tmp_path / "d").rglob("*.jpg"))} == before
     # a 1-pixel size rounded to 0 after the class folders were made ("height and width must be > 0", exit 1)
     assert main(["data", "make-dataset", str(tmp_path / "f"), "-n", "2", "--width", "1", "--height", "1"]) == 2
     assert not (tmp_path / "f").exists()

@@ -28,6 +28,17 @@ def json_option(what: str) -> Any:
                         help=f"Write {what} as JSON: to FILE, or to stdout instead of the tables with a bare --json.")
 
 
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses inf and nan (``FloatRange(min=0)`` took ``--duration inf``: a run that
+    never ended)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return out
+
+
 def join_repeated(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
     """The callback of the shape flags (``multiple=True``): ``--shapes x:1x3 --shapes y:2x4`` reads as
     ``--shapes x:1x3,y:2x4`` (the last one alone was kept, silently dropping the first input's shape).
@@ -78,7 +89,7 @@ def console() -> Any:
 
     tty = hasattr(sys.stdout, "isatty") and sys.stdout.isatty()
     width = None if tty or os.environ.get("COLUMNS") else PIPED_WIDTH
-    return Console(highlight=False, width=width)
+    return Console(highlight=False, width=width, emoji=False)
 
 
 def progress_option() -> Any:

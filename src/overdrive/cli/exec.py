@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import (check_device, check_distinct, check_json_target, check_output, input_files,
+from overdrive.cli.common import (FiniteFloat, check_device, check_distinct, check_json_target, check_output, input_files,
                                   join_repeated, json_option, trtexec_noops, write_json)
 
 
@@ -12,8 +12,8 @@ from overdrive.cli.common import (check_device, check_distinct, check_json_targe
 @click.option("--load-engine", "--loadEngine", "load_engine", required=True, metavar="FILE", help="Engine built by `overdrive build`.")
 @click.option("--shapes", multiple=True, callback=join_repeated, help="Input shapes to run (inside the engine's profile); default: the opt shapes.")
 @click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Run at least this many iterations.")
-@click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=click.FloatRange(min=0), help="Warm-up time in ms.")
-@click.option("--duration", default=3.0, show_default=True, type=click.FloatRange(min=0), help="Run at least this many seconds.")
+@click.option("--warm-up", "--warmUp", "warm_up", default=200.0, show_default=True, type=FiniteFloat(min=0), help="Warm-up time in ms.")
+@click.option("--duration", default=3.0, show_default=True, type=FiniteFloat(min=0), help="Run at least this many seconds.")
 @click.option("--use-cuda-graph", "--useCudaGraph", "use_cuda_graph", is_flag=True,
               help="As trtexec's: inductor engines on CUDA replay CUDA graphs always, so this only checks that "
               "this engine does (refused on CPU and on backends that record none).")

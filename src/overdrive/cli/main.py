@@ -64,7 +64,7 @@ def cli(verbose: bool) -> None:
 def _error(msg: str) -> None:
     from rich.console import Console
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {msg}", markup=True)
+    Console(stderr=True, highlight=False, soft_wrap=True, emoji=False).print(f"[bold red]error:[/] {msg}", markup=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +125,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     from rich.console import Console
 
     text = " ".join(str(message).split())
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/] {_escape(text)}", markup=True)
+    Console(stderr=True, highlight=False, soft_wrap=True, emoji=False).print(f"[yellow]warning:[/] {_escape(text)}", markup=True)
 
 
 def _run(args: list[str], verbose: bool) -> int:

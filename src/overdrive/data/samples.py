@@ -83,6 +83,13 @@ def make_sample_dataset(root: str | os.PathLike, n: int = 2000, classes: int = 1
         warnings.warn(f"make_sample_dataset: classes={classes} > n={n}, so {classes - n} class folder(s) hold no "
                       "image; give as many images as classes or more (-n / --classes)", RuntimeWarning, stacklevel=2)
     root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{str(root)!r} is a file; give a folder for the sample dataset")
+    if root.is_dir() and any(root.iterdir()):
+        # writing into it replaced same-named images (a user's own class_000/img_000000.jpg) and left the others
+        # beside the new ones, a dataset of two runs' images
+        raise UsageError(f"{str(root)!r} is not empty; give a new or empty folder for the sample dataset (or remove "
+                         "the old one first)")
     for c in range(classes):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
     processes = max(1, min(processes, n))
