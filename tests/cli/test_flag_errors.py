@@ -66,3 +66,30 @@ def test_quantize_offers_every_preset() -> None:
 
     opt = next(p for p in command.params if p.name == "config_name")
     assert list(opt.type.choices) == list(PRESETS)
+
+
+def test_a_negative_shape_and_two_precisions_are_usage_errors(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``exec --shapes input:-2x4`` reached torch ("negative dimension", exit 1); ``build --precision bf16 --fp16``
+    built fp16 without a word."""
+    import contextlib
+    import io
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    monkeypatch.chdir(tmp_path)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m.onnx")
+    from overdrive._utils.errors import UsageError
+    from overdrive.engine.config import parse_shapes
+
+    with pytest.raises(UsageError, match=r"shape 'x:-2x4': dims must be >= 0"):  # exec's --shapes is parsed here
+        parse_shapes("x:-2x4")
+    for args, want in ((["build", "--onnx", "m.onnx", "--save-engine", "m.engine", "--precision", "bf16", "--fp16"],
+                        "--precision bf16 and --fp16 ask for different precisions"),):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(args)
+        assert code == 2 and want in err.getvalue(), err.getvalue()

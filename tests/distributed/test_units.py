@@ -49,7 +49,9 @@ def test_launch_config_builds_torchrun_flags() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"nnodes": 0}, {"nproc_per_node": 0}, {"nproc_per_node": "many"}, {"node_rank": 2, "nnodes": 2, "master_addr": "a"},
-                                    {"master_port": 70000}, {"max_restarts": -1}, {"nnodes": 2}, {"rdzv_endpoint": "nohostport"}])
+                                    {"master_port": 70000}, {"max_restarts": -1}, {"nnodes": 2}, {"rdzv_endpoint": "nohostport"},
+                                    # both ways to meet: torchrun's rendezvous dropped --master-addr, silently
+                                    {"nnodes": 2, "rdzv_endpoint": "h:29400", "master_addr": "127.0.0.1"}])
 def test_launch_config_rejects_bad_values(kwargs: dict) -> None:
     with pytest.raises(UsageError):
         LaunchConfig(**kwargs)

@@ -126,6 +126,12 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     from overdrive._utils.progress import status
 
     chosen = flags[-1] if flags else precision
+    given = click.get_current_context().get_parameter_source("precision") == click.core.ParameterSource.COMMANDLINE
+    if flags and given and precision != chosen:
+        # trtexec's flags combine (--fp16 --int8: int8 where it pays); --precision names one: both was a silent choice
+        from overdrive._utils.errors import UsageError
+
+        raise UsageError(f"--precision {precision} and --{chosen} ask for different precisions; give one of them")
     if calib and chosen not in ("int8", "fp8", "best"):  # before the build: what the user meant may be --int8
         click.echo(f"[I] --calib has no effect here: only int8/fp8 builds calibrate, and this one is {chosen} "
                    "(add --int8 or --fp8 to use it)", err=True)

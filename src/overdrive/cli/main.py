@@ -26,7 +26,8 @@ _NOT_VERBS = {"main", "common"}
 # torch.export meets a wrong --shapes (the error that follows names the mismatch); --verbose keeps them
 # (torch.export._trace logs "always_classified is unsupported" lines for the same failure); the ONNX exporter's
 # registry logs a line per torchvision op when torchvision is absent, which nothing here needs
-_NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.export._trace", "torch.onnx._internal.exporter._registration")
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.export._trace", "torch.onnx._internal.exporter._registration",
+                  "torch.compiler._cache")  # a --timing-cache that is no cache: its traceback before our one line
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 

@@ -104,6 +104,10 @@ class LaunchConfig(ConfigBase):
                 f"nnodes={self.nnodes} needs --master-addr (static) or --rdzv-endpoint host:port (elastic) "
                 "so the nodes can find each other"
             )
+        if self.rdzv_endpoint is not None and (self.master_addr is not None or self.master_port is not None):
+            # torchrun's c10d rendezvous ignores them: the job waited on the endpoint and failed after a minute or so
+            raise UsageError(f"--rdzv-endpoint {self.rdzv_endpoint} (elastic rendezvous) and --master-addr/--master-port "
+                             "(static) are two ways for the nodes to meet; give one of them")
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

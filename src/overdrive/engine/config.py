@@ -113,6 +113,8 @@ def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError as exc:
             raise UsageError(f"shape {item!r}: dims {dims!r} must be integers joined by 'x', like 8x3x224x224") from exc
+        if any(d < 0 for d in shape):  # exec made the tensor and failed in torch, exit 1
+            raise UsageError(f"shape {item!r}: dims must be >= 0, got {dims!r}")
         name = name.strip("'\"")
         if name in out:  # one of the two would be dropped silently
             raise UsageError(f"shape spec {spec!r} gives input {name!r} twice ({'x'.join(map(str, out[name]))} and "
