@@ -154,3 +154,15 @@ def test_an_example_outside_the_shape_profile_is_refused_before_the_build() -> N
         builder.build(model, torch.randn(4, 8, 1))
     engine = builder.build(model, torch.randn(8, 8))  # the profile's edge is inside
     assert engine(torch.randn(2, 8)).shape == (2, 4)
+
+
+def test_loading_at_a_precision_that_does_not_exist_names_the_choices(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Before: "built for precision fp32, not bogus ...; rebuild with --precision bogus", a fix that cannot work."""
+    from overdrive.engine import BuildConfig, Builder
+    from overdrive.engine.config import ShapeProfile
+    from overdrive.engine.runtime import Engine
+
+    e = Builder(BuildConfig(device="cpu", profiles=[ShapeProfile("x", (2, 4), (2, 4), (2, 4))])).build(torch.nn.Linear(4, 2))
+    e.save(tmp_path / "m.engine")
+    with pytest.raises(UsageError, match=r"^precision 'bogus' is not one of fp32, tf32, fp16, bf16, int8, fp8, best$"):
+        Engine.load(tmp_path / "m.engine", precision="bogus")

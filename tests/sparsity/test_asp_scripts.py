@@ -102,6 +102,13 @@ def test_callable_mask_calculator_matches_the_named_one() -> None:
     ASP.init_model_for_pruning(bad, mask_calculator=lambda w: torch.ones(3), verbosity=0, allow_permutation=False)
     with pytest.raises(UsageError, match="mask_calculator returned Tensor of shape"):
         ASP.compute_sparse_masks(bad)
+    # a mask of another pattern (half the weights by magnitude, unstructured): accepted before, and its checkpoint
+    # was then refused at load as "corrupt"; now refused when computed
+    half = _mlp()
+    ASP.init_model_for_pruning(half, mask_calculator=lambda w: w.abs() >= w.abs().median(), verbosity=0,
+                               allow_permutation=False)
+    with pytest.raises(UsageError, match=r"keeps more than 2 of some group of 4 along the input dimension"):
+        ASP.compute_sparse_masks(half)
 
 
 def test_prune_trained_model_after_o2_initialize_matches_pruning_before() -> None:

@@ -16,7 +16,7 @@ from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
 from overdrive._utils.signing import signing_key
 from overdrive.engine import backends, format as fmt
-from overdrive.engine.config import ShapeProfile, check_all_dynamic_shapes
+from overdrive.engine.config import PRECISIONS, ShapeProfile, check_all_dynamic_shapes
 from overdrive.engine.inputs import random_input, random_inputs
 from overdrive.engine.sources import ModelSource
 
@@ -119,6 +119,8 @@ class Engine:
         status, why = fmt.authenticate(h)
         trusted = status == "signed" or trust
         built = h["device"]
+        if precision is not None and precision not in PRECISIONS:
+            raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
         if precision == "best" and not h.get("best"):
             raise UsageError(f"{path} was built for precision {h['precision']}, not with --best; load it without a "
                              "precision, or rebuild with --best")

@@ -125,6 +125,11 @@ class SparseHandle:
             raise UsageError(f"mask_calculator returned {type(mask).__name__} of shape "
                              f"{tuple(getattr(mask, 'shape', ()))} for {layer.name} {tuple(g.shape)}; it must return a "
                              "tensor of the weight's shape (1/True keeps, 0/False prunes)")
+        if not M.is_2to4(mask.bool()):
+            # accepted here, its checkpoint was refused at load ("not a 2:4 pattern ... corrupt") after the fine-tuning
+            raise UsageError(f"mask_calculator's mask for {layer.name} {tuple(g.shape)} keeps more than 2 of some group "
+                             "of 4 along the input dimension; overdrive.sparsity keeps 2:4 patterns only (what sparse "
+                             "tensor cores run): keep at most 2 of every 4 consecutive input weights")
         return layer.as_gemm(mask.to(device=layer.mask.device).bool())
 
     def use_masters(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

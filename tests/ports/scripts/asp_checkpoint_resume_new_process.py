@@ -77,4 +77,6 @@ if __name__ == "__main__":
         assert b.float().mean().item() == 0.5  # the checkpoint's masks are in force at once
         assert torch.equal(a, b) or bool((a <= b).all()), "a pruned weight came back to life"
     assert ASP.is_sparsity_enabled()
-    assert losses[-1] < losses[0], losses
+    # the resumed fine-tuning goes on from the checkpoint's loss (near its floor here: the last five steps' mean, not
+    # the last step, which the optimizer's noise at a plateau can leave above the first)
+    assert sum(losses[-5:]) / 5 < losses[0], losses

@@ -1,4 +1,4 @@
-# source: apex ASP's default whitelist [Linear, Conv1d, Conv2d, Conv3d, MultiheadAttention] on a torch.nn.TransformerEncoder (the MultiheadAttention in_proj_weight, out_proj and the feed-forward Linears all pruned), ASP.prune_trained_model(model, optimizer), fine-tune, then evaluate under torch.no_grad() in eval mode
+# source: apex ASP's default whitelist of init_model_for_pruning [Linear, Conv1d, Conv2d, Conv3d, MultiheadAttention] on a torch.nn.TransformerEncoder (the MultiheadAttention in_proj_weight, out_proj and the feed-forward Linears all pruned): ASP.init_model_for_pruning(model), ASP.init_optimizer_for_pruning(optimizer), ASP.compute_sparse_masks() (prune_trained_model passes whitelist=[Linear, Conv2d], which leaves in_proj_weight dense), fine-tune, then evaluate under torch.no_grad() in eval mode
 # library: apex.contrib.sparsity
 # group: asp
 # device: written device-agnostic (device = "cuda" if available else "cpu")
@@ -50,7 +50,9 @@ if __name__ == "__main__":
         optimizer.step()
     dense_acc = accuracy(model, ids, labels)
 
-    ASP.prune_trained_model(model, optimizer)
+    ASP.init_model_for_pruning(model, mask_calculator="m4n2_1d", verbosity=2, allow_recompute_mask=False)
+    ASP.init_optimizer_for_pruning(optimizer)
+    ASP.compute_sparse_masks()
     pruned_acc = accuracy(model, ids, labels)
     for step in range(40):
         optimizer.zero_grad()
