@@ -181,6 +181,11 @@ def test_io_formats_bad_values() -> None:
         Builder(backend="onnxruntime", device="cpu", input_io_formats=["fp16:chw"]).build(m, (torch.randn(2, 4),))
     with pytest.raises(UsageError, match="gives 2 formats for 1 inputs"):
         Builder(backend="inductor", device="cpu", input_io_formats=["fp16:chw", "fp32:chw"]).build(m, (torch.randn(2, 4),))
+    # one float format for a model whose only input is integer: the flag changed nothing, without a word, before
+    emb = torch.nn.Embedding(10, 4).eval()
+    with pytest.raises(UsageError, match=r"--inputIOFormats fp16:chw applies to no input \(.* torch.int64\): give an "
+                                         r"integer type, e.g. int64:chw"):
+        Builder(backend="inductor", device="cpu", input_io_formats=["fp16:chw"]).build(emb, (torch.zeros(2, 3, dtype=torch.long),))
 
 
 def test_cli_io_formats(tmp_path: Path, digits_onnx: bytes, capsys: pytest.CaptureFixture[str]) -> None:

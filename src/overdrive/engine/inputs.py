@@ -28,6 +28,14 @@ def apply_io_formats(example: tuple[torch.Tensor, ...], cfg: BuildConfig, src: A
     if len(fmts) not in (1, len(example)):
         raise UsageError(f"--inputIOFormats gives {len(fmts)} formats for {len(example)} inputs {src.input_names}; "
                          "give one per input, in order, or one for all")
+    if len(fmts) == 1:
+        dt = getattr(torch, IO_DTYPES[fmts[0].split(":")[0]])
+        if not any(x.is_floating_point() == dt.is_floating_point for x in example):
+            # one format for all applies to the inputs of its kind; with none, the flag changed nothing, silently
+            kinds = ", ".join(f"{n} {x.dtype}" for n, x in zip(src.input_names, example))
+            raise UsageError(f"--inputIOFormats {fmts[0]} applies to no input ({kinds}): give "
+                             f"{'a floating' if not dt.is_floating_point else 'an integer'} type, e.g. "
+                             f"{'fp16:chw' if not dt.is_floating_point else 'int64:chw'}, or leave the flag out")
     out = []
     for i, x in enumerate(example):
         dtype_name, layout = (fmts[i] if len(fmts) > 1 else fmts[0]).split(":")
