@@ -197,3 +197,33 @@ def test_apex_asp_faces() -> None:
     ASP.init_optimizer_for_pruning(torch.optim.SGD([q for q in m.parameters() if q.requires_grad], lr=0.1))
     with pytest.raises(UsageError, match="owns this optimizer"):  # another model's optimizer
         ASP.init_optimizer_for_pruning(torch.optim.SGD(nn.Linear(4, 4).parameters(), lr=0.1))
+
+
+def test_a_pruned_model_saved_whole_resumes_fine_tuning_through_asp() -> None:
+    """``torch.save(model)`` of a pruned model, loaded: init_model_for_pruning said "already pruned" and
+    init_optimizer_for_pruning "init first", so the fine-tuning could not resume with its masks. Now the masks the
+    model carries are adopted and kept through the optimizer's steps."""
+    import io
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    ASP.init_model_for_pruning(m, verbosity=0, allow_permutation=False)
+    ASP.init_optimizer_for_pruning(torch.optim.SGD(m.parameters(), lr=0.1))
+    ASP.compute_sparse_masks(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    m2 = torch.load(buf, weights_only=False)
+    masks = [m2[0].weight_sparse_mask.clone(), m2[2].weight_sparse_mask.clone()]
+    ASP.init_model_for_pruning(m2, verbosity=0)
+    opt = torch.optim.SGD(m2.parameters(), lr=0.5, momentum=0.9)
+    ASP.init_optimizer_for_pruning(opt)
+    for _ in range(5):
+        opt.zero_grad()
+        m2(torch.randn(8, 32)).pow(2).sum().backward()
+        opt.step()
+    for layer, mask in zip((m2[0], m2[2]), masks):
+        assert torch.equal(layer.weight_sparse_mask, mask) and bool((layer.weight[~mask] == 0).all())
+    assert ASP.is_sparsity_enabled(m2)
+    ASP._handle(m).remove()
+    ASP._handle(m2).remove()

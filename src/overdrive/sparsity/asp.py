@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.sparsity.api import SparseHandle, sparsify
+from overdrive.sparsity.api import MASK_SUFFIX, SparseHandle, from_pruned, sparsify
 from overdrive.sparsity.config import SparsityConfig
 from overdrive.sparsity.layers import _TYPES
 
@@ -78,7 +78,12 @@ class ASP:
             names = tuple(n for n, mod in model.named_modules() if isinstance(mod, wanted)
                           and (cfg.allowed_layer_names is None or n in cfg.allowed_layer_names))
             cfg = cfg.replace(allowed_layer_names=names)
-        handle = sparsify(model, cfg, compute_masks=False)
+        if any(name.endswith(MASK_SUFFIX) for name, _ in model.named_buffers()):
+            # a pruned model saved whole (torch.save(model)) or deep-copied carries its masks: adopt them (this said
+            # "already pruned" and init_optimizer_for_pruning "init first": the fine-tuning could not resume)
+            handle = from_pruned(model, cfg)
+        else:
+            handle = sparsify(model, cfg, compute_masks=False)
         handle.mask_fn = mask_fn
         handle._strong = None  # the registry value must not keep its key alive
         _HANDLES[model] = handle
