@@ -78,3 +78,21 @@ def test_undecodable_image_message_names_no_buffer_address() -> None:
         decode_cpu(b"not an image")
     assert "BytesIO" not in str(info.value) and "0x" not in str(info.value)
     assert "cannot identify image file" in str(info.value)
+
+
+def test_shuffle_must_be_a_bool_and_mean_std_finite(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``shuffle="no"`` shuffled (a non-empty string is true); a NaN std or mean made every batch NaN."""
+    pytest.importorskip("PIL")
+    import math
+
+    from PIL import Image
+
+    from overdrive.data import ImageLoader
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "a" / "x.png")
+    with pytest.raises(UsageError, match=r"shuffle='no' must be True, False or None"):
+        ImageLoader(str(tmp_path), batch_size=1, size=8, num_workers=0, pipeline="cpu", shuffle="no")
+    for kw in ({"std": (math.nan, 1, 1)}, {"mean": (math.nan, 0, 0)}, {"ratio": (0.5, math.inf)}):
+        with pytest.raises(UsageError, match=r"holds a NaN or infinite value"):
+            ImageLoader(str(tmp_path), batch_size=1, size=8, num_workers=0, pipeline="cpu", **kw)

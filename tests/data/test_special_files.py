@@ -85,3 +85,26 @@ def test_size_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OVERDRIVE_MAX_FILE_BYTES", "lots")
     with pytest.raises(UsageError, match="not a whole number"):
         max_file_bytes()
+
+
+@pytest.mark.parametrize("mode,value,expected", [("I;16", 32768, 128), ("I;16", 65535, 255), ("I", 1000, 4),
+                                                 ("F", 0.5, 128)])  # I: a 32-bit gray TIFF
+def test_16_bit_and_float_gray_images_are_scaled_not_clipped(mode: str, value: float, expected: int) -> None:
+    """Reference: the value scaled to 8 bits (16-bit: / 257; float: 0..1 * 255). Pillow's convert("RGB") clipped
+    every 16-bit value above 255 to white: a half-gray depth map decoded as 255."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from overdrive.data.decode import decode_cpu
+
+    import torch
+
+    dtype = {"I;16": np.uint16, "I": np.int32, "F": np.float32}[mode]
+    im = Image.fromarray(np.full((4, 4), value, dtype))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG" if mode == "I;16" else "TIFF")
+    out = decode_cpu(buf.getvalue())
+    assert out.shape == (3, 4, 4) and out.dtype == torch.uint8
+    assert out.flatten().tolist() == [expected] * 48

@@ -83,3 +83,14 @@ def test_read_texts_feeds_tokenize(tmp_path: Path) -> None:
                                                            unk_token="[UNK]"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     assert tokenize(read_texts(tmp_path), tok, num_workers=0)[:] == [[0, 1], [0, 2]]
+
+
+def test_a_folder_of_texts_leaves_hidden_files_and_folders_out(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A Jupyter checkpoint copy and a hidden file were read as texts of their own (duplicates in the corpus)."""
+    from overdrive.data import read_texts
+
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "notes.txt").write_text("a\nb\n")
+    (tmp_path / ".ipynb_checkpoints" / "notes-checkpoint.txt").write_text("a\nb\n")
+    (tmp_path / ".hidden.txt").write_text("x\n")
+    assert read_texts(tmp_path) == ["a", "b"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -106,6 +107,9 @@ class LoaderConfig(ConfigBase):
             except (TypeError, ValueError):
                 default = getattr(LoaderConfig, name)
                 raise UsageError(f"{name}={value!r} must be a sequence of numbers, e.g. {default}") from None
+            if not all(math.isfinite(v) for v in getattr(self, name)):  # a NaN std made every batch NaN, silently
+                raise UsageError(f"{name}={value!r} holds a NaN or infinite value; give finite numbers, e.g. "
+                                 f"{getattr(LoaderConfig, name)}")
         for name in _INT_FIELDS:  # a float here failed late (slicing, manual_seed) or gave a wrong len()
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):

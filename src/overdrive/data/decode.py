@@ -58,6 +58,19 @@ def jpeg_info(data: bytes) -> JpegInfo:
     return JpegInfo(True, complete=False)
 
 
+def _gray_to_rgb8(a: np.ndarray, mode: str) -> np.ndarray:
+    """A 16/32-bit integer or float gray image as 8-bit RGB, scaled, not clipped: Pillow's convert("RGB") clipped
+    every value above 255 to white (a 16-bit PNG at half gray came out 255). Integers are read as 16-bit (the
+    PNG/TIFF depth behind Pillow's I;16 and I modes): 0..65535 -> 0..255; floats as 0..1 (values outside clipped)."""
+    a = a.astype(np.float64)
+    if mode.startswith("F"):
+        g = np.clip(a, 0.0, 1.0) * 255.0
+    else:
+        g = np.clip(a, 0.0, 65535.0) / 257.0  # 65535 -> 255, 32768 -> 127.5
+    g = np.rint(g).astype(np.uint8)
+    return np.repeat(g[..., None], 3, axis=2)
+
+
 def decode_cpu(data: bytes) -> torch.Tensor:
     """Any Pillow-readable image -> (3, H, W) uint8 RGB (grayscale, palette, RGBA and CMYK converted).
 
@@ -70,8 +83,11 @@ def decode_cpu(data: bytes) -> torch.Tensor:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()  # raises on truncated data (LOAD_TRUNCATED_IMAGES stays False)
-            rgb = im.convert("RGB") if im.mode != "RGB" else im
-            arr = np.asarray(rgb)
+            if im.mode.startswith(("I", "F")):  # 16-bit and 32-bit gray (depth maps, scans), float gray
+                arr = _gray_to_rgb8(np.asarray(im), im.mode)
+            else:
+                rgb = im.convert("RGB") if im.mode != "RGB" else im
+                arr = np.asarray(rgb)
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad files
         # Pillow names the buffer it was given ("cannot identify image file <_io.BytesIO object at 0x7f...>"): the
         # caller names the file, so the address is dropped

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from overdrive._utils.errors import UsageError
@@ -265,7 +266,9 @@ class ImageLoader:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UsageError("device='cuda' but CUDA is not available here; use device='cpu'")
         self.samples, self.classes = resolve(source)
-        self.shuffle = self.config.train if shuffle is None else shuffle
+        if shuffle is not None and not isinstance(shuffle, (bool, np.bool_)):  # shuffle="no" is truthy: it shuffled
+            raise UsageError(f"shuffle={shuffle!r} must be True, False or None (None: shuffle when train=True)")
+        self.shuffle = self.config.train if shuffle is None else bool(shuffle)
         self.epoch = 0
         self.stats = LoaderStats()
         self.decision: str | None = None  # why `auto` picked what it picked

@@ -77,7 +77,10 @@ def read_texts(path: str | os.PathLike[str], field: str = "text", per: str = "li
     if not root.exists():
         raise UsageError(f"{str(root)!r} does not exist; give a text or JSON Lines file, or a folder of them")
     if root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.is_file() and _kind(p) is not None)
+        # hidden files and folders (.ipynb_checkpoints, editor backups) left out, as the image folders do: their copies
+        # were read as texts of their own, a corpus with duplicates
+        files = sorted(p for p in root.rglob("*") if p.is_file() and _kind(p) is not None
+                       and not any(part.startswith(".") for part in p.relative_to(root).parts))
         if not files:
             raise UsageError(f"{str(root)!r} holds no text files (names ending {', '.join(TEXT_SUFFIXES + JSONL_SUFFIXES)}"
                              ", optionally .gz)")
