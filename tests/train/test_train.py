@@ -372,3 +372,55 @@ def test_bad_trainer_and_policy_values_are_one_usage_error() -> None:
     lin = nn.Linear(32, 32)
     sparsify(lin, "default")
     assert is_2to4(lin.weight)
+
+
+def test_trainer_refuses_a_foreign_scheduler_a_loss_class_a_vector_loss_and_non_iterable_data() -> None:
+    """A scheduler built on another optimizer was accepted and this one trained at a constant rate; a loss class,
+    a per-sample loss, a string scheduler and fit(5, 1) failed deep in torch."""
+    from overdrive import UsageError
+
+    m = nn.Linear(4, 3)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    other = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    with pytest.raises(UsageError, match="scheduler .* was built on another optimizer"):
+        Trainer(m, o, scheduler=torch.optim.lr_scheduler.StepLR(other, 1), progress=False)
+    with pytest.raises(UsageError, match="scheduler='cosine' is not an LR scheduler"):
+        Trainer(m, o, scheduler="cosine", progress=False)
+    with pytest.raises(UsageError, match=r"loss_fn=CrossEntropyLoss is a class; pass an instance, e.g. CrossEntropyLoss\(\)"):
+        Trainer(m, o, loss_fn=nn.CrossEntropyLoss, progress=False)
+    t = Trainer(m, o, loss_fn=lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"), progress=False)
+    with pytest.raises(UsageError, match=r"loss_fn returned a tensor of shape \(8,\), not one value"):
+        t.train_step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+    m2 = nn.Linear(4, 3)
+    with pytest.raises(UsageError, match="train_data=5 is not an iterable of batches"):
+        Trainer(m2, torch.optim.SGD(m2.parameters(), lr=0.1), progress=False).fit(5, 1)
+
+
+def test_an_o2_checkpoint_saved_after_add_param_group_resumes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Reference: the uninterrupted run. The load said "amp state holds 4 master params, this model has 2": the
+    optimizer's state, loaded first, made amp take the added group for stepped parameters and make no masters."""
+    from overdrive.amp import Policy
+    from overdrive.train import load_checkpoint, save_checkpoint
+
+    def make() -> Trainer:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+        opt = torch.optim.AdamW(m[1].parameters(), lr=1e-2)
+        t = Trainer(m, opt, policy=Policy(opt_level="O2", dtype=torch.bfloat16), progress=False)
+        opt.add_param_group({"params": list(m[0].parameters())})  # the backbone unfrozen
+        return t
+
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(4)]
+    ref = make()
+    for b in data:
+        ref.train_step(b)
+    t = make()
+    for b in data[:2]:
+        t.train_step(b)
+    save_checkpoint(tmp_path / "ag.pt", t)
+    resumed = make()
+    load_checkpoint(tmp_path / "ag.pt", resumed)
+    for b in data[2:]:
+        resumed.train_step(b)
+    assert all(torch.equal(a, b) for a, b in zip(ref.mp.master_params(), resumed.mp.master_params()))

@@ -131,6 +131,22 @@ class Trainer:
                 f"them the model's ({len(mine)}); build it on this model's parameters, e.g. "
                 f"torch.optim.{type(optimizer).__name__}(model.parameters(), ...)"
             )
+        # checked before sharding and prepare: a refused Trainer leaves the model and the optimizer as they were (a retry said "already prepared")
+        if loss_fn is not None and not callable(loss_fn):
+            raise UsageError(f"loss_fn={loss_fn!r} is not callable; pass a function of (output, target), e.g. "
+                             "torch.nn.functional.cross_entropy or torch.nn.CrossEntropyLoss()")
+        if isinstance(loss_fn, type):
+            # a class passed the callable check and failed at the first step ("Boolean value of Tensor ... ambiguous")
+            raise UsageError(f"loss_fn={loss_fn.__name__} is a class; pass an instance, e.g. {loss_fn.__name__}(), or a "
+                             "function of (output, target)")
+        if scheduler is not None:
+            if not callable(getattr(scheduler, "step", None)):
+                raise UsageError(f"scheduler={scheduler!r} is not an LR scheduler; pass one built on this optimizer, e.g. "
+                                 "torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)")
+            if getattr(scheduler, "optimizer", optimizer) is not optimizer:
+                # it stepped another optimizer's learning rate: this one trained at a constant rate, silently
+                raise UsageError(f"the scheduler ({type(scheduler).__name__}) was built on another optimizer than the "
+                                 "one given; build it on this optimizer (a rebuilt optimizer needs a rebuilt scheduler)")
         # strategy='ddp'|'fsdp' (or an overdrive.distributed.Strategy): see overdrive/distributed/parallel.py
         self.parallel = None
         if strategy is not None:
@@ -149,9 +165,6 @@ class Trainer:
         self._skips_before = self.mp.skipped_steps
         if self.parallel is not None:
             model = self.parallel.after_amp(model, self.mp.policy)
-        if loss_fn is not None and not callable(loss_fn):
-            raise UsageError(f"loss_fn={loss_fn!r} is not callable; pass a function of (output, target), e.g. "
-                             "torch.nn.functional.cross_entropy or torch.nn.CrossEntropyLoss()")
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self._loss_fn_given = loss_fn is not None
         self.scheduler = scheduler
@@ -233,6 +246,9 @@ class Trainer:
                     loss = sum(t.float().sum() for t in _leaves(out) if isinstance(t, torch.Tensor)) * 0.0
                 else:
                     loss = self.loss_fn(out, y)
+                    if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
+                        raise UsageError(f"loss_fn returned a tensor of shape {tuple(loss.shape)}, not one value; reduce "
+                                         "it (reduction='mean', or .mean() in the function)")
             self.mp.backward(loss / self.accumulate if self.accumulate > 1 else loss)
             if empty:
                 loss = torch.full((), math.nan, device=loss.device)
@@ -295,6 +311,9 @@ class Trainer:
         """
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise UsageError(f"epochs={epochs!r} must be an int >= 1")
+        if not isinstance(train_data, Iterable) or isinstance(train_data, (str, bytes)):
+            raise UsageError(f"train_data={train_data!r} is not an iterable of batches; pass a DataLoader, an "
+                             "ImageLoader or a list of (inputs, targets), e.g. fit(loader, epochs=3)")
         result = FitResult()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -373,6 +392,9 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output into this trainer (built the same way)."""
         self.model.load_state_dict(state["model"])
+        # O2: groups added since prepare (a backbone unfrozen with add_param_group) get their fp32 masters before the
+        # optimizer's state is loaded onto them; after, amp took them for stepped parameters and made none
+        self.mp.master_pairs()
         self.optimizer.load_state_dict(state["optimizer"])
         self.mp.load_state_dict(state["amp"])
         if self.scheduler is not None and state.get("scheduler") is not None:
