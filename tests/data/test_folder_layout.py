@@ -35,3 +35,19 @@ def test_links_followed_loops_once_hidden_skipped(tree: Path) -> None:
     # checkpoint copy and the macOS fork were samples of dog
     assert classes == ["cat", "dog"]
     assert got == [("cat/a.jpg", 0), ("cat/sub/B.JPG", 0), ("dog/c.png", 1), ("dog/linked/d.jpeg", 1)]
+
+
+def test_an_empty_class_folder_is_said_and_keeps_its_label(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Before: a class folder with no image kept its label slot without a word (torchvision's ImageFolder raises)."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from overdrive.data.sources import from_folder
+
+    for c in ("a", "b_empty", "c"):
+        (tmp_path / c).mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "a" / "x.png")
+    Image.new("RGB", (4, 4)).save(tmp_path / "c" / "y.png")
+    with pytest.warns(RuntimeWarning, match=r"class folder\(s\) \['b_empty'\] hold no image; their labels stay reserved"):
+        samples, classes = from_folder(tmp_path)
+    assert classes == ["a", "b_empty", "c"] and [s.label for s in samples] == [0, 2]

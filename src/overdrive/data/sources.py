@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import tarfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,7 @@ def from_folder(root: str | os.PathLike) -> tuple[list[Sample], list[str]]:
     if not classes:
         raise UsageError(f"{root} has no class subfolders; expected {root}/<class>/<image>.jpg")
     samples = []
+    empty: list[str] = []
     for label, c in enumerate(classes):
         seen: set[str] = set()  # real paths of the folders walked: a link back up must not loop
         found = []
@@ -100,6 +102,14 @@ def from_folder(root: str | os.PathLike) -> tuple[list[Sample], list[str]]:
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             found += [(dirpath, name) for name in files if name.lower().endswith(IMAGE_EXTS) and not name.startswith(".")]
         samples += [Sample(os.path.join(d, name), label) for d, name in sorted(found)]
+        if not found:
+            empty.append(c)
+    if empty:
+        # torchvision's ImageFolder refuses this; here the labels stay as the folder names order them (a split whose
+        # class folder is empty keeps the other split's label numbers), said once
+        warnings.warn(f"{root}: class folder(s) {empty[:5]}{' ...' if len(empty) > 5 else ''} hold no image; their "
+                      f"labels stay reserved ({len(classes)} classes in all), so check the folder if that is not meant",
+                      RuntimeWarning, stacklevel=3)
     return samples, classes
 
 
