@@ -19,19 +19,9 @@ from overdrive.amp import casting, fp8
 from overdrive.amp.config import Policy, dtype_name
 from overdrive.amp.guard import StepGuard, found_nonfinite, read_flags
 from overdrive.amp.scaler import LossScaler
+from overdrive.amp.verdicts import VerdictQueue, any_flag
 
 LOSS_WHY = "the loss is inf or NaN"
-
-
-@dataclasses.dataclass
-class _Verdict:
-    """One backward's or one step's inf/NaN flags (gradients, loss, step skipped) on their way to the host."""
-
-    kind: str  # "backward", "step" (a dynamic scale's step) or "static" (a static scale's step, checked there)
-    values: torch.Tensor  # (3,) on the host (pinned, filled by a copy that ``event`` marks) or on the CPU
-    event: Any  # torch.cuda.Event, or None
-    at_floor: bool = False  # the backward ran at the loss scale floor
-    number: int | None = None  # the step's number in the caller's loop, for messages
 
 
 class MixedPrecision:
@@ -134,7 +124,7 @@ class MixedPrecision:
         self._n_groups = {id(opt): len(opt.param_groups) for opt in self.optimizers}  # to see add_param_group
         # defer_checks(): the inf/NaN verdicts travel to the host while the GPU works on, and are read a step later
         self.deferred = False
-        self._verdicts: list[_Verdict] = []  # flags of backwards and steps not yet read, in order
+        self._verdicts = VerdictQueue()  # flags of backwards and steps not yet read, in order
         self._dev_skip: torch.Tensor | None = None  # 0-d, > 0: the next step is skipped (on the device)
         self._deferred_why: str | None = None  # what the read verdicts say the next skipped step is for
         self._numbers: dict[int, int] = {}  # optimizer index -> the number step() was given for its next step
@@ -184,11 +174,7 @@ class MixedPrecision:
 
     def _settle(self) -> None:
         """Read every deferred verdict, in order: loss-scale updates, step counts, warnings."""
-        while self._verdicts:
-            v = self._verdicts.pop(0)
-            if v.event is not None:
-                v.event.synchronize()  # only the work up to this verdict's flags; later work runs on
-            grad_bad, loss_bad, skip = (x > 0 for x in v.values.tolist())
+        for v, (grad_bad, loss_bad, skip) in self._verdicts.drain():
             if v.kind == "backward":
                 self.scalers[0].update(grad_bad or loss_bad)
                 if (grad_bad or loss_bad) and self._deferred_why is None:
@@ -196,35 +182,13 @@ class MixedPrecision:
                 continue
             if v.number is not None:
                 self.guard.number(0, v.number)
+            why, self._deferred_why = self._deferred_why, None
             if skip:
-                why = self._deferred_why
                 if v.kind == "static":
                     why = LOSS_WHY if loss_bad else self._static_why() if grad_bad else why
-                self._deferred_why = None
                 self.guard.step_skipped(0, why)  # counts; warns; may stop a run that cannot recover
             else:
-                self._deferred_why = None
                 self.guard.step_taken(0)
-
-    def _defer(self, kind: str, grad_flag: torch.Tensor | None, loss_flag: torch.Tensor | None,
-               skip: torch.Tensor | None, **fields: Any) -> None:
-        """Queue a verdict: the flags go to the host without waiting (pinned memory, an event on CUDA)."""
-        present = [f for f in (grad_flag, loss_flag, skip) if f is not None]
-        if not present:
-            self._verdicts.append(_Verdict(kind, torch.zeros(3), None, **fields))
-            return
-        device = present[0].device
-        zero = torch.zeros((), device=device)
-        flags = torch.stack([zero if f is None else f.reshape(()).to(device, torch.float32)
-                             for f in (grad_flag, loss_flag, skip)])
-        if device.type != "cuda":
-            self._verdicts.append(_Verdict(kind, flags, None, **fields))
-            return
-        host = torch.empty(3, pin_memory=True)
-        host.copy_(flags, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))
-        self._verdicts.append(_Verdict(kind, host, event, **fields))
 
     @staticmethod
     def _floor_why(scaler: LossScaler) -> str:
@@ -359,8 +323,8 @@ class MixedPrecision:
         grad_flag = scaler.unscale_and_check_(fresh + bufs)
         deferred = self.deferred and scaler.dynamic
         if deferred:  # read at the next backward; the next step skips on the device
-            self._defer("backward", grad_flag, loss_bad, None, at_floor=at_floor)
-            self._dev_skip = _any_flag(self._dev_skip, grad_flag, loss_bad)
+            self._verdicts.push("backward", grad_flag, loss_bad, None, at_floor=at_floor)
+            self._dev_skip = any_flag(self._dev_skip, grad_flag, loss_bad)
         found, bad_loss = read_flags(grad_flag, loss_bad) if scaler.dynamic and not deferred else (False, False)
         self._accumulate_masters(pairs, bufs, n_new)
         to_add = [(q.grad, s) for q, s in zip(direct, stash) if s is not None and q.grad is not None]
@@ -474,13 +438,13 @@ class MixedPrecision:
         else:  # a static scale checks the gradients this step applies, and the losses behind them
             loss_flag = self._bad_loss.pop(id(optimizer), None)
             grad_flag = found_nonfinite([q.grad for q in self.master_params(optimizer) if q.grad is not None])
-            skip = _any_flag(grad_flag, loss_flag)
+            skip = any_flag(grad_flag, loss_flag)
             kind = "static"
         if skip is not None:
             params = [q for g in optimizer.param_groups for q in g["params"]]
             optimizer.found_inf = skip.reshape(()).to(params[0].device, torch.float32)  # type: ignore[attr-defined]
             optimizer.grad_scale = None  # type: ignore[attr-defined]
-        self._defer(kind, grad_flag, loss_flag, skip, number=number)
+        self._verdicts.push(kind, grad_flag, loss_flag, skip, number=number)
 
     def _nonfinite_at_step(self, optimizer: torch.optim.Optimizer) -> str | None:
         """Static scales: what is wrong with the step ``optimizer`` is about to take, or None. One fused
@@ -517,10 +481,9 @@ class MixedPrecision:
         (default: the optimizer's steps since prepare, from 0). With :meth:`defer_checks` on, ``wait=False``
         returns None instead of waiting for the verdict (no host sync); :attr:`skipped_steps` counts it later.
         """
-        before = self.guard.skipped if wait else 0
         if wait:
             self._settle()
-            before = self.guard.skipped
+        before = self.guard.skipped
         for i, opt in enumerate(self.optimizers):
             if number is not None:
                 self._numbers[i] = number
@@ -700,18 +663,6 @@ class MixedPrecision:
         for h in self._fp8_row_hooks:
             h.remove()
         self._fp8_row_hooks.clear()
-
-
-def _any_flag(*flags: torch.Tensor | None) -> torch.Tensor | None:
-    """1.0 where any flag is set (> 0 or True), else 0.0: a 0-d float32 on the first flag's device, or None when all
-    are None. Exactly 1.0: torch's fused optimizers skip a step only when ``found_inf == 1``."""
-    present = [f for f in flags if f is not None]
-    if not present:
-        return None
-    total = present[0].reshape(()).float()
-    for f in present[1:]:
-        total = total + f.reshape(()).float().to(total.device)
-    return (total > 0).float()
 
 
 def _prepared_by(optimizer: torch.optim.Optimizer) -> MixedPrecision | None:
