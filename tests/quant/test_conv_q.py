@@ -176,7 +176,9 @@ def test_kernel_compiles_to_wgmma_with_16_byte_stores(fmt: str) -> None:
     (2, 64, 15, 13, 40, 3, 1, 1, 1), (3, 32, 17, 17, 96, 3, 2, 1, 1), (4, 128, 7, 7, 256, 1, 1, 0, 1),
     (1, 48, 9, 11, 16, 5, 1, 2, 1), (2, 16, 12, 12, 24, 3, 1, 2, 2), (8, 256, 14, 14, 1024, 1, 2, 0, 1),
 ])
-@pytest.mark.parametrize("config", [-1, 0, 18, 22])  # -1: the default (a different tile per shape); 22: persistent
+# -1: the default (a different tile per shape); 22: persistent; 26 / 28: the GEMM form (TMA; split / whole epilogue),
+# which the 1x1 stride-1 shape runs and the others leave for the default tile
+@pytest.mark.parametrize("config", [-1, 0, 18, 22, 26, 28])
 def test_triton_kernel_matches_reference(fmt, shape, config) -> None:
     from overdrive.quant import _triton_conv  # noqa: F401 - Triton must be there on the GPU machine
 
@@ -337,6 +339,80 @@ tc.launch(_nhwc(x), _nhwc(w), scale, bias, _nhwc(res), True, out, osc.reshape(1)
           cfg, res_scale=rs.reshape(1))
 print("MISMATCH", (out.permute(0, 3, 1, 2) != ref).float().mean().item())
 """
+
+
+def test_gemm_configs_compile_to_tma_and_wgmma_within_shared_memory() -> None:
+    # the GEMM form (one persistent program per SM): operands by TMA (cp.async.bulk.tensor), Hopper's warp-group MMA,
+    # no register spills, every variant (int8 / fp8, float / 8-bit output, float / 8-bit residual, GELU) in the
+    # 227 KB of shared memory of an SM (1 KB reserved)
+    pytest.importorskip("triton")
+    from overdrive.quant import _triton_conv as tc
+    from overdrive.quant.conv_tiles import GEMM
+
+    for cfg, (_, per_sm) in GEMM.items():
+        for is_int in (True, False):
+            for out_q, res_q, act in ((0, False, 0), (2 if is_int else 1, True, 2)):
+                kernel = tc.compile_offline(is_int, cfg, out_q, res_q, act=act)
+                ptx = kernel.asm["ptx"]
+                assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx, cfg
+                assert "ld.local" not in ptx, (cfg, is_int, out_q)
+                assert per_sm * (kernel.metadata.shared + 1024) <= 232448, (cfg, is_int, out_q, kernel.metadata.shared)
+
+
+def test_candidates_add_the_gemm_form_for_plain_gemms_only() -> None:
+    from overdrive.quant.conv_tiles import CONFIGS, GEMM, candidates
+
+    assert not set(candidates(768, 3072)) & set(GEMM)
+    both = candidates(768, 3072, gemm=True)
+    assert set(GEMM) - {29} <= set(both) and 29 not in both  # 29: K tiles of 64, for <= 64 input channels
+    assert 29 in candidates(64, 256, gemm=True) and all(CONFIGS[i][2] == 64 for i in candidates(64, 256, gemm=True))
+
+
+_GEMM_INTERPRETED = """
+import os, sys, types
+os.environ["TRITON_INTERPRET"] = "1"
+import numpy as np, torch
+import triton.language as tl
+from triton.runtime.interpreter import TensorHandle
+from overdrive.quant import _triton_conv as tc
+from overdrive.quant.conv import _nhwc, _reference
+
+def rint(x, _semantic=None):
+    return tl.core.tensor(TensorHandle(np.rint(x.handle.data), x.handle.dtype.scalar), x.type)
+
+tc._conv_tile.fn.__globals__["libdevice"] = types.SimpleNamespace(rint=rint)
+torch.manual_seed(0)
+cfg, act = int(sys.argv[1]), int(sys.argv[2])
+m, c, co = 300, 96, 160  # M and N not multiples of the tiles, K not a multiple of the K tile
+x = (torch.randn(m, c, 1, 1) * 20).clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+w = (torch.randn(co, c, 1, 1) * 20).clamp(-100, 100).to(torch.int8).contiguous(memory_format=torch.channels_last)
+scale, bias = torch.rand(co) * 1e-3, torch.randn(co)
+res = (torch.randn(m, co, 1, 1) * 30).clamp(-127, 127).to(torch.int8).contiguous(memory_format=torch.channels_last)
+rs, osc = torch.tensor(0.03), torch.tensor(0.05)
+ref = _reference(x, w, scale, bias, res, act == 0, osc, torch.int8, -128, [1, 1], [0, 0], [1, 1], rs, act)
+out = torch.empty(m, 1, 1, co, dtype=torch.int8)
+assert tc.gemm_applies(_nhwc(x), _nhwc(w), [1, 1], [0, 0])
+tc.launch(_nhwc(x), _nhwc(w), scale, bias, _nhwc(res), act == 0, out, osc.reshape(1), 2, -128, [1, 1], [0, 0],
+          [1, 1], cfg, res_scale=rs.reshape(1), act=act)
+print("MISMATCH", (out.permute(0, 3, 1, 2) != ref).float().mean().item())
+"""
+
+
+@pytest.mark.parametrize("cfg,act", [(26, 2), (28, 0), (29, 1)])
+def test_gemm_form_matches_the_reference_in_the_interpreter(cfg: int, act: int) -> None:
+    # the GEMM form on the Triton interpreter: TMA loads zero-filling past M, N and K, the persistent tile loop, the
+    # split and whole epilogues; int8 with an 8-bit residual, ReLU / SiLU / GELU and an int8 output: equal to the fp32
+    # reference (exact: int32 sums, the same fp32 epilogue)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run([sys.executable, "-c", _GEMM_INTERPRETED, str(cfg), str(act)], capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": src})
+    assert "MISMATCH 0.0" in done.stdout, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("cfg", [21, 22])

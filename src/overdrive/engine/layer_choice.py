@@ -9,7 +9,11 @@ by more than ``margin``, the layer goes back to a float ``nn.Linear`` / ``nn.Con
 (so the result keeps the weight rounding and drops the activation rounding: at least as accurate as the int8 layer).
 The int8/fp8 convolutions of ``overdrive.quant.conv`` (any kernel size, Triton) are timed in the form the engine's
 fusion pass gives them (:func:`conv_plan`: residual, ReLU, 8-bit or dual output) against the float convolution as
-the fp16 engine runs it.
+the fp16 engine runs it. A Linear layer on the convolution kernel (``Int8TritonLinear``: its epilogue takes the GELU
+after it and the next layer's quantize) is timed three ways, in its fused form, as the cuBLAS GEMM
+(``torch._scaled_mm`` / ``_int_mm``, with the pass that applies what the kernel would have fused), and as the float
+GEMM (cuBLAS's GELU epilogue where there is one, plus the quantize pass an 8-bit reader needs), and runs as the
+fastest.
 
 Where it matters most: ``torch._int_mm`` on a CPU without VNNI or AMX (AVX2 only) runs a reference loop about 30x
 slower than fp32 matmul; there every int8 layer stays float, and the build says so rather than ship an "int8"
@@ -40,9 +44,15 @@ from overdrive.engine.kernel_timing import median_ms as _ms
 def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
     """The float layer a low-precision GEMM module stands for, with its dequantized weights, in ``dtype``; a
     SmoothQuant layer's input factors (``x_pre``, 1 / s) are folded back into the weight: x (W s / s)^T."""
-    from overdrive.quant.conv import Int8Conv2d
+    from overdrive.quant.conv import Int8Conv2d, Int8TritonLinear
     from overdrive.quant.real import Int8Conv1x1
 
+    if isinstance(m, Int8TritonLinear):
+        lin = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+        lin.weight.data = m.dequantized_weight().reshape(m.out_features, m.in_features)
+        if m.bias is not None:
+            lin.bias.data = m.bias.detach().float()
+        return lin.to(device=m.w_q.device, dtype=dtype).eval().requires_grad_(False)
     if isinstance(m, Int8Conv2d):
         conv = nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
                          dilation=m.dilation, bias=m.bias is not None)
@@ -180,15 +190,19 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
         >>> # model, kept = keep_float_where_faster(int8_model, (x,), torch.device("cuda"), torch.float16,
         >>> #                                       plan=conv_plan(int8_model, (x,)), replan=lambda m: conv_plan(m, (x,)))
     """
-    from overdrive.quant.conv import Int8Conv2d
+    from overdrive.quant.conv import Int8Conv2d, Int8TritonLinear
     from overdrive.quant.real import _LowPrecisionGemm, _set
 
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (_LowPrecisionGemm, Int8Conv2d))]
     if not layers:
         return model, {}
     seen: dict[str, tuple[torch.Size, torch.dtype, bool]] = {}
+    linears = {n for n, m in layers if isinstance(m, Int8TritonLinear)}
 
     def record(n: str, x: torch.Tensor) -> None:
+        if n in linears:  # the kernel's view of its input: (tokens, K, 1, 1)
+            seen.setdefault(n, (torch.Size((x.numel() // x.shape[-1], x.shape[-1], 1, 1)), x.dtype, False))
+            return
         seen.setdefault(n, (x.shape, x.dtype, x.dim() == 4 and not x.is_contiguous()
                             and x.is_contiguous(memory_format=torch.channels_last)))
 
@@ -202,8 +216,10 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     _SPLIT.clear()
     with _compile_limits(len(layers)):
         tiles: dict[tuple, int] = {}
-        kept = _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {}, timings, conv_margin, tiles)
-        flipped = [n for n, m in layers if n in kept and isinstance(m, Int8Conv2d)]
+        swapped: set[str] = set()  # Linear layers moved to the cuBLAS GEMM: their neighbours' forms change too
+        kept = _choose(model, layers, seen, device, float_dtype, margin, _set, plan or {}, timings, conv_margin, tiles,
+                       swapped)
+        flipped = [n for n, m in layers if (n in kept or n in swapped) and isinstance(m, Int8Conv2d)]
         replanned = 0
         for _ in range(REPLAN_ROUNDS):
             if replan is None or not plan or not flipped:
@@ -216,13 +232,18 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
             if not changed:
                 break
             replanned += len(changed)
-            more = _choose(model, changed, seen, device, float_dtype, margin, _set, plan, timings, conv_margin, tiles)
+            before = set(swapped)
+            more = _choose(model, changed, seen, device, float_dtype, margin, _set, plan, timings, conv_margin, tiles,
+                           swapped)
             kept.update(more)
-            flipped = list(more)
+            flipped = [*more, *(swapped - before)]
         model._overdrive_replanned = replanned
     model._overdrive_layer_timing_s = dict(_SPLIT)  # where the timing went (tile tuning, 8-bit, float): the build meta
     return model, kept
 
+
+LIBRARY = -2
+"""The tile config a Triton Linear's verdict carries when its cuBLAS GEMM (``library_twin``) timed fastest."""
 
 REPLAN_ROUNDS = 4
 """How many times :func:`keep_float_where_faster` re-plans after convolutions go float (each round times only the
@@ -255,7 +276,7 @@ def _cached(entry: Any, conv: bool) -> tuple[Any, ...] | None:
     if not isinstance(entry, list) or len(entry) != (3 if conv else 2) or not isinstance(entry[0], bool) \
             or not isinstance(entry[1], str):
         return None
-    if conv and not (isinstance(entry[2], int) and -1 <= entry[2] < len(CONFIGS)):
+    if conv and not (isinstance(entry[2], int) and LIBRARY <= entry[2] < len(CONFIGS)):
         return None
     return tuple(entry)
 
@@ -263,10 +284,10 @@ def _cached(entry: Any, conv: bool) -> tuple[Any, ...] | None:
 def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[str, Any], device: torch.device,
             float_dtype: torch.dtype | None, margin: float, _set: Any, plan: dict[str, dict[str, Any]],
             timings: dict[str, Any] | None = None, conv_margin: float = CONV_MARGIN,
-            configs: dict[tuple, int] | None = None) -> dict[str, str]:
+            configs: dict[tuple, int] | None = None, swapped: set[str] | None = None) -> dict[str, str]:
     """The timing loop of :func:`keep_float_where_faster`: one measurement per distinct layer key (none for a key
     ``timings`` holds). ``configs``: the convolutions' tuned tiles by shape, kept across calls (a re-planned layer
-    keeps its tile)."""
+    keeps its tile). ``swapped`` collects the Triton Linear layers replaced by their cuBLAS GEMM."""
     from overdrive.quant.conv import Int8Conv2d
 
     verdict: dict[tuple, tuple[Any, ...]] = {}
@@ -343,6 +364,10 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
         if slower:
             kept[name] = why
             _set(model, name, _float_twin(m, fdt))
+        elif isinstance(m, Int8Conv2d) and verdict[key][2] == LIBRARY:  # a Triton Linear: cuBLAS's GEMM won
+            _set(model, name, m.library_twin())
+            if swapped is not None:
+                swapped.add(name)
         if timings is not None:
             timings[_timing_key(key, device)] = list(verdict[key])
     return kept
@@ -395,13 +420,15 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     act = qconv.ACTS.get(epi.get("act"), 0)
     fp8 = m.fmt == "fp8"
     qdt, bound = (qconv.FP8, 448.0) if fp8 else (torch.int8, 127.0)
+    linear = isinstance(m, qconv.Int8TritonLinear)
     if config is None:
         config = _tune_conv(m, shape, fdt, device)
     x, xq, g = _conv_input(m, shape, fdt, device)
     twin = _float_twin(m, fdt)
+    rows = shape[0]
     with torch.no_grad():
         out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
-        y = twin(x)
+        y = twin(x.view(rows, -1)).view(rows, -1, 1, 1) if linear else twin(x)
         z = zq = zs = None
         if res_kind is not None:
             z = torch.randn(tuple(y.shape), generator=g, device=device).to(y.dtype).contiguous(
@@ -429,12 +456,27 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
             if epi.get("input") == "float conv":  # its input quantized in a pass of its own (conv_epilogues)
                 t_low += _quantize_ms(x, m.x_scale, fp8, device)
         with _timed("float"):
-            if not epi:  # no plan: the layer alone against cuDNN alone
+            if linear:  # cuBLAS: the float GEMM with its GELU / ReLU epilogue
+                t_float = _float_linear_ms(x.view(rows, -1), twin, relu, act, device)
+                if out_kind in ("8-bit", "dual"):
+                    t_float += _quantize_ms(y, qs, fp8, device)
+            elif not epi:  # no plan: the layer alone against cuDNN alone
                 t_float = _ms(lambda: twin(x), device)
             else:
                 t_float = _float_conv_ms(x, twin, z, relu, device, act)
                 if out_kind in ("8-bit", "dual"):  # the float path's output, quantized for its 8-bit reader
                     t_float += _quantize_ms(y, qs, fp8, device)
+        if linear:  # the same layer on cuBLAS's int8/fp8 GEMM, and one pass for what the kernel would have fused
+            with _timed("gemm"):
+                t_lib = _library_linear_ms(m.library_twin(), xq.view(rows, -1), relu, act, out_kind, qs, out_dtype,
+                                           device)
+            best = min(t_low, t_lib)
+            form = "".join(s for s, on in ((" relu", relu), (f" {epi.get('act')}", bool(act)),
+                                            (f" ->{out_kind}", bool(epi))) if on)
+            why = (f"{m.fmt} {t_float / best:.2f}x {str(fdt).removeprefix('torch.')} at {rows}x{m.in_features}->"
+                   f"{m.out_features}{form} on {'cuBLAS' if t_lib < t_low else 'Triton'} (Triton {t_float / t_low:.2f}x, "
+                   f"cuBLAS {t_float / t_lib:.2f}x)")
+            return best > margin * t_float, why, LIBRARY if t_lib < t_low else config
     n, c, h, w_ = shape
     kh, kw = m.kernel_size
     form = "".join(s for s, on in ((" q-in", epi.get("input") == "float conv"),
@@ -459,6 +501,71 @@ def _quantize_ms(y: torch.Tensor, scale: torch.Tensor, fp8: bool, device: torch.
         _QUANTIZE = torch.compile(_quantize_ref, dynamic=True)
     q = _QUANTIZE if device.type == "cuda" else _quantize_ref
     return _ms(lambda: q(y, scale, -128, fp8), device)
+
+
+_LIB_PASS: Any = None
+
+
+def _lib_pass(y: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, relu: bool, act: int,
+              qs: torch.Tensor | None, fp8: bool, dual: bool, out_dtype: torch.dtype) -> Any:
+    """What follows a cuBLAS int8/fp8 GEMM in an engine, as one pass: the int8 accumulator's rescale and bias, the
+    ReLU / activation, and the next layer's quantize (``qs``; ``dual``: the float output too)."""
+    from overdrive.quant.conv import _quantize_ref, apply_act
+
+    v = y.float() * scale + bias if y.dtype == torch.int32 else y.float()
+    v = apply_act(torch.relu(v) if relu else v, act)
+    if qs is None:
+        return v.to(out_dtype)
+    q = _quantize_ref(v, qs, -128, fp8)
+    return (v.to(out_dtype), q) if dual else q
+
+
+def _library_linear_ms(lib: nn.Module, xq: torch.Tensor, relu: bool, act: int, out_kind: str, qs: torch.Tensor,
+                       out_dtype: torch.dtype, device: torch.device) -> float:
+    """ms of a Linear layer on cuBLAS's int8 / fp8 GEMM (``lib``, an ``Int8Linear`` / ``Fp8Linear``) on its quantized
+    input ``xq`` (M, K), with the pass that an engine runs after it (:func:`_lib_pass`; none for an fp8 GEMM whose
+    float output is all that is read: its bias is in the GEMM)."""
+    global _LIB_PASS
+    if _LIB_PASS is None:
+        _LIB_PASS = torch.compile(_lib_pass, dynamic=True) if device.type == "cuda" else _lib_pass
+    fn = _LIB_PASS if device.type == "cuda" else _lib_pass
+    wt = lib.w_q.t()
+    q_out = qs if out_kind in ("8-bit", "dual") else None
+    dual = out_kind == "dual"
+    if lib.fmt == "fp8":
+        od = out_dtype if out_dtype != torch.float32 else torch.bfloat16
+        bias = None if lib.bias is None else lib.bias.to(od)
+        plain = not relu and not act and q_out is None
+
+        def run() -> Any:
+            y = torch._scaled_mm(xq, wt, scale_a=lib.x_scale, scale_b=lib.w_scale, bias=bias, out_dtype=od)
+            return y if plain else fn(y, None, None, relu, act, q_out, True, dual, out_dtype)
+    else:
+        x = xq if xq.shape[0] > 16 or device.type != "cuda" else torch.nn.functional.pad(xq, (0, 0, 0, 17 - xq.shape[0]))
+        scale = (lib.x_scale * lib.w_scale).float()
+        bias = torch.zeros_like(scale) if lib.bias is None else lib.bias.float()
+
+        def run() -> Any:
+            return fn(torch._int_mm(x, wt), scale, bias, relu, act, q_out, False, dual, out_dtype)
+
+    return _ms(run, device)
+
+
+def _float_linear_ms(x2: torch.Tensor, lin: nn.Linear, relu: bool, act: int, device: torch.device) -> float:
+    """ms of ``act(lin(x2))`` as an fp16 engine runs it: cuBLAS with its bias (+ ReLU / GELU) epilogue; SiLU as a
+    pass after it."""
+    from overdrive.quant.conv import ACT_GELU, ACT_SILU
+
+    b = lin.bias if lin.bias is not None else torch.zeros(lin.out_features, device=x2.device, dtype=x2.dtype)
+    wt = lin.weight.t()
+    if relu or act == ACT_GELU:
+        t = _ms(lambda: torch._addmm_activation(b, x2, wt, use_gelu=act == ACT_GELU), device)
+    else:
+        t = _ms(lambda: torch.addmm(b, x2, wt), device)
+    if act == ACT_SILU:
+        y = torch.addmm(b, x2, wt)
+        t += _ms(lambda: torch.nn.functional.silu(y), device)
+    return t
 
 
 def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, relu: bool, device: torch.device,

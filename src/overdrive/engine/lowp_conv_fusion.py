@@ -189,6 +189,60 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
     return folded
 
 
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+_SINKABLE = {aten.relu.default, aten.silu.default, aten.gelu.default}  # elementwise, one input: order with views free
+
+
+def _reads_conv_q(node: Any, depth: int = 8) -> bool:
+    """Whether ``node`` is a conv2d_q's output, through reshapes and the activations above only."""
+    for _ in range(depth):
+        if not isinstance(node, Node) or node.op != "call_function":
+            return False
+        if node.target is _CONV_Q:
+            return True
+        if node.target not in _VIEWS and node.target not in _SINKABLE:
+            return False
+        node = node.args[0]
+    return False
+
+
+def _sink_views(ep: Any, graph: torch.fx.Graph) -> int:
+    """Step 0: an activation or an ``overdrive::quantize`` that reads a reshaped conv2d_q output is moved before the
+    reshape (``act(view(y))`` -> ``view(act(y))``; both are elementwise, and a quantize's scale is per tensor), so that
+    steps 1-2 find them right after the convolution. This is how a Linear layer run as a 1x1 convolution
+    (``quant.conv.Int8TritonLinear``: ``(tokens, K, 1, 1)`` in, reshaped back to ``(..., N)``) gets the GELU after it
+    and the next layer's quantize into its epilogue. Returns how many ops moved."""
+    moved = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in list(graph.nodes):
+            if node.op != "call_function" or (node.target is not _QUANTIZE and node.target not in _SINKABLE):
+                continue
+            view = node.args[0]
+            if not (isinstance(view, Node) and view.target in _VIEWS and _reads_conv_q(view.args[0])):
+                continue
+            if node.target is not _QUANTIZE and len(view.users) != 1:  # others read the value before the activation
+                continue
+            base, base_val = view.args[0], _val(view.args[0])
+            with graph.inserting_before(node):
+                inner = graph.call_function(node.target, (base, *node.args[1:]), dict(node.kwargs))
+                outer = graph.call_function(view.target, (inner, *view.args[1:]), dict(view.kwargs))
+            if base_val is not None:
+                dtype = getattr(_val(node), "dtype", base_val.dtype)
+                inner.meta["val"] = base_val if dtype == base_val.dtype else torch.empty_like(base_val, dtype=dtype)
+            outer.meta["val"] = node.meta.get("val")
+            _same_module(inner, node)
+            _same_module(outer, view)
+            _replace(ep, graph, node, outer)
+            graph.erase_node(node)
+            if not view.users:
+                graph.erase_node(view)
+            moved += 1
+            changed = True
+    return moved
+
+
 def _quantize_residuals(ep: Any, graph: torch.fx.Graph) -> int:
     """Step 1b (``quantize_residuals``): a conv2d_q adding a float residual that is also quantized for a convolution
     (a ResNet block's input, read by the block's first convolution and by its residual add) reads the quantized
@@ -358,6 +412,7 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE, _DEQUANT) for n in graph.nodes):
         return {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0, "quantized_residuals": 0}
     consts = constant_inputs(ep)
+    _sink_views(ep, graph)
     folded = _fold_epilogues(ep, graph)
     graph.eliminate_dead_code()
     if quantize_residuals:

@@ -182,18 +182,28 @@ class RealConfig(ConfigBase):
     ``rowwise`` (fp8 only): dynamic per-token activation scales and per-channel weight scales, instead of
     static per-tensor ones. ``device``: where the converted model will run ("cuda", "cpu", ...), which decides
     whether fp8 is possible; None: the model's device. A ``torch.device`` is stored as its string.
+    ``linear_kernel``: what runs a statically calibrated Linear layer: ``"cublas"`` (``torch._int_mm`` /
+    ``torch._scaled_mm``), or ``"triton"`` (the convolution kernel on the 1x1 view, ``Int8TritonLinear``, whose
+    epilogue can take the activation after it and the next layer's quantize in an engine; int8/fp8 engines on CUDA
+    ask for it and time both per layer).
 
     Example:
         >>> RealConfig.from_json(RealConfig(rowwise=True, device="cuda").to_json())
-        RealConfig(rowwise=True, device='cuda')
+        RealConfig(rowwise=True, device='cuda', linear_kernel='cublas')
     """
 
     rowwise: bool = False
     device: str | None = None
+    linear_kernel: str = "cublas"
+
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("linear_kernel",)  # written only when set: older JSON reads the same
 
     def __post_init__(self) -> None:
         if not isinstance(self.rowwise, bool):
             raise UsageError(f"rowwise={self.rowwise!r} must be True or False")
+        if self.linear_kernel not in ("cublas", "triton"):
+            raise UsageError(f"linear_kernel={self.linear_kernel!r}: expected 'cublas' (torch._int_mm / _scaled_mm) or "
+                             "'triton' (the convolution kernel, epilogue fusable)")
         object.__setattr__(self, "device", _device_name(self.device))
 
 

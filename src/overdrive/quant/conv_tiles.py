@@ -41,19 +41,34 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
     (128, 256, 128, 8, 3),
     (128, 128, 64, 4, 4),
     (128, 64, 128, 4, 3),
+    # the GEMM form (GEMM below: TMA loads, persistent, one program per SM), for plain GEMMs only (1x1 stride-1
+    # convolutions, Linear layers): where the convolution form's im2col address math and pointer loads cost most
+    (128, 256, 128, 8, 3),
+    (128, 128, 128, 8, 4),
+    (128, 128, 128, 4, 4),
+    (128, 128, 64, 4, 4),
 ]
 
 # config index -> programs per SM of its persistent grid: as many as fit Hopper's 227 KB of shared memory per SM with
 # the most any of the kernel's variants takes (compiled offline for sm_90: 80, 128, 176, 72 and 80 KB)
 PERSISTENT: dict[int, int] = {21: 2, 22: 1, 23: 1, 24: 3, 25: 2}
 
+# config index -> (epilogue in two column halves, programs per SM) of the GEMM-form configs
+GEMM: dict[int, tuple[bool, int]] = {26: (True, 1), 27: (True, 1), 28: (False, 1), 29: (False, 1)}
 
-def candidates(c: int, n_out: int | None = None) -> list[int]:
+
+def candidates(c: int, n_out: int | None = None, gemm: bool = False) -> list[int]:
     """The configs worth timing for ``c`` input channels and ``n_out`` output channels: K tiles of 64 when ``c`` <= 64
     (a 128-wide tile would be half padding), else the 128-wide ones; N tiles no wider than ``n_out`` rounded up to a
-    power of two (at least 64), since the rest of a wider tile is padding."""
+    power of two (at least 64), since the rest of a wider tile is padding. ``gemm``: the problem is a plain GEMM
+    (a 1x1 convolution with stride 1 and no padding, a Linear layer), so the GEMM-form configs are timed too.
+
+        >>> [i for i in candidates(768, 3072, gemm=True) if i in GEMM]
+        [26, 27, 28]
+    """
     widest = max(64, 1 << max(0, (n_out or 0) - 1).bit_length()) if n_out else 1 << 30
-    return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64) and cfg[1] <= widest]
+    return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64) and cfg[1] <= widest
+            and (gemm or i not in GEMM)]
 
 
 def default_config(m: int, n_out: int, c: int, taps: int = 1) -> int:

@@ -196,6 +196,9 @@ class _LowPrecisionGemm(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.register_buffer("x_pre", None if x_pre is None else x_pre.detach().float().reshape(-1).to(w.device))
         self.rowwise = rowwise
+        # True: a static input quantize as ``overdrive::quantize`` (an engine folds it into the layer before: an
+        # int8/fp8 convolution kernel then writes this layer's input 8-bit); False: plain arithmetic, fused by torch
+        self.quantize_op = False
         self.x_qmin = x_qmin  # int8: -128, or -127 for a narrow-range input quantizer (as its fake quantization)
         self.weight_dtype = weight.dtype  # the float layer's: what `weight` reads back as when there is no bias
         self.in_features, self.out_features = w.shape[1], w.shape[0]
@@ -209,8 +212,13 @@ class _LowPrecisionGemm(nn.Module):
             # under torch.export M may be symbolic (a dynamic batch): no branch on it, 16 more rows always
             # keep M > 16 (a branch failed the export of int8 engines with a batch profile 1..N)
             pad = 16 if torch.compiler.is_exporting() else (17 - m if m <= 16 else 0)
+        xq_op = None
+        if self.quantize_op and not self.rowwise:  # quantized before the padding: the op reads the layer's input
+            xq_op = torch.ops.overdrive.quantize(x2, self.x_scale, self.x_qmin if self.fmt == "int8" else -128,
+                                                 self.fmt == "fp8") if self.x_pre is None else None
         if pad > 0:
             x2 = F.pad(x2, (0, 0, 0, pad))
+            xq_op = None if xq_op is None else F.pad(xq_op.view(torch.int8), (0, 0, 0, pad)).view(xq_op.dtype)
         # w_q is (N, K) contiguous, so w_q.t() is the column-major (K, N) operand cuBLAS(Lt) takes as is
         # ("TN" layout, required by _scaled_mm and int8 IMMA): no weight copy per call
         if self.fmt == "int8":
@@ -218,7 +226,7 @@ class _LowPrecisionGemm(nn.Module):
                 xq, xs = _FUSED(_quantize_int8_rowwise, x2, self.x_pre)
             else:
                 xs = self.x_scale
-                xq = _FUSED(_quantize_int8, x2, xs, self.x_qmin, self.x_pre)
+                xq = xq_op if xq_op is not None else _FUSED(_quantize_int8, x2, xs, self.x_qmin, self.x_pre)
             acc = torch._int_mm(xq, self.w_q.t())  # (M, N) int32
             y = _FUSED(_int8_epilogue, acc, xs, self.w_scale, self.bias, out_dtype)
         else:
@@ -228,7 +236,7 @@ class _LowPrecisionGemm(nn.Module):
                 od = torch.bfloat16
             else:
                 xs, ws, od = self.x_scale, self.w_scale, (out_dtype if out_dtype != torch.float32 else torch.bfloat16)
-                xq = _FUSED(_quantize_fp8, x2, xs, self.x_pre)
+                xq = xq_op if xq_op is not None else _FUSED(_quantize_fp8, x2, xs, self.x_pre)
             bias = None if self.bias is None else self.bias.to(od)
             # _scaled_mm takes a row-major mat1 only; x2 may be a column-major view (a 1x1 conv at batch 1 on an
             # NCHW-contiguous input: permute + reshape merge without a copy), and the quantize keeps its strides
@@ -392,6 +400,12 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
                   "x_pre": iq.pre_quant_scale}  # SmoothQuant's 1 / s (the weight is taken smoothed: W * s)
         if not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
+        elif isinstance(m, QuantLinear) and cfg.linear_kernel == "triton" and not dyn and not (rowwise and fmt == "fp8") \
+                and iq.pre_quant_scale is None and wq.pre_quant_scale is None \
+                and qconv.linear_unsupported(m.in_features, m.out_features) is None \
+                and (dev.type != "cuda" or qconv.triton_available()):  # the convolution kernel on the 1x1 view
+            cls3 = qconv.Fp8TritonLinear if fmt == "fp8" else qconv.Int8TritonLinear
+            new = cls3(m.weight, wq.amax, iq.amax, m.bias, x_qmin=ranges["x_qmin"], w_qmin=ranges["w_qmin"])
         elif isinstance(m, QuantLinear):
             reason = _gemm_ok(m.in_features, m.out_features, fmt)
             if reason is None:
