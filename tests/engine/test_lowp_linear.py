@@ -29,7 +29,8 @@ class _Block(nn.Module):
 
     def __init__(self, d: int = 64, act: nn.Module | None = None) -> None:
         super().__init__()
-        self.ln, self.fc1, self.act, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), act or nn.GELU(), nn.Linear(4 * d, d)
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.act = act or nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(self.act(self.fc1(self.ln(x))))

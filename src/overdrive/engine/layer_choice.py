@@ -474,8 +474,8 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
             form = "".join(s for s, on in ((" relu", relu), (f" {epi.get('act')}", bool(act)),
                                             (f" ->{out_kind}", bool(epi))) if on)
             why = (f"{m.fmt} {t_float / best:.2f}x {str(fdt).removeprefix('torch.')} at {rows}x{m.in_features}->"
-                   f"{m.out_features}{form} on {'cuBLAS' if t_lib < t_low else 'Triton'} (Triton {t_float / t_low:.2f}x, "
-                   f"cuBLAS {t_float / t_lib:.2f}x)")
+                   f"{m.out_features}{form} on {'cuBLAS' if t_lib < t_low else 'Triton'} "
+                   f"(Triton {t_float / t_low:.2f}x, cuBLAS {t_float / t_lib:.2f}x)")
             return best > margin * t_float, why, LIBRARY if t_lib < t_low else config
     n, c, h, w_ = shape
     kh, kw = m.kernel_size
@@ -541,7 +541,8 @@ def _library_linear_ms(lib: nn.Module, xq: torch.Tensor, relu: bool, act: int, o
             y = torch._scaled_mm(xq, wt, scale_a=lib.x_scale, scale_b=lib.w_scale, bias=bias, out_dtype=od)
             return y if plain else fn(y, None, None, relu, act, q_out, True, dual, out_dtype)
     else:
-        x = xq if xq.shape[0] > 16 or device.type != "cuda" else torch.nn.functional.pad(xq, (0, 0, 0, 17 - xq.shape[0]))
+        short = xq.shape[0] <= 16 and device.type == "cuda"  # _int_mm on CUDA needs M > 16, as Int8Linear pads
+        x = torch.nn.functional.pad(xq, (0, 0, 0, 17 - xq.shape[0])) if short else xq
         scale = (lib.x_scale * lib.w_scale).float()
         bias = torch.zeros_like(scale) if lib.bias is None else lib.bias.float()
 

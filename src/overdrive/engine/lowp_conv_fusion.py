@@ -2,9 +2,12 @@
 inside each convolution's epilogue.
 
 ``quant.to_real`` turns a calibrated CNN's convolutions into ``overdrive::quantize`` + ``overdrive::conv2d_q`` pairs
-(``quant/conv.py``), each convolution writing fp16. In an int8/fp8 engine :func:`fuse_lowp_convs` rewrites the exported
-program so that:
+(``quant/conv.py``), each convolution writing fp16 (and, in CUDA engines, a transformer's Linear layers into the same
+op on their ``(tokens, K, 1, 1)`` view: ``Int8TritonLinear``). In an int8/fp8 engine :func:`fuse_lowp_convs` rewrites
+the exported program so that:
 
+0. an activation or a quantize that reads a reshaped conv2d_q output moves before the reshape (:func:`_sink_views`),
+   so that a Linear layer's GELU and the next layer's quantize sit right after its conv2d_q for the steps below;
 1. ``relu(batch_norm(conv2d_q(x)) [+ z])`` (each part optional, the add in either order; SiLU or GELU in place of
    the ReLU, as EfficientNet-style blocks have them) is one ``conv2d_q`` whose ``scale`` and ``bias`` carry the folded
    BatchNorm (graph ops on the weights, computed once by freezing) and whose epilogue adds ``z`` and applies the

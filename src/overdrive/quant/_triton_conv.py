@@ -8,6 +8,10 @@ of ``BLOCK_K`` channels for ``BLOCK_M`` pixels (the im2col row, never materialis
 Epilogue, in registers before the one store: ``acc * scale[n] (+ bias[n]) (+ residual) (ReLU)``, then either the
 output dtype (fp16 / bf16 / fp32) or the next layer's quantization (``/ out_scale``, clamp, cast to fp8 e4m3 or
 round to int8), so a chain of quantized convolutions moves one byte per activation element each way.
+
+Problems that are plain GEMMs (1x1 convolutions with stride 1 and no padding; Linear layers on their 1x1 view) have a
+second form, :func:`_gemm_kernel`, chosen by the GEMM-form tile configs (``conv_tiles.GEMM``): operands by TMA, a
+persistent tile loop, the same epilogue (:func:`_epilogue`). Build-time tuning times both forms.
 """
 
 from __future__ import annotations
@@ -205,7 +209,19 @@ def gemm_applies(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: l
     """Whether a convolution is a plain GEMM the TMA kernel can take: 1x1, stride 1, no padding, rows of a multiple
     of 16 bytes, 16-byte aligned bases (``x`` (N, H, W, C) and ``w`` (Cout, 1, 1, C), contiguous)."""
     return (w.shape[1] == 1 and w.shape[2] == 1 and list(stride) == [1, 1] and list(padding) == [0, 0]
-            and (x.shape[3] * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0)
+            and (x.shape[3] * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0
+            and _tma_available(x.device))
+
+
+@functools.cache
+def _tma_available(device: torch.device) -> bool:
+    """Host-side TMA descriptors in this Triton and a GPU that has TMA (Hopper on); the interpreter (CPU tensors)
+    emulates them."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _launch_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,

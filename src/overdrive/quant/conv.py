@@ -500,8 +500,8 @@ class Int8TritonLinear(Int8Conv2d):
         return self.dequantized_weight().reshape(self.out_channels, self.in_channels).to(self.weight_dtype)
 
     def library_twin(self) -> nn.Module:
-        """The same layer on cuBLAS (``torch._int_mm`` / ``torch._scaled_mm``, :class:`~overdrive.quant.real.Int8Linear`),
-        from the weights this one computes with (int8: the same integers; fp8: one per-tensor weight scale, as
+        """The same layer on cuBLAS (``torch._int_mm`` / ``torch._scaled_mm``: an
+        :class:`~overdrive.quant.real.Int8Linear`), from the weights this one computes with (int8: the same integers; fp8: one per-tensor weight scale, as
         ``_scaled_mm`` takes it), quantizing its input with ``overdrive::quantize`` so that an engine can still fold
         that into the layer before."""
         from overdrive.quant.real import Fp8Linear, Int8Linear

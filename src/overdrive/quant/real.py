@@ -213,7 +213,7 @@ class _LowPrecisionGemm(nn.Module):
             # keep M > 16 (a branch failed the export of int8 engines with a batch profile 1..N)
             pad = 16 if torch.compiler.is_exporting() else (17 - m if m <= 16 else 0)
         xq_op = None
-        if self.quantize_op and not self.rowwise:  # quantized before the padding: the op reads the layer's input
+        if getattr(self, "quantize_op", False) and not self.rowwise:  # quantized before the padding
             xq_op = torch.ops.overdrive.quantize(x2, self.x_scale, self.x_qmin if self.fmt == "int8" else -128,
                                                  self.fmt == "fp8") if self.x_pre is None else None
         if pad > 0:
@@ -400,7 +400,8 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
                   "x_pre": iq.pre_quant_scale}  # SmoothQuant's 1 / s (the weight is taken smoothed: W * s)
         if not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
-        elif isinstance(m, QuantLinear) and cfg.linear_kernel == "triton" and not dyn and not (rowwise and fmt == "fp8") \
+        elif isinstance(m, QuantLinear) and cfg.linear_kernel == "triton" and not dyn \
+                and not (rowwise and fmt == "fp8") \
                 and iq.pre_quant_scale is None and wq.pre_quant_scale is None \
                 and qconv.linear_unsupported(m.in_features, m.out_features) is None \
                 and (dev.type != "cuda" or qconv.triton_available()):  # the convolution kernel on the 1x1 view
