@@ -25,6 +25,11 @@
 #                                  # dequantized twin: engine_zoo_cnn_whole; EfficientNet-B0 ran past the limit)
 #   bash scripts/gpu_engine.sh 14  # EfficientNet-B0 int8/fp8 with the whole-engine timing (run 2026-12-05, H200, 238 s:
 #                                  # engine_zoo_effnet_whole)
+#   bash scripts/gpu_engine.sh 15  # the GEMM form of the int8/fp8 kernel and Linear layers on it: GPU tests, then
+#                                  # benchmarks/lowp_linear.py (transformer GEMMs with their epilogues)
+#   bash scripts/gpu_engine.sh 16  # ViT-B/16 and BERT (32x128) fp16/int8/fp8 engines with the Linear layers timed three
+#                                  # ways (Triton with the epilogue fused, cuBLAS, float): engine_zoo_tf_linear
+#   bash scripts/gpu_engine.sh 17  # the Llama-style decoder likewise: engine_zoo_llama_linear
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -92,6 +97,19 @@ elif [ "$part" = 14 ]; then
   step 500 "engine_zoo efficientnet_b0 fp16/int8/fp8 with the whole-engine timing" python3 \
       benchmarks/engine_zoo.py --models efficientnet_b0 --batches serving \
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 480 --out engine_zoo_effnet_whole
+elif [ "$part" = 15 ]; then
+  step 260 "gpu tests: the int8/fp8 kernel (both forms), Linear layers on it" python3 -m pytest -q -m gpu \
+      tests/quant/test_conv_q.py tests/engine/test_lowp_linear.py -p no:cacheprovider -p no:logging -n 4
+  step 300 "lowp_linear (transformer GEMMs: fp16 cuBLAS, fp8/int8 cuBLAS + pass, Triton fused)" python3 \
+      benchmarks/lowp_linear.py --iters 15
+elif [ "$part" = 16 ]; then
+  step 520 "engine_zoo vit+bert fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
+      --models vit_base_patch16_224,bert --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
+      --max-build-s 200 --budget-s 490 --out engine_zoo_tf_linear
+elif [ "$part" = 17 ]; then
+  step 500 "engine_zoo llama fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
+      --models llama --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
+      --max-build-s 200 --budget-s 480 --out engine_zoo_llama_linear
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \

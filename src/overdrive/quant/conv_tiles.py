@@ -47,6 +47,9 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
     (128, 128, 128, 8, 4),
     (128, 128, 128, 4, 4),
     (128, 128, 64, 4, 4),
+    # two programs per SM: one's epilogue (CUDA cores: an erf GELU, the quantize) runs under the other's MMAs
+    (128, 128, 128, 8, 2),
+    (128, 128, 128, 4, 2),
 ]
 
 # config index -> programs per SM of its persistent grid: as many as fit Hopper's 227 KB of shared memory per SM with
@@ -54,7 +57,8 @@ CONFIGS: list[tuple[int, int, int, int, int]] = [
 PERSISTENT: dict[int, int] = {21: 2, 22: 1, 23: 1, 24: 3, 25: 2}
 
 # config index -> (epilogue in two column halves, programs per SM) of the GEMM-form configs
-GEMM: dict[int, tuple[bool, int]] = {26: (True, 1), 27: (True, 1), 28: (False, 1), 29: (False, 1)}
+GEMM: dict[int, tuple[bool, int]] = {26: (True, 1), 27: (True, 1), 28: (False, 1), 29: (False, 1), 30: (False, 2),
+                                     31: (True, 2)}
 
 
 def candidates(c: int, n_out: int | None = None, gemm: bool = False) -> list[int]:
@@ -64,7 +68,7 @@ def candidates(c: int, n_out: int | None = None, gemm: bool = False) -> list[int
     (a 1x1 convolution with stride 1 and no padding, a Linear layer), so the GEMM-form configs are timed too.
 
         >>> [i for i in candidates(768, 3072, gemm=True) if i in GEMM]
-        [26, 27, 28]
+        [26, 27, 28, 30, 31]
     """
     widest = max(64, 1 << max(0, (n_out or 0) - 1).bit_length()) if n_out else 1 << 30
     return [i for i, cfg in enumerate(CONFIGS) if (cfg[2] == 64) == (c <= 64) and cfg[1] <= widest
