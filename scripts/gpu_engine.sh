@@ -27,9 +27,10 @@
 #                                  # engine_zoo_effnet_whole)
 #   bash scripts/gpu_engine.sh 15  # the GEMM form of the int8/fp8 kernel and Linear layers on it: GPU tests, then
 #                                  # benchmarks/lowp_linear.py (transformer GEMMs with their epilogues)
-#   bash scripts/gpu_engine.sh 16  # ViT-B/16 and BERT (32x128) fp16/int8/fp8 engines with the Linear layers timed three
-#                                  # ways (Triton with the epilogue fused, cuBLAS, float): engine_zoo_tf_linear
+#   bash scripts/gpu_engine.sh 16  # ViT-B/16 fp16/int8/fp8 engines with the Linear layers timed three ways (Triton with
+#                                  # the epilogue fused, cuBLAS, float): engine_zoo_vit_linear
 #   bash scripts/gpu_engine.sh 17  # the Llama-style decoder likewise: engine_zoo_llama_linear
+#   bash scripts/gpu_engine.sh 18  # BERT-base at 32x128 likewise: engine_zoo_bert_linear
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -103,9 +104,13 @@ elif [ "$part" = 15 ]; then
   step 300 "lowp_linear (transformer GEMMs: fp16 cuBLAS, fp8/int8 cuBLAS + pass, Triton fused)" python3 \
       benchmarks/lowp_linear.py --iters 15
 elif [ "$part" = 16 ]; then
-  step 520 "engine_zoo vit+bert fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
-      --models vit_base_patch16_224,bert --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
-      --max-build-s 200 --budget-s 490 --out engine_zoo_tf_linear
+  step 420 "engine_zoo vit fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
+      --models vit_base_patch16_224 --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
+      --max-build-s 200 --budget-s 390 --out engine_zoo_vit_linear
+elif [ "$part" = 18 ]; then
+  step 520 "engine_zoo bert fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
+      --models bert --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
+      --max-build-s 200 --budget-s 490 --out engine_zoo_bert_linear
 elif [ "$part" = 17 ]; then
   step 500 "engine_zoo llama fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
       --models llama --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
