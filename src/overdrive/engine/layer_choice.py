@@ -526,6 +526,10 @@ def _library_linear_ms(lib: nn.Module, xq: torch.Tensor, relu: bool, act: int, o
     input ``xq`` (M, K), with the pass that an engine runs after it (:func:`_lib_pass`; none for an fp8 GEMM whose
     float output is all that is read: its bias is in the GEMM)."""
     global _LIB_PASS
+    from overdrive.quant.real import _gemm_ok
+
+    if _gemm_ok(lib.in_features, lib.out_features, lib.fmt) is not None:  # no cuBLAS kernel for it (_scaled_mm: x16)
+        return float("inf")
     if _LIB_PASS is None:
         _LIB_PASS = torch.compile(_lib_pass, dynamic=True) if device.type == "cuda" else _lib_pass
     fn = _LIB_PASS if device.type == "cuda" else _lib_pass
