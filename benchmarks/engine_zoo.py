@@ -47,8 +47,8 @@ from _common import RESULTS, device_facts, gpu_kernel_ms, median, time_steps, wr
 
 CONFIGS = ("eager_fp16", "compile_default", "compile_ro", "engine_fp16", "engine_int8", "engine_fp8")
 # also accepted by --configs, not run by default: int8 / fp8 engines built with quantize_residuals (ResNet blocks
-# hand over 8-bit tensors only)
-EXTRA_CONFIGS = ("engine_int8_qres", "engine_fp8_qres")
+# hand over 8-bit tensors only), and with lowp_linears="cublas" (Linear layers on cuBLAS or float only, no Triton)
+EXTRA_CONFIGS = ("engine_int8_qres", "engine_fp8_qres", "engine_int8_cublas", "engine_fp8_cublas")
 LOWP = ("engine_int8", "engine_fp8", *EXTRA_CONFIGS)
 TIMM = {"resnet50": 256, "convnext_tiny": 128, "efficientnet_b0": 256, "vit_base_patch16_224": 128}
 ALIASES = {"vit": "vit_base_patch16_224", "convnext": "convnext_tiny", "efficientnet": "efficientnet_b0"}
@@ -392,7 +392,7 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     from overdrive.engine import Builder, BuildConfig, ShapeProfile
     from overdrive.engine.runtime import fusions_summary
 
-    prec = cfg.removeprefix("engine_").removesuffix("_qres")
+    prec = cfg.removeprefix("engine_").removesuffix("_qres").removesuffix("_cublas")
     if prec == "fp16" and device.type == "cpu":
         prec = "fp32"
     if prec == "fp8":
@@ -406,7 +406,8 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     if args.compile_mode:
         io["compile_mode"] = args.compile_mode
     bcfg = BuildConfig(precision=prec, device=str(device), backend=args.backend, profiles=prof,
-                       quantize_residuals=cfg.endswith("_qres"), **io)
+                       quantize_residuals=cfg.endswith("_qres"),
+                       lowp_linears="cublas" if cfg.endswith("_cublas") else "timed", **io)
     calib = zoo.calib if prec in ("int8", "fp8") else None
     note = ""
     with _budget(args.max_build_s):

@@ -253,3 +253,18 @@ def test_a_layer_cublas_cannot_take_is_never_timed_there() -> None:
     xq = torch.zeros(8, 32, dtype=torch.float8_e4m3fn)
     assert _library_linear_ms(lib, xq, False, 0, "float", torch.tensor(1.0), torch.float32,
                               torch.device("cpu")) == float("inf")
+
+
+def test_lowp_linears_is_checked_and_old_configs_load(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from overdrive.cli.build import command
+    from overdrive.engine import BuildConfig
+
+    with pytest.raises(UsageError, match=r"lowp_linears 'triton' \(--lowp-linears\) is not one of timed, cublas"):
+        BuildConfig(precision="fp8", lowp_linears="triton")
+    old = BuildConfig(precision="int8").to_dict()
+    del old["lowp_linears"]  # a config saved before the field existed
+    assert BuildConfig.from_dict(old).lowp_linears == "timed"
+    out = CliRunner().invoke(command, ["--onnx", str(tmp_path / "m.onnx"), "--lowp-linears", "bogus"])
+    assert out.exit_code != 0 and "--lowp-linears" in out.output

@@ -52,6 +52,11 @@ def _size(n: int) -> str:
               show_default=True,
               help="int8/fp8 from a PyTorch model: timed keeps a layer float where its int8/fp8 GEMM is slower when "
                    "timed at build (as TensorRT's tactic choice does); all keeps every supported layer low precision.")
+@click.option("--lowp-linears", "lowp_linears", type=click.Choice(["timed", "cublas"]), default="timed",
+              show_default=True,
+              help="int8/fp8 Linear layers on CUDA with --layer-precision timed: timed runs each on the Triton kernel "
+                   "(its activation and the next quantize fused), cuBLAS's GEMM or float, whichever times fastest; "
+                   "cublas leaves the Triton kernel out.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
               "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor.")
 @click.option("--checkpoint", default=None, metavar="FILE.pt",
@@ -98,7 +103,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             calib: str | None, checkpoint: str | None, accept_low_accuracy: bool, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, conv_fusion: bool | None,
-            sibling_gemms: bool | None, quantize_residuals: bool, json_path: str | None, no_progress: bool) -> None:
+            sibling_gemms: bool | None, quantize_residuals: bool, lowp_linears: str, json_path: str | None,
+            no_progress: bool) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
     \b
@@ -145,7 +151,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                               timing_cache=timing_cache,
                               trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
                               conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
-                              quantize_residuals=quantize_residuals)
+                              quantize_residuals=quantize_residuals, lowp_linears=lowp_linears)
     info = engine.info
     from overdrive.engine.runtime import fusions_summary
 

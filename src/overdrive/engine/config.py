@@ -19,6 +19,7 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "int8", "fp8", "best")
 BACKENDS = ("auto", "inductor", "onnxruntime", "tensorrt")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LAYER_PRECISIONS = ("timed", "all")  # int8/fp8 layers: kept float where timed slower, or all low precision
+LOWP_LINEARS = ("timed", "cublas")  # int8/fp8 Linear layers on CUDA: Triton / cuBLAS / float by timing, or no Triton
 INT8_ACTIVATIONS = ("static", "dynamic")  # int8 activation scales: calibrated once, or per token at run time
 _BINDING_KEYS = ("dtype", "layout")  # what an engine header's "inputs" entry adds to its profile
 
@@ -191,6 +192,9 @@ class BuildConfig(ConfigBase):
     per element each way); the residual then carries 8-bit rounding, as in pytorch-quantization's and TensorRT's int8
     ResNets. Off by default. Residual adds the calibration quantized (``quant``'s residual-add quantizers, on in the
     build's own calibration) are read in 8 bits without it.
+    ``lowp_linears`` (int8/fp8 Linear layers on CUDA, with ``layer_precision="timed"``): ``"timed"`` times each one
+    on the Triton kernel with its activation and the next quantize fused, on cuBLAS's GEMM and in float, and keeps
+    the fastest; ``"cublas"`` leaves the Triton kernel out (cuBLAS or float, as builds did before it).
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
     effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
@@ -223,8 +227,9 @@ class BuildConfig(ConfigBase):
     int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above
     layer_precision: str = "timed"  # int8/fp8: "timed" (a layer whose low-precision GEMM loses stays float) or "all"
     quantize_residuals: bool = False  # int8/fp8 CNNs on CUDA: residual adds read the block input's 8-bit tensor
+    lowp_linears: str = "timed"  # int8/fp8 Linears on CUDA: "timed" (Triton, cuBLAS or float) or "cublas" (no Triton)
     _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations", "layer_precision",
-                                                 "conv_fusion", "sibling_gemms", "quantize_residuals")
+                                                 "conv_fusion", "sibling_gemms", "quantize_residuals", "lowp_linears")
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -237,6 +242,10 @@ class BuildConfig(ConfigBase):
             raise UsageError(f"layer_precision {self.layer_precision!r} (--layer-precision) is not one of "
                              f"{', '.join(LAYER_PRECISIONS)}: 'timed' keeps a layer float where its int8/fp8 GEMM is "
                              "slower, 'all' runs every supported layer in the build precision")
+        if self.lowp_linears not in LOWP_LINEARS:
+            raise UsageError(f"lowp_linears {self.lowp_linears!r} (--lowp-linears) is not one of "
+                             f"{', '.join(LOWP_LINEARS)}: 'timed' times each int8/fp8 Linear on the Triton kernel "
+                             "(epilogue fused), on cuBLAS and in float; 'cublas' leaves the Triton kernel out")
         if self.int8_activations is not None:
             if self.int8_activations not in INT8_ACTIVATIONS:
                 raise UsageError(f"int8_activations {self.int8_activations!r} is not one of {', '.join(INT8_ACTIVATIONS)} "

@@ -49,7 +49,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None,
                  conv_fusion: bool | None = None, sibling_gemms: bool | None = None,
-                 quantize_residuals: bool = False) -> Engine:
+                 quantize_residuals: bool = False, lowp_linears: str = "timed") -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     An int8/fp8 engine whose outputs on the calibration data fall below the accuracy tolerance raises
@@ -92,7 +92,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       layer_precision=layer_precision,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
-                      input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
+                      lowp_linears=lowp_linears, input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
     batches = _calibration(calib, src)
     if batches and src.module is not None:
         # a module does not say its input dtypes: the calibration data does (int64 token ids, not random floats),

@@ -261,7 +261,7 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             calibrated_here = not _has_quantizers(model)  # ours to place (a model quantized already keeps its own)
             # timed builds on CUDA put Linear layers on the convolution kernel too (its epilogue takes the GELU and the
             # next quantize); the timing then keeps each on that kernel, on cuBLAS's GEMM or in float, the fastest
-            triton_linears = device.type == "cuda" and cfg.layer_precision == "timed"
+            triton_linears = device.type == "cuda" and cfg.layer_precision == "timed" and cfg.lowp_linears == "timed"
             model = _quantize(model, cfg.precision, calib, "triton" if triton_linears else "cublas")
             phases["calibrate"] = time.perf_counter() - t0
             dtype = remainder_dtype(cfg.precision, device)
