@@ -268,3 +268,47 @@ def test_lowp_linears_is_checked_and_old_configs_load(tmp_path) -> None:
     assert BuildConfig.from_dict(old).lowp_linears == "timed"
     out = CliRunner().invoke(command, ["--onnx", str(tmp_path / "m.onnx"), "--lowp-linears", "bogus"])
     assert out.exit_code != 0 and "--lowp-linears" in out.output
+
+
+def test_a_wide_range_weight_keeps_its_minus_128_in_the_cublas_twin() -> None:
+    # the twin is built from this layer's integers: a wide-range quantizer's -128 must stay -128 (it was clipped to
+    # -127, so the engine's output depended on which kernel the timing picked)
+    torch.manual_seed(0)
+    q = Int8TritonLinear(torch.randn(16, 32), torch.ones(16) * 2.0, torch.tensor(4.0), None, w_qmin=-128)
+    assert int(q.w_q.min()) == -128
+    twin = q.library_twin()
+    x = torch.randn(5, 32).clamp(-4, 4)
+    assert int(twin.w_q.min()) == -128
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), q(x), rtol=1e-6, atol=1e-6)
+
+
+def test_bad_inputs_and_arguments_name_the_layer_and_the_fix() -> None:
+    q = Int8TritonLinear.from_linear(nn.Linear(32, 16), x_amax=4.0)  # a plain number is an amax too
+    with pytest.raises(UsageError, match=r"Int8TritonLinear\(32, 16\): got an input of shape \(3, 5, 64\) .* last dim "
+                                         r"is 32"):
+        q(torch.randn(3, 5, 64))
+    with pytest.raises(UsageError, match="expected a float tensor"):
+        q(torch.ones(2, 32, dtype=torch.long))
+    with pytest.raises(UsageError, match=r"x_amax of shape \(32,\): the input is quantized per tensor"):
+        Int8TritonLinear.from_linear(nn.Linear(32, 16), x_amax=torch.ones(32))
+    with pytest.raises(UsageError, match="takes an nn.Linear, got Conv2d"):
+        Int8TritonLinear.from_linear(nn.Conv2d(32, 16, 1), x_amax=4.0)
+
+
+@pytest.mark.parametrize("cls", [Int8TritonLinear, Fp8TritonLinear])
+def test_half_keeps_8_bit_weights_and_fp32_scales(cls: type) -> None:
+    # .half() on a converted model: the 8-bit weights and fp32 scales (x_scale * w_scale can be 1e-8, an fp16
+    # subnormal) keep their dtypes; the layer then computes in fp16 what it computed in fp32 (reference: fp32 run)
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32)
+    lin.weight.data *= 0.002
+    x = torch.randn(6, 64)
+    q = cls.from_linear(lin, x.abs().amax())
+    with torch.no_grad():
+        want = q(x)
+        h = copy.deepcopy(q).half()
+        got = h(x.half())
+    assert h.w_q.dtype == q.w_q.dtype and h.scale.dtype == torch.float32 and h.x_scale.dtype == torch.float32
+    assert got.dtype == torch.float16
+    assert ((got.float() - want).norm() / want.norm()).item() < 2e-3

@@ -370,6 +370,20 @@ def tune(x: torch.Tensor, weight: torch.Tensor, *, residual: bool = False, relu:
     return best
 
 
+def keep_dtypes(module: nn.Module, names: tuple[str, ...], fn: Callable[[torch.Tensor], torch.Tensor],
+                apply: Callable[[], Any]) -> Any:
+    """``apply()`` (a module's ``_apply(fn)``), with the buffers ``names`` moved by ``fn`` to its device but kept in
+    their dtype: ``model.half()`` must not turn 8-bit weights into fp16 ones nor fp32 scales (down to 1e-8) into
+    fp16 ones that underflow (a real int8 model ran 17% off its fake-quant twin after ``.half()``)."""
+    kept = {n: module._buffers[n] for n in names if module._buffers.get(n) is not None}
+    out = apply()
+    for n, old in kept.items():
+        new = module._buffers[n]
+        if new is not None and new.dtype != old.dtype:
+            module._buffers[n] = old.to(device=new.device)
+    return out
+
+
 class Int8Conv2d(nn.Module):
     """A convolution (any kernel size, stride, padding, dilation; groups 1) on int8 tensor cores: static per-tensor
     activation scale (calibrated amax / 127), int8 weights per output channel, one ``overdrive::conv2d_q`` call
@@ -418,6 +432,11 @@ class Int8Conv2d(nn.Module):
         if w_amax is None:
             w_amax = w.float().abs().amax(dim=(1, 2, 3))
         return cls(w, w_amax, x_amax, conv.bias, conv.stride, conv.padding, conv.dilation)
+
+    _KEEP_DTYPES = ("w_q", "w_scale", "x_scale", "scale", "bias")  # 8-bit weights, fp32 scales and epilogue bias
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        return keep_dtypes(self, self._KEEP_DTYPES, fn, lambda: super(Int8Conv2d, self)._apply(fn, recurse))
 
     @property
     def in_features(self) -> int:  # the per-layer timing's name for the GEMM's K and N sizes
@@ -486,10 +505,18 @@ class Int8TritonLinear(Int8Conv2d):
     @classmethod
     def from_linear(cls, linear: nn.Linear, x_amax: torch.Tensor, w_amax: torch.Tensor | None = None
                     ) -> Int8TritonLinear:
-        """From a float ``nn.Linear`` and its input's amax (``w_amax``: per output feature, default the weights')."""
+        """From a float ``nn.Linear`` and its input's amax (one number, per tensor; ``w_amax``: per output feature,
+        default the weights')."""
+        if not isinstance(linear, nn.Linear):
+            raise UsageError(f"{cls.__name__}.from_linear takes an nn.Linear, got {type(linear).__name__}; for a "
+                             "convolution use Int8Conv2d / Fp8Conv2d.from_float")
         reason = linear_unsupported(linear.in_features, linear.out_features)
         if reason:
             raise UsageError(f"{cls.__name__}.from_linear: {reason}")
+        x_amax = torch.as_tensor(x_amax, dtype=torch.float32)
+        if x_amax.numel() != 1:
+            raise UsageError(f"{cls.__name__}.from_linear: x_amax of shape {tuple(x_amax.shape)}: the input is "
+                             "quantized per tensor, so give one number (its calibrated amax)")
         w = linear.weight.detach()
         return cls(w, w.float().abs().amax(dim=1) if w_amax is None else w_amax, x_amax, linear.bias)
 
@@ -510,12 +537,17 @@ class Int8TritonLinear(Int8Conv2d):
         bound = 127.0 if self.fmt == "int8" else 448.0
         w = self.dequantized_weight().reshape(self.out_channels, self.in_channels)
         bias = None if self.bias is None else self.bias.to(self.weight_dtype)
-        twin = cls(w, self.w_scale * bound, self.x_scale * bound, bias, x_qmin=self.x_qmin, w_qmin=-127)
+        # w_qmin -128: the stored integers are this layer's (a wide-range quantizer's -128 stays -128)
+        twin = cls(w, self.w_scale * bound, self.x_scale * bound, bias, x_qmin=self.x_qmin, w_qmin=-128)
         twin.weight_dtype = self.weight_dtype
         twin.quantize_op = True
         return twin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K)
+        if x.dim() == 0 or x.shape[-1] != self.in_channels or not x.is_floating_point():
+            raise UsageError(f"{type(self).__name__}({self.in_channels}, {self.out_channels}): got an input of shape "
+                             f"{tuple(x.shape)} and dtype {x.dtype}; expected a float tensor whose last dim is "
+                             f"{self.in_channels}")
         y = super().forward(x.reshape(-1, self.in_channels, 1, 1))
         return y.reshape(*x.shape[:-1], self.out_channels)
 

@@ -203,6 +203,11 @@ class _LowPrecisionGemm(nn.Module):
         self.weight_dtype = weight.dtype  # the float layer's: what `weight` reads back as when there is no bias
         self.in_features, self.out_features = w.shape[1], w.shape[0]
 
+    _KEEP_DTYPES = ("w_q", "w_scale", "x_scale", "x_pre")  # 8-bit weights and fp32 scales, whatever .half() says
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Any:
+        return qconv.keep_dtypes(self, self._KEEP_DTYPES, fn, lambda: super(_LowPrecisionGemm, self)._apply(fn, recurse))
+
     def gemm(self, x2: torch.Tensor) -> torch.Tensor:
         """(M, K) float -> (M, N) in x's dtype."""
         out_dtype = x2.dtype if x2.dtype in (torch.float16, torch.bfloat16) else torch.float32
@@ -400,6 +405,9 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
                   "x_pre": iq.pre_quant_scale}  # SmoothQuant's 1 / s (the weight is taken smoothed: W * s)
         if not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
+        elif iq.config.format != wq.config.format:  # no kernel takes an int8 input with fp8 weights, or the reverse
+            reason = (f"input {iq.config.format} and weight {wq.config.format}: no kernel takes both formats (float); "
+                      "quantize both the same way")
         elif isinstance(m, QuantLinear) and cfg.linear_kernel == "triton" and not dyn \
                 and not (rowwise and fmt == "fp8") \
                 and iq.pre_quant_scale is None and wq.pre_quant_scale is None \
