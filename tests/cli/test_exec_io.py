@@ -131,3 +131,17 @@ def test_shapes_for_some_dynamic_inputs_only_is_one_line(engine: Path, tmp_path:
     assert _exec(engine, "--loadInputs", spec, "--shapes", "ids:4x5") == 2
     assert "but not 'input:0'" in capsys.readouterr().err
     assert _exec(engine, "--shapes", "input:0:4x4,ids:4x5") == 0
+
+
+def test_a_file_of_inputs_and_other_shapes_are_refused(engine: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # the .pt's tensors (batch 4) ran and --shapes (batch 2) was ignored, with samples/s at the file's batch
+    x, ids = _inputs(4)
+    path = tmp_path / "in.pt"
+    torch.save({"ids": torch.from_numpy(ids), "input:0": torch.from_numpy(x)}, path)
+    assert _exec(engine, "--load-inputs", str(path), "--shapes", PROFILE.format(b=2)) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--load-inputs" in err and "--shapes disagree (input:0: file 4x4, --shapes 2x4" in err, err
+    out = tmp_path / "out.json"  # the same shapes as the file: fine
+    assert _exec(engine, "--load-inputs", str(path), "--shapes", PROFILE.format(b=4), "--export-output", str(out)) == 0
+    _check(out, x, ids)

@@ -189,6 +189,18 @@ def test_integer_div_truncates_like_onnx() -> None:
     assert _div_np(np.array([-7, 7]), np.array([2, -2])).tolist() == [-3, -3]
 
 
+def test_integer_clip_keeps_integers_exact() -> None:
+    """ONNX Clip of int64 stays int64 (reference: ONNX Runtime); float bounds made it float32, and 2**24 + 1 came out
+    2**24 (a PASSED compare, within its tolerance)."""
+    ort = pytest.importorskip("onnxruntime")
+    x = np.array([16777217, 123456789, -5, 2 ** 31 + 7], np.int64)
+    model = _single("Clip", x, {}, inits={"lo": np.array(0, np.int64), "hi": np.array(2 ** 31 - 1, np.int64)},
+                    extra_inputs=("lo", "hi"), x_type=TensorProto.INT64)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    out = import_onnx(model)(torch.from_numpy(x))
+    assert out.dtype == torch.int64 and out.tolist() == ref.tolist() == [16777217, 123456789, 0, 2 ** 31 - 1]
+
+
 def test_split_num_outputs_with_a_remainder() -> None:
     ort = pytest.importorskip("onnxruntime")
     x = np.arange(10, dtype=np.float32).reshape(2, 5)
@@ -265,3 +277,15 @@ def test_a_half_build_keeps_the_graphs_fp32_casts_and_runs(dtype: torch.dtype) -
     got = mod(x.to(dtype), mask)
     tol = 2e-2 if dtype == torch.float16 else 8e-2
     torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
+
+
+def test_an_output_the_importer_does_not_compute_is_named() -> None:
+    # MaxPool's Indices read by the graph: a KeyError surfaced as "torch.export failed ... graph break"
+    x = np.random.default_rng(0).standard_normal((1, 1, 4, 4)).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y", "idx"], name="pool", kernel_shape=[2, 2], strides=[2, 2])
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("idx", TensorProto.INT64, None)], {}, check=False)
+    with pytest.raises(UsageError, match=r"ONNX node 'pool' \(MaxPool\): its output 1 \('idx'\) is read by the graph.*"
+                                         r"--backend onnxruntime"):
+        import_onnx(model)(torch.from_numpy(x))

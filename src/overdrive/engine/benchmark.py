@@ -110,10 +110,19 @@ def load_inputs(engine: Any, spec: str, shapes: dict[str, tuple[int, ...]] | Non
             if missing or unknown:
                 raise UsageError(f"--load-inputs {spec}: the engine's inputs are {names}; the file has "
                                  f"{list(data)} (missing {missing}, unknown {unknown})")
-            return tuple(data[n] for n in names)
-        if len(data) != len(names):
+            xs = tuple(data[n] for n in names)
+        elif len(data) != len(names):
             raise UsageError(f"--load-inputs {spec} holds {len(data)} tensor(s); the engine takes {len(names)} {names}")
-        return tuple(data)
+        else:
+            xs = tuple(data)
+        # the file's tensors carry their shapes: --shapes that say otherwise were silently ignored (the run and its
+        # samples/s were at the file's batch)
+        wrong = [f"{n}: file {'x'.join(map(str, x.shape))}, --shapes {'x'.join(map(str, shapes[n]))}"
+                 for n, x in zip(names, xs) if shapes and n in shapes and tuple(x.shape) != tuple(shapes[n])]
+        if wrong:
+            raise UsageError(f"--load-inputs {spec} and --shapes disagree ({'; '.join(wrong)}); a .pt / .npz file's "
+                             "tensors carry their own shapes: drop --shapes, or save the inputs at those shapes")
+        return xs
     files: dict[str, str] = {}
     for e in _entries(spec):
         e = e.replace("'", "")

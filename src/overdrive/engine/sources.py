@@ -118,7 +118,25 @@ class ModelSource:
                    if "inferred a static shape" in why or "Constraints violated" in why else
                    "check --shapes against what the model takes, or build with --backend inductor")
             raise OverdriveError(f"the model could not be exported to ONNX with these inputs: {why}; {fix}") from exc
-        return prog.model_proto.SerializeToString()
+        data = prog.model_proto.SerializeToString()
+        if dynamic and not _reproduces(data, wrapped, example, profiles, self.input_names):
+            raise UsageError("the model's ONNX export does not compute what the model does across the shape profile "
+                             "(checked at its min and max shapes: Python code branches or loops on a size, and the "
+                             "export kept one branch); make those dims static in --shapes, build one engine per "
+                             "range, or use --backend inductor, which refuses a profile the model does not hold for")
+        return data
+
+
+def _probe_shapes(shape: tuple[int, ...], p: ShapeProfile) -> list[tuple[int, ...]]:
+    """Shapes to check an export at: :func:`_probe_shape`'s, and the profile's max (a branch on a size taken only
+    above the traced one: a batch past 4 doubled the output, and a probe at the min did not see it).
+
+    Example:
+        >>> _probe_shapes((4, 8, 16), ShapeProfile("x", (1, 8, 16), (4, 8, 16), (8, 32, 16)))
+        [(1, 9, 16), (8, 32, 16)]
+    """
+    first = _probe_shape(shape, p)
+    return [first] + ([tuple(p.max)] if tuple(p.max) not in (first, tuple(shape)) else [])
 
 
 def _probe_shape(shape: tuple[int, ...], p: ShapeProfile) -> tuple[int, ...]:
@@ -137,11 +155,22 @@ def _reproduces(onnx_bytes: bytes, module: nn.Module, example: tuple[torch.Tenso
     every dynamic dim (tolerance 1e-3 of the output's range). The TorchScript exporter traces Python control flow on
     sizes at the example's sizes: a loop over the sequence ran that many steps at every size, wrong with no error
     (an LSTM-style cell at T=12 from a trace at T=8: 1.3 off). True where ONNX Runtime is absent (nothing to run)."""
+    by = {p.name: p for p in profiles}
+    probes = [_probe_shapes(tuple(x.shape), by[n]) if n in by else [tuple(x.shape)] for n, x in zip(names, example)]
+    rounds = max(len(p) for p in probes)
+    for i in range(rounds):  # the i-th probe of every input together (the last one where an input has fewer)
+        shapes = [p[min(i, len(p) - 1)] for p in probes]
+        if not _reproduces_at(onnx_bytes, module, example, shapes):
+            return False
+    return True
+
+
+def _reproduces_at(onnx_bytes: bytes, module: nn.Module, example: tuple[torch.Tensor, ...],
+                   shapes: list[tuple[int, ...]]) -> bool:
+    """:func:`_reproduces` at one set of input shapes."""
     from overdrive._utils.optional import is_available
 
-    by = {p.name: p for p in profiles}
     g = torch.Generator().manual_seed(0)
-    shapes = [_probe_shape(tuple(x.shape), by[n]) if n in by else tuple(x.shape) for n, x in zip(names, example)]
     # floats from N(0, 1); integer and bool inputs all ones (a mask attending to every token, ids in any table)
     xs = tuple((torch.randn(s, generator=g) if x.is_floating_point() else torch.ones(s)).to(x.device, x.dtype)
                for s, x in zip(shapes, example))
@@ -235,8 +264,27 @@ def check_exported_dims(ep: Any, profiles: list[ShapeProfile], names: list[str])
                 raise UsageError(f"input {name!r} dim {d}: the shape profile lets it vary ({p.min[d]}..{p.max[d]}) but "
                                  f"the model fixes it at {size} (torch.export specialized it); make that dim {size} in "
                                  "--min/--opt/--max-shapes, or change the model")
+            rng = _exported_range(ep, size)
+            if rng is not None and p.min[d] < 2 and rng[0] == 2:  # export's 0/1 specialization, not the model's
+                rng = (p.min[d], rng[1])
+            if rng is not None and (rng[1] < p.max[d] or rng[0] > p.min[d]):
+                raise UsageError(f"input {name!r} dim {d}: the shape profile lets it vary ({p.min[d]}..{p.max[d]}) but "
+                                 f"the model only holds for {rng[0]}..{rng[1]} (torch.export narrowed it: Python code "
+                                 "branches on that size, and another branch runs outside that range); keep the profile "
+                                 f"within {rng[0]}..{rng[1]}, build one engine per range, or change the model")
             groups.setdefault(str(size), []).append([name, d])
     return [g for g in groups.values() if len(g) > 1]
+
+
+def _exported_range(ep: Any, size: Any) -> tuple[int, int] | None:
+    """The (lower, upper) sizes ``torch.export`` kept valid for a symbolic input dim (``ep.range_constraints``), or
+    None where it says nothing usable (an unbounded upper end, a dim that is an expression of others)."""
+    try:
+        vr = ep.range_constraints.get(size.node.expr)
+        lo, hi = int(vr.lower), int(vr.upper)
+    except Exception:  # noqa: BLE001 - no range kept for it, or an infinite bound
+        return None
+    return lo, hi
 
 
 def dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict[int, Any], ...] | None:

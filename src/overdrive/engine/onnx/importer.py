@@ -112,6 +112,15 @@ class ONNXModule(nn.Module):
                 raise
             except Exception as exc:
                 raise UsageError(f"ONNX node {name!r} ({op}) failed in the importer: {type(exc).__name__}: {exc}") from exc
+            res = list(res)
+            if len(res) < len(outs):  # an optional output the importer does not compute (MaxPool's Indices)
+                read = {i for _, node_ins, _, _, _ in self._nodes for i in node_ins} | set(self.output_names)
+                missing = [(k, o) for k, o in enumerate(outs) if k >= len(res) and o and o in read]
+                if missing:
+                    k, o = missing[0]
+                    raise UsageError(f"ONNX node {name!r} ({op}): its output {k} ({o!r}) is read by the graph, and the "
+                                     f"importer computes only the first {len(res)} of {op}'s outputs; build with "
+                                     "--backend onnxruntime, or export the model without that output")
             env.update(zip(outs, (_as_value(r) for r in res)))
         outs = [_tensor(env[o]) for o in self.output_names]
         return outs[0] if len(outs) == 1 else tuple(outs)

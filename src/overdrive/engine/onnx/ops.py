@@ -271,8 +271,11 @@ def _batchnorm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 def _clip(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
     hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
-    f = (lambda v: None if v is None else float(np.asarray(v)) if not isinstance(v, torch.Tensor) else float(v))
-    return [_tensor(ins[0]).clamp(f(lo), f(hi))]
+    x = _tensor(ins[0])
+    # integer tensors take integer bounds: float ones promoted int64 ids to float32 (2**24 + 1 came out 2**24)
+    num = float if x.is_floating_point() else int
+    f = (lambda v: None if v is None else num(np.asarray(v)) if not isinstance(v, torch.Tensor) else num(v))
+    return [x.clamp(f(lo), f(hi))]
 
 
 def _where(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
