@@ -79,6 +79,20 @@ def time_steps(step: Callable[[], Any], device: torch.device, warmup: int, iters
     return time_fn(step, device, warmup=warmup, repeat=iters)
 
 
+def graphed_ms(fn: Callable[[], Any], device: torch.device, iters: int, calls: int = 10) -> float:
+    """Median ms of one ``fn()`` as an engine runs it: ``calls`` calls captured in one CUDA graph, replayed ``iters``
+    times (after 3 warm-up replays)."""
+    import statistics
+
+    fn()
+    torch.cuda.synchronize(device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return statistics.median(time_steps(g.replay, device, warmup=3, iters=iters)) * 1e3 / calls
+
+
 def gpu_kernels(step: Callable[[], Any], calls: int = 5) -> dict[str, list[float]]:
     """GPU time of each kernel launch over ``calls`` calls of ``step`` (after one warm-up call), in us, by kernel
     name, from torch.profiler (CUDA graph replays included)."""

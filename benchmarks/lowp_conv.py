@@ -22,7 +22,6 @@ Writes benchmarks/results/<out>.json and .md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-from _common import device_facts, time_steps, write_results  # noqa: E402
+from _common import device_facts, graphed_ms, write_results  # noqa: E402
 
 # (in channels, out channels, kernel, stride, input size, residual add) of ResNet-50's convolutions (stem left out:
 # 3 input channels), and how many times the network runs each
@@ -44,15 +43,6 @@ SHAPES = [(64, 64, 1, 1, 56, False, 1), (64, 64, 3, 1, 56, False, 3), (64, 256, 
           (512, 512, 3, 2, 14, False, 1), (512, 2048, 1, 1, 7, True, 3), (2048, 512, 1, 1, 7, False, 2),
           (512, 512, 3, 1, 7, False, 2)]
 
-
-def _graphed_ms(fn, dev: torch.device, iters: int, calls: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize(dev)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return statistics.median(time_steps(g.replay, dev, warmup=3, iters=iters)) * 1e3 / calls
 
 
 def main() -> None:
@@ -91,7 +81,7 @@ def main() -> None:
         def fp16(x=x, w=w, b=b, z=z, st=st, pd=pd):
             return torch.ops.overdrive.conv2d_relu(x, w, b, z, st, pd, dl, 1)
 
-        times = {"fp16 cudnn": _graphed_ms(fp16, dev, args.iters)}
+        times = {"fp16 cudnn": graphed_ms(fp16, dev, args.iters)}
         # the same Triton kernel on the fp16 operands themselves (scale 1): a fused fp16 path beside cuDNN's
         ones = torch.ones(cout, device=dev)
         cfg16, _ = qconv.tune(x, w, residual=residual, relu=True, out_dtype=torch.half, stride=st, padding=pd)
@@ -102,7 +92,7 @@ def main() -> None:
         ref16 = qconv._reference(x, w, ones, b.float(), z, True, None, torch.half, -128, st, pd, dl)
         row["fp16 triton rel err"] = ((tri16().float() - ref16.float()).norm() / ref16.float().norm()).item()
         row["fp16 triton cfg"] = cfg16
-        times["fp16 triton"] = _graphed_ms(tri16, dev, args.iters)
+        times["fp16 triton"] = graphed_ms(tri16, dev, args.iters)
         for fmt, dt, bound in (("fp8", qconv.FP8, 448.0), ("int8", torch.int8, 127.0)):
             xs = x.float().abs().amax() / bound
             xq = torch.ops.overdrive.quantize(x, xs, -128, fmt == "fp8")
@@ -129,7 +119,7 @@ def main() -> None:
                     row[f"{label} bad"] = bad
                 else:
                     row[f"{label} rel err"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                times[label] = _graphed_ms(run, dev, args.iters)
+                times[label] = graphed_ms(run, dev, args.iters)
                 row[f"{label} cfg"] = cfg
                 if residual and not out_q:  # a block output: fp16 (the next residual) and quantized, one kernel
                     qs = torch.tensor(0.05, device=dev)
@@ -138,7 +128,7 @@ def main() -> None:
                         return torch.ops.overdrive.conv2d_q_dual(xq, wq, scale, bias, z, True, torch.half, qs, -128,
                                                                  fp8, st, pd, dl, cfg)
 
-                    row[f"{fmt} -> fp16+q ms"] = _graphed_ms(dual, dev, args.iters)
+                    row[f"{fmt} -> fp16+q ms"] = graphed_ms(dual, dev, args.iters)
                 if residual and out_q:  # the residual read 8-bit too (BuildConfig.quantize_residuals)
                     rs = torch.tensor(0.05, device=dev)
                     zq = torch.ops.overdrive.quantize(z, rs, -128, fmt == "fp8")
@@ -147,7 +137,7 @@ def main() -> None:
                         return torch.ops.overdrive.conv2d_q(xq, wq, scale, bias, zq, True, osc, od, -128, st, pd, dl,
                                                             cfg, rs)
 
-                    row[f"{fmt} -> q, q residual ms"] = _graphed_ms(qres, dev, args.iters)
+                    row[f"{fmt} -> q, q residual ms"] = graphed_ms(qres, dev, args.iters)
         for label, ms in times.items():
             row[f"{label} ms"] = ms
             weighted[label] += ms * count

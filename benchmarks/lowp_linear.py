@@ -21,7 +21,6 @@ Writes benchmarks/results/<out>.json and .md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-from _common import device_facts, time_steps, write_results  # noqa: E402
+from _common import device_facts, graphed_ms, write_results  # noqa: E402
 
 # (model, tokens, K, N, epilogue, layers per forward): epilogue "gelu" = GELU then the next layer's quantize
 SHAPES = [("vit-b bs128", 128 * 197, 768, 2304, None, 12), ("vit-b bs128", 128 * 197, 768, 768, None, 12),
@@ -42,15 +41,6 @@ SHAPES = [("vit-b bs128", 128 * 197, 768, 2304, None, 12), ("vit-b bs128", 128 *
           ("llama 16x512", 16 * 512, 1024, 3072, None, 8), ("llama 16x512", 16 * 512, 1024, 1024, None, 8),
           ("llama 16x512", 16 * 512, 1024, 5632, None, 8), ("llama 16x512", 16 * 512, 2816, 1024, None, 8)]
 
-
-def _graphed_ms(fn, dev: torch.device, iters: int, calls: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize(dev)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return statistics.median(time_steps(g.replay, dev, warmup=3, iters=iters)) * 1e3 / calls
 
 
 def _fp8_epilogue(y: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
@@ -96,9 +86,9 @@ def main() -> None:
         times: dict[str, float] = {}
         wt = w.t()
         if gelu:
-            times["fp16 cublas"] = _graphed_ms(lambda: torch._addmm_activation(b, x, wt, use_gelu=True), dev, args.iters)
+            times["fp16 cublas"] = graphed_ms(lambda: torch._addmm_activation(b, x, wt, use_gelu=True), dev, args.iters)
         else:
-            times["fp16 cublas"] = _graphed_ms(lambda: torch.addmm(b, x, wt), dev, args.iters)
+            times["fp16 cublas"] = graphed_ms(lambda: torch.addmm(b, x, wt), dev, args.iters)
         y_ref = F.linear(x.float(), w.float(), b.float())
         qs_val = (F.gelu(y_ref).abs().amax() if gelu else y_ref.abs().amax()).reshape(())
         for fmt, dt, bound in (("fp8", qconv.FP8, 448.0), ("int8", torch.int8, 127.0)):
@@ -128,7 +118,7 @@ def main() -> None:
                 def lib(xq=xq, wti=wti, scale=scale, bias=bias, qs=qs):
                     return int8_pass(torch._int_mm(xq, wti), scale, bias, qs if gelu else None)
 
-            times[f"{fmt} {'scaled_mm' if fmt == 'fp8' else 'int_mm'}"] = _graphed_ms(lib, dev, args.iters)
+            times[f"{fmt} {'scaled_mm' if fmt == 'fp8' else 'int_mm'}"] = graphed_ms(lib, dev, args.iters)
             # the Triton implicit GEMM on the 1x1 view, epilogue fused
             x4, w4 = xq.view(m_rows, k, 1, 1), wq.view(n, k, 1, 1)
             od = dt if gelu else torch.half
@@ -148,7 +138,7 @@ def main() -> None:
             else:
                 row[f"{fmt} triton rel err"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
             row[f"{fmt} triton cfg"] = cfg
-            times[f"{fmt} triton"] = _graphed_ms(tri, dev, args.iters)
+            times[f"{fmt} triton"] = graphed_ms(tri, dev, args.iters)
         for label, ms in times.items():
             row[f"{label} ms"] = ms
             row[f"{label} x"] = times["fp16 cublas"] / ms

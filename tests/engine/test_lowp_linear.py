@@ -57,6 +57,16 @@ def _triton(model: nn.Module, cls: type, x: torch.Tensor) -> nn.Module:
     return q
 
 
+def _fused(q: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.export.ExportedProgram, dict[str, int],
+                                                    torch.Tensor]:
+    """``q(x)`` run as modules, then ``q`` exported and fused: (modules' output, program, pass counts, its output)."""
+    with torch.no_grad():
+        want = q(x)
+        ep = torch.export.export(q, (x,))
+        counts = fuse_lowp_convs(ep)
+        return want, ep, counts, ep.module()(x)
+
+
 @pytest.mark.parametrize("cls", [Int8TritonLinear, Fp8TritonLinear])
 def test_layer_matches_the_float_linear_over_any_leading_dims(cls: type) -> None:
     torch.manual_seed(0)
@@ -95,11 +105,7 @@ def test_gelu_and_the_next_quantize_fold_into_the_first_layer(cls: type) -> None
     model = _model()
     x = torch.randn(2, 7, 64)
     q = _triton(model, cls, x)
-    with torch.no_grad():
-        want = q(x)
-        ep = torch.export.export(q, (x,))
-        counts = fuse_lowp_convs(ep)
-        got = ep.module()(x)
+    want, ep, counts, got = _fused(q, x)
     assert counts["folded"] == 2 and counts["quantized_out"] == 2, counts
     plan = conv_epilogues(ep)
     assert plan["0.fc1"] == {"residual": None, "relu": False, "out": "8-bit", "act": "gelu"}
@@ -122,11 +128,7 @@ def test_an_activation_read_before_and_after_is_not_moved() -> None:
     torch.manual_seed(0)
     x = torch.randn(3, 5, 32)
     q = _triton(Twice().eval(), Int8TritonLinear, x)
-    with torch.no_grad():
-        want = q(x)
-        ep = torch.export.export(q, (x,))
-        fuse_lowp_convs(ep)
-        got = ep.module()(x)
+    want, ep, _, got = _fused(q, x)
     assert "act" not in conv_epilogues(ep)["fc1"]
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
@@ -232,11 +234,8 @@ def test_fused_mlp_on_gpu_matches_the_modules(cls: type) -> None:
     model = _model().to(dev).half()
     x = torch.randn(4, 197, 64, device=dev, dtype=torch.half)
     q = _triton(model, cls, x)
+    want, ep, counts, got = _fused(q, x)
     with torch.no_grad():
-        want = q(x)
-        ep = torch.export.export(q, (x,))
-        counts = fuse_lowp_convs(ep)
-        got = ep.module()(x)
         ref = model(x)
     assert counts["quantized_out"] == 2
     cos = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0).item()
