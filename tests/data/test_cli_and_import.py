@@ -35,7 +35,15 @@ def test_cli_make_dataset_and_errors(tmp_path: Path) -> None:
     # a 1-pixel size rounded to 0 after the class folders were made ("height and width must be > 0", exit 1)
     assert main(["data", "make-dataset", str(tmp_path / "f"), "-n", "2", "--width", "1", "--height", "1"]) == 2
     assert not (tmp_path / "f").exists()
+    # a negative seed: numpy's error named no flag and came after the class folders, so a rerun met "not empty"
+    assert main(["data", "make-dataset", str(tmp_path / "s"), "-n", "2", "--seed", "-1"]) == 2
+    assert not (tmp_path / "s").exists()
+    from overdrive._utils.errors import UsageError
     from overdrive.data import make_sample_dataset
+
+    with pytest.raises(UsageError, match=r"seed=-1 must be an int >= 0 \(--seed\)"):
+        make_sample_dataset(tmp_path / "s", n=2, seed=-1)
+    assert not (tmp_path / "s").exists()
 
     with pytest.warns(RuntimeWarning, match="3 class folder"):  # 5 classes for 2 images: 3 empty, said now
         make_sample_dataset(tmp_path / "g", n=2, classes=5, size=(40, 30))

@@ -377,6 +377,19 @@ def test_packed_equals_group_texts(block: int, eos: int | None) -> None:
     assert got.tolist() == _group_texts(rows, block, eos)
 
 
+@pytest.mark.parametrize("eos", [None, 0])
+def test_packed_reads_only_its_window_of_a_shared_buffer(eos: int | None) -> None:
+    # a train / val split of one tokenization shares its ids: packed() packed the whole buffer (validation tokens in
+    # the training blocks, eos marks out of place). Reference: each split built from its own copy of its texts
+    t = TokenizedTexts(np.arange(1, 21, dtype=np.int32), np.array([0, 5, 10, 15, 20]))
+    train, val = TokenizedTexts(t.ids, t.offsets[:3]), TokenizedTexts(t.ids, t.offsets[2:])
+    own_train = TokenizedTexts(np.arange(1, 11, dtype=np.int32), np.array([0, 5, 10]))
+    own_val = TokenizedTexts(np.arange(11, 21, dtype=np.int32), np.array([0, 5, 10]))
+    assert train.packed(4, eos_id=eos).tolist() == own_train.packed(4, eos_id=eos).tolist()
+    assert val.packed(4, eos_id=eos).tolist() == own_val.packed(4, eos_id=eos).tolist()
+    assert val.packed(5).tolist() == [[11, 12, 13, 14, 15], [16, 17, 18, 19, 20]]
+
+
 def test_packed_bad_arguments() -> None:
     t = TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
     for kw, msg in [({"block_size": 0}, "block_size=0 must be an int >= 1"),

@@ -66,7 +66,7 @@ def bench(source: str, batch_size: int, size: int, workers: tuple[int, ...], bat
 @click.option("--height", default=375, show_default=True, type=click.IntRange(min=1))
 @click.option("--quality", default=90, show_default=True, type=click.IntRange(1, 100))
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 def make_dataset(root: str, n: int, classes: int, width: int, height: int, quality: int, processes: int, seed: int) -> None:
     """Write N ImageNet-size JPEGs cut from scikit-image's sample photos into ROOT/class_XXX/.
 

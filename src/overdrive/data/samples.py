@@ -76,6 +76,8 @@ def make_sample_dataset(root: str | os.PathLike, n: int = 2000, classes: int = 1
         raise UsageError(f"n={n} and classes={classes} must be >= 1")
     if not 1 <= quality <= 100:
         raise UsageError(f"quality={quality} must be in [1, 100]")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # numpy's own error named no flag, and came
+        raise UsageError(f"seed={seed!r} must be an int >= 0 (--seed)")  # after the class folders were made
     w, h = size
     if min(w, h) < 8:  # each image's size is drawn within +-15% of it: a 1-pixel one rounded to 0 after the folders
         raise UsageError(f"size={w}x{h}: width and height must be at least 8 pixels (--width / --height)")

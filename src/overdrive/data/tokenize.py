@@ -97,15 +97,18 @@ class TokenizedTexts:
             raise UsageError(f"block_size={block_size!r} must be an int >= 1 (tokens per block)")
         if eos_id is not None and not _is_int(eos_id):
             raise UsageError(f"eos_id={eos_id!r} must be an int token id (e.g. tokenizer.token_to_id('</s>')) or None")
+        # this object's texts only: offsets may window a shared ids buffer (a train / val split of one tokenization)
+        start = int(self.offsets[0])
+        flat = self.ids[start:int(self.offsets[-1])]
         if eos_id is None:
-            stream = self.ids
+            stream = flat
         else:  # each text's ids, then eos_id: one copy of the stream, no Python loop over texts
-            stream = np.empty(len(self.ids) + len(self), dtype=np.int64)
-            ends = self.offsets[1:] + np.arange(1, len(self) + 1)  # where each text's eos lands, one past its ids
+            stream = np.empty(len(flat) + len(self), dtype=np.int64)
+            ends = self.offsets[1:] - start + np.arange(1, len(self) + 1)  # where each text's eos lands
             is_eos = np.zeros(len(stream), dtype=bool)
             is_eos[ends - 1] = True
             stream[is_eos] = eos_id
-            stream[~is_eos] = self.ids
+            stream[~is_eos] = flat
         n = len(stream) // block_size
         if n == 0:
             raise UsageError(f"{len(stream)} tokens make no block of block_size={block_size}; give a block_size of at "
