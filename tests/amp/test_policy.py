@@ -72,3 +72,18 @@ def test_fp16_on_cpu_is_refused_with_the_fix() -> None:
 def test_unknown_field_in_json() -> None:
     with pytest.raises(UsageError, match=r"Policy: unknown key\(s\) \[.turbo.\]"):
         Policy.from_dict({"opt_level": "O1", "turbo": True})
+
+
+def test_cast_model_type_fp16_on_cpu_names_that_argument() -> None:
+    # the message said "dtype=float16 was asked for", an argument the user had not passed
+    import pytest
+    import torch
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.apex import amp
+
+    m = torch.nn.Linear(2, 2)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(UsageError, match=r"cast_model_type=float16 was asked for on the CPU.*"
+                                         r"use cast_model_type=torch.bfloat16"):
+        amp.initialize(m, o, opt_level="O2", cast_model_type="float16", verbosity=0)

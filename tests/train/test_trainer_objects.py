@@ -45,3 +45,25 @@ def test_an_optimizer_on_part_of_the_model_still_trains_that_part() -> None:
     t = Trainer(model, torch.optim.SGD(model[1].parameters(), lr=0.1), progress=False)
     t.train_step(_batch())
     assert torch.equal(model[0].weight, body) and not torch.equal(model[1].weight, head)
+
+
+def test_a_one_shot_iterator_over_several_epochs_is_refused_before_training() -> None:
+    # a generator trained epoch 0, then epoch 1 found it empty: "yielded no batch; check the dataset and batch
+    # size", and epoch 0's result was lost
+    import pytest
+    import torch
+    from torch import nn
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.train import Trainer
+
+    torch.manual_seed(0)
+    m = nn.Linear(3, 2)
+    before = m.weight.detach().clone()
+    t = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), progress=False)
+    gen = ((torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(2))
+    with pytest.raises(UsageError, match=r"train_data is a one-shot iterator \(generator\), which epochs=2 would find "
+                                         r"empty after the first epoch"):
+        t.fit(gen, epochs=2)
+    assert torch.equal(m.weight, before)  # refused before any step
+    assert len(t.fit(gen, epochs=1).history) == 1  # one epoch of it is fine

@@ -220,8 +220,10 @@ def scale_loss(
 ) -> Iterator[torch.Tensor]:
     """apex.amp.scale_loss: yield the scaled loss; on exit unscale the gradients, check overflow.
 
-    ``delay_unscale`` is accepted for compatibility and unnecessary: accumulation over several
-    ``scale_loss`` blocks is exact here. ``loss_id`` picks the scaler of ``initialize(..., num_losses=N)``.
+    ``delay_unscale=True`` leaves this backward's gradients scaled in place, as apex does, for accumulation under
+    DDP's ``no_sync`` (the last, synced backward then all-reduces the whole sum); the next ``scale_loss`` without it,
+    or the step, unscales and checks them. Without it accumulation over several ``scale_loss`` blocks is exact too,
+    but each block's gradients are kept aside during the next backward, which DDP would not see. ``loss_id`` picks the scaler of ``initialize(..., num_losses=N)``.
     The overflow found is written to the scaler's ``_overflow_buf`` (``amp._amp_state.loss_scalers[loss_id]``).
     ``delay_overflow_check=True`` (a dynamic scale) leaves the scale and the step alone, as apex did, for a script
     that checks the gradients itself and calls the scaler's ``update_scale()`` (DeepLearningExamples BERT's
@@ -236,9 +238,9 @@ def scale_loss(
     scaler = handle.scalers[loss_id] if 0 <= loss_id < len(handle.scalers) else None  # else scale_loss raises
     before = None if scaler is None else (scaler.scale, scaler.unskipped, scaler.overflows, scaler.consecutive_skips)
     skips = handle.pending_skips()
-    with handle.scale_loss(loss, opts, loss_id=loss_id) as scaled:
+    with handle.scale_loss(loss, opts, loss_id=loss_id, delay_unscale=delay_unscale) as scaled:
         yield scaled
-    if scaler is None or before is None:
+    if scaler is None or before is None or delay_unscale:  # nothing checked yet: the overflow buffer stays as it was
         return
     found = scaler.overflows > before[2]  # the native check has run (and synced) for a dynamic scale
     record = overflow_record(scaler, handle.device)

@@ -255,7 +255,7 @@ class Policy(ConfigBase):
             cast = dtype if lvl in ("O2", "O3") else None
         cast = None if cast is torch.float32 else cast
         if cast is not None:
-            _check_dtype_on_device(cast, device)
+            _check_dtype_on_device(cast, device, "cast_model_type" if self.cast_model_type is not None else "dtype")
         if self.fp8 is not None:
             check_fp8_on_device(self.fp8, device)
         keep_bn = self.keep_batchnorm_fp32
@@ -323,11 +323,11 @@ def _parse_cast_type(value: torch.dtype | str | None, what: str = "cast_model_ty
     return parse_dtype(value, what)
 
 
-def _check_dtype_on_device(dtype: torch.dtype, device: torch.device) -> None:
+def _check_dtype_on_device(dtype: torch.dtype, device: torch.device, name: str = "dtype") -> None:
     if device.type == "cpu" and dtype is torch.float16:
         raise UsageError(
-            "dtype=float16 was asked for on the CPU, where fp16 math is emulated and slow; "
-            "use dtype=torch.bfloat16 on CPU (or run on a CUDA GPU)"
+            f"{name}=float16 was asked for on the CPU, where fp16 math is emulated and slow; "
+            f"use {name}=torch.bfloat16 on CPU (or run on a CUDA GPU)"
         )
     if device.type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)

@@ -126,6 +126,9 @@ class MixedPrecision:
         self.deferred = False
         self._verdicts = VerdictQueue()  # flags of backwards and steps not yet read, in order
         self._dev_skip: torch.Tensor | None = None  # 0-d, > 0: the next step is skipped (on the device)
+        # scale_loss(delay_unscale=True): gradients left scaled in place since the first delayed backward, with what
+        # that backward kept aside (the gradients before it, unscaled), its scaler, optimizers and inf/NaN-loss flag
+        self._delayed: dict[str, Any] | None = None
         self._deferred_why: str | None = None  # what the read verdicts say the next skipped step is for
         self._numbers: dict[int, int] = {}  # optimizer index -> the number step() was given for its next step
         for opt in self.optimizers:
@@ -266,12 +269,18 @@ class MixedPrecision:
 
     @contextlib.contextmanager
     def scale_loss(
-        self, loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer] | None = None, loss_id: int = 0
+        self, loss: torch.Tensor, optimizers: Sequence[torch.optim.Optimizer] | None = None, loss_id: int = 0,
+        delay_unscale: bool = False,
     ) -> Iterator[torch.Tensor]:
         """Yield ``loss * scale``; on exit unscale the new gradients and check them for inf/NaN.
 
         Gradients accumulated by earlier backward passes are kept aside while this one runs, so
-        gradient accumulation over several ``scale_loss`` blocks is exact. On an overflow the next
+        gradient accumulation over several ``scale_loss`` blocks is exact. ``delay_unscale=True`` (apex's, for
+        accumulation under DDP's ``no_sync``) leaves this backward's gradients scaled in place instead, and the next
+        ``scale_loss`` backward adds to them in place, so the backward that all-reduces (DDP's last micro-batch)
+        reduces the whole accumulated gradient; the first ``scale_loss`` without it (or the next step) unscales and
+        checks them all. (Kept aside, the earlier micro-batches' gradients were never all-reduced: the replicas of
+        a DDP model drifted apart.) On an overflow the next
         step of ``optimizers`` (default: all of this object's) is skipped, as apex skips the ones passed
         to it; any other optimizer whose parameters this backward reached checks its gradients at its
         next step, and skips it only if they still hold inf/NaN (not after its zero_grad and a clean backward).
@@ -283,21 +292,49 @@ class MixedPrecision:
                              f"num_losses={loss_id + 1} or more to initialize/prepare")
         self._settle()  # the last step's verdicts: its flags have long reached the host (the forward ran since)
         scaler = self.scalers[loss_id]
-        self._adopt_added_groups()
-        self._flush_pending()
-        direct = self._direct_params()
-        stash = [q.grad for q in direct]
-        for q in direct:
-            q.grad = None
         # a 0-d bool on the loss's device, read with the gradient check (no host sync of its own)
         loss_bad = torch.isfinite(loss.detach()).all().logical_not()
+        pending = self._delayed
+        if pending is not None and pending["scaler"] is not scaler:  # another loss's scale: settle the delayed first
+            self._finish_delayed()
+            pending = None
+        if pending is None:
+            self._adopt_added_groups()
+            self._flush_pending()
+            direct = self._direct_params()
+            stash = [q.grad for q in direct]
+            for q in direct:
+                q.grad = None
+        else:  # gradients scaled in place by an earlier delayed backward: this one adds to them where they are
+            direct, stash = pending["direct"], pending["stash"]
+            loss_bad = loss_bad | pending["loss_bad"].to(loss_bad.device)
         try:
             yield loss * scaler.scale if scaler.scale != 1.0 else loss
         except BaseException:
-            for q, g in zip(direct, stash):
-                q.grad = g
+            if pending is None and not delay_unscale:
+                for q, g in zip(direct, stash):
+                    q.grad = g
             raise
+        if delay_unscale:
+            named = None if optimizers is None else list(optimizers)
+            if pending is not None and pending["optimizers"] is not None and named is not None:
+                named = [*pending["optimizers"], *[o for o in named if o not in pending["optimizers"]]]
+            self._delayed = {"scaler": scaler, "direct": direct, "stash": stash, "loss_bad": loss_bad,
+                             "optimizers": named if pending is None or pending["optimizers"] is not None else None}
+            return
+        self._delayed = None
+        if pending is not None and pending["optimizers"] is not None and optimizers is not None:
+            optimizers = [*pending["optimizers"], *[o for o in optimizers if o not in pending["optimizers"]]]
+        elif pending is not None and pending["optimizers"] is None:
+            optimizers = None
         self._unscale_new_grads(direct, stash, optimizers, loss_bad, scaler)
+
+    def _finish_delayed(self) -> None:
+        """Unscale and check the gradients a delayed ``scale_loss`` left scaled in place (a step came first)."""
+        pending, self._delayed = self._delayed, None
+        if pending is not None:
+            self._unscale_new_grads(pending["direct"], pending["stash"], pending["optimizers"], pending["loss_bad"],
+                                    pending["scaler"])
 
     def backward(self, loss: torch.Tensor) -> None:
         """Scaled backward with the overflow check: ``with scale_loss(loss) as s: s.backward()``."""
@@ -391,6 +428,7 @@ class MixedPrecision:
     # --- optimizer step hooks ---------------------------------------------------------------
     def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         self.close_autocast()
+        self._finish_delayed()  # delay_unscale's gradients, still scaled: unscaled and checked before they are applied
         self._adopt_added_groups()
         self._flush_pending()
         key = id(optimizer)

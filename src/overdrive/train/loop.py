@@ -314,6 +314,10 @@ class Trainer:
         if not isinstance(train_data, Iterable) or isinstance(train_data, (str, bytes)):
             raise UsageError(f"train_data={train_data!r} is not an iterable of batches; pass a DataLoader, an "
                              "ImageLoader or a list of (inputs, targets), e.g. fit(loader, epochs=3)")
+        if epochs > 1 and isinstance(train_data, Iterator):  # its second epoch would find it used up
+            raise UsageError(f"train_data is a one-shot iterator ({type(train_data).__name__}), which epochs={epochs} "
+                             "would find empty after the first epoch; pass a list, a DataLoader or an ImageLoader "
+                             "(re-iterable), or call fit(..., epochs=1) once per fresh iterator")
         result = FitResult()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -344,7 +348,8 @@ class Trainer:
                 synchronize(self.device)
                 seconds = time.perf_counter() - t0
                 if not losses:
-                    raise UsageError("the training data yielded no batch; check the dataset and batch size")
+                    raise UsageError("the training data yielded no batch; check the dataset and batch size (or, for "
+                                     "an iterator or generator, that an earlier fit did not use it up)")
                 # (n,): the steps with an inf/NaN loss were not applied (amp's guard skipped them), so
                 # the mean is over the finite ones
                 stacked = torch.stack(losses).float()
