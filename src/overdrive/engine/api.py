@@ -260,7 +260,14 @@ class Builder:
             int8["smoothquant"] = (f"alpha 0.5 on {n} Linear layer(s), factors from {len(calib)} calibration "
                                    f"batch(es) in {time.perf_counter() - t_sq:.1f} s")
         t0 = time.perf_counter()
-        sections, runner, meta = backend.build(src, example, cfg, device, calib)
+        keys: list[str] = []  # a model returning a dict (a Hugging Face ModelOutput): its keys name the outputs
+        hook = None if src.module is None else src.module.register_forward_hook(
+            lambda _m, _a, out: keys.__setitem__(slice(None), output_keys(out)))
+        try:
+            sections, runner, meta = backend.build(src, example, cfg, device, calib)
+        finally:
+            if hook is not None:
+                hook.remove()
         shared = meta.get("shared_dims") or []
         meta["shared_dims"] = shared + [g for g in onnx_shared_dims(src) if g not in shared]  # checked at each call
         build_s = time.perf_counter() - t0
@@ -282,7 +289,7 @@ class Builder:
                         "layout": "hwc" if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last) else "chw"}
                        for p, x in zip(ordered(cfg.profiles, src.input_names), example)],
             "outputs": [{"name": n, "dtype": str(o.dtype).removeprefix("torch."), "opt_shape": list(o.shape)}
-                        for n, o in zip(_output_names(src, len(outs)), outs)],
+                        for n, o in zip(_output_names(src, len(outs), keys), outs)],
         }
         engine = Engine(header, sections, runner, device, build_s=build_s)
         kept = meta.get("layers_kept_float") or {}
@@ -371,11 +378,33 @@ def _unused_path(path: Path, data: bytes) -> Path:
     return candidate
 
 
-def _output_names(src: ModelSource, n: int) -> list[str]:
-    """The ONNX model's own output names (the bindings trtexec and polygraphy report), else output / outputN."""
+def _output_names(src: ModelSource, n: int, keys: list[str] | None = None) -> list[str]:
+    """The ONNX model's own output names (the bindings trtexec and polygraphy report), a PyTorch model's output keys
+    (a dict or Hugging Face ModelOutput), else output / outputN."""
     if len(src.onnx_output_names) == n:
         return list(src.onnx_output_names)
+    if keys and len(keys) == n and len(set(keys)) == n:
+        return list(keys)
     return [f"output{i}" if n > 1 else "output" for i in range(n)]
+
+
+def output_keys(out: Any) -> list[str]:
+    """The names of a model output's tensors, in the engine's output order, where the output is a mapping (a dict, a
+    Hugging Face ModelOutput): each key, or ``key.i`` for the tensors of a tuple / list under it; [] otherwise.
+
+    Example:
+        >>> output_keys({"logits": torch.zeros(1), "hidden": (torch.zeros(1), torch.zeros(1))})
+        ['logits', 'hidden.0', 'hidden.1']
+    """
+    from overdrive.engine.backends.prepare import flatten_outputs
+
+    if not isinstance(out, dict):
+        return []
+    names: list[str] = []
+    for k, v in out.items():
+        n = len(flatten_outputs(v))
+        names += [str(k)] if isinstance(v, torch.Tensor) else [f"{k}.{i}" for i in range(n)]
+    return names
 
 
 def _time_engine(engine: Engine, inputs: tuple[torch.Tensor, ...]) -> float:
