@@ -1,6 +1,7 @@
 """A PyTorch model that returns a dict (or a Hugging Face ModelOutput) gives the engine's outputs its keys as names:
 in the header, exec --exportOutput and compare (they were output0, output1: the keys were lost). Values and order
-are unchanged (reference: the model's own dict, its values in key order)."""
+are unchanged (reference: the model's own dict, its values in key order). And a binding's dtype refusal that would
+have advised a truncating cast."""
 
 from __future__ import annotations
 
@@ -44,3 +45,21 @@ def test_tuple_outputs_keep_numbered_names() -> None:
 
     assert output_keys((torch.zeros(1), torch.zeros(1))) == []
     assert output_keys({"a": torch.zeros(1), "b": None, "c": [torch.zeros(1)]}) == ["a", "c.0"]
+
+
+def test_a_fractional_float_mask_for_an_integer_binding_is_not_told_to_cast() -> None:
+    # an input named attention_mask is bound int64 when no example says otherwise; the refusal advised .to(int64),
+    # which truncates an additive float mask (-0.5 -> 0) into wrong numbers
+    from overdrive._utils.errors import UsageError
+
+    class AddMask(nn.Module):
+        def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return x + attention_mask
+
+    cfg = BuildConfig(profiles=(ShapeProfile.fixed("x", (2, 8)), ShapeProfile.fixed("attention_mask", (2, 8))))
+    eng = Builder(cfg).build(AddMask(), None, input_names=["x", "attention_mask"])
+    assert eng.input_dtypes[1] == torch.int64
+    with pytest.raises(UsageError, match="holds fractional torch.float32 values .* casting would truncate them"):
+        eng(torch.zeros(2, 8), torch.full((2, 8), -0.5))
+    with pytest.raises(UsageError, match=r"pass it as torch.int64 \(x.to\(torch.int64\)"):  # whole numbers: castable
+        eng(torch.zeros(2, 8), torch.ones(2, 8))

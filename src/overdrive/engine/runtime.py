@@ -198,6 +198,12 @@ class Engine:
                                  f"max {p.max}; rebuild with --min-shapes/--max-shapes covering it")
             if x.is_floating_point() != dt.is_floating_point:
                 fix = f".to(torch.{str(dt).removeprefix('torch.')})"
+                frac = x.is_floating_point() and bool((x != x.round()).any())
+                if frac:  # a cast would truncate it (an additive float mask of -0.5): the engine was built wrong
+                    raise UsageError(f"input {p.name!r} holds fractional {x.dtype} values but the engine was built "
+                                     f"with it as {dt} (an integer input by its name); casting would truncate them: "
+                                     "rebuild from an example input of its dtype (Builder(cfg).build(model, "
+                                     "example_inputs))")
                 raise UsageError(f"input {p.name!r} is {x.dtype} but the engine expects {dt}; pass it as {dt} "
                                  f"(x{fix}{', token ids or indices as integers' if not dt.is_floating_point else ''})")
             out.append(x.to(self.device, dt) if move else x.to(dtype=dt))
