@@ -189,6 +189,17 @@ def test_integer_div_truncates_like_onnx() -> None:
     assert _div_np(np.array([-7, 7]), np.array([2, -2])).tolist() == [-3, -3]
 
 
+def test_slice_to_int64_min_with_a_positive_step_is_empty() -> None:
+    # ONNX clamps an end of INT64_MIN to 0: an empty axis (reference: ONNX Runtime); it read as "to the end"
+    ort = pytest.importorskip("onnxruntime")
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ints = {"s": np.array([0], np.int64), "e": np.array([-(2 ** 63)], np.int64), "a": np.array([1], np.int64)}
+    model = _single("Slice", x, {}, inits=ints, extra_inputs=("s", "e", "a"))
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    out = import_onnx(model)(torch.from_numpy(x))
+    assert tuple(out.shape) == ref.shape == (3, 0)
+
+
 def test_integer_clip_keeps_integers_exact() -> None:
     """ONNX Clip of int64 stays int64 (reference: ONNX Runtime); float bounds made it float32, and 2**24 + 1 came out
     2**24 (a PASSED compare, within its tolerance)."""

@@ -185,7 +185,10 @@ def _slice(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
         if st < 0:
             x, index[ax] = _slice_reversed(x, ax, s, e, st)
             continue
-        e = None if (not isinstance(e, torch.SymInt) and abs(e) >= big) else e
+        if not isinstance(e, torch.SymInt) and abs(e) >= big:  # INT64_MAX: to the end; INT64_MIN: before the start
+            e = None if e > 0 else 0
+        if not isinstance(s, torch.SymInt) and abs(s) >= big:
+            s = 0 if s < 0 else x.shape[ax]
         index[ax] = slice(s, e, st)
     return [x[tuple(index)]]
 
