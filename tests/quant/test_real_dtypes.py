@@ -51,3 +51,37 @@ def test_modelopt_face_has_utils_as_an_attribute() -> None:
 
     model = nn.Sequential(nn.Linear(8, 8))
     assert mtq.utils.is_quantized(model) is False
+
+
+def test_load_calib_amax_checks_the_method_and_the_percentile() -> None:
+    # a fraction percentile clipped nearly every activation (amax 0.0127 against 4.1 at 99.99), and a misspelt
+    # method ran max, both silently
+    import pytest
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.quant.pytorch_quantization import nn as quant_nn
+    from overdrive.quant.pytorch_quantization.tensor_quant import QuantDescriptor
+
+    q = quant_nn.TensorQuantizer(QuantDescriptor(calib_method="histogram"))
+    q.enable_calib()
+    q.disable_quant()
+    q(torch.randn(10000, generator=torch.Generator().manual_seed(0)))
+    q.disable_calib()
+    with pytest.raises(UsageError, match=r"percentile 0.9999 must be a number in \(50, 100\]"):
+        q.load_calib_amax("percentile", percentile=0.9999)
+    with pytest.raises(UsageError, match="load_calib_amax method 'entropi' is not one of max, percentile"):
+        q.load_calib_amax("entropi")
+    q.load_calib_amax("percentile", percentile=99.99)
+    assert 3.0 < float(q.amax) < 5.0
+
+
+def test_a_per_channel_amax_of_the_wrong_size_names_the_quantizer() -> None:
+    import pytest
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.quant.quantizer import TensorQuantizer
+
+    q = TensorQuantizer(QuantizerConfig(per_channel=True), axis=0)
+    q.amax = torch.ones(5)
+    with pytest.raises(UsageError, match=r"5 per-channel amax values along axis 0, but its input has shape \(4, 3\)"):
+        q(torch.randn(4, 3))

@@ -22,7 +22,7 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.quant.calibrators import HistogramCalibrator, MaxCalibrator
-from overdrive.quant.config import QuantizerConfig
+from overdrive.quant.config import METHODS, QuantizerConfig, check_percentile
 
 _TINY_AMAX = 1e-12  # floor for amax: an all-zero layer gets a tiny scale instead of a division by zero
 
@@ -204,7 +204,15 @@ class TensorQuantizer(nn.Module):
         if unknown:
             raise UsageError(f"load_calib_amax got unexpected keyword(s) {sorted(unknown)}; it takes method, "
                              "percentile and strict")
+        if method not in METHODS:  # a misspelt method ran max, silently
+            raise UsageError(f"load_calib_amax method {method!r} is not one of {', '.join(METHODS)}")
+        if method == "percentile" and percentile is not None:
+            check_percentile(percentile)  # 0.9999 (a fraction) clipped nearly every activation
         if isinstance(self.calibrator, MaxCalibrator) and method != "max":
+            if not self.config.per_channel and not (self.name or "").endswith("weight_quantizer"):
+                warnings.warn(f"quantizer {self.name or '?'} was calibrated with max (no histogram), so {method!r} "
+                              "gives its max; calibrate it with calib_method='histogram' (QuantDescriptor) or the "
+                              f"method {method!r} in its QuantConfig for that method", RuntimeWarning, stacklevel=2)
             method = "max"  # weights and per-channel quantizers are max-calibrated by design
         try:
             amax = self.calibrator.compute_amax(method, percentile)
@@ -351,6 +359,12 @@ class TensorQuantizer(nn.Module):
         if self.dynamic:
             return self._dynamic_fake_quant(x)
         scale = self.scale().to(x.device)
+        ax = self.axis
+        if ax is not None and scale.numel() > 1 and (x.dim() <= ax or scale.numel() != x.shape[ax]):
+            raise UsageError(f"quantizer {self.name or '?'}: {scale.numel()} per-channel amax values along axis {ax}, "
+                             f"but its input has shape {tuple(x.shape)}; its amax must have one value per channel "
+                             f"({x.shape[ax] if x.dim() > ax else 'no such axis'}): recalibrate it, or set_amax of "
+                             "that size")
         if torch.onnx.is_in_onnx_export() and not torch.compiler.is_exporting():
             # the TorchScript exporter: a constant in the graph, not ops on the amax buffer (torch.onnx.export's
             # torch.export-based exporter, the default since torch 2.9, traces the buffer as it is)
