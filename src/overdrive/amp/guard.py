@@ -26,16 +26,20 @@ def found_nonfinite(tensors: Sequence[torch.Tensor], inv_scale: float = 1.0) -> 
 
     One fused kernel per (device, dtype); ``inv_scale=1.0`` only checks. Returns a (1,) float32 tensor on the
     first tensor's device, > 0 when some element is not finite, or None when there is nothing to check.
-    A sharded (DTensor) gradient is checked on this rank's shard only.
+    Sharded (DTensor, FSDP2) gradients are checked on this rank's shard, and the flag is then summed over the ranks
+    (every rank calls this at the same point of a step), so every rank makes the same skip decision: checked per
+    shard, a rank whose shard held the inf skipped while the others stepped, and the model came out half updated.
 
     Example:
         >>> found_nonfinite([torch.ones(3), torch.tensor([1.0, float("nan")])]).item()
         1.0
     """
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    sharded = False
     for t in tensors:
         if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank checks its shard, as a plain tensor
             t = t.to_local()
+            sharded = True
         t = t._values() if t.is_sparse else t  # the stored values are what can be inf
         groups.setdefault((t.device, t.dtype), []).append(t)
     found = None
@@ -52,6 +56,11 @@ def found_nonfinite(tensors: Sequence[torch.Tensor], inv_scale: float = 1.0) -> 
             inv = torch.full((1,), inv_scale, device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv)
         found = flag if found is None else found + flag.to(found.device)
+    if sharded and found is not None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(found)  # on the device: no host sync of its own
     return found
 
 

@@ -17,6 +17,7 @@ before DCP reads anything, and never runs a pickle (see :mod:`overdrive.distribu
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import re
@@ -276,6 +277,15 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
             "saved; save after the train_step that steps the optimizer (when trainer.step_count has just increased)"
         )
     position_blob = _position_blob(position)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # one copy is stored, whichever rank's survives DCP's de-duplication: ranks that pass different positions
+        # resumed at another rank's (silently). Every rank raises, before anything is written
+        digests: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(digests, hashlib.sha256(position_blob).hexdigest())
+        if len(set(digests)) > 1:
+            raise UsageError(f"checkpoint.save: the ranks passed different position dicts (rank {_rank()}'s differs "
+                             "from another's); one copy is stored, so pass the same on every rank (a "
+                             "ResumableSampler's state_dict(), the global step), or keep per-rank state yourself")
     root = Path(root)
     if root.exists() and not root.is_dir():  # DCP would fail on every rank with a CheckpointException (a BaseException)
         raise UsageError(f"checkpoint.save root {str(root)!r} is a file, not a folder; pass a folder (it is created), "

@@ -324,7 +324,19 @@ class Parallel:
         """DDP with accumulation: average the accumulated optimizer gradients over ranks, bucketed."""
         if self.strategy.kind != "ddp" or self.accumulate == 1:
             return
-        all_reduce_mean([q.grad for q in params if q.grad is not None], self.strategy.bucket_cap_mb)
+        ps = list(params)
+        if dist.get_world_size() > 1 and ps:
+            # the same list on every rank, or the buckets pair one rank's gradient of a layer with another's of a
+            # different one (a head some ranks did not use: silently mixed where the shapes matched). A parameter
+            # some rank used gets a zero gradient where it has none, as DDP's find_unused_parameters gives it; one
+            # no rank used keeps None (the optimizer leaves it as DDP would)
+            dev = next((q.grad.device for q in ps if q.grad is not None), ps[0].device)
+            used = torch.tensor([q.grad is not None for q in ps], dtype=torch.float32, device=dev)
+            dist.all_reduce(used)
+            for q, u in zip(ps, used.tolist()):
+                if u > 0 and q.grad is None:
+                    q.grad = torch.zeros_like(q)
+        all_reduce_mean([q.grad for q in ps if q.grad is not None], self.strategy.bucket_cap_mb)
 
 
 def all_reduce_mean(tensors: list[torch.Tensor], bucket_cap_mb: float = 25.0) -> None:

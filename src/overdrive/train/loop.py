@@ -37,6 +37,17 @@ class EpochStats:
         return self.samples / self.seconds if self.seconds > 0 else float("nan")
 
 
+def _mean_over_ranks(value: float, device: torch.device) -> float:
+    """``value`` averaged over the ranks of the default process group (itself without one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
 @dataclass
 class FitResult:
     history: list[EpochStats] = field(default_factory=list)
@@ -368,7 +379,10 @@ class Trainer:
                         self.model, eval_data, self.mp, self.channels_last, loss_fn=self.loss_fn
                     )
                 if self._plateau:
-                    self.scheduler.step(stats.eval_loss if stats.eval_loss is not None else mean_loss)
+                    metric = stats.eval_loss if stats.eval_loss is not None else mean_loss
+                    # each rank's loss is its own shard's: stepped on it, ranks lowered their lr at different epochs
+                    # and the DDP / FSDP replicas drifted apart; the mean over ranks gives every rank one lr
+                    self.scheduler.step(_mean_over_ranks(metric, self.device) if self.parallel is not None else metric)
                 if bar is not None:
                     bar.update(task, completed=(self.epoch + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
                 result.history.append(stats)
