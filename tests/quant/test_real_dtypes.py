@@ -85,3 +85,15 @@ def test_a_per_channel_amax_of_the_wrong_size_names_the_quantizer() -> None:
     q.amax = torch.ones(5)
     with pytest.raises(UsageError, match=r"5 per-channel amax values along axis 0, but its input has shape \(4, 3\)"):
         q(torch.randn(4, 3))
+
+
+def test_export_of_a_bf16_model_is_refused_with_the_fix(tmp_path) -> None:
+    # after qat(..., policy="O2") the model is bf16: the export wrote a graph ONNX Runtime refused to load
+    import pytest
+
+    pytest.importorskip("onnx")
+    from overdrive._utils.errors import UsageError
+
+    q, xs = _calibrated(quant.INT8_DEFAULT)
+    with pytest.raises(UsageError, match=r"bfloat16 tensors .* export an fp32 copy"):
+        quant.export_onnx(copy.deepcopy(q).bfloat16(), (xs[0].bfloat16(),), tmp_path / "m.onnx")

@@ -201,6 +201,11 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
     """
     onnx = require("onnx", extra="onnx", feature="ONNX export")
     fmt = _check_ready(model)
+    bf16 = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.dtype == torch.bfloat16]
+    if bf16:  # after qat(..., policy="O2"): a bf16 graph, which ONNX Runtime refuses to load (Conv, Gemm)
+        raise UsageError(f"the model holds bfloat16 tensors ({bf16[0]}{' and more' if len(bf16) > 1 else ''}: after "
+                         "qat(..., policy='O2') or .bfloat16()); export an fp32 copy: "
+                         "quant.export_onnx(copy.deepcopy(model).float(), ...)")
     opset = check_opset(opset, fmt)
     names, xs = _named_example(model, example_inputs, input_names)
     params = forward_parameters(model) or {}
