@@ -311,3 +311,34 @@ def test_half_keeps_8_bit_weights_and_fp32_scales(cls: type) -> None:
     assert h.w_q.dtype == q.w_q.dtype and h.scale.dtype == torch.float32 and h.x_scale.dtype == torch.float32
     assert got.dtype == torch.float16
     assert ((got.float() - want).norm() / want.norm()).item() < 2e-3
+
+
+def test_a_quantize_of_a_value_changed_in_place_later_is_not_moved_into_the_epilogue() -> None:
+    # fc2 reads a view of fc1's output that the model then doubles in place: step 0 moved fc2's quantize onto fc1,
+    # the dual output wrote the 8-bit tensor before the mul_, and fc2 saw the value without it (1.05 off)
+    class Aliased(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 16)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = self.fc1(x)
+            g = h.view(-1, 64)
+            h.mul_(2.0)
+            return self.fc2(g), h
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    q = _triton(Aliased().eval(), Int8TritonLinear, x)
+    want, _, _, got = _fused(q, x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_cast_of_the_model_changes_the_dtype_weight_reads_back_in() -> None:
+    # model code reads layer.weight.dtype (HF T5 casts its hidden states to it): after .half() it said float32
+    q = Int8TritonLinear.from_linear(nn.Linear(32, 16), x_amax=4.0)
+    assert q.weight.dtype == torch.float32
+    h = copy.deepcopy(q).half()
+    assert h.weight.dtype == torch.float16 and h.w_q.dtype == torch.int8 and h.scale.dtype == torch.float32
+    assert h.float().weight.dtype == torch.float32

@@ -209,6 +209,19 @@ def _reads_conv_q(node: Any, depth: int = 8) -> bool:
     return False
 
 
+def _written_in_place(node: Node, depth: int = 8) -> bool:
+    """Whether ``node``'s value, or a view of it, is changed in place by a reader (``mul_`` on a view the model
+    returns): an epilogue that quantizes it when it is made would miss the change."""
+    for u in node.users:
+        schema = getattr(u.target, "_schema", None)
+        if schema is not None and (schema.is_mutable or any(
+                a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)):
+            return True
+        if depth and u.target in _VIEWS and _written_in_place(u, depth - 1):
+            return True
+    return False
+
+
 def _sink_views(ep: Any, graph: torch.fx.Graph) -> int:
     """Step 0: an activation or an ``overdrive::quantize`` that reads a reshaped conv2d_q output is moved before the
     reshape (``act(view(y))`` -> ``view(act(y))``; both are elementwise, and a quantize's scale is per tensor), so that
@@ -224,6 +237,11 @@ def _sink_views(ep: Any, graph: torch.fx.Graph) -> int:
                 continue
             view = node.args[0]
             if not (isinstance(view, Node) and view.target in _VIEWS and _reads_conv_q(view.args[0])):
+                continue
+            root = view.args[0]
+            while isinstance(root, Node) and root.target in _VIEWS:
+                root = root.args[0]
+            if _written_in_place(root):  # the quantize must read the value as changed, so it stays where it is
                 continue
             if node.target is not _QUANTIZE and len(view.users) != 1:  # others read the value before the activation
                 continue
@@ -299,6 +317,8 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Te
         if conv.args[OUT_SCALE] is not None or not users or any(u.target is not _QUANTIZE or u.args[0] is not conv
                                                                  for u in users):
             continue
+        if _written_in_place(conv):
+            continue
         if len({_quantize_key(u, consts) for u in users}) != 1:
             continue
         first = min(users, key=order.__getitem__)
@@ -326,7 +346,7 @@ def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor
         if conv.args[OUT_SCALE] is not None:
             continue
         readers = [u for u in conv.users if u.target is _QUANTIZE and u.args[0] is conv]
-        if not readers:
+        if not readers or _written_in_place(conv):
             continue
         groups: dict[Any, list[Node]] = {}
         for u in readers:

@@ -520,10 +520,16 @@ class Int8TritonLinear(Int8Conv2d):
         w = linear.weight.detach()
         return cls(w, w.float().abs().amax(dim=1) if w_amax is None else w_amax, x_amax, linear.bias)
 
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        probe = fn(torch.empty(0, dtype=self.weight_dtype))  # .half() / .float(): the dtype `weight` reads back in
+        if probe.is_floating_point():
+            self.weight_dtype = probe.dtype
+        return super()._apply(fn, recurse)
+
     @property
     def weight(self) -> torch.Tensor:
         """The (N, K) weight the kernel computes with, dequantized, in the float layer's dtype (model code reads
-        ``layer.weight.dtype``)."""
+        ``layer.weight.dtype``; a cast of the model changes it, as it would a float layer's)."""
         return self.dequantized_weight().reshape(self.out_channels, self.in_channels).to(self.weight_dtype)
 
     def library_twin(self) -> nn.Module:
