@@ -1,4 +1,4 @@
-"""Linear layers on the int8/fp8 convolution kernel (``quant.conv.Int8TritonLinear``): a 1x1 convolution over the
+"""Linear layers on the int8/fp8 convolution kernel (``quant.triton_linear.Int8TritonLinear``): a 1x1 convolution over the
 (tokens, K, 1, 1) view, so an engine's fusion pass (engine/lowp_conv_fusion.py) puts the GELU after the layer and the
 next layer's quantize into its epilogue; the layer timing then keeps each Linear on that kernel, on cuBLAS's GEMM or
 in float, whichever runs fastest (engine/layer_choice.py).
@@ -18,7 +18,7 @@ import torch.nn as nn
 from overdrive._utils.errors import UsageError
 from overdrive.engine.layer_choice import LIBRARY, conv_plan, keep_float_where_faster
 from overdrive.engine.lowp_conv_fusion import conv_epilogues, fuse_lowp_convs
-from overdrive.quant.conv import Fp8TritonLinear, Int8TritonLinear
+from overdrive.quant.triton_linear import Fp8TritonLinear, Int8TritonLinear
 from overdrive.quant.real import Int8Linear
 
 CONV_Q = torch.ops.overdrive.conv2d_q.default
@@ -246,7 +246,7 @@ def test_fused_mlp_on_gpu_matches_the_modules(cls: type) -> None:
 def test_a_layer_cublas_cannot_take_is_never_timed_there() -> None:
     # torch._scaled_mm needs in/out features in multiples of 16: ViT's 1000-class head (768 -> 1000) failed an fp8
     # build on the GPU when its cuBLAS form was timed; it now counts as infinitely slow there (Triton or float win)
-    from overdrive.engine.layer_choice import _library_linear_ms
+    from overdrive.engine.path_timing import _library_linear_ms
 
     lib = Fp8TritonLinear.from_linear(nn.Linear(32, 40), torch.tensor(1.0)).library_twin()
     xq = torch.zeros(8, 32, dtype=torch.float8_e4m3fn)

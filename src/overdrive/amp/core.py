@@ -315,19 +315,16 @@ class MixedPrecision:
                 for q, g in zip(direct, stash):
                     q.grad = g
             raise
+        # the optimizers these backwards are for (None: all): the delayed ones' and this one's
+        earlier = [] if pending is None else pending["optimizers"]
+        named = (None if earlier is None or optimizers is None
+                 else [*earlier, *[o for o in optimizers if o not in earlier]])
         if delay_unscale:
-            named = None if optimizers is None else list(optimizers)
-            if pending is not None and pending["optimizers"] is not None and named is not None:
-                named = [*pending["optimizers"], *[o for o in named if o not in pending["optimizers"]]]
             self._delayed = {"scaler": scaler, "direct": direct, "stash": stash, "loss_bad": loss_bad,
-                             "optimizers": named if pending is None or pending["optimizers"] is not None else None}
+                             "optimizers": named}
             return
         self._delayed = None
-        if pending is not None and pending["optimizers"] is not None and optimizers is not None:
-            optimizers = [*pending["optimizers"], *[o for o in optimizers if o not in pending["optimizers"]]]
-        elif pending is not None and pending["optimizers"] is None:
-            optimizers = None
-        self._unscale_new_grads(direct, stash, optimizers, loss_bad, scaler)
+        self._unscale_new_grads(direct, stash, named, loss_bad, scaler)
 
     def _finish_delayed(self) -> None:
         """Unscale and check the gradients a delayed ``scale_loss`` left scaled in place (a step came first)."""

@@ -39,13 +39,15 @@ import torch
 import torch.nn as nn
 
 from overdrive.engine.kernel_timing import median_ms as _ms
+from overdrive.engine.path_timing import _float_conv_ms, _float_linear_ms, _library_linear_ms, _quantize_ms
 
 
 def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
     """The float layer a low-precision GEMM module stands for, with its dequantized weights, in ``dtype``; a
     SmoothQuant layer's input factors (``x_pre``, 1 / s) are folded back into the weight: x (W s / s)^T."""
-    from overdrive.quant.conv import Int8Conv2d, Int8TritonLinear
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import Int8Conv1x1
+    from overdrive.quant.triton_linear import Int8TritonLinear
 
     if isinstance(m, Int8TritonLinear):
         lin = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None)
@@ -190,8 +192,9 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
         >>> # model, kept = keep_float_where_faster(int8_model, (x,), torch.device("cuda"), torch.float16,
         >>> #                                       plan=conv_plan(int8_model, (x,)), replan=lambda m: conv_plan(m, (x,)))
     """
-    from overdrive.quant.conv import Int8Conv2d, Int8TritonLinear
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import _LowPrecisionGemm, _set
+    from overdrive.quant.triton_linear import Int8TritonLinear
 
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (_LowPrecisionGemm, Int8Conv2d))]
     if not layers:
@@ -420,7 +423,9 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     act = qconv.ACTS.get(epi.get("act"), 0)
     fp8 = m.fmt == "fp8"
     qdt, bound = (qconv.FP8, 448.0) if fp8 else (torch.int8, 127.0)
-    linear = isinstance(m, qconv.Int8TritonLinear)
+    from overdrive.quant.triton_linear import Int8TritonLinear
+
+    linear = isinstance(m, Int8TritonLinear)
     if config is None:
         config = _tune_conv(m, shape, fdt, device)
     x, xq, g = _conv_input(m, shape, fdt, device)
@@ -486,111 +491,6 @@ def _time_conv(m: nn.Module, shape: torch.Size, dtype: torch.dtype, fdt: torch.d
     why = (f"{m.fmt} {t_float / t_low:.2f}x {str(fdt).removeprefix('torch.')} at {n}x{c}x{h}x{w_} k{kh}x{kw} "
            f"s{m.stride[0]}->{m.out_channels}{form}")
     return t_low > margin * t_float, why, config
-
-
-_QUANTIZE: Any = None
-
-
-def _quantize_ms(y: torch.Tensor, scale: torch.Tensor, fp8: bool, device: torch.device) -> float:
-    """ms of quantizing ``y`` in one compiled pass, as Inductor fuses an engine's quantize (eager on CPU). The op's
-    own CUDA path runs eagerly under CUDA-graph capture, which would time several passes instead of one."""
-    global _QUANTIZE
-    from overdrive.quant.conv import _quantize_ref
-
-    if device.type == "cuda" and _QUANTIZE is None:
-        _QUANTIZE = torch.compile(_quantize_ref, dynamic=True)
-    q = _QUANTIZE if device.type == "cuda" else _quantize_ref
-    return _ms(lambda: q(y, scale, -128, fp8), device)
-
-
-_LIB_PASS: Any = None
-
-
-def _lib_pass(y: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, relu: bool, act: int,
-              qs: torch.Tensor | None, fp8: bool, dual: bool, out_dtype: torch.dtype) -> Any:
-    """What follows a cuBLAS int8/fp8 GEMM in an engine, as one pass: the int8 accumulator's rescale and bias, the
-    ReLU / activation, and the next layer's quantize (``qs``; ``dual``: the float output too)."""
-    from overdrive.quant.conv import _quantize_ref, apply_act
-
-    v = y.float() * scale + bias if y.dtype == torch.int32 else y.float()
-    v = apply_act(torch.relu(v) if relu else v, act)
-    if qs is None:
-        return v.to(out_dtype)
-    q = _quantize_ref(v, qs, -128, fp8)
-    return (v.to(out_dtype), q) if dual else q
-
-
-def _library_linear_ms(lib: nn.Module, xq: torch.Tensor, relu: bool, act: int, out_kind: str, qs: torch.Tensor,
-                       out_dtype: torch.dtype, device: torch.device) -> float:
-    """ms of a Linear layer on cuBLAS's int8 / fp8 GEMM (``lib``, an ``Int8Linear`` / ``Fp8Linear``) on its quantized
-    input ``xq`` (M, K), with the pass that an engine runs after it (:func:`_lib_pass`; none for an fp8 GEMM whose
-    float output is all that is read: its bias is in the GEMM)."""
-    global _LIB_PASS
-    from overdrive.quant.real import _gemm_ok
-
-    if _gemm_ok(lib.in_features, lib.out_features, lib.fmt) is not None:  # no cuBLAS kernel for it (_scaled_mm: x16)
-        return float("inf")
-    if _LIB_PASS is None:
-        _LIB_PASS = torch.compile(_lib_pass, dynamic=True) if device.type == "cuda" else _lib_pass
-    fn = _LIB_PASS if device.type == "cuda" else _lib_pass
-    wt = lib.w_q.t()
-    q_out = qs if out_kind in ("8-bit", "dual") else None
-    dual = out_kind == "dual"
-    if lib.fmt == "fp8":
-        od = out_dtype if out_dtype != torch.float32 else torch.bfloat16
-        bias = None if lib.bias is None else lib.bias.to(od)
-        plain = not relu and not act and q_out is None
-
-        def run() -> Any:
-            y = torch._scaled_mm(xq, wt, scale_a=lib.x_scale, scale_b=lib.w_scale, bias=bias, out_dtype=od)
-            return y if plain else fn(y, None, None, relu, act, q_out, True, dual, out_dtype)
-    else:
-        short = xq.shape[0] <= 16 and device.type == "cuda"  # _int_mm on CUDA needs M > 16, as Int8Linear pads
-        x = torch.nn.functional.pad(xq, (0, 0, 0, 17 - xq.shape[0])) if short else xq
-        scale = (lib.x_scale * lib.w_scale).float()
-        bias = torch.zeros_like(scale) if lib.bias is None else lib.bias.float()
-
-        def run() -> Any:
-            return fn(torch._int_mm(x, wt), scale, bias, relu, act, q_out, False, dual, out_dtype)
-
-    return _ms(run, device)
-
-
-def _float_linear_ms(x2: torch.Tensor, lin: nn.Linear, relu: bool, act: int, device: torch.device) -> float:
-    """ms of ``act(lin(x2))`` as an fp16 engine runs it: cuBLAS with its bias (+ ReLU / GELU) epilogue; SiLU as a
-    pass after it."""
-    from overdrive.quant.conv import ACT_GELU, ACT_SILU
-
-    b = lin.bias if lin.bias is not None else torch.zeros(lin.out_features, device=x2.device, dtype=x2.dtype)
-    wt = lin.weight.t()
-    if relu or act == ACT_GELU:
-        t = _ms(lambda: torch._addmm_activation(b, x2, wt, use_gelu=act == ACT_GELU), device)
-    else:
-        t = _ms(lambda: torch.addmm(b, x2, wt), device)
-    if act == ACT_SILU:
-        y = torch.addmm(b, x2, wt)
-        t += _ms(lambda: torch.nn.functional.silu(y), device)
-    return t
-
-
-def _float_conv_ms(x: torch.Tensor, conv: nn.Conv2d, z: torch.Tensor | None, relu: bool, device: torch.device,
-                   act: int = 0) -> float:
-    """ms of ``relu(conv(x) (+ z))`` as an fp16 engine runs it: the faster of the two paths its conv fusion chooses
-    between (:func:`conv_fusion.conv_paths_ms`), and for a 1x1 stride-1 convolution without residual also the GEMM
-    with cuBLAS's bias (+ ReLU) epilogue. ``act`` (1 SiLU, 2 GELU) replaces the ReLU: the compiled path only."""
-    from overdrive.engine.conv_fusion import conv_paths_ms
-
-    w = conv.weight
-    b = conv.bias if conv.bias is not None else torch.zeros(conv.out_channels, device=w.device, dtype=w.dtype)
-    st, pd, dl = list(conv.stride), list(conv.padding), list(conv.dilation)
-    t_fused, t_plain = conv_paths_ms(x, w, b, z, st, pd, dl, 1, relu, act)
-    times = [t_plain] + ([t_fused] if t_fused is not None else [])
-    if conv.kernel_size == (1, 1) and st == [1, 1] and pd == [0, 0] and z is None and not act and \
-            x.is_contiguous(memory_format=torch.channels_last):
-        x2, wt = x.permute(0, 2, 3, 1).reshape(-1, x.shape[1]), w.reshape(w.shape[0], -1).t()
-        times.append(_ms((lambda: torch._addmm_activation(b, x2, wt)) if relu else (lambda: torch.addmm(b, x2, wt)),
-                         device))
-    return min(times)
 
 
 def lowp_layer_names(model: nn.Module) -> list[str]:

@@ -226,7 +226,7 @@ def _sink_views(ep: Any, graph: torch.fx.Graph) -> int:
     """Step 0: an activation or an ``overdrive::quantize`` that reads a reshaped conv2d_q output is moved before the
     reshape (``act(view(y))`` -> ``view(act(y))``; both are elementwise, and a quantize's scale is per tensor), so that
     steps 1-2 find them right after the convolution. This is how a Linear layer run as a 1x1 convolution
-    (``quant.conv.Int8TritonLinear``: ``(tokens, K, 1, 1)`` in, reshaped back to ``(..., N)``) gets the GELU after it
+    (``quant.triton_linear.Int8TritonLinear``: ``(tokens, K, 1, 1)`` in, reshaped back to ``(..., N)``) gets the GELU after it
     and the next layer's quantize into its epilogue. Returns how many ops moved."""
     moved = 0
     changed = True

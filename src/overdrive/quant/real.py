@@ -34,6 +34,7 @@ from torch import nn
 from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
 from overdrive.quant import conv as qconv
+from overdrive.quant import triton_linear as qlinear
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantAdd, QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 from overdrive.quant.smoothquant import SmoothedLinear
@@ -411,9 +412,9 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
         elif isinstance(m, QuantLinear) and cfg.linear_kernel == "triton" and not dyn \
                 and not (rowwise and fmt == "fp8") \
                 and iq.pre_quant_scale is None and wq.pre_quant_scale is None \
-                and qconv.linear_unsupported(m.in_features, m.out_features) is None \
+                and qlinear.linear_unsupported(m.in_features, m.out_features) is None \
                 and (dev.type != "cuda" or qconv.triton_available()):  # the convolution kernel on the 1x1 view
-            cls3 = qconv.Fp8TritonLinear if fmt == "fp8" else qconv.Int8TritonLinear
+            cls3 = qlinear.Fp8TritonLinear if fmt == "fp8" else qlinear.Int8TritonLinear
             new = cls3(m.weight, wq.amax, iq.amax, m.bias, x_qmin=ranges["x_qmin"], w_qmin=ranges["w_qmin"])
         elif isinstance(m, QuantLinear):
             reason = _gemm_ok(m.in_features, m.out_features, fmt)

@@ -115,8 +115,9 @@ def drop_unread_residual_quantizers(model: nn.Module) -> int:
         >>> drop_unread_residual_quantizers(m), m["add"](torch.zeros(1), torch.tensor([0.5])).item()  # not 4/127 steps
         (1, 0.5)
     """
-    from overdrive.quant.conv import Int8Conv2d, Int8TritonLinear
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import QuantizedResidualAdd
+    from overdrive.quant.triton_linear import Int8TritonLinear
 
     # a Linear on the convolution kernel reads no residual (its output is reshaped before any add)
     if any(isinstance(m, Int8Conv2d) and not isinstance(m, Int8TritonLinear) for m in model.modules()):
@@ -205,8 +206,9 @@ def layer_placement(model: nn.Module, float_dtype: torch.dtype | None) -> dict[s
         >>> layer_placement(m, None)["0"]
         'int8 GEMM, per-token scales (torch._int_mm)'
     """
-    from overdrive.quant.conv import Int8Conv2d, Int8TritonLinear
+    from overdrive.quant.conv import Int8Conv2d
     from overdrive.quant.real import Int8Conv1x1, Int8Linear
+    from overdrive.quant.triton_linear import Int8TritonLinear
 
     real = getattr(model, "_overdrive_real", None) or {}
     kept = getattr(model, "_overdrive_kept_float", None) or {}
