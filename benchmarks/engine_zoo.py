@@ -513,7 +513,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write(name: str, out_dir: Path, facts: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]) -> Path:
+def write(name: str, out_dir: Path, facts: dict[str, Any], rows: list[dict[str, Any]], notes: list[str],
+          device_column: bool = False) -> Path:
     from overdrive._utils.table import Table
 
     summary = summarize(rows)
@@ -521,7 +522,8 @@ def write(name: str, out_dir: Path, facts: dict[str, Any], rows: list[dict[str, 
                                                    "best / engine fp16", "its cosine", "slowest engine build s"])
     t.rows = [[e["model"], e["batch_kind"], e.get("fp16_vs_ro"), e.get("best_lowp"), e.get("lowp_vs_fp16"),
                e.get("lowp_cosine"), e.get("max_engine_build_s")] for e in summary["per_model"]]
-    jpath, _ = write_results(name, facts, rows, COLUMNS, [*summary_lines(summary), *notes], {"summary": summary},
+    columns = [*COLUMNS[:4], "device", *COLUMNS[4:]] if device_column else COLUMNS
+    jpath, _ = write_results(name, facts, rows, columns, [*summary_lines(summary), *notes], {"summary": summary},
                              tables=[t], title="Engine zoo: engines vs torch.compile", out_dir=out_dir)
     return jpath
 
@@ -552,7 +554,11 @@ NOTES = [
 
 # ---------------------------------------------------------------------------------------------- main
 def _merge(patterns: str, name: str, out_dir: Path) -> Path:
-    rows, sources, meta = {}, [], {}
+    """Join split runs: a later file's row replaces an earlier one of the same model, batch and config, except that
+    an fp16 engine row measured without torch.compile beside it (no x_vs_ro) leaves one that has it (every ratio is
+    paired within its own run, so the low-precision rows of a later run still compare with their own fp16 engine).
+    Rows from runs on different GPUs carry a ``device`` column."""
+    rows, sources, meta, devices = {}, [], {}, []
     for pat in patterns.split(","):
         for path in sorted(glob.glob(pat)):
             if Path(path).stem == name or Path(path).stem.endswith("_quick"):
@@ -560,12 +566,21 @@ def _merge(patterns: str, name: str, out_dir: Path) -> Path:
             data = json.loads(Path(path).read_text())
             meta = meta or data["meta"]
             sources.append(Path(path).name)
+            device = data["meta"].get("device", "?")
+            devices += [device] if device not in devices else []
             for r in data["results"].get("rows", []):
-                rows[(r["model"], r.get("batch_kind"), r["config"])] = r  # a later file's row replaces an earlier one
+                key = (r["model"], r.get("batch_kind"), r["config"])
+                old = rows.get(key)
+                if (old is not None and r["config"] == "engine_fp16" and r.get("x_vs_ro") is None
+                        and old.get("x_vs_ro") is not None):
+                    continue
+                rows[key] = {**r, "device": r.get("device", device)}
     facts = {**device_facts(torch.device("cpu")), **{k: meta[k] for k in ("device", "compute_capability", "torch",
                                                                          "cuda", "python", "overdrive") if k in meta},
              "merged_from": sources}  # the measuring machine's facts, this checkout's commit and date
-    return write(name, out_dir, facts, list(rows.values()), NOTES)
+    if len(devices) > 1:
+        facts["device"] = "; ".join(devices) + " (each row's device column says which)"
+    return write(name, out_dir, facts, list(rows.values()), NOTES, device_column=len(devices) > 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,6 +109,25 @@ def test_split_runs_merge(zoo, tmp_path: Path) -> None:
     assert merged["results"]["summary"]["by_batch"]["all"]["fp16_vs_ro"]["geomean"] == pytest.approx(1.0)
 
 
+def test_merge_keeps_the_compile_pairing_and_names_each_rows_device(zoo, tmp_path: Path) -> None:
+    # a later run without torch.compile beside its fp16 engine adds its int8 row but leaves the paired fp16 row;
+    # rows from two GPUs carry a device column
+    h200 = {**zoo.device_facts(torch.device("cpu")), "device": "GPU A"}
+    h100 = {**zoo.device_facts(torch.device("cpu")), "device": "GPU B"}
+    zoo.write("engine_zoo_a", tmp_path, h200, [_row("m", "engine_fp16", 1.0, x_vs_ro=1.5),
+                                               _row("m", "engine_int8", 1.0, x_vs_engine_fp16=0.9)], [])
+    zoo.write("engine_zoo_b", tmp_path, h100, [_row("m", "engine_fp16", 1.0),
+                                               _row("m", "engine_int8", 1.0, x_vs_engine_fp16=1.2)], [])
+    assert zoo.main(["--merge", str(tmp_path / "engine_zoo_a.json") + "," + str(tmp_path / "engine_zoo_b.json"),
+                     "--out", "engine_zoo", "--out-dir", str(tmp_path)]) == 0
+    merged = json.loads((tmp_path / "engine_zoo.json").read_text())
+    rows = {r["config"]: r for r in merged["results"]["rows"]}
+    assert rows["engine_fp16"]["x_vs_ro"] == 1.5 and rows["engine_fp16"]["device"] == "GPU A"
+    assert rows["engine_int8"]["x_vs_engine_fp16"] == 1.2 and rows["engine_int8"]["device"] == "GPU B"
+    assert "GPU A; GPU B" in merged["meta"]["device"]
+    assert "| device |" in (tmp_path / "engine_zoo.md").read_text()
+
+
 def test_quantized_residual_configs_count_as_low_precision(zoo) -> None:
     # engine_int8_qres / engine_fp8_qres (opt-in configs) take part in the best-low-precision summary
     rows = [_row("a", "engine_fp16", 1.0, x_vs_ro=1.5, build_s=30.0),
