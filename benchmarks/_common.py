@@ -117,6 +117,35 @@ def gpu_kernel_ms(step: Callable[[], Any], calls: int = 5) -> float:
     return sum(sum(v) for v in gpu_kernels(step, calls).values()) / calls / 1e3
 
 
+# kernel-name patterns, first match wins: where a profiled call's GPU time goes
+KERNEL_GROUPS = (
+    ("overdrive int8/fp8 (Triton)", ("_conv_kernel", "_gemm_kernel")),
+    ("Inductor Triton", ("triton_",)),  # before the others: Inductor names kernels after ops (fused_convolution_...)
+    ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "mha")),
+    ("GEMM (cuBLAS/CUTLASS)", ("gemm", "xmma", "cutlass", "nvjet", "wgmma", "cublas", "matmul", "splitk")),
+    ("convolution (cuDNN)", ("cudnn", "conv", "implicit", "winograd", "fprop")),
+    ("copies", ("memcpy", "memset", "copy")),
+)
+
+
+def kernel_breakdown(kernels: dict[str, list[float]], calls: int, top: int = 12) -> dict[str, Any]:
+    """:func:`gpu_kernels`'s output per call: ms by group (:data:`KERNEL_GROUPS`, else "other") and the ``top``
+    kernels by total time (name cut to 90 characters, ms per call, launches per call).
+
+    Example:
+        >>> kernel_breakdown({"triton_poi_fused_add_0": [10.0, 10.0], "sm90_xmma_gemm_f16": [30.0, 30.0]}, 2)["groups_ms"]
+        {'GEMM (cuBLAS/CUTLASS)': 0.03, 'Inductor Triton': 0.01}
+    """
+    groups: dict[str, float] = {}
+    for name, times in kernels.items():
+        low = name.lower()
+        group = next((g for g, pats in KERNEL_GROUPS if any(p in low for p in pats)), "other")
+        groups[group] = groups.get(group, 0.0) + sum(times)
+    ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"groups_ms": {g: round(t / calls / 1e3, 4) for g, t in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "top": [[name[:90], round(sum(t) / calls / 1e3, 4), round(len(t) / calls, 1)] for name, t in ranked]}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -43,7 +43,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from _common import RESULTS, device_facts, gpu_kernel_ms, median, time_steps, write_results  # noqa: E402
+from _common import RESULTS, device_facts, gpu_kernels, kernel_breakdown, median, time_steps, write_results  # noqa: E402
 
 CONFIGS = ("eager_fp16", "compile_default", "compile_ro", "engine_fp16", "engine_int8", "engine_fp8")
 # also accepted by --configs, not run by default: int8 / fp8 engines built with quantize_residuals (ResNet blocks
@@ -336,7 +336,9 @@ def run_group(name: str, kind: str, args: argparse.Namespace, device: torch.devi
             ms_of[cfg] = ms[cfg]
             if cuda and args.kernel_time:
                 with torch.no_grad():
-                    row["gpu_ms"] = round(gpu_kernel_ms(step), 4)
+                    kernels = gpu_kernels(step, 5)
+                row["gpu_ms"] = round(sum(sum(v) for v in kernels.values()) / 5 / 1e3, 4)
+                row["kernels"] = kernel_breakdown(kernels, 5)  # where the GPU time goes (JSON only)
             if cfg == "compile_ro":
                 row["x_vs_ro"] = 1.0
             elif "compile_ro" in ms:
@@ -440,7 +442,9 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
              "runs_float": runs_float,
              "builder_accuracy": (info.get("accuracy") or {}).get("cosine"),
              "fusion_timing": {k: meta[k] for k in ("conv_relu_timed", "sibling_gemms_timed") if meta.get(k)},
-             "build_phases_s": meta.get("build_phases_s")}  # where the build time went (calibrate, layer timing, ...)
+             "build_phases_s": meta.get("build_phases_s"),  # where the build time went (calibrate, layer timing, ...)
+             # why each layer kept float did, and where every layer runs (engine.info['layers']): JSON only
+             "kept_float": dict(kept) or None, "layer_placement": info.get("layers") or None}
     return (lambda: eng.runner(*xs0)), (lambda *xs: eng.run(*xs)[0]), extra
 
 
@@ -533,7 +537,9 @@ NOTES = [
     "torch.compile reduce-overhead and (for int8/fp8) the fp16 engine of the same model and batch; x_vs_ro = "
     "reduce-overhead ms / ms and x_vs_engine_fp16 = fp16 engine ms / ms from those paired rounds (> 1: faster); "
     "x_vs_eager from the unpaired eager fp16 row; gpu_ms (with --kernel-time): GPU kernel time per call "
-    "(torch.profiler, 5 calls), so ms - gpu_ms is the time the GPU waits on the host (Python, launches, gaps)",
+    "(torch.profiler, 5 calls), so ms - gpu_ms is the time the GPU waits on the host (Python, launches, gaps); the JSON's "
+    "kernels field then splits that time by kernel group (int8/fp8 Triton, attention, cuBLAS, cuDNN, Inductor) and "
+    "lists the top kernels",
     "accuracy: first output (logits; last_hidden_state) on held-out inputs against the fp32 eager model with TF32 "
     "off: cosine = mean over samples of the cosine of the flattened outputs, max_abs_err over all elements; BERT's "
     "padded tokens are zeroed in both first",

@@ -31,6 +31,11 @@
 #                                  # the epilogue fused, cuBLAS, float): engine_zoo_vit_linear
 #   bash scripts/gpu_engine.sh 17  # the Llama-style decoder likewise: engine_zoo_llama_linear
 #   bash scripts/gpu_engine.sh 18  # BERT-base at 32x128 likewise: engine_zoo_bert_linear
+#   bash scripts/gpu_engine.sh 19  # where the transformer engines' GPU time goes: ViT-B/16 and the Llama-style decoder
+#                                  # fp16/int8/fp8 with --kernel-time (kernel groups and top kernels per row, and each
+#                                  # layer's verdict, in the JSON): engine_zoo_tf_kernels
+#   bash scripts/gpu_engine.sh 20  # ResNet-50 fp16/int8/fp8 engines with the GEMM form on its 1x1 layers, --kernel-time:
+#                                  # engine_zoo_resnet50_gemm
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -115,6 +120,14 @@ elif [ "$part" = 17 ]; then
   step 500 "engine_zoo llama fp16/int8/fp8 (Linear layers timed three ways)" python3 benchmarks/engine_zoo.py \
       --models llama --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
       --max-build-s 200 --budget-s 480 --out engine_zoo_llama_linear
+elif [ "$part" = 19 ]; then
+  step 560 "engine_zoo vit+llama fp16/int8/fp8 with kernel groups" python3 benchmarks/engine_zoo.py \
+      --models vit_base_patch16_224,llama --batches serving --configs engine_fp16,engine_fp8,engine_int8 \
+      --kernel-time --max-build-s 150 --budget-s 500 --out engine_zoo_tf_kernels
+elif [ "$part" = 20 ]; then
+  step 560 "engine_zoo resnet50 fp16/int8/fp8 (GEMM form on 1x1 layers) with kernel groups" python3 \
+      benchmarks/engine_zoo.py --models resnet50 --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
+      --kernel-time --max-build-s 170 --budget-s 500 --out engine_zoo_resnet50_gemm
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \

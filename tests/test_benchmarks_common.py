@@ -196,3 +196,17 @@ def test_copy_into_out(common, repo, tmp_path: Path, monkeypatch: pytest.MonkeyP
     data, md = _write_rows(common, tmp_path / "results")
     assert json.loads((tmp_path / "device_out" / "bench.json").read_text()) == data
     assert (tmp_path / "device_out" / "bench.md").read_text() == md
+
+
+def test_kernel_breakdown_groups_per_call(common) -> None:
+    # GPU kernel names as the profiler reports them, 2 calls: ms per call by group, our Triton kernels first
+    kernels = {"_gemm_kernel": [50.0, 50.0], "sm90_xmma_gemm_f16f16_f32": [30.0, 30.0],
+               "triton_per_fused_native_layer_norm_3": [4.0, 4.0, 4.0, 4.0],
+               "triton_poi_fused_convolution_relu_1": [4.0, 4.0],
+               "pytorch_flash::flash_fwd_kernel": [20.0, 20.0], "Memcpy DtoD": [1.0, 1.0], "elementwise": [2.0, 2.0]}
+    out = common.kernel_breakdown(kernels, calls=2, top=3)
+    assert out["groups_ms"] == {"overdrive int8/fp8 (Triton)": 0.05, "GEMM (cuBLAS/CUTLASS)": 0.03,
+                                "attention": 0.02, "Inductor Triton": 0.012, "other": 0.002, "copies": 0.001}
+    assert list(out["groups_ms"])[0] == "overdrive int8/fp8 (Triton)"  # largest first
+    assert out["top"] == [["_gemm_kernel", 0.05, 1.0], ["sm90_xmma_gemm_f16f16_f32", 0.03, 1.0],
+                          ["pytorch_flash::flash_fwd_kernel", 0.02, 1.0]]

@@ -60,6 +60,7 @@ def test_quick_cpu_run(zoo, tmp_path: Path) -> None:
         if r["config"].startswith("engine"):
             assert r["build_s"] >= 0 and r["precision"] in ("fp32", "int8")
             assert r["x_vs_engine_fp16"] > 0
+            assert "kept_float" in r and "layer_placement" in r  # each layer's verdict, for the profile after
         assert "x_vs_ro" not in r  # no reduce-overhead row in this run: no ratio against it
     assert all(c in md for c in zoo.COLUMNS) and "Zoo summary" in md
     s = data["results"]["summary"]
