@@ -86,7 +86,7 @@ def token_cosine(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> fl
 
 
 def _hidden(out: Any) -> torch.Tensor:
-    """last_hidden_state of a model output, a compiled model's, or an engine's (a tuple, hidden state first)."""
+    """last_hidden_state of a model output, a compiled model's, or an engine's (its EngineOutput by key)."""
     if isinstance(out, (tuple, list)):
         return out[0]
     return getattr(out, "last_hidden_state", out)

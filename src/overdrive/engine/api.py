@@ -261,8 +261,12 @@ class Builder:
                                    f"batch(es) in {time.perf_counter() - t_sq:.1f} s")
         t0 = time.perf_counter()
         keys: list[str] = []  # a model returning a dict (a Hugging Face ModelOutput): its keys name the outputs
-        hook = None if src.module is None else src.module.register_forward_hook(
-            lambda _m, _a, out: keys.__setitem__(slice(None), output_keys(out)))
+        layout: list[list[Any]] = []  # and the engine's call returns them by key again (``output_mapping``)
+
+        def _record(_m: Any, _a: Any, out: Any) -> None:
+            keys[:], layout[:] = output_keys(out), output_mapping(out)
+
+        hook = None if src.module is None else src.module.register_forward_hook(_record)
         try:
             sections, runner, meta = backend.build(src, example, cfg, device, calib)
         finally:
@@ -290,6 +294,8 @@ class Builder:
                        for p, x in zip(ordered(cfg.profiles, src.input_names), example)],
             "outputs": [{"name": n, "dtype": str(o.dtype).removeprefix("torch."), "opt_shape": list(o.shape)}
                         for n, o in zip(_output_names(src, len(outs), keys), outs)],
+            # the model returned a mapping: calls return one too, by the same keys (runtime.EngineOutput)
+            **({"output_mapping": layout} if layout and sum(n or 1 for _, n in layout) == len(outs) else {}),
         }
         engine = Engine(header, sections, runner, device, build_s=build_s)
         kept = meta.get("layers_kept_float") or {}
@@ -405,6 +411,29 @@ def output_keys(out: Any) -> list[str]:
         n = len(flatten_outputs(v))
         names += [str(k)] if isinstance(v, torch.Tensor) else [f"{k}.{i}" for i in range(n)]
     return names
+
+
+def output_mapping(out: Any) -> list[list[Any]]:
+    """How a mapping output (a dict, a Hugging Face ModelOutput) splits into the engine's flat outputs: ``[key, None]``
+    for a tensor, ``[key, n]`` for the n tensors of a tuple / list under the key; [] for any other output (a key whose
+    value holds no tensor, None for instance, is left out, as the engine's outputs leave it).
+
+    Example:
+        >>> output_mapping({"logits": torch.zeros(1), "hidden": (torch.zeros(1), torch.zeros(1)), "loss": None})
+        [['logits', None], ['hidden', 2]]
+    """
+    from overdrive.engine.backends.prepare import flatten_outputs
+
+    if not isinstance(out, dict):
+        return []
+    layout: list[list[Any]] = []
+    for k, v in out.items():
+        n = len(flatten_outputs(v))
+        if isinstance(v, torch.Tensor):
+            layout.append([str(k), None])
+        elif n:
+            layout.append([str(k), n])
+    return layout
 
 
 def _time_engine(engine: Engine, inputs: tuple[torch.Tensor, ...]) -> float:

@@ -55,6 +55,46 @@ def _compile_counters() -> dict[str, int]:
     return {k: int(c[f"fxgraph_cache_{k}"]) for k in ("hit", "miss", "bypass")}
 
 
+class EngineOutput(dict):
+    """The outputs of an engine built from a model that returns a mapping (a dict, a Hugging Face ``ModelOutput``),
+    by the model's keys, and read as a ``ModelOutput`` reads: ``out["logits"]``, ``out.logits``, ``out[0]`` (by
+    position), ``out.to_tuple()``. A tuple or list under a key comes back as a flat tuple of its tensors.
+
+    Example:
+        >>> out = EngineOutput.from_flat([["logits", None], ["hidden", 2]], [torch.zeros(1), torch.ones(1), torch.ones(1)])
+        >>> out.logits.shape, len(out["hidden"]), out[0] is out["logits"]
+        (torch.Size([1]), 2, True)
+    """
+
+    @classmethod
+    def from_flat(cls, layout: list[list[Any]], outs: list[torch.Tensor]) -> "EngineOutput":
+        """Regroup the engine's flat outputs by ``layout`` (the header's ``output_mapping``)."""
+        res, i = cls(), 0
+        for key, n in layout:
+            if n is None:
+                res[key] = outs[i]
+                i += 1
+            else:
+                res[key] = tuple(outs[i:i + n])
+                i += n
+        return res
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, (int, slice)):
+            return self.to_tuple()[k]
+        return super().__getitem__(k)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"engine output has no {name!r}; its keys are {list(self)}") from None
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        """The values in key order, as ``ModelOutput.to_tuple`` gives them."""
+        return tuple(self.values())
+
+
 class Engine:
     """A built engine: call it, save it, load it, benchmark it.
 
@@ -219,8 +259,13 @@ class Engine:
         xs = self.check_inputs(inputs, named)
         return [o.clone() for o in self.runner(*xs)]
 
-    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> Any:
+        """The outputs as the model gave them: one tensor, a tuple, or (for a model returning a dict or a Hugging Face
+        ``ModelOutput``) an :class:`EngineOutput` by the same keys."""
         outs = self.run(*inputs, **named)
+        layout = self.header.get("output_mapping")
+        if layout:
+            return EngineOutput.from_flat(layout, outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def random_inputs(self, shapes: dict[str, tuple[int, ...]] | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
