@@ -67,6 +67,11 @@ def lamb_update(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
 class Lamb(torch.optim.Optimizer):
     """apex.optimizers.FusedLAMB in torch (see the module docstring); moments in fp32.
 
+    The layout is apex's, so its checkpoints load: one ``step`` per param group (advanced at every ``step()``,
+    the bias correction of a parameter that had no gradient for a while follows its group's count), the moments
+    ``exp_avg`` / ``exp_avg_sq`` per parameter. Gradients are clipped by the constructor's ``max_grad_norm``
+    over all groups together.
+
     Example:
         >>> w = torch.nn.Parameter(torch.ones(4)); opt = Lamb([w], lr=0.1)
         >>> w.grad = torch.ones(4); opt.step(); round(float(w.detach()[0]), 4)
@@ -91,19 +96,23 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         grads = [q.grad for g in self.param_groups for q in g["params"] if q.grad is not None]
+        # one global norm over every gradient, clipped by the constructor's max_grad_norm (apex's defaults value)
+        clip = clip_divisor(grads, self.defaults["max_grad_norm"])
         for group in self.param_groups:
-            clip = clip_divisor(grads, group["max_grad_norm"])  # one global norm over every gradient
+            if "step" not in group:
+                # a fresh group; or a checkpoint of this class's older layout, one step per parameter state
+                old = [self.state[q].pop("step") for q in group["params"] if "step" in self.state.get(q, {})]
+                group["step"] = int(max(old, default=0))
+            group["step"] += 1  # as apex: one step per group, advanced at every step() call
             for q in group["params"]:
                 if q.grad is None:
                     continue
                 state = self.state[q]
-                if not state:
-                    state["step"] = 0
+                if "exp_avg" not in state:
                     state["exp_avg"] = torch.zeros_like(q, dtype=torch.float32)
                     state["exp_avg_sq"] = torch.zeros_like(q, dtype=torch.float32)
-                state["step"] += 1
                 g = q.grad.float() if clip is None else q.grad.float() / clip.to(q.device)
-                new = lamb_update(q.float(), g, state["exp_avg"], state["exp_avg_sq"], state["step"], group,
+                new = lamb_update(q.float(), g, state["exp_avg"], state["exp_avg_sq"], group["step"], group,
                                   self.adam_w_mode, self.use_nvlamb)
                 q.copy_(new)
         return loss

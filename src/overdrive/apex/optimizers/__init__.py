@@ -52,6 +52,30 @@ def _refuse(name: str, **bad: tuple[Any, bool, str]) -> None:
             raise UsageError(f"{name}({key}={value!r}) is not supported: {why}")
 
 
+def _with_param_steps(name: str, state_dict: dict[str, Any], missing: float | None = None) -> dict[str, Any]:
+    """``state_dict`` in torch's layout: apex's FusedAdam and FusedAdagrad kept one ``step`` per param group and
+    none per parameter, and torch's ``load_state_dict`` failed on such a checkpoint with ``KeyError: 'step'``.
+    Each parameter's state without a step gets its group's (``missing`` where the group has none, else an error);
+    the groups lose theirs (it would go stale)."""
+    state = state_dict.get("state", {})
+    if not any(isinstance(s, dict) and s and "step" not in s for s in state.values()):
+        return state_dict
+    state, groups = dict(state), []
+    for group in state_dict.get("param_groups", []):
+        group = dict(group)
+        step = group.pop("step", missing)
+        for pid in group.get("params", []):
+            saved = state.get(pid)
+            if saved and "step" not in saved:
+                if step is None:
+                    raise UsageError(f"{name}.load_state_dict: parameter {pid}'s state has no 'step' and its param "
+                                     "group none either (apex's layout keeps it in the group); pass a state dict "
+                                     f"saved by {name}, torch's optimizer or apex's")
+                state[pid] = dict(saved, step=torch.tensor(float(step), dtype=torch.float32))
+        groups.append(group)
+    return dict(state_dict, state=state, param_groups=groups)
+
+
 class FusedAdam(torch.optim.Adam):
     """apex.optimizers.FusedAdam: torch's Adam with decoupled weight decay (``adam_w_mode=True``, apex's default: AdamW's
     math) or L2 weight decay (``adam_w_mode=False``), ``fused=True`` where torch has a fused kernel, else foreach.
@@ -91,6 +115,18 @@ class FusedAdam(torch.optim.Adam):
         self.defaults["bias_correction"] = bool(bias_correction)
         for group in self.param_groups:
             group.setdefault("bias_correction", bool(bias_correction))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's, also taking apex's FusedAdam checkpoints (the step count kept per param group).
+
+        Example:
+            >>> w = torch.nn.Parameter(torch.ones(2)); opt = FusedAdam([w])
+            >>> apex_sd = {"state": {0: {"exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}},
+            ...            "param_groups": [dict(opt.state_dict()["param_groups"][0], step=7)]}
+            >>> opt.load_state_dict(apex_sd); int(opt.state[w]["step"])
+            7
+        """
+        super().load_state_dict(_with_param_steps("FusedAdam", state_dict))
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -214,6 +250,11 @@ class FusedAdagrad(torch.optim.Adagrad):
         super().__init__(params, lr=lr, eps=eps, weight_decay=weight_decay, **fast)
         self.state.clear()  # torch's constructor made it; see _init_state
         self.adagrad_w_mode = adagrad_w_mode
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's, also taking apex's FusedAdagrad checkpoints (``sum`` per parameter and no step count anywhere:
+        Adagrad without lr decay never reads it, so it starts at 0)."""
+        super().load_state_dict(_with_param_steps("FusedAdagrad", state_dict, missing=0.0))
 
     def _init_state(self) -> None:
         """torch's Adagrad state for the parameters about to get their first step."""
