@@ -156,8 +156,9 @@ def test_presets_are_read_only_and_copies_are_editable():
 
 
 def test_smoothquant_config_matches_the_native_smoothquant():
-    native = quant.quantize(make_model(), quant.INT8_SMOOTHQUANT.replace(  # ModelOpt: [-128, 127], lm_head float
-        residual_add=False, weight=quant.QuantizerConfig(per_channel=True), exclude=("*lm_head*",)), forward_loop)
+    native = quant.quantize(make_model(), quant.INT8_SMOOTHQUANT.replace(  # ModelOpt: [-128, 127], lm_head float,
+        residual_add=False, weight=quant.QuantizerConfig(per_channel=True), exclude=("*lm_head*",),
+        smoothquant=1.0), forward_loop)  # and "smoothquant" without alpha is ModelOpt's default alpha, 1.0
     ported = mtq.quantize(make_model(), mtq.INT8_SMOOTHQUANT_CFG, forward_loop)
     smoothed = {n: q.pre_quant_scale for n, q in quant.quantizers(ported) if q.pre_quant_scale is not None}
     assert smoothed and smoothed.keys() == {n for n, q in quant.quantizers(native) if q.pre_quant_scale is not None}

@@ -68,8 +68,8 @@ class QuantizerConfig(ConfigBase):
 def check_alpha(alpha: object) -> float:
     """A SmoothQuant alpha as a float in [0, 1], or a UsageError that names it."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= float(alpha) <= 1.0:
-        raise UsageError(f"SmoothQuant alpha={alpha!r} must be a number in [0, 1] (0.5 is the paper's and "
-                         "ModelOpt's default; larger moves more of the outliers into the weights)")
+        raise UsageError(f"SmoothQuant alpha={alpha!r} must be a number in [0, 1] (0.5 is the paper's "
+                         "default, 1.0 ModelOpt's; larger moves more of the outliers into the weights)")
     return float(alpha)
 
 

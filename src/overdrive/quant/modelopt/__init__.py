@@ -42,7 +42,8 @@ ForwardLoop = Callable[[torch.nn.Module], Any]
 
 
 from overdrive.quant.modelopt.config import (_MISSING_FUNCTIONS, _MISSING_PRESETS, FP8_DEFAULT_CFG, INT8_DEFAULT_CFG,
-                                             INT8_SMOOTHQUANT_CFG, INT8_WEIGHT_ONLY_CFG, MissingPresetError)
+                                             INT8_SMOOTHQUANT_CFG, INT8_WEIGHT_ONLY_CFG, MissingPresetError,
+                                             QuantizerAttributeConfig)
 from overdrive.quant.modelopt.quant_cfg import (QuantCfgList, Rule, find_quant_cfg_entry_by_path,
                                                 normalize_quant_cfg_list, rules)
 
@@ -66,17 +67,25 @@ _DEFAULT_ONLY = {"type": "static", "bias": None, "learn_amax": False, "rotate": 
                  "use_constant_amax": False, "backend": None, "backend_extra_args": None}
 
 
+# ModelOpt's SmoothQuantCalibConfig default (and its smoothquant(model, forward_loop, alpha=1.0)): "smoothquant" with
+# no alpha moves all of each input channel's range into the weight (x / max|x_j|). quant.INT8_SMOOTHQUANT keeps the
+# paper's 0.5; a ported script gets ModelOpt's numerics.
+_SMOOTHQUANT_ALPHA = 1.0
+
+
 def _smoothquant_alpha(algorithm: Any) -> float | None:
     """SmoothQuant's alpha when ``algorithm`` asks for it ("smoothquant", or a dict with "alpha"), else None."""
     from overdrive.quant.config import check_alpha
 
     if algorithm == "smoothquant":
-        return 0.5
+        return _SMOOTHQUANT_ALPHA
     if isinstance(algorithm, Mapping) and algorithm.get("method") == "smoothquant":
         bad = [k for k in algorithm if k not in ("method", "alpha")]
         if bad:
-            raise UsageError(f"smoothquant settings {bad} are not supported; it takes 'alpha' (default 0.5)")
-        return check_alpha(algorithm.get("alpha", 0.5))
+            raise UsageError(f"smoothquant settings {bad} are not supported; it takes 'alpha' (default "
+                             f"{_SMOOTHQUANT_ALPHA}, as ModelOpt)")
+        alpha = algorithm.get("alpha")
+        return _SMOOTHQUANT_ALPHA if alpha is None else check_alpha(alpha)
     return None
 
 
@@ -535,6 +544,7 @@ def print_quant_summary(model: torch.nn.Module) -> None:
 
 
 __all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_WEIGHT_ONLY_CFG", "QuantCfgList",
+           "QuantizerAttributeConfig", "QuantModuleRegistry", "TensorQuantizer",
            "normalize_quant_cfg_list", "find_quant_cfg_entry_by_path", "quantize", "calibrate",
            "register", "unregister",
            "set_quantizer_by_cfg", "set_quantizer_attribute", "postprocess_amax", "fold_weight", "disable_quantizer",
@@ -542,3 +552,4 @@ __all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_
 
 from overdrive.quant.modelopt import nn  # noqa: E402  (mtq.nn.TensorQuantizer; imported last: it needs nothing above)
 from overdrive.quant.modelopt import utils  # noqa: E402  (mtq.utils.is_quantized, as ModelOpt's package has it)
+from overdrive.quant.modelopt.nn import QuantModuleRegistry  # noqa: E402  (mtq.QuantModuleRegistry, as ModelOpt)

@@ -17,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from overdrive._utils.errors import UsageError
@@ -116,8 +118,9 @@ FP8_DEFAULT_CFG = _preset("max", {"quantizer_name": "*weight_quantizer", "cfg": 
 
 INT8_SMOOTHQUANT_CFG = _preset("smoothquant", {"quantizer_name": "*weight_quantizer", "cfg": dict(_INT8_PER_CHANNEL)},
                                {"quantizer_name": "*input_quantizer", "cfg": dict(_INT8)})
-"""SmoothQuant (alpha 0.5; ``{"method": "smoothquant", "alpha": a}`` sets it) then max calibration: int8 per-channel
-weights, per-tensor activations (quant.INT8_SMOOTHQUANT's numerics with [-128, 127] weights)."""
+"""SmoothQuant then max calibration: int8 per-channel weights, per-tensor activations. ``"smoothquant"`` takes
+ModelOpt's default alpha, 1.0 (input channel j divided by its max |x_j|, the weight column multiplied by it);
+``{"method": "smoothquant", "alpha": a}`` sets it (0.5 is the paper's, and quant.INT8_SMOOTHQUANT's)."""
 
 INT8_WEIGHT_ONLY_CFG = _preset("max", {"quantizer_name": "*weight_quantizer", "cfg": dict(_INT8_PER_CHANNEL)},
                                {"quantizer_name": "*input_quantizer", "enable": False})
@@ -141,6 +144,108 @@ _MISSING_PRESETS = {
                                      "(per-tensor) or quant.dynamic_int8(model) for per-token int8",
     "FP8_2D_BLOCKWISE_WEIGHT_ONLY_CFG": "block-wise fp8 weights are not in this port; use mtq.FP8_DEFAULT_CFG",
 }
+
+
+_FP_FORMATS = ((4, 3), (5, 2), (2, 1), (1, 2), (0, 3), (3, 0), (3, 2), (2, 3))  # the (E, M) pairs ModelOpt accepts
+_ATTRIBUTE_DEFAULTS = MappingProxyType({
+    "enable": True, "num_bits": 8, "axis": None, "fake_quant": True, "unsigned": False, "narrow_range": False,
+    "learn_amax": False, "type": "static", "block_sizes": None, "bias": None, "trt_high_precision_dtype": "Float",
+    "calibrator": "max", "rotate": False, "pass_through_bwd": True,
+})
+
+
+class QuantizerAttributeConfig(Mapping):
+    """ModelOpt's ``mtq.QuantizerAttributeConfig``: one quantizer's attributes, every field with ModelOpt's default
+    (``enable=True, num_bits=8, axis=None, fake_quant=True, unsigned=False, narrow_range=False, type="static",
+    block_sizes=None, trt_high_precision_dtype="Float", calibrator="max"``, ...). Checked as ModelOpt checks it when
+    built or assigned (a field name, ``num_bits`` a positive int or an (E, M) pair, ``type``, ``calibrator``,
+    ``axis`` and ``block_sizes`` not both). It reads as a dict (``cfg["num_bits"]``, ``dict(cfg)``,
+    ``cfg.model_dump()``), so it goes wherever a dict of attributes goes: a ``quant_cfg`` value or entry ``cfg``,
+    ``mtq.set_quantizer_attribute``. Whether overdrive can apply it (int8 / fp8 e4m3, no blocks) is checked there.
+
+    Example:
+        >>> import overdrive.quant.modelopt as mtq
+        >>> cfg = mtq.QuantizerAttributeConfig(num_bits=(4, 3), axis=None)
+        >>> cfg.num_bits, cfg["enable"], cfg.model_dump()["calibrator"]
+        ((4, 3), True, 'max')
+    """
+
+    def __init__(self, **attributes: Any) -> None:
+        for name, value in {**_ATTRIBUTE_DEFAULTS, **attributes}.items():
+            setattr(self, name, value)
+        self._check()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _ATTRIBUTE_DEFAULTS:
+            raise UsageError(f"QuantizerAttributeConfig has no field {name!r}; its fields: {list(_ATTRIBUTE_DEFAULTS)}")
+        if name == "num_bits" and isinstance(value, list):
+            value = tuple(value)  # JSON / YAML give (4, 3) as a list
+        old = self.__dict__.get(name, _ATTRIBUTE_DEFAULTS[name])
+        object.__setattr__(self, name, value)
+        if len(self.__dict__) == len(_ATTRIBUTE_DEFAULTS):  # assignment after construction: check it, as pydantic does
+            try:
+                self._check()
+            except UsageError:
+                object.__setattr__(self, name, old)
+                raise
+
+    def _check(self) -> None:
+        bits = self.num_bits
+        if isinstance(bits, bool) or not (
+                (isinstance(bits, int) and bits > 0)
+                or (isinstance(bits, tuple) and len(bits) == 2 and all(isinstance(b, int) for b in bits))):
+            raise UsageError(f"QuantizerAttributeConfig num_bits={bits!r}: expected a positive int (8) or an "
+                             "(exponent, mantissa) pair such as (4, 3)")
+        if isinstance(bits, tuple) and bits not in _FP_FORMATS:
+            raise UsageError(f"QuantizerAttributeConfig num_bits={bits!r} is not a floating-point format ModelOpt "
+                             f"knows; expected one of {list(_FP_FORMATS)}, e.g. (4, 3) for fp8 e4m3")
+        axis = self.axis
+        if not (axis is None or (isinstance(axis, int) and not isinstance(axis, bool))
+                or (isinstance(axis, tuple) and all(isinstance(a, int) for a in axis))):
+            raise UsageError(f"QuantizerAttributeConfig axis={axis!r}: expected None (per tensor), an int (0: per "
+                             "output channel of a weight) or a tuple of ints")
+        if self.block_sizes is not None and axis is not None:
+            raise UsageError(f"QuantizerAttributeConfig axis={axis!r} with block_sizes={self.block_sizes!r}: they "
+                             "cannot coexist; set axis=None for block quantization")
+        for name in ("enable", "fake_quant", "unsigned", "narrow_range", "learn_amax", "rotate", "pass_through_bwd"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"QuantizerAttributeConfig {name}={getattr(self, name)!r} must be True or False")
+        if self.learn_amax:
+            raise UsageError("QuantizerAttributeConfig learn_amax=True: deprecated in ModelOpt; leave it False")
+        choices = {"type": ("static", "dynamic"), "trt_high_precision_dtype": ("Float", "Half", "BFloat16")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise UsageError(f"QuantizerAttributeConfig {name}={getattr(self, name)!r}: expected one of {allowed}")
+        if isinstance(self.calibrator, str) and self.calibrator not in ("max", "histogram"):
+            raise UsageError(f"QuantizerAttributeConfig calibrator={self.calibrator!r}: expected 'max' or 'histogram'")
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _ATTRIBUTE_DEFAULTS:
+            raise KeyError(key)
+        return self.__dict__[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_ATTRIBUTE_DEFAULTS)
+
+    def __len__(self) -> int:
+        return len(_ATTRIBUTE_DEFAULTS)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def model_dump(self) -> dict[str, Any]:
+        """The attributes as a plain dict (pydantic's name, which ModelOpt's configs have)."""
+        return {k: copy.deepcopy(self.__dict__[k]) for k in _ATTRIBUTE_DEFAULTS}
+
+    @classmethod
+    def model_validate(cls, obj: Mapping[str, Any]) -> QuantizerAttributeConfig:
+        """A config from a dict of attributes (pydantic's name)."""
+        if not isinstance(obj, Mapping):
+            raise UsageError(f"QuantizerAttributeConfig.model_validate takes a dict of attributes; got {obj!r}")
+        return cls(**obj)
+
+    def __repr__(self) -> str:
+        return f"QuantizerAttributeConfig({', '.join(f'{k}={v!r}' for k, v in self.items())})"
 
 
 class MissingPresetError(UsageError, AttributeError):

@@ -68,12 +68,12 @@ class QuantCfgList(list):
     """
 
     def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
-        if not isinstance(key, str):
+        if not _is_key(key):
             return super().__getitem__(key)
         at = self._indices(key)
         if not at:
             raise KeyError(key)
-        if key.startswith("nn."):
+        if isinstance(key, str) and key.startswith("nn."):
             out: dict[str, Any] = {}
             for e in (list.__getitem__(self, i) for i in at):
                 out.update({e["quantizer_name"]: self._flat(e)} if "quantizer_name" in e else e[key])
@@ -81,11 +81,11 @@ class QuantCfgList(list):
         return self._flat(list.__getitem__(self, at[-1]))
 
     def __setitem__(self, key: Any, value: Any) -> None:  # type: ignore[override]
-        if not isinstance(key, str):
+        if not _is_key(key):
             super().__setitem__(key, value)
             return
         new = _legacy_entries(key, value, store=True)
-        if key.startswith("nn."):
+        if isinstance(key, str) and key.startswith("nn."):
             at = self._indices(key)
             for i in reversed(at):
                 super().__delitem__(i)
@@ -101,7 +101,7 @@ class QuantCfgList(list):
             self.append(new[0])
 
     def __delitem__(self, key: Any) -> None:  # type: ignore[override]
-        if not isinstance(key, str):
+        if not _is_key(key):
             super().__delitem__(key)
             return
         at = self._indices(key)
@@ -111,7 +111,7 @@ class QuantCfgList(list):
             super().__delitem__(i)
 
     def __contains__(self, key: object) -> bool:
-        if isinstance(key, str):
+        if _is_key(key):
             return bool(self._indices(key))
         return super().__contains__(key)
 
@@ -124,7 +124,7 @@ class QuantCfgList(list):
 
     def pop(self, key: Any = -1, *default: Any) -> Any:  # type: ignore[override]
         """``pop()`` / ``pop(i)`` as on a list; ``pop("*lm_head*"[, default])`` as on the old dict."""
-        if not isinstance(key, str):
+        if not _is_key(key):
             return super().pop(key)
         if key not in self:
             if default:
@@ -149,7 +149,7 @@ class QuantCfgList(list):
         out: list[str] = []
         for e in self._entries():
             k = self._key_of(e)
-            if isinstance(k, str) and k not in out:
+            if _is_key(k) and k not in out:
                 out.append(k)
         return out
 
@@ -175,10 +175,12 @@ class QuantCfgList(list):
             return next(iter(entry), None) if len(entry) == 1 else None
         return entry.get("parent_class") or entry["quantizer_name"]
 
-    def _indices(self, key: str) -> list[int]:
-        """Where the entries of old dict key ``key`` are ("default" is the unscoped "*" entry)."""
-        names = ("*", "default") if key in ("*", "default") else (key,)
-        return [i for i, e in enumerate(self._entries()) if self._key_of(e) in names]
+    def _indices(self, key: Any) -> list[int]:
+        """Where the entries of old dict key ``key`` are ("default" is the unscoped "*" entry; a filter function
+        by identity)."""
+        names = ("*", "default") if isinstance(key, str) and key in ("*", "default") else (key,)
+        return [i for i, e in enumerate(self._entries()) if any(self._key_of(e) is n or (
+            isinstance(n, str) and self._key_of(e) == n) for n in names)]
 
     def _flat(self, entry: Any) -> Any:
         """The entry's attributes as the old flat dict, kept as the entry's ``cfg`` so edits reach it."""
@@ -192,6 +194,12 @@ class QuantCfgList(list):
             cfg["enable"] = entry.pop("enable")
         entry["cfg"] = cfg
         return cfg
+
+
+def _is_key(key: object) -> bool:
+    """An old ``quant_cfg`` dict key: a wildcard string or a filter function of the quantizer name (ModelOpt's
+    dict form takes both); an int or slice indexes the list."""
+    return isinstance(key, str) or (callable(key) and not isinstance(key, type))
 
 
 def _legacy_entries(key: Any, value: Any, store: bool = False) -> list[dict[str, Any]]:
