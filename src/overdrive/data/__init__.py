@@ -18,6 +18,7 @@ from overdrive.data.api import (
     bench,
     make_sample_dataset,
     measure,
+    prune_token_cache,
     shard_indices,
     read_texts,
     tokenize,
@@ -28,5 +29,5 @@ __all__ = [
     "ImageLoader", "LoaderConfig", "LoaderStats", "IMAGENET_TRAIN", "IMAGENET_EVAL", "PRESETS", "shard_indices",
     "bench", "measure", "make_sample_dataset",
     # text
-    "tokenize", "TokenizedTexts", "read_texts",
+    "tokenize", "TokenizedTexts", "read_texts", "prune_token_cache",
 ]

@@ -13,10 +13,11 @@ from overdrive.data.config import IMAGENET_EVAL, IMAGENET_TRAIN, PRESETS, Loader
 from overdrive.data.loader import ImageLoader, LoaderStats, shard_indices
 from overdrive.data.samples import make_sample_dataset
 from overdrive.data.texts import read_texts
-from overdrive.data.tokenize import TokenizedTexts, tokenize
+from overdrive.data.tokenize import TokenizedTexts, prune_token_cache, tokenize
 
 __all__ = ["ImageLoader", "LoaderConfig", "LoaderStats", "IMAGENET_TRAIN", "IMAGENET_EVAL", "PRESETS", "shard_indices",
-           "bench", "measure", "make_sample_dataset", "tokenize", "TokenizedTexts", "read_texts"]
+           "bench", "measure", "make_sample_dataset", "tokenize", "TokenizedTexts", "read_texts",
+           "prune_token_cache"]
 
 
 def bench(source: Any, batch_size: int = 256, size: int = 224, workers: tuple[int, ...] = (0, 4), batches: int = 5,

@@ -95,8 +95,10 @@ class LoaderConfig(ConfigBase):
     pipeline: str = "auto"
     persistent_workers: bool = False  # CPU pipeline: keep the worker processes from one epoch to the next (as
     #                                   DataLoader's option; ImageLoader.close() or the loader's end stops them)
+    apply_exif_orientation: bool = False  # turn photos upright as their EXIF tag says (PIL's exif_transpose); off as
+    #                                       in torchvision's decode_image and ImageFolder: pixels as stored
     # fields added after configs were first saved: left out of to_json() at their default, so old JSON round-trips
-    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("persistent_workers",)
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("persistent_workers", "apply_exif_orientation")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_out_dtype(self.dtype))
@@ -116,7 +118,7 @@ class LoaderConfig(ConfigBase):
                 raise UsageError(f"{name}={value!r} must be an int" + (" (use // for integer division, e.g. "
                                  "batch_size=global_batch // world_size)" if isinstance(value, float) else ""))
             object.__setattr__(self, name, int(value))  # NumPy ints become ints: to_json() can write them
-        for name in ("train", "channels_last", "drop_last", "fused", "persistent_workers"):  # train="no" is truthy
+        for name in ("train", "channels_last", "drop_last", "fused", "persistent_workers", "apply_exif_orientation"):  # train="no" is truthy
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise UsageError(f"{name}={value!r} must be True or False")

@@ -71,9 +71,40 @@ def _gray_to_rgb8(a: np.ndarray, mode: str) -> np.ndarray:
     return np.repeat(g[..., None], 3, axis=2)
 
 
-def decode_cpu(data: bytes) -> torch.Tensor:
+EXIF_ORIENTATION = 0x0112  # the EXIF tag: 1 = stored upright, 2-8 = mirrored and/or rotated
+
+
+def exif_orientation(data: bytes) -> int:
+    """The EXIF orientation (1-8) of an encoded image; 1 (upright) when it has none or it cannot be read.
+
+    Example:
+        >>> exif_orientation(b"not an image")
+        1
+    """
+    Image = require("PIL.Image", extra="vision", feature="CPU image decoding")
+    try:
+        with Image.open(io.BytesIO(data)) as im:  # headers only: the pixels are not decoded
+            return _orientation(im)
+    except Exception:  # not an image: the decoder judges the file
+        return 1
+
+
+def _orientation(im: object) -> int:
+    """An open Pillow image's EXIF orientation, 1 when absent, out of range or unreadable (a broken EXIF block
+    leaves the pixels as stored rather than losing the image)."""
+    try:
+        value = im.getexif().get(EXIF_ORIENTATION, 1)  # type: ignore[attr-defined]
+    except Exception:
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def decode_cpu(data: bytes, apply_exif_orientation: bool = False) -> torch.Tensor:
     """Any Pillow-readable image -> (3, H, W) uint8 RGB (grayscale, palette, RGBA and CMYK converted).
 
+    ``apply_exif_orientation=True`` turns the image upright as its EXIF orientation tag says (what
+    ``PIL.ImageOps.exif_transpose`` and torchvision's ``decode_image(..., apply_exif_orientation=True)`` do);
+    the default leaves the pixels as stored, as torchvision's default and its ImageFolder loader do.
     Raises :class:`DecodeError` for corrupt or truncated data.
 
     Example:
@@ -83,6 +114,10 @@ def decode_cpu(data: bytes) -> torch.Tensor:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()  # raises on truncated data (LOAD_TRUNCATED_IMAGES stays False)
+            if apply_exif_orientation and _orientation(im) != 1:
+                from PIL import ImageOps
+
+                im = ImageOps.exif_transpose(im)  # a new, upright image (the file's one is closed on exit)
             if im.mode.startswith(("I", "F")):  # 16-bit and 32-bit gray (depth maps, scans), float gray
                 arr = _gray_to_rgb8(np.asarray(im), im.mode)
             else:
@@ -96,13 +131,21 @@ def decode_cpu(data: bytes) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1)  # (3, H, W), a view over HWC memory
 
 
+def gpu_decodable(data: bytes, apply_exif_orientation: bool = False) -> bool:
+    """Whether nvJPEG decodes ``data`` as the CPU path would: a safe JPEG (:attr:`JpegInfo.gpu_ok`) and, when
+    EXIF orientation is applied, stored upright (a rotated one goes to the CPU, which turns it)."""
+    return jpeg_info(data).gpu_ok and not (apply_exif_orientation and exif_orientation(data) != 1)
+
+
 def decode_gpu(datas: Sequence[bytes | torch.Tensor], device: torch.device,
-               gpu_ok: Sequence[bool] | None = None) -> tuple[list[torch.Tensor | None], int]:
+               gpu_ok: Sequence[bool] | None = None,
+               apply_exif_orientation: bool = False) -> tuple[list[torch.Tensor | None], int]:
     """Batched nvJPEG decode of the GPU-safe JPEGs; the rest (PNG, CMYK, progressive, truncated,
     or anything nvJPEG rejects) decode on the CPU and are copied over.
 
     ``datas`` are encoded images as bytes or 1-D uint8 CPU tensors; ``gpu_ok`` (from
-    :func:`jpeg_info`, when the caller parsed the headers already) saves parsing them again.
+    :func:`gpu_decodable`, when the caller parsed the headers already) saves parsing them again. With
+    ``apply_exif_orientation`` a JPEG whose EXIF tag says it is rotated decodes on the CPU, turned upright.
     Returns ((3, H, W) uint8 tensors on ``device``, None where the image is corrupt) and the number
     that fell back to the CPU.
     """
@@ -112,7 +155,7 @@ def decode_gpu(datas: Sequence[bytes | torch.Tensor], device: torch.device,
         return d if isinstance(d, (bytes, bytearray)) else d.numpy().tobytes()
 
     out: list[torch.Tensor | None] = [None] * len(datas)
-    ok = list(gpu_ok) if gpu_ok is not None else [jpeg_info(raw(d)).gpu_ok for d in datas]
+    ok = list(gpu_ok) if gpu_ok is not None else [gpu_decodable(raw(d), apply_exif_orientation) for d in datas]
     gpu_idx = [i for i in range(len(datas)) if ok[i]]
     cpu_idx = [i for i in range(len(datas)) if not ok[i]]
     if gpu_idx:
@@ -130,7 +173,7 @@ def decode_gpu(datas: Sequence[bytes | torch.Tensor], device: torch.device,
                     cpu_idx.append(i)
     for i in cpu_idx:
         try:
-            out[i] = decode_cpu(raw(datas[i])).to(device, non_blocking=False)
+            out[i] = decode_cpu(raw(datas[i]), apply_exif_orientation).to(device, non_blocking=False)
         except DecodeError:
             out[i] = None
     return out, len(cpu_idx)

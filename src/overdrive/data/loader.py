@@ -27,7 +27,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.data.config import LoaderConfig
-from overdrive.data.decode import DecodeError, decode_cpu, decode_gpu, jpeg_info
+from overdrive.data.decode import DecodeError, decode_cpu, decode_gpu, gpu_decodable
 from overdrive.data.sources import Sample, resolve
 from overdrive.data.transforms import batch_generator, draw_params, finish, rrc_boxes, transform_batch, transform_one
 
@@ -116,7 +116,7 @@ class _BatchDataset(torch.utils.data.Dataset):
         for j, i in enumerate(idx):
             s = self.samples[i]
             try:
-                imgs.append(decode_cpu(s.read()))
+                imgs.append(decode_cpu(s.read(), cfg.apply_exif_orientation))
             except (DecodeError, OSError) as exc:
                 bad.append(f"{s.path}@{s.offset}: {exc}")
                 continue
@@ -189,10 +189,10 @@ class _BytesDataset(torch.utils.data.Dataset):
 
     Returns (batch index, packed bytes (uint8), sizes, nvJPEG-safe flags, labels, positions in the
     batch, unreadable files): one buffer per batch, so a worker process hands it over through shared
-    memory in one piece."""
+    memory in one piece. With ``exif`` (``apply_exif_orientation``) a rotated JPEG is flagged for the CPU."""
 
-    def __init__(self, samples: list[Sample], batches: list[list[int]], order: list[int]) -> None:
-        self.samples, self.batches, self.order = samples, batches, order
+    def __init__(self, samples: list[Sample], batches: list[list[int]], order: list[int], exif: bool = False) -> None:
+        self.samples, self.batches, self.order, self.exif = samples, batches, order, exif
 
     def __len__(self) -> int:
         return len(self.order)
@@ -208,7 +208,7 @@ class _BytesDataset(torch.utils.data.Dataset):
                 bad.append(f"{s.path}@{s.offset}: {exc}")
                 continue
             parts.append(b)
-            ok.append(jpeg_info(b).gpu_ok)
+            ok.append(gpu_decodable(b, self.exif))
             labels.append(s.label)
             keep.append(j)
         blob = b"".join(parts)
@@ -408,7 +408,7 @@ class ImageLoader:
         workers = max(1, readers_total // T) if readers_total > 0 else 0
         readers = []
         for t in range(T):  # workers fork here, in the calling thread, before any producer thread starts
-            ds = _BytesDataset(self.samples, batches, list(range(t, len(batches), T)))
+            ds = _BytesDataset(self.samples, batches, list(range(t, len(batches), T)), cfg.apply_exif_orientation)
             kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch + 1,
                                   "multiprocessing_context": reader_context()} if workers else {}
             readers.append(iter(torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=workers, **kw)))
@@ -434,7 +434,7 @@ class ImageLoader:
                     datas = list(packed.split(sizes.tolist())) if len(sizes) else []
                     u, flips = draw_params(len(batches[k]), batch_generator(cfg.seed, epoch, cfg.shard_id, k), cfg.flip)
                     with torch.cuda.stream(side):
-                        imgs, fallback = decode_gpu(datas, device, ok.tolist())
+                        imgs, fallback = decode_gpu(datas, device, ok.tolist(), cfg.apply_exif_orientation)
                         good = [j for j, im in enumerate(imgs) if im is not None]
                         bad += [f"{self.samples[batches[k][int(keep[j])]].path}: cannot decode"
                                 for j, im in enumerate(imgs) if im is None]

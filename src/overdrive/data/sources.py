@@ -20,7 +20,9 @@ from pathlib import Path
 
 from overdrive._utils.errors import UsageError
 
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+# torchvision's ImageFolder extensions (.ppm/.pgm included: GTSRB ships as .ppm) and the rest of the Netpbm family
+# WebDataset decodes; the order is the tie-break between several images of one tar sample (JPEG first)
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm")
 _LABEL_EXTS = (".cls", ".label", ".txt")
 
 
@@ -202,9 +204,9 @@ def from_tars(shards: Sequence[str | os.PathLike]) -> list[Sample]:
     its basename (``train/000.input.jpg`` -> key ``train/000``, extension ``input.jpg``). A member is an image
     when its extension ends in an image type (``jpg``, ``input.jpg``); when a sample has several, the image is a
     plain one before a compound one (``jpg`` before ``mask.png``), then by type in the order of IMAGE_EXTS
-    (jpg, jpeg, png, bmp, webp, tif, tiff), then by name. The label is taken from ``.cls``, else ``.label``,
-    else a ``.txt`` that holds an integer: in WebDataset shards ``.txt`` is usually a caption, which is ignored
-    when a ``.cls`` is there or when it is not a number.
+    (jpg, jpeg, png, bmp, webp, tif, tiff, ppm, pgm, pbm, pnm), then by name. The label is taken from ``.cls``,
+    else ``.label``, else a ``.txt`` that holds an integer: in WebDataset shards ``.txt`` is usually a caption,
+    which is ignored when a ``.cls`` is there or when it is not a number.
     """
     samples = []
     for shard in shards:

@@ -9,6 +9,7 @@ import io
 import multiprocessing as mp
 import numbers
 import os
+import re
 import warnings
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -287,8 +288,57 @@ def default_workers(n_texts: int, chunk_size: int = CHUNK_SIZE) -> int:
     return usable_cpus() if n_texts >= 8 * chunk_size else 0
 
 
+_CACHE_FILE = re.compile(r"[0-9a-f]{32}\.npz")  # what tokenize names its cache files: nothing else is pruned
+
+
+def prune_token_cache(cache_dir: str | os.PathLike, max_bytes: int, keep: str | os.PathLike | None = None) -> list[Path]:
+    """Delete :func:`tokenize`'s least recently used cache files in ``cache_dir`` until the rest hold at most
+    ``max_bytes``; returns the paths removed, oldest first.
+
+    Only files named as tokenize names its caches (32 hex digits + ``.npz``) are counted or removed, so other
+    files in the folder are safe. "Used" is the file's modification time, which a cache hit renews. ``keep`` (a
+    cache file) is never removed, even when it alone holds more than ``max_bytes``.
+
+    Example:
+        >>> import tempfile
+        >>> prune_token_cache(tempfile.mkdtemp(), max_bytes=1 << 30)
+        []
+    """
+    if not (_is_int(max_bytes) and max_bytes >= 0):
+        raise UsageError(f"max_bytes={max_bytes!r} must be an int >= 0 (the bytes the cache may keep, e.g. 10 << 30 "
+                         "for 10 GiB)")
+    root = Path(cache_dir).expanduser()
+    if not root.is_dir():
+        raise UsageError(f"cache_dir={str(cache_dir)!r} is not a folder; give the cache_dir passed to tokenize")
+    keep_path = Path(keep).expanduser().resolve() if keep is not None else None
+    entries = []
+    for p in root.iterdir():
+        if not _CACHE_FILE.fullmatch(p.name):
+            continue
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # removed meanwhile (another rank pruning the same folder)
+            continue
+        entries.append((st.st_mtime, p.name, st.st_size, p))
+    total = sum(e[2] for e in entries)
+    removed = []
+    for _, _, size, p in sorted(entries):  # oldest use first
+        if total <= max_bytes:
+            break
+        if keep_path is not None and p.resolve() == keep_path:
+            continue
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+        total -= size
+        removed.append(p)
+    return removed
+
+
 def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None, add_special_tokens: bool = True,
-             num_workers: int | None = None, chunk_size: int = CHUNK_SIZE, cache_dir: str | os.PathLike | None = None) -> TokenizedTexts:
+             num_workers: int | None = None, chunk_size: int = CHUNK_SIZE, cache_dir: str | os.PathLike | None = None,
+             cache_max_bytes: int | None = None) -> TokenizedTexts:
     """Token ids of every text, equal to ``tokenizer.encode(text).ids`` (truncated to ``max_length``).
 
     ``tokenizer`` is a ``tokenizers.Tokenizer`` (its own truncation and fixed-length padding apply, as in its
@@ -299,7 +349,9 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     Texts are split into chunks of ``chunk_size`` and encoded with ``encode_batch`` in
     ``num_workers`` processes (0: in this process, with the tokenizer's own threads; None: one per
     usable CPU core, the affinity mask's, for large inputs). With ``cache_dir`` the result is stored under
-    a key of the tokenizer, options and texts, and a second call loads it.
+    a key of the tokenizer, options and texts, and a second call loads it. The cache grows with every new
+    tokenizer, setting or text list; ``cache_max_bytes`` prunes it after each write to at most that many bytes,
+    least recently used first (:func:`prune_token_cache`; the result just written is kept).
 
     Example:
         >>> # out = tokenize(texts, tokenizers.Tokenizer.from_file("tokenizer.json"), max_length=128,
@@ -313,6 +365,11 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     if num_workers is not None and not (_is_int(num_workers) and num_workers >= 0):
         raise UsageError(f"num_workers={num_workers!r} must be an int >= 0 (0: encode in this process) or None "
                          "(one process per CPU core for large inputs)")
+    if cache_max_bytes is not None and not (_is_int(cache_max_bytes) and cache_max_bytes >= 0):
+        raise UsageError(f"cache_max_bytes={cache_max_bytes!r} must be an int >= 0 (e.g. 10 << 30 for 10 GiB) or None "
+                         "(the cache is never pruned)")
+    if cache_max_bytes is not None and cache_dir is None:
+        raise UsageError("cache_max_bytes is set but cache_dir is None; pass cache_dir=... to cache (and prune) results")
     tok = _backend(tokenizer)
     post = tok.post_processor if add_special_tokens else None
     n_special = post.num_special_tokens_to_add(False) if post is not None else 0
@@ -333,7 +390,14 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         if path.is_file():
             try:  # allow_pickle=False: a cache file never runs code
                 with np.load(path, allow_pickle=False) as z:
-                    return TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+                    out = TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+                try:
+                    os.utime(path)  # used now: prune_token_cache removes the least recently used first
+                except OSError:  # a read-only cache folder still serves hits
+                    pass
+                return out
+            except FileNotFoundError:  # pruned meanwhile (another rank sharing cache_dir): tokenize again
+                pass
             except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
                 # a cache written by a killed process, or another file under its name: tokenize again, write anew
                 warnings.warn(f"overdrive.data.tokenize: cache file {path} is unreadable ({type(exc).__name__}); "
@@ -365,6 +429,8 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         # a temporary file of this call's own (ranks sharing a cache_dir write the same key at once), then a
         # rename: a reader never sees half a cache file
         atomic_write(path, buf.getvalue())
+        if cache_max_bytes is not None:
+            prune_token_cache(path.parent, cache_max_bytes, keep=path)
     return out
 
 
