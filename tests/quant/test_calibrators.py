@@ -143,7 +143,7 @@ def test_histogram_stays_bounded_after_a_near_zero_first_batch(tiny: float) -> N
     assert float(cal.compute_amax("max")) == float(second.abs().max())
     assert float(cal.hist.sum()) == 64 + 10_000
     # reference: numpy's quantile of all the data (the smallest value with cdf >= p, which lies in
-    # the bin whose right edge the calibrator returns), within two (coarse) bins
+    # the bin whose left edge the calibrator returns), within two (coarse) bins
     x = torch.cat([first, second]).abs().numpy()
     for pct in (50.0, 99.0, 99.9):
         ref = float(np.quantile(x, pct / 100, method="inverted_cdf"))

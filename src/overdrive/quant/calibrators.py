@@ -107,7 +107,21 @@ class HistogramCalibrator:
         self.hist += torch.histc(x, bins=n, min=0.0, max=n * self.width).double().cpu()  # hist lives on the CPU
 
     # --- methods, all from the stored histogram -----------------------------------------------
-    def compute_amax(self, method: str = "max", percentile: float | None = None) -> torch.Tensor:
+    def compute_amax(self, method: str = "max", percentile: float | None = None, *, stride: int = 1,
+                     start_bin: int = 128) -> torch.Tensor:
+        """amax by ``method`` from the stored histogram. ``stride`` / ``start_bin``: the entropy and MSE searches
+        try every ``stride``-th bin from ``start_bin`` on, as pytorch-quantization's ``compute_amax``.
+
+        Example:
+            >>> cal = HistogramCalibrator(num_bins=100)
+            >>> cal.collect(torch.arange(1.0, 101.0))  # one value per bin, width 1
+            >>> float(cal.compute_amax("percentile", 50.0))  # the left edge of the bin where the cdf reaches 50%
+            50.0
+        """
+        for name, v, low in (("stride", stride, 1), ("start_bin", start_bin, 1)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+                raise UsageError(f"compute_amax {name}={v!r} must be an integer >= {low} (defaults: stride=1, "
+                                 "start_bin=128)")
         if self.hist is None:
             if getattr(self, "_zeros", 0):
                 return torch.tensor(0.0)  # all-zero activations: amax 0 (the quantizer guards the division)
@@ -115,23 +129,28 @@ class HistogramCalibrator:
         if method == "max":
             return torch.tensor(self.max)
         hist = self.hist.numpy()
-        edges = np.arange(1, hist.size + 1) * self.width  # right edges
         if method == "percentile":
             p = 99.99 if percentile is None else percentile
             if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 100.0:
                 # 200 would silently mean max; quant.calibrate / load_calib_amax also refuse <= 50 (a fraction)
                 raise UsageError(f"percentile {p!r} must be a number in [0, 100], a percent such as 99.99")
-            cdf = np.cumsum(hist) / hist.sum()
-            idx = int(np.searchsorted(cdf, p / 100.0))
-            return torch.tensor(float(min(edges[min(idx, hist.size - 1)], self.max)))
+            # As pytorch-quantization's _compute_amax_percentile: the first bin whose cdf reaches p, and amax that
+            # bin's LEFT edge (bin_edges[idx]); the cdf summed from normalised counts, so a p that the cdf meets
+            # exactly picks the same bin as there. (Earlier: the right edge, one bin larger.) One departure: when
+            # bin 0 already holds p of the data (a few huge outliers), its left edge would be amax 0, quantizing
+            # every value to 0; its right edge is taken instead (and the quantizer's outlier warning says why).
+            cdf = np.cumsum(hist / hist.sum())
+            idx = min(int(np.searchsorted(cdf, p / 100.0)), hist.size)
+            return torch.tensor(float(min(max(idx, 1) * self.width, self.max)))
         if method == "entropy":
-            return torch.tensor(float(_entropy_amax(hist, self.width)))
+            return torch.tensor(float(_entropy_amax(hist, self.width, stride=stride, start_bin=start_bin)))
         if method == "mse":
-            return torch.tensor(float(_mse_amax(hist, self.width, self.bound)))
+            return torch.tensor(float(_mse_amax(hist, self.width, self.bound, stride=stride, start_bin=start_bin)))
         raise UsageError(f"calibration method {method!r} is not one of max, percentile, entropy, mse")
 
 
-def _entropy_amax(hist: np.ndarray, width: float, num_quant_bins: int = 128, stride: int = 1) -> float:
+def _entropy_amax(hist: np.ndarray, width: float, num_quant_bins: int = 128, stride: int = 1,
+                  start_bin: int = 128) -> float:
     """TensorRT's entropy calibration: the clipping bin i minimising KL(P_i || Q_i).
 
     P_i is hist[:i] with the clipped tail folded into its last bin; Q_i merges hist[:i] into 128
@@ -153,7 +172,7 @@ def _entropy_amax(hist: np.ndarray, width: float, num_quant_bins: int = 128, str
     hist[0] = hist[1]
     total_tail = np.cumsum(hist[::-1])[::-1]  # total_tail[i] = sum(hist[i:])
     kls = []
-    cands = list(range(num_quant_bins, nbins + 1, stride))
+    cands = list(range(min(start_bin, nbins), nbins + 1, stride))
     for i in cands:
         h = hist[:i]
         nonzero = h != 0
@@ -181,13 +200,14 @@ def _entropy_amax(hist: np.ndarray, width: float, num_quant_bins: int = 128, str
     return cands[best] * width
 
 
-def _mse_amax(hist: np.ndarray, width: float, bound: float, num_candidates: int = 256) -> float:
-    """The amax whose symmetric quantization (``bound`` levels) of the histogram's bin centres has
-    the lowest count-weighted squared error; candidates span (0, max]."""
+def _mse_amax(hist: np.ndarray, width: float, bound: float, stride: int = 1, start_bin: int = 128) -> float:
+    """pytorch-quantization's (and ModelOpt's) MSE search: the candidates are the bin centres from ``start_bin`` on
+    (every ``stride``-th, as there); each quantizes every bin centre symmetrically
+    (``bound`` levels, int8's narrow range [-127, 127] or fp8 e4m3), and the count-weighted squared error picks
+    the first minimum. (Earlier: 256 evenly spaced candidates, up to 4 bins off the original's choice.)"""
     centers = (np.arange(hist.size) + 0.5) * width
-    top = hist.size * width
-    cands = np.linspace(top / num_candidates, top, num_candidates)
-    best, best_err = top, np.inf
+    cands = centers[start_bin::stride] if hist.size > start_bin else centers  # a short histogram: every centre
+    best, best_err = float(centers[-1]), np.inf
     for amax in cands:
         scale = amax / bound
         if bound == 127.0:
@@ -197,5 +217,5 @@ def _mse_amax(hist: np.ndarray, width: float, bound: float, num_candidates: int 
             q = t.to(torch.float8_e4m3fn).double().numpy() * scale
         err = float(np.sum(hist * (centers - q) ** 2))
         if err < best_err:
-            best_err, best = err, amax
+            best_err, best = err, float(amax)
     return best

@@ -193,8 +193,8 @@ class TensorQuantizer(nn.Module):
 
         ``strict=False`` (pytorch-quantization's keyword, as YOLOv7's QAT recipe passes it): a quantizer whose
         calibrator saw no data (a layer the calibration never ran) warns and keeps its amax instead of raising.
-        Other keywords of pytorch-quantization's ``compute_amax`` (``stride``, ``start_bin``) are accepted; this
-        package's entropy search has its own resolution.
+        ``stride`` / ``start_bin`` (pytorch-quantization's ``compute_amax`` keywords) go to the entropy and MSE
+        searches of a histogram calibrator.
         """
         if self.dynamic:
             return  # no amax: scales come from each input
@@ -215,7 +215,10 @@ class TensorQuantizer(nn.Module):
                               f"method {method!r} in its QuantConfig for that method", RuntimeWarning, stacklevel=2)
             method = "max"  # weights and per-channel quantizers are max-calibrated by design
         try:
-            amax = self.calibrator.compute_amax(method, percentile)
+            if isinstance(self.calibrator, HistogramCalibrator):
+                amax = self.calibrator.compute_amax(method, percentile, **kwargs)
+            else:
+                amax = self.calibrator.compute_amax(method, percentile)
         except UsageError as exc:
             if strict or "saw no data" not in str(exc):
                 raise
@@ -229,6 +232,14 @@ class TensorQuantizer(nn.Module):
         self.amax = amax.detach().float().clone()
 
     def __setattr__(self, name: str, value: object) -> None:
+        if name == "amax" and value is not None and not isinstance(value, torch.Tensor):
+            # pytorch-quantization's setter takes a number or a list (``q.amax = 2.5``, ``q.amax = amaxes``)
+            try:
+                value = torch.tensor(value, dtype=torch.float32,
+                                     device=self.amax.device if self.amax is not None else None)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise UsageError(f"quantizer {self.name or '?'}: amax = {value!r} is not a number, a list of numbers "
+                                 "or a tensor; give the largest magnitude to represent, e.g. q.amax = 2.5") from exc
         if name == "amax" and isinstance(value, torch.Tensor):
             value = self._amax_shape(value)
         super().__setattr__(name, value)

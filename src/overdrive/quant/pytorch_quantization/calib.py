@@ -79,9 +79,7 @@ class HistogramCalibrator(_native.HistogramCalibrator, metaclass=_SameAsNative):
 
     def compute_amax(self, method: str = "max", *, stride: int = 1, start_bin: int = 128,  # type: ignore[override]
                      percentile: float = 99.99) -> torch.Tensor:
-        if stride != 1 or start_bin != 128:
-            raise UsageError("compute_amax: stride and start_bin other than 1 and 128 are not supported")
-        return super().compute_amax(method, percentile)
+        return super().compute_amax(method, percentile, stride=stride, start_bin=start_bin)
 
     def reset(self) -> None:
         self.__init__(num_bins=self.num_bins)  # type: ignore[misc]

@@ -50,7 +50,13 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
     ``_calibrator`` is made with the quantizer (MaxCalibrator, or HistogramCalibrator for
     ``calib_method="histogram"``); ``enable_calib`` / ``disable_quant`` / ``load_calib_amax`` are
     overdrive.quant's own methods. While calibrating, values pass through unquantized.
+
+    ``use_fb_fake_quant``: pytorch-quantization's switch to torch's fake-quant ops, which its users set on the
+    class around ``torch.onnx.export``. Readable and settable here; export writes QuantizeLinear /
+    DequantizeLinear pairs whatever its value (the eager arithmetic is torch's fake quantization already).
     """
+
+    use_fb_fake_quant: bool = False
 
     def __init__(self, quant_desc: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR, disabled: bool = False,
                  if_quant: bool = True, if_calib: bool = False) -> None:
@@ -74,6 +80,14 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
         channel along its axis, as pytorch-quantization's ``TensorQuantizer`` does, instead of raising."""
         if (self.amax is not None or not self.enabled or self.calibrating or not self.quant_enabled or self.dynamic):
             return super().forward(x)
+        if torch.onnx.is_in_onnx_export() and not isinstance(x, torch.nn.Parameter):
+            # the scale would be the example input's max (a constant in a TorchScript graph, data-dependent ops
+            # in a torch.export one): wrong for every other input, and no static Q/DQ for TensorRT
+            raise UsageError(
+                f"activation quantizer {self.name or '(unnamed)'} was never calibrated (it has no amax), so "
+                "exporting it would bake the example input's max as its scale; calibrate the model first (enable_calib"
+                " / forward passes / load_calib_amax), set its amax (q.amax = 2.5), or disable() it to keep that "
+                "input in float")
         x = self.apply_pre_quant_scale(x)
         xf = x.float()
         ax = self.__dict__.get("_channel_axis")  # the per-channel axis (see ``axis``), None per tensor
