@@ -207,6 +207,11 @@ class _LowPrecisionGemm(nn.Module):
     _KEEP_DTYPES = ("w_q", "w_scale", "x_scale", "x_pre")  # 8-bit weights and fp32 scales, whatever .half() says
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Any:
+        # .half() / .bfloat16() / .to(dtype) change the dtype `weight` reads back in, as they would a float layer's
+        # (with no bias buffer to follow, it stayed fp32 and T5-style code cast its bf16 activations back to fp32)
+        probe = fn(torch.empty(0, dtype=self.weight_dtype))
+        if probe.is_floating_point():
+            self.weight_dtype = probe.dtype
         return qconv.keep_dtypes(self, self._KEEP_DTYPES, fn, lambda: super(_LowPrecisionGemm, self)._apply(fn, recurse))
 
     def gemm(self, x2: torch.Tensor) -> torch.Tensor:
@@ -385,6 +390,11 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
         first.device if first is not None else torch.device("cpu"))
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QuantMixin)]
     if not layers:
+        if hasattr(model, "_overdrive_real"):  # a second call on the result: nothing is left to convert
+            done = dict(list(model._overdrive_real.items())[:4])
+            raise UsageError(f"{type(model).__name__} was already converted to low precision (quant.to_real or "
+                             f"quant.dynamic_int8: {done}); use it as it is, or call to_real on the calibrated "
+                             "fake-quant model")
         raise UsageError("the model has no quantized layers; call quant.quantize(model, config, forward_loop) first")
     report: dict[str, str] = {}
     for name, m in layers:
@@ -509,8 +519,19 @@ def _real_residual_add(m: QuantAdd) -> QuantizedResidualAdd | None:
 
 
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` in place of the submodule ``name`` wherever that module is registered: a layer shared under several
+    names (ALBERT-style ``nn.ModuleList([block] * n)``, an alias attribute) is listed once by ``named_modules``, and
+    replacing only that name left the other names on the old (fake-quant or float) layer, silently."""
     parent, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+    holder = model.get_submodule(parent) if parent else model
+    old = holder._modules.get(leaf)
+    setattr(holder, leaf, new)
+    if old is None:
+        return
+    for mod in list(model.modules()):
+        for key, child in list(mod._modules.items()):
+            if child is old:
+                setattr(mod, key, new)
 
 
 C = TypeVar("C", RealConfig, WeightOnlyConfig)

@@ -51,6 +51,9 @@ class WeightOnlyLinear(nn.Module):
         n, k = weight.shape
         if group_size <= 0 or k % group_size:
             raise UsageError(f"group_size={group_size} must divide in_features={k} (e.g. 32, 64, 128)")
+        if bits == 4 and k % 2:
+            raise UsageError(f"int4 packs two weights per byte, so in_features={k} must be even; use bits=8 for "
+                             "this layer (or exclude it)")
         w = weight.detach().float().reshape(n, k // group_size, group_size)
         qmax = 127 if bits == 8 else 7
         scales = w.abs().amax(-1).clamp_min(1e-12) / qmax  # (N, G)
@@ -121,6 +124,8 @@ def weight_only(model: nn.Module, config: WeightOnlyConfig | None = None, **sett
             left[name] = f"{k}x{n} < min_features={cfg.min_features}"
         elif k % cfg.group_size:
             left[name] = f"in_features={k} not divisible by group_size={cfg.group_size}"
+        elif cfg.bits == 4 and k % 2:
+            left[name] = f"in_features={k} is odd (int4 packs two weights per byte)"
         elif any(fnmatch.fnmatch(name, p) for p in cfg.exclude):
             left[name] = "excluded"
         else:
