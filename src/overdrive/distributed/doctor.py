@@ -60,6 +60,63 @@ NCCL_VARS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+# Variables NCCL / torch read that the table above does not describe: known names, so that the typo check below does
+# not take them for misspellings of a described one (NCCL_IB_TIMEOUT is not a misspelt NCCL_TIMEOUT).
+OTHER_KNOWN_VARS = frozenset("""
+NCCL_IB_TIMEOUT NCCL_IB_RETRY_CNT NCCL_IB_SL NCCL_IB_TC NCCL_IB_QPS_PER_CONNECTION NCCL_IB_PCI_RELAXED_ORDERING
+NCCL_IB_ADAPTIVE_ROUTING NCCL_IB_SPLIT_DATA_ON_QPS NCCL_IB_CUDA_SUPPORT NCCL_IB_MERGE_NICS NCCL_IB_ROCE_VERSION_NUM
+NCCL_IB_AR_THRESHOLD NCCL_IB_USE_INLINE NCCL_IB_ECE_ENABLE NCCL_IB_FIFO_TC NCCL_IB_RETURN_ASYNC_EVENTS
+NCCL_IB_ADDR_FAMILY NCCL_IB_ADDR_RANGE NCCL_IB_PKEY NCCL_IB_MERGE_VFS NCCL_IB_GID_INDEX NCCL_SOCKET_FAMILY
+NCCL_SOCKET_NTHREADS NCCL_NSOCKS_PERTHREAD NCCL_NET NCCL_NET_PLUGIN NCCL_NET_GDR_READ NCCL_NET_GDR_C2C
+NCCL_NET_SHARED_BUFFERS NCCL_NET_SHARED_COMMS NCCL_NET_FORCE_FLUSH NCCL_NET_OVERHEAD NCCL_TOPO_FILE
+NCCL_TOPO_DUMP_FILE NCCL_GRAPH_FILE NCCL_GRAPH_DUMP_FILE NCCL_P2P_NET_CHUNKSIZE NCCL_P2P_PCI_CHUNKSIZE
+NCCL_P2P_NVL_CHUNKSIZE NCCL_P2P_USE_CUDA_MEMCPY NCCL_P2P_READ_ENABLE NCCL_P2P_PXN_LEVEL NCCL_SHM_USE_CUDA_MEMCPY
+NCCL_SHM_MEMCPY_MODE NCCL_SHM_LOCALITY NCCL_NTHREADS NCCL_CHECKS_DISABLE NCCL_CHECK_POINTERS NCCL_LAUNCH_MODE
+NCCL_COLLNET_ENABLE NCCL_COLLNET_NODE_THRESHOLD NCCL_CROSS_NIC NCCL_LL_THRESHOLD NCCL_TREE_THRESHOLD
+NCCL_LL128_BUFFSIZE NCCL_LL128_NTHREADS NCCL_NVB_DISABLE NCCL_NVLS_NCHANNELS NCCL_NVLS_CHUNKSIZE NCCL_PXN_DISABLE
+NCCL_RUNTIME_CONNECT NCCL_GRAPH_REGISTER NCCL_LOCAL_REGISTER NCCL_SET_STACK_SIZE NCCL_SET_THREAD_NAME
+NCCL_COMM_BLOCKING NCCL_CGA_CLUSTER_SIZE NCCL_MAX_CTAS NCCL_MIN_CTAS NCCL_IGNORE_CPU_AFFINITY
+NCCL_IGNORE_DISABLED_P2P NCCL_CONF_FILE NCCL_HOSTID NCCL_DMABUF_ENABLE NCCL_MNNVL_ENABLE NCCL_WORK_FIFO_DEPTH
+NCCL_TUNER_PLUGIN NCCL_PROFILER_PLUGIN NCCL_COMM_ID NCCL_MAX_P2P_NCHANNELS NCCL_MIN_P2P_NCHANNELS
+NCCL_NCHANNELS_PER_NET_PEER NCCL_CUMEM_HOST_ENABLE NCCL_RAS_ENABLE NCCL_OOB_NET_ENABLE NCCL_OOB_NET_IFNAME
+NCCL_DEBUG_TIMESTAMP_FORMAT NCCL_WARN_ENABLE_DEBUG_INFO NCCL_NVLS_ENABLE NCCL_NET_GDR_LEVEL
+TORCH_NCCL_USE_COMM_NONBLOCKING TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+TORCH_NCCL_DEBUG_INFO_PIPE_FILE TORCH_NCCL_ENABLE_TIMING TORCH_NCCL_HIGH_PRIORITY TORCH_NCCL_NAN_CHECK
+TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN TORCH_NCCL_COORD_CHECK_MILSEC TORCH_NCCL_ABORT_IN_DESTROY_PG
+TORCH_NCCL_RETHROW_CUDA_ERRORS TORCH_NCCL_PROPAGATE_ERROR TORCH_NCCL_CUDA_EVENT_CACHE TORCH_NCCL_TRACE_CPP_STACK
+TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK TORCH_NCCL_SHOULD_DUMP_ON_TIMEOUT
+""".split())
+
+# NCCL's 0/1 switches: it parses an integer and ignores anything else ("Invalid value yes ... using default"), so
+# NCCL_IB_DISABLE=yes left InfiniBand on while the user believed it off.
+SWITCHES = ("NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_PXN_DISABLE", "NCCL_NVB_DISABLE",
+            "NCCL_COLLNET_ENABLE", "NCCL_CUMEM_ENABLE", "NCCL_DMABUF_ENABLE", "NCCL_NVLS_ENABLE")
+
+
+def misspelt(name: str) -> str | None:
+    """The known variable ``name`` is most likely a misspelling of, or None (a known name, or no close one). NCCL
+    ignores a name it does not read, so a typo silently leaves the setting at NCCL's default.
+
+    Example:
+        >>> misspelt("NCCL_IB_DISABLED"), misspelt("NCCL_IB_TIMEOUT"), misspelt("NCCL_IB_DISABLE")
+        ('NCCL_IB_DISABLE', None, None)
+    """
+    import difflib
+
+    if name in NCCL_VARS or name in OTHER_KNOWN_VARS:
+        return None
+    close = difflib.get_close_matches(name, [*NCCL_VARS, *OTHER_KNOWN_VARS], n=1, cutoff=0.9)
+    return close[0] if close else None
+
+
+def _is_int(value: str) -> bool:
+    try:
+        int(value.strip(), 0)  # as NCCL's strtoll(value, 0): 1, 0x1, 010
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass
 class Finding:
     level: str  # "error" (launch stops), "warning", "info"
@@ -172,6 +229,15 @@ def env_findings(env: dict[str, str], ifaces: list[dict[str, Any]]) -> tuple[lis
             continue
         meaning, risks = NCCL_VARS.get(k, ("(not in the doctor's table: check the NCCL docs)", {}))
         rows.append({"name": k, "value": env[k], "meaning": meaning})
+        meant = misspelt(k)
+        if meant is not None:
+            findings.append(Finding("warning", k, f"{k} is not a variable NCCL or torch reads, so it does nothing; did "
+                                    f"you mean {meant}? rename it ({meant}={env[k]})"))
+            continue
+        if k in SWITCHES and not _is_int(env[k]):
+            findings.append(Finding("warning", k, f"{k}={env[k]!r} is not a number: NCCL reads an integer and ignores "
+                                    f"this value, keeping its default; set {k}=1 (on) or {k}=0 (off)"))
+            continue
         warn = risks.get(env[k].strip().lower()) or risks.get("*")
         if warn:
             findings.append(Finding("warning", k, f"{k}={env[k]}: {warn}"))

@@ -282,6 +282,12 @@ class Parallel:
             assert self.wrapped is not None
             with self.wrapped.no_sync():  # type: ignore[operator]
                 yield
+            if sync:
+                # A forward under no_sync tells DDP not to broadcast the buffers at the next forward; a hand-written
+                # loop runs its last micro-batch outside no_sync, which tells it to. Every micro-batch here runs in
+                # no_sync, so BatchNorm's running stats were never broadcast after the first step and drifted apart
+                # over ranks. The step's end is marked as DDP marks it: rank 0's buffers go out at the next forward.
+                self.wrapped.require_forward_param_sync = True  # type: ignore[union-attr]
             return
         if kind == "fsdp" and self.accumulate > 1:
             self.wrapped.set_requires_gradient_sync(sync)  # type: ignore[union-attr]

@@ -69,7 +69,9 @@ class Trainer:
 
     The settings are a :class:`~overdrive.train.TrainConfig` (``trainer.config``): give one as ``config``,
     keywords (``policy=``, ``accumulate=``, ...; each replaces that field of ``config`` or of the defaults),
-    or both. The objects the loop works on (model, optimizer, ``loss_fn``, ``scheduler``) are arguments.
+    or both. The objects the loop works on (model, optimizer, ``loss_fn``, ``scheduler``) are arguments;
+    ``scheduler_interval`` says when the scheduler steps: "step" (after each optimizer step, the default) or
+    "epoch" (at the end of each :meth:`fit` epoch: ``StepLR(opt, step_size=30)`` meaning 30 epochs).
 
     Batches are ``(inputs, targets)``: inputs a tensor, a tuple of tensors (``model(*inputs)``) or a dict of them
     (``model(**inputs)``); a model that returns a dict or a Hugging Face ModelOutput hands it to ``loss_fn`` as it is.
@@ -86,6 +88,9 @@ class Trainer:
         >>> t2 = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), TrainConfig(accumulate=2), progress=False)
         >>> t2.config.accumulate, t2.config.progress
         (2, False)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> t3 = Trainer(model, opt, scheduler=torch.optim.lr_scheduler.StepLR(opt, step_size=30),
+        ...              scheduler_interval="epoch", progress=False)
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class Trainer:
         *,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         scheduler: Any | None = None,
+        scheduler_interval: str = "step",
         **settings: Any,
     ) -> None:
         if not isinstance(model, nn.Module):
@@ -158,6 +164,10 @@ class Trainer:
                 # it stepped another optimizer's learning rate: this one trained at a constant rate, silently
                 raise UsageError(f"the scheduler ({type(scheduler).__name__}) was built on another optimizer than the "
                                  "one given; build it on this optimizer (a rebuilt optimizer needs a rebuilt scheduler)")
+        if scheduler_interval not in ("step", "epoch"):
+            raise UsageError(f"scheduler_interval={scheduler_interval!r} must be 'step' (scheduler.step() after each "
+                             "optimizer step) or 'epoch' (once at the end of each fit epoch, e.g. for StepLR(step_size=30) "
+                             "counted in epochs)")
         # strategy='ddp'|'fsdp' (or an overdrive.distributed.Strategy): see overdrive/distributed/parallel.py
         self.parallel = None
         if strategy is not None:
@@ -179,6 +189,7 @@ class Trainer:
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self._loss_fn_given = loss_fn is not None
         self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
         self.grad_clip = cfg.grad_clip
         self.accumulate = accumulate
         self.progress = cfg.progress
@@ -218,7 +229,8 @@ class Trainer:
 
     def train_step(self, batch: Batch, end_of_epoch: bool = False) -> torch.Tensor:
         """Forward, scaled backward, (every ``accumulate`` micro-batches) clip, step and step the
-        scheduler (not a ``ReduceLROnPlateau``: :meth:`fit` steps that once per epoch).
+        scheduler (not a ``ReduceLROnPlateau`` or one with ``scheduler_interval="epoch"``: :meth:`fit` steps those once
+        per epoch).
 
         ``end_of_epoch=True`` (what :meth:`fit` passes with an epoch's last batch) also steps a
         partial accumulation of k < ``accumulate`` micro-batches, on the mean of their gradients,
@@ -282,7 +294,7 @@ class Trainer:
             if self.parallel is not None:
                 self.parallel.after_step()
             self.mp.zero_grad()
-            if self.scheduler is not None and not self._plateau:
+            if self.scheduler is not None and not self._plateau and self.scheduler_interval == "step":
                 self.scheduler.step()
             self.step_count += 1
         return loss.detach()
@@ -305,9 +317,11 @@ class Trainer:
         step on the mean gradient of its last k < ``accumulate`` micro-batches (as Lightning and the
         HF Trainer do), so each epoch's gradients stay in that epoch.
 
-        Schedulers step once per optimizer step (in :meth:`train_step`), except
-        ``ReduceLROnPlateau``, which needs a metric: it steps once at the end of each epoch, on the
-        eval loss when ``eval_data`` is given and otherwise on the epoch's mean training loss.
+        Schedulers step once per optimizer step (in :meth:`train_step`), or, with
+        ``Trainer(..., scheduler_interval="epoch")``, once at the end of each epoch (after its evaluation),
+        as a torch loop with ``StepLR(opt, step_size=30)`` counted in epochs does. ``ReduceLROnPlateau``
+        needs a metric: it steps once at the end of each epoch, on the eval loss when ``eval_data`` is
+        given and otherwise on the epoch's mean training loss.
 
         Under ``strategy="ddp"|"fsdp"``, each epoch starts by checking that every rank's ``train_data`` has the same
         number of batches (where it has a ``len``): uneven counts raise ``UsageError`` on every rank.
@@ -383,6 +397,8 @@ class Trainer:
                     # each rank's loss is its own shard's: stepped on it, ranks lowered their lr at different epochs
                     # and the DDP / FSDP replicas drifted apart; the mean over ranks gives every rank one lr
                     self.scheduler.step(_mean_over_ranks(metric, self.device) if self.parallel is not None else metric)
+                elif self.scheduler is not None and self.scheduler_interval == "epoch":
+                    self.scheduler.step()  # after the epoch's eval, as a hand-written torch loop steps an epoch scheduler
                 if bar is not None:
                     bar.update(task, completed=(self.epoch + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
                 result.history.append(stats)
