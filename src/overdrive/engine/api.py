@@ -24,7 +24,7 @@ from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.inputs import (apply_io_formats, check_onnx_dims, onnx_shared_dims, ordered, random_inputs,
                                      resolve_profiles, check_example_in_profiles)
 from overdrive.engine.runtime import Engine, device_facts
-from overdrive.engine.sources import ModelSource, fit_input_names, to_source, with_forward_dtypes
+from overdrive.engine.sources import ModelSource, fit_input_names, float32_source, to_source, with_forward_dtypes
 
 __all__ = ["Builder", "best_candidates", "choose_backend"]
 
@@ -203,7 +203,20 @@ class Builder:
                 dt = getattr(torch, IO_DTYPES[(fmts[i] if len(fmts) > 1 else fmts[0]).split(":")[0]])
                 if not dt.is_floating_point and (len(fmts) > 1 or n not in src.input_dtypes):
                     src.input_dtypes = {**src.input_dtypes, n: dt}
+        # fp16/bf16 builds cast the model to that dtype themselves (no float32 copy of a large half model)
+        src, was = float32_source(src) if cfg.precision not in ("fp16", "bf16") else (src, None)
+        if was is not None and warn:
+            warnings.warn(f"the model's weights are {str(was).removeprefix('torch.')}; the {cfg.precision} engine "
+                          "computes from float32 copies of them (its float inputs and outputs are float32), so its "
+                          f"outputs differ from the {str(was).removeprefix('torch.')} model's by float32 rounding",
+                          UserWarning, stacklevel=3)
+        if warn and src.kind == "module" and any(m.training for m in src.module.modules()):
+            warnings.warn("the model is in training mode (Dropout active, BatchNorm on batch statistics); the engine "
+                          "runs it in eval mode, as inference does, so it will not match the model as it is now: call "
+                          "model.eval() before building", UserWarning, stacklevel=3)
         example = tuple(x.to(device) for x in example_inputs) if example_inputs else random_inputs(cfg.profiles, src, device)
+        if was is not None:  # the float32 copy takes float32 inputs (an fp64 example would not run through it)
+            example = tuple(x.float() if x.is_floating_point() else x for x in example)
         if len(example) != len(src.input_names):
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
@@ -266,7 +279,9 @@ class Builder:
         def _record(_m: Any, _a: Any, out: Any) -> None:
             keys[:], layout[:] = output_keys(out), output_mapping(out)
 
-        hook = None if src.module is None else src.module.register_forward_hook(_record)
+        # a TorchScript module takes no Python hooks (its outputs are then named output / outputN)
+        scripted = isinstance(src.module, torch.jit.ScriptModule)
+        hook = None if src.module is None or scripted else src.module.register_forward_hook(_record)
         try:
             sections, runner, meta = backend.build(src, example, cfg, device, calib)
         finally:

@@ -293,6 +293,25 @@ def dynamic_shapes(profiles: list[ShapeProfile], names: list[str]) -> tuple[dict
 
 
 def from_module(module: nn.Module, input_names: list[str] | None = None) -> ModelSource:
+    """A module source: its inputs named as ``forward`` names its required positional parameters (``input_names``
+    overrides). A TorchScript module (``torch.jit.load`` / ``script`` / ``trace``) has no Python signature: its
+    inputs are named and typed from its graph (:func:`torchscript_inputs`), so shape profiles can name them.
+
+    Example:
+        >>> class Lookup(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.emb = nn.Embedding(10, 4)
+        ...     def forward(self, x, ids):
+        ...         return self.emb(ids).sum(1) + x
+        >>> src = from_module(torch.jit.script(Lookup()))
+        >>> src.input_names, src.input_dtypes["ids"]
+        (['x', 'ids'], torch.int64)
+    """
+    if isinstance(module, torch.jit.ScriptModule) and input_names is None:
+        inputs = torchscript_inputs(module)
+        return ModelSource(module=module, input_names=[n for n, _ in inputs],
+                           input_dtypes={n: dt for n, dt in inputs if not dt.is_floating_point}, kind="torchscript")
     fwd = getattr(module, "forward", module)
     if input_names is None and is_token_model(module):
         input_names = ["input_ids", "attention_mask"] if takes_names(module, ["attention_mask"]) else ["input_ids"]
@@ -305,6 +324,29 @@ def from_module(module: nn.Module, input_names: list[str] | None = None) -> Mode
             input_names = ["input"]
     names = list(input_names)
     return ModelSource(module=module, input_names=names, input_dtypes=integer_dtypes(names), kind="module")
+
+
+def float32_source(src: ModelSource) -> tuple[ModelSource, torch.dtype | None]:
+    """A module source whose floating weights and buffers are float32, and the dtype they had (None when they were
+    float32 already, or the source is no Python module). An engine computes in float32 or the build precision: an
+    fp64 (or fp16) model's weights met float32 inputs and failed in every backend ("Input type (float) and bias type
+    (double) should be the same"; ONNX Runtime has no float64 Conv). The user's model is not changed (a copy).
+
+    Example:
+        >>> src, was = float32_source(from_module(nn.Linear(2, 2).double()))
+        >>> was, src.module.weight.dtype
+        (torch.float64, torch.float32)
+    """
+    m = src.module
+    if m is None or isinstance(m, torch.jit.ScriptModule):
+        return src, None
+    dts = {t.dtype for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()}
+    other = sorted((d for d in dts if d != torch.float32), key=str)
+    if not other:
+        return src, None
+    import copy
+
+    return replace(src, module=copy.deepcopy(m).float()), other[0]
 
 
 def with_forward_dtypes(src: ModelSource) -> ModelSource:

@@ -262,10 +262,36 @@ def _export(module: nn.Module, example: tuple[torch.Tensor, ...], cfg: BuildConf
             return torch.export.export(module, _export_example(example, cfg.profiles, src.input_names) if dyn else
                                        example, dynamic_shapes=(dyn,) if dyn else None, strict=False)
         except Exception as exc:
+            fixed = _specialized_dim(str(exc), src.input_names)
+            if fixed is not None:  # torch's message: a screen of mark_dynamic advice around L['xs'][0].size()[1]
+                name, d, size = fixed
+                p = {q.name: q for q in cfg.profiles}.get(name)
+                rng = f" ({p.min[d]}..{p.max[d]})" if p is not None and d < len(p.min) else ""
+                raise UsageError(f"input {name!r} dim {d}: the shape profile lets it vary{rng} but torch.export "
+                                 f"fixed it at {size} for this model (an nn.LSTM/GRU, or Python code on that size); "
+                                 f"make that dim {size} in the profile, or build with --backend onnxruntime") from exc
             hint = ("the model fixes a dim the shape profile lets vary: make that dim static in the profile, or change "
                     "the model" if "Constraints violated" in str(exc) else "fix the graph break it names")
-            raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: {str(exc)[:400]}); "
-                                 f"try --backend onnxruntime, or {hint}") from exc
+            raise OverdriveError(f"torch.export failed for this model ({type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())[:400]}); try --backend onnxruntime, or {hint}") from exc
+
+
+def _specialized_dim(message: str, names: list[str]) -> tuple[str, int, int] | None:
+    """(input name, dim, size) from torch.export's "Constraints violated" error for a dynamic dim the model fixed, or
+    None when the message is another one. The module exported is the engine's ``forward(*xs)`` wrapper.
+
+    Example:
+        >>> _specialized_dim("Constraints violated (L['xs'][0].size()[1])! ... specialized it to be a constant (5).",
+        ...                  ["x"])
+        ('x', 1, 5)
+    """
+    import re
+
+    m = re.search(r"Constraints violated \(L\['xs'\]\[(\d+)\]\.size\(\)\[(\d+)\]\)", message)
+    c = re.search(r"specialized it to be a constant \((\d+)\)", message)
+    if m is None or c is None or int(m.group(1)) >= len(names):
+        return None
+    return names[int(m.group(1))], int(m.group(2)), int(c.group(1))
 
 
 def _fuse(ep: Any, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device, src: ModelSource,
@@ -335,6 +361,10 @@ def _lowp_meta(module: nn.Module, cfg: BuildConfig, device: torch.device, src: M
 
 def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: torch.device,
           calib: list[tuple[torch.Tensor, ...]] | None = None) -> tuple[dict[str, bytes], Runner, dict[str, Any]]:
+    if isinstance(src.module, torch.jit.ScriptModule):  # prepare() failed deep in a deepcopy of its parameters
+        raise UsageError("the inductor backend compiles a Python module through torch.export, which cannot take a "
+                         "TorchScript module (torch.jit.script / trace / load); build it with --backend onnxruntime, "
+                         "or pass the original nn.Module")
     cache_info = load_timing_cache(cfg.timing_cache, cfg.trust_timing_cache) if cfg.timing_cache else None
     # the int8/fp8 layer timings the cache kept (reused, and extended by this build), not part of the header
     timings = cache_info.pop("layer_timings", {}) if cache_info is not None else None
