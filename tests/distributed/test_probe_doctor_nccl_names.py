@@ -4,6 +4,7 @@ and the doctor listed both without a word. Real names close to a described one a
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from overdrive.distributed import doctor
@@ -37,3 +38,12 @@ def test_a_switch_given_a_word_is_flagged_and_the_cli_prints_it() -> None:
     res = CliRunner().invoke(cli, ["doctor"], env={"NCCL_IB_DISABLED": "1", "COLUMNS": "300"})
     assert res.exit_code == 0, res.output  # a warning, not an error: the doctor exits 0
     assert "did you mean NCCL_IB_DISABLE?" in res.output
+
+
+def test_launch_says_a_misspelt_nccl_variable_before_the_ranks_start() -> None:
+    # the doctor's warning reached `overdrive doctor` only: a launch with NCCL_IB_DISABLED=1 started silently
+    from overdrive.distributed.config import LaunchConfig
+    from overdrive.distributed.launch import preflight
+
+    with pytest.warns(RuntimeWarning, match=r"overdrive launch: NCCL_IB_DISABLED: .*did you mean NCCL_IB_DISABLE"):
+        preflight(LaunchConfig(nproc_per_node=1), env={"NCCL_IB_DISABLED": "1"})

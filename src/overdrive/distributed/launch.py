@@ -84,6 +84,10 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
                 f["detail"] += (" (not stopping this launch: no GPU is visible to its ranks, which join with gloo and "
                                 "do not read it; fix it before a GPU run)")
                 warnings.warn(f"overdrive launch: {f['what']}: {f['detail']}", RuntimeWarning, stacklevel=3)
+                f["warned"] = True
+    for f in report["findings"]:  # NCCL variable warnings (a misspelt name does nothing): said before the ranks start
+        if f["level"] == "warning" and f["what"].startswith(("NCCL_", "TORCH_NCCL_")) and not f.get("warned"):
+            warnings.warn(f"overdrive launch: {f['what']}: {f['detail']}", RuntimeWarning, stacklevel=3)
     errs = doctor.errors(report)
     if errs:
         raise OverdriveError("overdrive launch stopped before torchrun, the doctor found:\n  " + "\n  ".join(errs))
