@@ -2,10 +2,48 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import click
 
 from overdrive.cli.common import (FiniteFloat, check_device, check_distinct, check_json_target, check_output, input_files,
                                   join_repeated, json_option, trtexec_noops, write_json)
+
+
+@contextlib.contextmanager
+def _outputs_file(export_output: str | None, dump_output: bool) -> Iterator[str | None]:
+    """Where the benchmark writes one inference's outputs: --export-output's file, or for --dump-output alone a
+    temporary one, removed after."""
+    if export_output or not dump_output:
+        yield export_output
+        return
+    with tempfile.TemporaryDirectory(prefix="overdrive-dump-") as d:
+        yield str(Path(d) / "outputs.json")
+
+
+def _read_outputs(path: str | None) -> list[dict[str, Any]]:
+    return json.loads(Path(path).read_text()) if path else []
+
+
+def format_outputs(rows: list[dict[str, Any]]) -> str:
+    """trtexec's ``--dumpOutput`` block: each output's name and dimensions, then its values on one line.
+
+    Example:
+        >>> print(format_outputs([{"name": "y", "dimensions": "1x2", "values": [0.5, -1.0]}]))
+        [I] Output Tensors:
+        [I] y: (1x2)
+        [I] 0.5 -1
+    """
+    lines = ["[I] Output Tensors:"]
+    for r in rows:
+        lines.append(f"[I] {r['name']}: ({r['dimensions']})")
+        lines.append("[I] " + " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in r["values"]))
+    return "\n".join(lines)
 
 
 @click.command("exec")
@@ -25,6 +63,8 @@ from overdrive.cli.common import (FiniteFloat, check_device, check_distinct, che
 @click.option("--export-profile", "--exportProfile", "export_profile", default=None, metavar="FILE", help="Per-kernel profile as JSON.")
 @click.option("--export-output", "--exportOutput", "export_output", default=None, metavar="FILE",
               help="The outputs of one inference as JSON (name, dimensions, values), as trtexec's.")
+@click.option("--dump-output", "--dumpOutput", "dump_output", is_flag=True,
+              help="Print the outputs of one inference after the summary, as trtexec's (name, dimensions, values).")
 @click.option("--load-inputs", "--loadInputs", "load_inputs", default=None, metavar="NAME:FILE,...|FILE",
               help="Run on these inputs instead of random ones: name:file.bin raw files in each input's dtype at "
                    "--shapes (default the opt shapes), as trtexec's; or one .pt / .npz file (as compare --inputs).")
@@ -35,8 +75,8 @@ from overdrive.cli.common import (FiniteFloat, check_device, check_distinct, che
 @json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
-            export_profile: str | None, export_output: str | None, load_inputs: str | None, trust: bool,
-            json_path: str | None) -> None:
+            export_profile: str | None, export_output: str | None, dump_output: bool, load_inputs: str | None,
+            trust: bool, json_path: str | None) -> None:
     """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
 
     An engine is code for the machine it was built on, like a TensorRT plan: its sections can hold an
@@ -75,9 +115,11 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         check_cuda_graph(engine.device.type, engine.header["backend"])
     given = parse_shapes(shapes) or None
     xs = read_inputs(engine, load_inputs, given) if load_inputs else None
-    summary = engine.benchmark(inputs=xs, shapes=given, iterations=iterations, warmup_ms=warm_up,
-                               duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
-                               export_times=export_times, export_profile=export_profile, export_output=export_output)
+    with _outputs_file(export_output, dump_output) as out_path:
+        summary = engine.benchmark(inputs=xs, shapes=given, iterations=iterations, warmup_ms=warm_up,
+                                   duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
+                                   export_times=export_times, export_profile=export_profile, export_output=out_path)
+        dumped = _read_outputs(out_path) if dump_output else None
     summary["load_s"] = engine.load_s
     summary["load_compile"] = engine.load_compile
     if json_path is not None:
@@ -92,3 +134,5 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         if use_cuda_graph:
             click.echo("[I] CUDA graphs: on (inductor engines on CUDA replay one recorded graph per input shape)")
         click.echo(format_summary(summary))
+    if dumped is not None:  # after the summary, as trtexec prints it; on stderr when stdout carries --json -
+        click.echo(format_outputs(dumped), err=json_path == "-")

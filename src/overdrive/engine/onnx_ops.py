@@ -24,4 +24,8 @@ def __getattr__(name: str) -> Any:
         return _importer._OPS
     if name == "_HOST_INPUTS":
         return _new.HOST_INPUTS
+    if not hasattr(_new, name):  # the Reduce ops moved on to overdrive.engine.onnx.select
+        from overdrive.engine.onnx import select
+
+        return getattr(select, name)
     return getattr(_new, name)

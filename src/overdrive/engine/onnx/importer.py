@@ -10,8 +10,8 @@ the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic ex
 data-dependent ``.tolist()`` reaches the traced graph.
 
 The operators are in ``ops.py`` (Q/DQ in ``qdq.py``, LSTM/GRU/RNN in ``rnn.py``, TopK/ArgMax/ArgMin in
-``select.py``), the value conversions in ``values.py``; the operator table is assembled here from them all, so no
-operator module imports another or this one.
+``select.py`` with the Reduce family and Einsum), the value conversions in ``values.py``; the operator table is
+assembled here from them all, so no operator module imports another or this one.
 
 Example:
     >>> "Conv" in SUPPORTED_OPS and "QuantizeLinear" in SUPPORTED_OPS and "Split" in SUPPORTED_OPS
@@ -108,8 +108,11 @@ class ONNXModule(nn.Module):
             args = [env[i] for i in ins]
             try:
                 res = _split(self, args, attrs, len(outs)) if op == "Split" else _OPS[op](self, args, attrs)
-            except UsageError:
-                raise
+            except UsageError as exc:
+                if name and repr(name) in str(exc):
+                    raise
+                # an operator's own refusal (a Resize mode, a Pad mode) names the node, so the user can find it
+                raise UsageError(f"ONNX node {name or '<unnamed>'!r} ({op}): {exc}") from exc
             except Exception as exc:
                 raise UsageError(f"ONNX node {name!r} ({op}) failed in the importer: {type(exc).__name__}: {exc}") from exc
             res = list(res)

@@ -43,6 +43,20 @@ def _unary(t_fn: Callable) -> Callable:
 _CMP = (np.equal, np.less, np.greater, np.less_equal, np.greater_equal, np.logical_and, np.logical_or, np.logical_xor)
 
 
+def _pow(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """ONNX Pow: the result has the base's type, so an integer base with a float exponent truncates back to the
+    integer (int64 3 ** 0.5 = 1, as ONNX Runtime computes it); torch.pow would promote it to float32."""
+    x, y = ins
+    if _host(x, y):
+        return _binary(np.power, torch.pow)(m, ins, a)
+    like = _like(ins)
+    xt, yt = _tensor(x, like), _tensor(y, like)
+    if not xt.is_floating_point() and yt.is_floating_point():
+        return [torch.pow(xt.double(), yt.double()).to(xt.dtype)]  # double: exact for int64 bases up to 2**53
+    out = torch.pow(xt, yt)
+    return [out.to(xt.dtype) if out.dtype != xt.dtype else out]
+
+
 def _div_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """ONNX Div: integer division truncates toward zero (-7 / 2 = -3), unlike numpy's floor division."""
     if x.dtype.kind in "iu":
@@ -62,24 +76,6 @@ def _axes(ins: list[Value], a: dict, idx: int = 1) -> list[int] | None:
     if len(ins) > idx and ins[idx] is not None:
         return _ints(ins[idx])
     return list(a["axes"]) if "axes" in a else None
-
-
-def _reduce(fn: str) -> Callable:
-    def run(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
-        x, axes, keep = _tensor(ins[0]), _axes(ins, a), bool(a.get("keepdims", 1))
-        if axes is None or not axes:
-            if a.get("noop_with_empty_axes", 0):
-                return [x]
-            axes = list(range(x.dim()))
-        if fn == "mean":
-            return [x.mean(dim=axes, keepdim=keep)]
-        if fn == "sum":
-            return [x.sum(dim=axes, keepdim=keep)]
-        out = x
-        for ax in sorted((d % x.dim() for d in axes), reverse=True):
-            out = (out.amax if fn == "max" else out.amin)(dim=ax, keepdim=keep)
-        return [out]
-    return run
 
 
 def _pads2d(a: dict, n: int) -> tuple[list[int], list[int] | None]:
@@ -275,6 +271,8 @@ def _clip(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
     hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
     x = _tensor(ins[0])
+    if lo is None and hi is None:  # both bounds optional: no clipping (torch.clamp refuses two Nones)
+        return [x]
     # integer tensors take integer bounds: float ones promoted int64 ids to float32 (2**24 + 1 came out 2**24)
     num = float if x.is_floating_point() else int
     f = (lambda v: None if v is None else num(np.asarray(v)) if not isinstance(v, torch.Tensor) else num(v))
@@ -502,11 +500,29 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     if bad:
         raise UsageError(f"Resize {bad} is not supported by the ONNX importer")
     align = None if tmode.startswith("nearest") else (ctm == "align_corners")
+    if ctm == "pytorch_half_pixel":
+        x, sizes, scales = _single_outputs(x, sizes, scales)
     if sizes is not None:
         return [F.interpolate(x, size=list(sizes[2:]), mode=tmode, align_corners=align)]
     # with scale_factor (and recompute_scale_factor unset) PyTorch maps output to input coordinates by
     # 1 / scale, as ONNX does; the output size is floor(input * scale) in both
     return [F.interpolate(x, scale_factor=[float(v) for v in scales[2:]], mode=tmode, align_corners=align)]
+
+
+def _single_outputs(x: torch.Tensor, sizes: list | None, scales: list[float] | None
+                    ) -> tuple[torch.Tensor, list | None, list[float] | None]:
+    """pytorch_half_pixel reads input coordinate 0 for an output axis of length 1 (its first element), where
+    half_pixel, and so ``F.interpolate``, reads the input's centre. Such an axis is cut to its first element,
+    which every mode returns exactly at coordinate 0, and resized 1 -> 1. Symbolic sizes are left as they are."""
+    out = list(sizes[2:]) if sizes is not None else [
+        None if isinstance(d, torch.SymInt) else math.floor(d * s) for d, s in zip(x.shape[2:], scales[2:])]
+    ones = [i for i, o in enumerate(out) if not isinstance(o, torch.SymInt) and o == 1]
+    for i in ones:
+        x = x.narrow(2 + i, 0, 1)
+    if sizes is not None:
+        return x, sizes, scales
+    return x, sizes, [1.0 if i - 2 in ones else s for i, s in enumerate(scales)]
+
 
 
 def _prelu(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
@@ -547,7 +563,7 @@ OPS: dict[str, Op] = {
     "LeakyRelu": lambda m, ins, a: [F.leaky_relu(_tensor(ins[0]), float(a.get("alpha", 0.01)))],
     "HardSigmoid": lambda m, ins, a: [torch.clamp(float(a.get("alpha", 0.2)) * _tensor(ins[0]) + float(a.get("beta", 0.5)), 0, 1)],
     "Add": _binary(np.add, torch.add), "Sub": _binary(np.subtract, torch.sub), "Mul": _binary(np.multiply, torch.mul),
-    "Div": _binary(_div_np, _div_t), "Pow": _binary(np.power, torch.pow),
+    "Div": _binary(_div_np, _div_t), "Pow": _pow,
     "Equal": _binary(np.equal, torch.eq), "Less": _binary(np.less, torch.lt), "Greater": _binary(np.greater, torch.gt),
     "And": _binary(np.logical_and, torch.logical_and), "Or": _binary(np.logical_or, torch.logical_or),
     "Max": _variadic(np.maximum, torch.maximum), "Min": _variadic(np.minimum, torch.minimum),
@@ -574,6 +590,5 @@ OPS: dict[str, Op] = {
     "Transpose": lambda m, ins, a: [np.transpose(ins[0], a.get("perm")) if isinstance(ins[0], np.ndarray) else _tensor(ins[0]).permute(*(a.get("perm") or reversed(range(ins[0].dim()))))],
     "ConstantOfShape": _const_of_shape, "Range": _range, "Pad": _pad, "Clip": _clip, "Gelu": _gelu,
     "Softmax": _softmax(torch.softmax), "LogSoftmax": _softmax(torch.log_softmax),
-    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "ReduceMin": _reduce("min"),
 }
 HOST_INPUTS = {"Resize": (1, 2, 3)}  # inputs read as Python numbers (Resize's scales and sizes), by position
