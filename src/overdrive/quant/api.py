@@ -71,6 +71,14 @@ def _subclass_reason(name: str, mod: nn.Module, config: QuantConfig) -> str | No
     reason = _selected(name, mod, config, type_name=base.__name__)
     if reason is not None:
         return f"{reason} ({type(mod).__name__} subclasses nn.{base.__name__})"
+    if type(mod).__name__ == "NonDynamicallyQuantizableLinear":
+        # nn.MultiheadAttention's out_proj: F.multi_head_attention_forward reads out_proj.weight (and the packed
+        # in_proj_weight) itself and never calls the layer, so no module swap can quantize it (ModelOpt and
+        # pytorch-quantization leave it in float too)
+        return ("nn.MultiheadAttention's out_proj: its forward (F.multi_head_attention_forward) uses out_proj.weight "
+                "and in_proj_weight directly and never calls a Linear, so it stays in float; to quantize attention, "
+                "write it with nn.Linear q/k/v/out projections (as Hugging Face models are) and use "
+                "QuantConfig(quantize_matmuls=True) for its matmuls")
     return (f"{type(mod).__name__} subclasses nn.{base.__name__}: not swapped, a swap to Quant{base.__name__} would "
             f"drop its own forward and methods; to quantize it, replace it by a plain nn.{base.__name__} sharing its "
             "weight and bias before quant.quantize, or call TensorQuantizers on its input and weight in its forward")

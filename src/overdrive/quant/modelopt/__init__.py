@@ -24,10 +24,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import inspect
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -101,8 +102,10 @@ def _method(algorithm: Any) -> str | None:
         key = "awq" if algorithm.startswith("awq") else algorithm
         if key in _NOT_IMPLEMENTED:
             raise UsageError(f"algorithm {algorithm!r} is not supported: {_NOT_IMPLEMENTED[key]}")
-    raise UsageError(f"algorithm {algorithm!r} is not supported; use 'max' (or None to skip calibration); other "
-                     "calibrators: quant.calibrate(model, forward_loop, method='percentile'|'entropy'|'mse')")
+    raise UsageError(f"algorithm {algorithm!r} is not supported; use 'max' (or None to skip calibration); for "
+                     "entropy / mse / percentile give the input quantizers 'calibrator': 'histogram' in quant_cfg, "
+                     "then mtq.model_calib.finish_stats_collection(model, method='entropy') (ModelOpt's route), or "
+                     "quant.calibrate(model, forward_loop, method='entropy')")
 
 
 def _check_entry(pattern: str, attrs: Any) -> dict[str, Any]:
@@ -130,7 +133,7 @@ def _check_entry(pattern: str, attrs: Any) -> dict[str, Any]:
     return out
 
 
-_FRESH = {"enable": True, "num_bits": 8, "axis": None, "narrow_range": False}  # a quantizer ModelOpt just inserted
+_FRESH = {"enable": True, "num_bits": 8, "axis": None, "narrow_range": False, "calibrator": "max"}  # a quantizer ModelOpt just inserted
 
 
 def _resolve(name: str, owner: torch.nn.Module, quant_rules: list[Rule],
@@ -159,6 +162,14 @@ def _quantizer_config(name: str, attrs: dict[str, Any], weight_axis: int | None)
                          "weights use quant.weight_only(model, bits=4)")
     if attrs.get("unsigned"):
         raise UsageError(f"{name}: unsigned=True is not supported; overdrive.quant quantizes symmetrically (zero point 0)")
+    calibrator = attrs.get("calibrator", "max")
+    if calibrator not in ("max", "histogram"):
+        raise UsageError(f"{name}: calibrator={calibrator!r} is not supported; use 'max' or 'histogram' (a "
+                         "calibrator class or (class, args) pair is not)")
+    if calibrator == "histogram" and (weight_axis is not None or attrs["axis"] is not None):
+        raise UsageError(f"{name}: calibrator='histogram' collects a per-tensor histogram of activations (as "
+                         "ModelOpt's HistogramCalibrator, which refuses an axis); weights are calibrated with max "
+                         "|w|: drop 'calibrator' from the weight quantizers' cfg")
     if attrs.get("fake_quant") is False:
         raise UsageError(f"{name}: fake_quant=False (real low precision) is quant.to_real(model) after quantize()")
     axis = attrs["axis"]
@@ -200,7 +211,7 @@ def _current(q: TensorQuantizer, named_axis: int | None) -> dict[str, Any]:
     """A quantizer's settings as ModelOpt attributes."""
     bits = {"int8": 8, "fp8_e4m3": (4, 3)}[q.config.format]
     return {"enable": q.enabled, "num_bits": bits, "axis": None if q.axis is None else named_axis,
-            "narrow_range": q.config.narrow_range}
+            "narrow_range": q.config.narrow_range, "calibrator": "histogram" if q.histogram else "max"}
 
 
 def _apply(model: torch.nn.Module, quant_rules: list[Rule], fresh: bool) -> None:
@@ -216,7 +227,7 @@ def _apply(model: torch.nn.Module, quant_rules: list[Rule], fresh: bool) -> None
             q.enabled = bool(attrs["enable"])  # only switched on or off: amax, statistics, dynamic kept
             continue
         cfg, per_channel = _quantizer_config(name, attrs, named_axis)
-        _reconfigure(q, cfg, weight_axis if per_channel else None)
+        _reconfigure(q, cfg, weight_axis if per_channel else None, attrs.get("calibrator") == "histogram")
 
 
 def set_quantizer_by_cfg(model: torch.nn.Module, quant_cfg: list[Any] | Mapping[str, Any]) -> None:
@@ -236,6 +247,34 @@ def set_quantizer_by_cfg(model: torch.nn.Module, quant_cfg: list[Any] | Mapping[
     """
     quant_rules = _checked_rules(quant_cfg)
     _apply(model, quant_rules, fresh=False)
+
+
+@contextlib.contextmanager
+def set_quantizer_by_cfg_context(model: torch.nn.Module, quant_cfg: list[Any] | Mapping[str, Any]) -> Iterator[None]:
+    """ModelOpt's ``mtq.set_quantizer_by_cfg_context``: :func:`set_quantizer_by_cfg` for the ``with`` block only;
+    on exit every quantizer gets back its settings (format, axis, on/off, calibrator). An amax set inside the
+    block is kept, as in ModelOpt; one a format or axis change inside cleared is put back.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), mtq.INT8_DEFAULT_CFG,
+        ...                  lambda m: m(torch.randn(8, 4)))
+        >>> with mtq.set_quantizer_by_cfg_context(m, [{"quantizer_name": "*", "enable": False}]):
+        ...     m[0].input_quantizer.enabled
+        False
+        >>> m[0].input_quantizer.enabled
+        True
+    """
+    saved = [(q, q.config, q.axis, q.enabled, q.histogram, q.amax, q.calibrator) for _, q in api.quantizers(model)]
+    set_quantizer_by_cfg(model, quant_cfg)  # checked whole before any quantizer changes
+    try:
+        yield
+    finally:
+        for q, config, axis, enabled, histogram, amax, calibrator in saved:
+            changed = q.config.replace(enabled=True) != config.replace(enabled=True) or q.axis != axis
+            q.config, q.axis, q.enabled, q.histogram = config, axis, enabled, histogram
+            if changed or q.amax is None:
+                q.amax, q.calibrator = amax, calibrator
 
 
 def _checked_rules(quant_cfg: Any) -> list[Rule]:
@@ -279,16 +318,18 @@ def set_quantizer_attribute(model: torch.nn.Module, wildcard_or_filter_func: str
             q.enabled = bool(attrs["enable"])
             continue
         cfg, per_channel = _quantizer_config(name, attrs, named_axis)
-        _reconfigure(q, cfg, weight_axis if per_channel else None)
+        _reconfigure(q, cfg, weight_axis if per_channel else None, attrs.get("calibrator") == "histogram")
 
 
-def _reconfigure(q: TensorQuantizer, cfg: QuantizerConfig, axis: int | None) -> None:
+def _reconfigure(q: TensorQuantizer, cfg: QuantizerConfig, axis: int | None, histogram: bool = False) -> None:
+    if histogram != q.histogram:  # a new kind of statistics: the old ones (and the amax from them) go
+        q.histogram, q.amax, q.calibrator = histogram, None, None
     if cfg.replace(enabled=True) == q.config.replace(enabled=True) and axis == q.axis:
         q.enabled = cfg.enabled  # only switched on or off: keep amax and statistics
         q.config = cfg
         return
     q.config, q.axis, q.enabled = cfg, axis, cfg.enabled
-    q.histogram = q.histogram and axis is None  # activations keep their histogram (every method available)
+    q.histogram = histogram and axis is None
     q.amax = None
     q.calibrator = None
 
@@ -547,9 +588,10 @@ __all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_
            "QuantizerAttributeConfig", "QuantModuleRegistry", "TensorQuantizer",
            "normalize_quant_cfg_list", "find_quant_cfg_entry_by_path", "quantize", "calibrate",
            "register", "unregister",
-           "set_quantizer_by_cfg", "set_quantizer_attribute", "postprocess_amax", "fold_weight", "disable_quantizer",
+           "set_quantizer_by_cfg", "set_quantizer_by_cfg_context", "set_quantizer_attribute", "postprocess_amax", "fold_weight", "disable_quantizer",
            "enable_quantizer", "print_quant_summary", "nn"]
 
 from overdrive.quant.modelopt import nn  # noqa: E402  (mtq.nn.TensorQuantizer; imported last: it needs nothing above)
+from overdrive.quant.modelopt import model_calib  # noqa: E402, F401  (mtq.model_calib.finish_stats_collection)
 from overdrive.quant.modelopt import utils  # noqa: E402  (mtq.utils.is_quantized, as ModelOpt's package has it)
 from overdrive.quant.modelopt.nn import QuantModuleRegistry  # noqa: E402  (mtq.QuantModuleRegistry, as ModelOpt)

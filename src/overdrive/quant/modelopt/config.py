@@ -268,3 +268,129 @@ _MISSING_FUNCTIONS = {
     "auto_quantize": "per-layer format search is not in overdrive.quant; quant.sensitivity(model, eval_fn) ranks the "
                      "layers and quant.partial_quantize(model, ranking, k=...) keeps the most sensitive in float",
 }
+
+
+class _AlgorithmConfig(Mapping):
+    """ModelOpt's ``QuantizeAlgorithmConfig``: a validated algorithm (``method`` plus its settings) that reads as the
+    dict form ``{"method": ..., ...}``, so it goes wherever ``config["algorithm"]`` goes."""
+
+    _method: str | None = None
+    _fields: dict[str, Any] = {}
+
+    def __init__(self, **settings: Any) -> None:
+        method = settings.pop("method", self._method)
+        if method != self._method:
+            raise UsageError(f"{type(self).__name__} method={method!r}: it is fixed to {self._method!r}")
+        bad = [k for k in settings if k not in self._fields]
+        if bad:
+            raise UsageError(f"{type(self).__name__} has no field(s) {bad}; its fields: {['method', *self._fields]}")
+        values = {**self._fields, **settings}
+        self._check(values)
+        object.__setattr__(self, "_values", {"method": method, **values})
+
+    def _check(self, values: dict[str, Any]) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values", {})
+        if name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def model_dump(self) -> dict[str, Any]:
+        """The settings as a plain dict (pydantic's name)."""
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+
+class MaxCalibConfig(_AlgorithmConfig):
+    """ModelOpt's ``mtq.config.MaxCalibConfig``: max calibration (``{"method": "max"}``). ``distributed_sync`` is
+    accepted; a single process has nothing to sync.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> cfg = mtq.config.QuantizeConfig(quant_cfg=mtq.INT8_DEFAULT_CFG["quant_cfg"],
+        ...                                 algorithm=mtq.config.MaxCalibConfig())
+        >>> m = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(4, 4)), cfg, lambda m: m(torch.ones(2, 4)))
+        >>> float(m[0].input_quantizer.amax)
+        1.0
+    """
+
+    _method = "max"
+    _fields = {"distributed_sync": True}
+
+    def _check(self, values: dict[str, Any]) -> None:
+        if values["distributed_sync"] not in (True, False, None):
+            raise UsageError(f"MaxCalibConfig distributed_sync={values['distributed_sync']!r} must be True or False")
+
+
+class SmoothQuantCalibConfig(_AlgorithmConfig):
+    """ModelOpt's ``mtq.config.SmoothQuantCalibConfig``: SmoothQuant then max calibration; ``alpha`` in [0, 1]
+    (ModelOpt's default 1.0).
+
+    Example:
+        >>> from overdrive.quant.modelopt.config import SmoothQuantCalibConfig
+        >>> dict(SmoothQuantCalibConfig(alpha=0.5))
+        {'method': 'smoothquant', 'alpha': 0.5}
+    """
+
+    _method = "smoothquant"
+    _fields = {"alpha": 1.0}
+
+    def _check(self, values: dict[str, Any]) -> None:
+        from overdrive.quant.config import check_alpha
+
+        values["alpha"] = check_alpha(values["alpha"])
+
+
+class QuantizeConfig(Mapping):
+    """ModelOpt's ``mtq.config.QuantizeConfig``: ``quant_cfg`` (the list of entries or the old dict) and
+    ``algorithm`` (``"max"``, ``"smoothquant"``, None, a dict with ``"method"``, or a MaxCalibConfig /
+    SmoothQuantCalibConfig). Reads as ``{"quant_cfg": ..., "algorithm": ...}``, so ``mtq.quantize`` takes it;
+    ``QuantizeConfig(**mtq.INT8_DEFAULT_CFG)`` builds one from a preset.
+
+    Example:
+        >>> import overdrive.quant.modelopt as mtq
+        >>> cfg = mtq.config.QuantizeConfig(**mtq.INT8_DEFAULT_CFG)
+        >>> cfg.algorithm, cfg["quant_cfg"][1]["quantizer_name"]
+        ('max', '*weight_quantizer')
+    """
+
+    def __init__(self, quant_cfg: Any = None, algorithm: Any = "max") -> None:
+        if quant_cfg is None:
+            quant_cfg = [{"quantizer_name": "*", "enable": False}]  # ModelOpt's default: nothing quantized
+        if not isinstance(quant_cfg, (list, Mapping)):
+            raise UsageError(f"QuantizeConfig quant_cfg={quant_cfg!r} must be a list of entries or a dict of patterns")
+        if not (algorithm is None or isinstance(algorithm, (str, Mapping))):
+            raise UsageError(f"QuantizeConfig algorithm={algorithm!r} must be a method name ('max'), None, a dict "
+                             "with 'method', or an algorithm config such as MaxCalibConfig()")
+        normalize_quant_cfg_list(quant_cfg)  # a malformed entry is named now, not at quantize()
+        self.quant_cfg = copy.deepcopy(quant_cfg)
+        self.algorithm = algorithm
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in ("quant_cfg", "algorithm"):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("quant_cfg", "algorithm"))
+
+    def __len__(self) -> int:
+        return 2
+
+    def model_dump(self) -> dict[str, Any]:
+        """``{"quant_cfg": ..., "algorithm": ...}`` as plain values (pydantic's name)."""
+        algorithm = dict(self.algorithm) if isinstance(self.algorithm, _AlgorithmConfig) else self.algorithm
+        return {"quant_cfg": copy.deepcopy(self.quant_cfg), "algorithm": algorithm}

@@ -52,8 +52,10 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
     overdrive.quant's own methods. While calibrating, values pass through unquantized.
 
     ``use_fb_fake_quant``: pytorch-quantization's switch to torch's fake-quant ops, which its users set on the
-    class around ``torch.onnx.export``. Readable and settable here; export writes QuantizeLinear /
-    DequantizeLinear pairs whatever its value (the eager arithmetic is torch's fake quantization already).
+    class around ``torch.onnx.export``. As there, it quantizes int8 to the full range [-128, 127] even for a
+    ``narrow_range=True`` descriptor (torch's ``fake_quantize_per_*_affine``, which export writes as
+    QuantizeLinear / DequantizeLinear pairs), in eager outputs and in the exported graph alike; off, a narrow
+    range is [-127, 127].
     """
 
     use_fb_fake_quant: bool = False
@@ -96,6 +98,18 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
         scale = amax.clamp_min(_quantizer._TINY_AMAX) / self.config.bound
         out = self._fake_quant(xf, scale, amax)
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
+        if self.use_fb_fake_quant and self.config.narrow_range and self.config.format == "int8":
+            # pytorch-quantization's _fb_fake_quant: torch's fake quantization with quant_min -128 whatever the
+            # descriptor's narrow_range (what TensorRT's Q/DQ export gets)
+            narrow = self.config
+            object.__setattr__(self, "config", narrow.replace(narrow_range=False))
+            try:
+                return super()._fake_quant(xf, scale, amax)
+            finally:
+                object.__setattr__(self, "config", narrow)
+        return super()._fake_quant(xf, scale, amax)
 
     @property  # type: ignore[override]
     def axis(self) -> int | None:
