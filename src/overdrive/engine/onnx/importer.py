@@ -10,7 +10,7 @@ the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic ex
 data-dependent ``.tolist()`` reaches the traced graph.
 
 The operators are in ``ops.py`` (Q/DQ in ``qdq.py``, LSTM/GRU/RNN in ``rnn.py``, TopK/ArgMax/ArgMin in
-``select.py`` with the Reduce family and Einsum), the value conversions in ``values.py``; the operator table is
+``select.py`` with the Reduce family, Einsum, the gathers and scatters, OneHot and DepthToSpace), the value conversions in ``values.py``; the operator table is
 assembled here from them all, so no operator module imports another or this one.
 
 Example:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx.values import (_DTYPES, _NP, Op, OpModule, Value, _as_value, _floats, _gemm_dtype, _host,
-                                          _ints, _like, _tensor)
+from overdrive.engine.onnx.values import (_DTYPES, _NP, Op, OpModule, Value, _as_value, _floats, _from_numpy,
+                                          _gemm_dtype, _host, _ints, _like, _tensor)
 
 
 def _binary(np_fn: Callable, t_fn: Callable) -> Callable:
@@ -302,7 +302,7 @@ def _const_of_shape(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     shape = _ints(ins[0])
     if not any(isinstance(s, torch.SymInt) for s in shape):
         return [np.full(shape, val.reshape(-1)[0], dtype=val.dtype)]
-    return [torch.full(shape, val.reshape(-1)[0].item(), dtype=torch.from_numpy(val).dtype)]
+    return [torch.full(shape, val.reshape(-1)[0].item(), dtype=_from_numpy(val).dtype)]  # a copy: val is read-only
 
 
 def _softmax(fn: Callable) -> Callable:
@@ -387,33 +387,6 @@ def _cumsum(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [c.flip(axis) if rev else c]
 
 
-def _gather_elements(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
-    x = _tensor(ins[0])
-    axis = int(a.get("axis", 0)) % x.dim()
-    i = _tensor(ins[1]).to(x.device).long()
-    return [torch.gather(x, axis, torch.where(i < 0, i + x.shape[axis], i))]
-
-
-def _gather_nd(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
-    """data (B..., D...), indices (B..., I..., k) -> (B..., I..., D[k:]): the first ``batch_dims`` dims pair up,
-    the last index dim picks k dims of data. As advanced indexing: one arange per batch dim, one index per k."""
-    x = _tensor(ins[0])
-    idx = _tensor(ins[1]).to(x.device).long()
-    b, k = int(a.get("batch_dims", 0)), idx.shape[-1]
-    if isinstance(k, torch.SymInt):
-        raise UsageError("GatherND with a dynamic index depth is not supported by the ONNX importer")
-    rank = idx.dim() - 1
-    index: list[torch.Tensor] = []
-    for j in range(b):
-        shape = [1] * rank
-        shape[j] = -1
-        index.append(torch.arange(x.shape[j], device=x.device).reshape(shape))
-    for j in range(k):
-        ij = idx[..., j]
-        index.append(torch.where(ij < 0, ij + x.shape[b + j], ij))
-    return [x[tuple(index)]]
-
-
 def _instance_norm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x = _tensor(ins[0])
     w, b = _follow(ins[1], x), _follow(ins[2], x)
@@ -455,8 +428,8 @@ def _conv_transpose(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     """Resize as ``F.interpolate``, for the modes PyTorch exporters write: nearest (asymmetric + floor:
     ``mode="nearest"``; half_pixel + round_prefer_ceil: ``"nearest-exact"``), linear and cubic (half_pixel or
-    pytorch_half_pixel: ``align_corners=False``; align_corners: ``True``; cubic with a = -0.75, PyTorch's).
-    Anything else raises, naming the attribute."""
+    pytorch_half_pixel: ``align_corners=False``; align_corners: ``True``; cubic with a = -0.75, PyTorch's);
+    nearest in any other coordinate mode and rounding by ``_resize_gather``. Anything else raises, naming it."""
     x = _tensor(ins[0])
     attr = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
     mode, ctm = attr.get("mode", "nearest"), attr.get("coordinate_transformation_mode", "half_pixel")
@@ -480,6 +453,8 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
             tmode = "nearest"
         elif ctm in ("half_pixel", "pytorch_half_pixel") and near == "round_prefer_ceil":
             tmode = "nearest-exact"
+        elif ctm in _COORD and near in _ROUND:  # the ONNX default (half_pixel, round_prefer_floor), TF's modes
+            tmode = "gather"
         else:
             bad = f"nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r}"
     elif mode in ("linear", "cubic"):
@@ -499,6 +474,8 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
         bad = "sizes on the batch or channel axis"
     if bad:
         raise UsageError(f"Resize {bad} is not supported by the ONNX importer")
+    if tmode == "gather":
+        return [_resize_gather(x, sizes, scales, ctm, near)]
     align = None if tmode.startswith("nearest") else (ctm == "align_corners")
     if ctm == "pytorch_half_pixel":
         x, sizes, scales = _single_outputs(x, sizes, scales)
@@ -507,6 +484,43 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     # with scale_factor (and recompute_scale_factor unset) PyTorch maps output to input coordinates by
     # 1 / scale, as ONNX does; the output size is floor(input * scale) in both
     return [F.interpolate(x, scale_factor=[float(v) for v in scales[2:]], mode=tmode, align_corners=align)]
+
+
+# output coordinate o -> input coordinate, ONNX's coordinate_transformation_mode (s: scale, n / m: in / out length)
+_COORD = {"half_pixel": lambda o, s, n, m: (o + 0.5) / s - 0.5,
+          "pytorch_half_pixel": lambda o, s, n, m: (o + 0.5) / s - 0.5 if m > 1 else 0 * o,
+          "align_corners": lambda o, s, n, m: o * np.float32(n - 1) / np.float32(m - 1) if m > 1 else 0 * o,
+          "asymmetric": lambda o, s, n, m: o / s, "tf_half_pixel_for_nn": lambda o, s, n, m: (o + 0.5) / s,
+          "half_pixel_symmetric": lambda o, s, n, m: np.float32(n / 2) * (1 - np.float32(m) / (s * n)) + (o + 0.5) / s - 0.5}
+_ROUND = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+          "floor": np.floor, "ceil": np.ceil}
+
+
+def _resize_gather(x: torch.Tensor, sizes: list | None, scales: list[float] | None, ctm: str, near: str) -> torch.Tensor:
+    """Nearest Resize for any coordinate mode and rounding, as one ``index_select`` per spatial axis; the input index
+    of each output index is worked out on the host in float32, as ONNX Runtime does, so ties round alike."""
+    for ax in range(2, x.dim()):
+        n = x.shape[ax]
+        m = sizes[ax] if sizes is not None else None
+        if isinstance(n, torch.SymInt) or isinstance(m, torch.SymInt):
+            raise UsageError(f"Resize nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r} "
+                             "over a dynamic spatial axis is not supported; export with fixed spatial sizes")
+        s = np.float32(m) / np.float32(n) if m is not None else np.float32(scales[ax])
+        m = m if m is not None else int(np.float32(n) * s)  # floor(n * scale), as ONNX Runtime sizes the output
+        o = np.arange(m, dtype=np.float32)
+        idx = np.clip(_ROUND[near](np.float32(_COORD[ctm](o, s, n, m))), 0, n - 1).astype(np.int64)
+        x = x.index_select(ax, torch.from_numpy(idx).to(x.device))
+    return x
+
+
+def _lrn(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """LRN (AlexNet, GoogLeNet): x / (bias + alpha / size * sum of x^2 over channels c - floor((size - 1) / 2) ..
+    c + ceil((size - 1) / 2)) ** beta. ``F.local_response_norm`` centres an even window one channel lower."""
+    x, size = _tensor(ins[0]), int(a["size"])
+    lo = (size - 1) // 2
+    sq = F.pad((x * x).movedim(1, -1), (lo, size - 1 - lo))  # (N, ..., C + size - 1): channels last, zero-padded
+    win = sq.unfold(-1, size, 1).sum(-1).movedim(-1, 1)  # (N, C, ...)
+    return [x / (float(a.get("bias", 1.0)) + float(a.get("alpha", 1e-4)) / size * win) ** float(a.get("beta", 0.75))]
 
 
 def _single_outputs(x: torch.Tensor, sizes: list | None, scales: list[float] | None
@@ -575,8 +589,10 @@ OPS: dict[str, Op] = {
     "Elu": lambda m, ins, a: [F.elu(_tensor(ins[0]), float(a.get("alpha", 1.0)))],
     "Selu": lambda m, ins, a: [float(a.get("gamma", 1.0507009873554805))
                                * F.elu(_tensor(ins[0]), float(a.get("alpha", 1.6732632423543772)))],
-    "Mish": _unary(F.mish), "PRelu": _prelu,
-    "CumSum": _cumsum, "GatherElements": _gather_elements, "GatherND": _gather_nd, "Trilu": _trilu, "Tile": _tile,
+    "Mish": _unary(F.mish), "PRelu": _prelu, "LRN": _lrn, "Softsign": _unary(F.softsign),
+    "Celu": lambda m, ins, a: [F.celu(_tensor(ins[0]), float(a.get("alpha", 1.0)))],
+    "ThresholdedRelu": lambda m, ins, a: [F.threshold(_tensor(ins[0]), float(a.get("alpha", 1.0)), 0.0)],
+    "CumSum": _cumsum, "Trilu": _trilu, "Tile": _tile,
     "ConvTranspose": _conv_transpose, "Resize": _resize,
     "InstanceNormalization": _instance_norm, "GroupNormalization": _group_norm,
     "MatMul": lambda m, ins, a: [torch.matmul(*_gemm_dtype(_tensor(ins[0]), _tensor(ins[1], _like(ins))))],
