@@ -1,67 +1,32 @@
-"""A small, readable training loop on overdrive.amp: one step is visible in :meth:`Trainer.train_step`."""
+"""A small, readable training loop on overdrive.amp: one step is visible in :meth:`Trainer.train_step`, one epoch in
+:meth:`Trainer.fit`. What fit reports is in ``stats.py``, evaluation in ``evaluation.py``, how a batch is read in
+``batches.py`` and early stopping in ``early_stopping.py``; their public names are importable from here too."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
 from overdrive.amp import MixedPrecision, Policy, prepare
+from overdrive.train.batches import (  # noqa: F401  (_is_classification and the helpers: importable from here as before)
+    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _rows, _set_epoch, _split,
+)
 from overdrive.train.config import TrainConfig
+from overdrive.train.early_stopping import EarlyStopping
+from overdrive.train.evaluation import _is_classification, evaluate, memory_mib  # noqa: F401
+from overdrive.train.stats import EpochStats, FitResult
+from overdrive.train.stats import mean_over_ranks as _mean_over_ranks
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 BAR_SECONDS = 0.5  # fit's progress bar shows the loss and throughput at most this often (each read is a host sync)
-
-
-@dataclass
-class EpochStats:
-    epoch: int
-    loss: float  # mean training loss over the epoch
-    samples: int
-    seconds: float
-    skipped_steps: int
-    eval_loss: float | None = None
-    eval_accuracy: float | None = None
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else float("nan")
-
-
-def _mean_over_ranks(value: float, device: torch.device) -> float:
-    """``value`` averaged over the ranks of the default process group (itself without one)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t.item()) / dist.get_world_size()
-
-
-@dataclass
-class FitResult:
-    history: list[EpochStats] = field(default_factory=list)
-    peak_memory_mib: float = 0.0
-
-    @property
-    def final_loss(self) -> float:
-        return self.history[-1].loss
-
-    @property
-    def samples_per_s(self) -> float:
-        """Throughput over all epochs but the first (warm-up), or over the only one."""
-        timed = self.history[1:] or self.history
-        return sum(e.samples for e in timed) / max(sum(e.seconds for e in timed), 1e-12)
 
 
 class Trainer:
@@ -198,7 +163,8 @@ class Trainer:
         self.step_count = 0  # optimizer steps taken (skipped ones included)
         # ReduceLROnPlateau needs a metric: fit steps it once per epoch, train_step never
         self._plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        self.epoch = 0
+        self.epoch = 0  # epochs fit has finished
+        self.should_stop = False  # set (by a callback, or early stopping) to end fit after the current epoch
         self._micro = 0
 
     @property
@@ -306,12 +272,33 @@ class Trainer:
     def fit(
         self,
         train_data: Iterable[Batch],
-        epochs: int,
+        epochs: int | None = None,
         eval_data: Iterable[Batch] | None = None,
-        on_epoch_end: Callable[[EpochStats], None] | None = None,
+        on_epoch_end: Callable[[EpochStats], bool | None] | None = None,
         description: str = "train",
+        *,
+        max_epochs: int | None = None,
+        early_stopping: EarlyStopping | None = None,
     ) -> FitResult:
-        """Train for ``epochs`` epochs; returns per-epoch loss, throughput and eval metrics.
+        """Train for ``epochs`` more epochs, or up to ``max_epochs`` in all; returns per-epoch loss, throughput and eval
+        metrics.
+
+        ``epochs=N`` runs N epochs from where the trainer is, as ``for _ in range(N)`` in a torch loop: after a resume
+        at ``trainer.epoch == 3``, ``fit(data, epochs=10)`` runs epochs 3..12. ``max_epochs=N`` (Lightning's
+        ``max_epochs``, Keras' ``fit(epochs=N, initial_epoch=k)``) runs epochs ``trainer.epoch``..N-1, so a run
+        resumed from any checkpoint ends at the same total; none when ``trainer.epoch >= N``. Give one of the two.
+
+        Stopping early: ``early_stopping=EarlyStopping(monitor="eval_loss", patience=3)`` (see
+        :class:`~overdrive.train.EarlyStopping`), or ``on_epoch_end`` returning True, or a callback setting
+        ``trainer.should_stop = True``, ends fit after that epoch; ``FitResult.stopped_epoch`` names it. Under
+        ``strategy="ddp"|"fsdp"`` the monitored value is averaged over ranks, and a stop asked by any rank stops every
+        rank, at the same epoch (one all-reduce per epoch).
+
+        Resuming: ``trainer.epoch`` counts finished epochs. A checkpoint taken mid-epoch (with :meth:`train_step` in a
+        hand-written loop) resumes through fit at the start of that epoch's data, unless the data resumes itself: a
+        DataLoader over an ``overdrive.distributed.ResumableSampler`` whose ``state_dict`` was saved with the
+        checkpoint and loaded back continues where it stopped (fit's ``set_epoch`` with the same epoch keeps its
+        position), and then the rest of that epoch equals the uninterrupted run's.
 
         With ``accumulate`` > 1, an epoch whose batch count is not a multiple of it ends with a
         step on the mean gradient of its last k < ``accumulate`` micro-batches (as Lightning and the
@@ -334,8 +321,23 @@ class Trainer:
         ``on_nonfinite="skip"`` it is skipped and the epoch's mean loss is over its finite losses. An epoch
         with no finite loss raises "training diverged".
         """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        if (epochs is None) == (max_epochs is None):
+            raise UsageError(f"fit(epochs={epochs!r}, max_epochs={max_epochs!r}): give one of them: epochs=N for N more "
+                             "epochs, or max_epochs=N to train until trainer.epoch reaches N (the total after a resume); "
+                             "each must be an int >= 1")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
             raise UsageError(f"epochs={epochs!r} must be an int >= 1")
+        if max_epochs is not None:
+            if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < 1:
+                raise UsageError(f"max_epochs={max_epochs!r} must be an int >= 1 (the total number of epochs)")
+            epochs = max(0, max_epochs - self.epoch)
+        if early_stopping is not None:
+            if not isinstance(early_stopping, EarlyStopping):
+                raise UsageError(f"early_stopping={early_stopping!r} must be an overdrive.train.EarlyStopping, e.g. "
+                                 "EarlyStopping(monitor='eval_loss', patience=3)")
+            if early_stopping.monitor.startswith("eval_") and eval_data is None:
+                raise UsageError(f"early_stopping monitors {early_stopping.monitor!r}, which needs eval_data; pass "
+                                 "fit(..., eval_data=...) or EarlyStopping(monitor='loss')")
         if not isinstance(train_data, Iterable) or isinstance(train_data, (str, bytes)):
             raise UsageError(f"train_data={train_data!r} is not an iterable of batches; pass a DataLoader, an "
                              "ImageLoader or a list of (inputs, targets), e.g. fit(loader, epochs=3)")
@@ -344,12 +346,13 @@ class Trainer:
                              "would find empty after the first epoch; pass a list, a DataLoader or an ImageLoader "
                              "(re-iterable), or call fit(..., epochs=1) once per fresh iterator")
         result = FitResult()
+        self.should_stop = False
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         total = _len_or_none(train_data)
         with _progress(self.progress, description) as bar:
             task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
-            for _ in range(epochs):
+            for i in range(epochs):
                 _set_epoch(train_data, self.epoch)
                 if self.parallel is not None:  # uneven batch counts over ranks: an error here, not a hang mid-epoch
                     self.parallel.check_same_batches(_len_or_none(train_data), self.epoch)
@@ -400,13 +403,29 @@ class Trainer:
                 elif self.scheduler is not None and self.scheduler_interval == "epoch":
                     self.scheduler.step()  # after the epoch's eval, as a hand-written torch loop steps an epoch scheduler
                 if bar is not None:
-                    bar.update(task, completed=(self.epoch + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
+                    bar.update(task, completed=(i + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
                 result.history.append(stats)
                 self.epoch += 1
-                if on_epoch_end is not None:
-                    on_epoch_end(stats)
+                if early_stopping is not None and self._early_stop(early_stopping, stats):
+                    self.should_stop = True
+                if on_epoch_end is not None and on_epoch_end(stats) is True:
+                    self.should_stop = True
+                if self.parallel is not None:
+                    # any rank's stop stops all: a rank leaving alone hung the others in their next collective
+                    self.should_stop = _mean_over_ranks(float(self.should_stop), self.device) > 0
+                if self.should_stop:
+                    result.stopped_epoch = stats.epoch
+                    break
         result.peak_memory_mib = memory_mib(self)
         return result
+
+    def _early_stop(self, es: EarlyStopping, stats: EpochStats) -> bool:
+        value = getattr(stats, es.monitor)
+        if value is None:  # eval_accuracy of a model that does not classify
+            raise UsageError(f"early_stopping monitors {es.monitor!r}, which this model's evaluation leaves None (not "
+                             "(N, C) scores against class indices); monitor 'eval_loss' instead")
+        # each rank's value is its own shard's: the mean over ranks gives every rank the same decision
+        return es.step(_mean_over_ranks(value, self.device) if self.parallel is not None else value, stats.epoch)
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -442,151 +461,6 @@ class Trainer:
             self.mp.zero_grad()
 
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    data: Iterable[Batch],
-    mp: MixedPrecision | None = None,
-    channels_last: bool = False,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[float, float | None]:
-    """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given). The accuracy is
-    None unless every batch is (N, C) class scores against (N,) integer targets (binary logits, per-token outputs
-    and regression have no top-1 accuracy).
-
-    ``loss_fn(output, target)`` is called as in training and must return the batch *mean* (the
-    convention of torch's losses); each batch is weighted by its size, so the result is the mean
-    over samples. Without it, the loss is cross-entropy.
-
-    Example:
-        >>> evaluate(nn.Linear(4, 3), [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])[1] <= 1.0
-        True
-    """
-    was_training = model.training
-    model.eval()
-    first = next(model.parameters(), None)
-    device = first.device if first is not None else torch.device("cpu")
-    total_loss = torch.zeros((), device=device, dtype=torch.float64)
-    correct = torch.zeros((), device=device, dtype=torch.int64)
-    n = 0
-    classifies = True  # every batch so far is (N, C) scores against (N,) class indices
-    ctx = mp.autocast if mp is not None else None
-    def move(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        t = t.to(device)
-        return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
-
-    for batch in data:
-        x, y = _split(batch)
-        x, y = tree_map(move, x), tree_map(move, y)
-        if ctx is not None:
-            with ctx():
-                out = _call(model, x)
-        else:
-            out = _call(model, x)
-        out = _float_output(out, loss_fn is not None)
-        rows = _rows(x)
-        if loss_fn is None:
-            total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
-        else:
-            # a user loss has no ``reduction`` argument: undo its batch mean
-            total_loss += loss_fn(out, y).double() * rows
-        if classifies and isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor) and _is_classification(out, y):
-            correct += (out.argmax(dim=-1) == y).sum()
-        else:  # one logit per sample (BCE), per-token outputs, regression: top-1 accuracy is not defined here
-            classifies = False
-        n += rows
-    model.train(was_training)
-    if n == 0:
-        raise UsageError("the evaluation data yielded no sample")
-    return float(total_loss) / n, float(correct) / n if classifies else None
-
-
-def _is_classification(out: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether ``out`` (N, C) scores C > 1 classes for integer targets ``y`` (N,): where top-1 accuracy means what it
-    says. A (N, 1) logit against (N, 1) targets broadcast to (N, N) and read 500%.
-
-    Example:
-        >>> _is_classification(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
-        True
-        >>> _is_classification(torch.zeros(4, 1), torch.zeros(4, 1))
-        False
-    """
-    return (out.dim() == 2 and out.shape[1] > 1 and y.dim() == 1 and out.shape[0] == y.shape[0]
-            and not y.is_floating_point() and not y.is_complex())
-
-
-def _split(batch: Any) -> tuple[Any, Any]:
-    """A batch as (inputs, targets), or a one-line error saying what the Trainer takes."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch, str):
-        return batch[0], batch[1]
-    if isinstance(batch, Mapping):
-        got = f"a dict with keys {sorted(map(str, batch))[:6]}"
-    elif isinstance(batch, (tuple, list)):
-        got = f"a {type(batch).__name__} of {len(batch)} items"
-    else:
-        got = type(batch).__name__
-    raise UsageError(f"the Trainer takes batches (inputs, targets); the data yielded {got}: yield pairs, e.g. "
-                     "((b['input_ids'], b['labels']) for b in loader); inputs may be a tensor, a tuple of tensors "
-                     "(model(*inputs)) or a dict of them (model(**inputs))")
-
-
-def _call(model: Any, x: Any) -> Any:
-    """``model`` on inputs that are a tensor, a tuple of tensors (positional) or a dict of them (keywords)."""
-    if isinstance(x, Mapping):
-        return model(**x)
-    if isinstance(x, (tuple, list)):
-        return model(*x)
-    return model(x)
-
-
-def _leaves(x: Any) -> list[Any]:
-    return [x] if isinstance(x, torch.Tensor) else tree_leaves(x)  # a tensor (the common batch): no pytree walk
-
-
-def _rows(x: Any) -> int:
-    """The batch size of inputs (the first dim of their first tensor; 0 for none or a 0-d one)."""
-    t = next((v for v in _leaves(x) if isinstance(v, torch.Tensor)), None)
-    return int(t.shape[0]) if t is not None and t.dim() > 0 else 0
-
-
-def _float_output(out: Any, loss_fn_given: bool) -> Any:
-    """A tensor output in float32 for the loss; a structured one (a tuple, a dict, a Hugging Face ModelOutput) is
-    handed to ``loss_fn`` as it is, which must then be the user's own."""
-    if isinstance(out, torch.Tensor):
-        return out.float()
-    if not loss_fn_given:
-        raise UsageError(f"the model returns a {type(out).__name__}, not a tensor of scores: pass loss_fn=... that "
-                         "takes it, e.g. loss_fn=lambda out, y: F.cross_entropy(out.logits, y)")
-    return out
-
-
-def memory_mib(trainer: Trainer) -> float:
-    """Peak memory: CUDA's peak allocated bytes, or on CPU the training state's bytes
-    (parameters, gradients, fp32 masters and optimizer state), which torch cannot track as a peak."""
-    if trainer.device.type == "cuda":
-        return torch.cuda.max_memory_allocated(trainer.device) / 2**20
-    seen: set[int] = set()
-    total = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        if isinstance(t, torch.Tensor) and id(t) not in seen:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-
-    for p in trainer.model.parameters():
-        add(p)
-        add(p.grad)
-    for p in trainer.mp.master_params():
-        add(p)
-        add(p.grad)
-    for st in trainer.optimizer.state.values():
-        for v in st.values():
-            add(v)
-    return total / 2**20
-
 
 def _compiled(model: nn.Module, whole_call: bool) -> Callable[..., Any]:
     """``model`` under torch.compile. ``whole_call``: compile the call ``model(x)`` itself, so the module's own
@@ -609,36 +483,6 @@ def _compiled(model: nn.Module, whole_call: bool) -> Callable[..., Any]:
 
 
 _CALL_CODE: dict[type, Any] = {}  # _compiled's code object of the call, per model class
-
-
-def _set_epoch(data: Any, epoch: int) -> None:
-    """Tell the data which epoch starts, as a torch loop calls ``sampler.set_epoch(epoch)``: on the data itself
-    (overdrive.data.ImageLoader) or, for a DataLoader, on its sampler or its batch sampler's sampler
-    (DistributedSampler, ResumableSampler). Without it every epoch had the first one's order and crops."""
-    for obj in (data, getattr(data, "sampler", None), getattr(getattr(data, "batch_sampler", None), "sampler", None)):
-        if callable(getattr(obj, "set_epoch", None)):
-            obj.set_epoch(epoch)
-            return
-
-
-def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
-    """Each batch with whether it is the last one (one batch of look-ahead: works without ``len``)."""
-    it = iter(data)
-    try:
-        prev = next(it)
-    except StopIteration:
-        return
-    for batch in it:
-        yield prev, False
-        prev = batch
-    yield prev, True
-
-
-def _len_or_none(data: Iterable[Any]) -> int | None:
-    try:
-        return len(data)  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 class _NoBar:

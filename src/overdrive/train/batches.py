@@ -1,0 +1,97 @@
+"""How the Trainer reads a batch: ``(inputs, targets)`` with inputs a tensor, a tuple (``model(*inputs)``) or a dict
+(``model(**inputs)``) of them, and how it walks the data of an epoch (``set_epoch``, the last-batch mark).
+
+Example:
+    >>> import torch
+    >>> _rows((torch.zeros(3, 2), torch.zeros(3)))
+    3
+    >>> [last for _, last in _mark_last([1, 2, 3])]
+    [False, False, True]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from overdrive._utils.errors import UsageError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def _split(batch: Any) -> tuple[Any, Any]:
+    """A batch as (inputs, targets), or a one-line error saying what the Trainer takes."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch, str):
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping):
+        got = f"a dict with keys {sorted(map(str, batch))[:6]}"
+    elif isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)} items"
+    else:
+        got = type(batch).__name__
+    raise UsageError(f"the Trainer takes batches (inputs, targets); the data yielded {got}: yield pairs, e.g. "
+                     "((b['input_ids'], b['labels']) for b in loader); inputs may be a tensor, a tuple of tensors "
+                     "(model(*inputs)) or a dict of them (model(**inputs))")
+
+
+def _call(model: Any, x: Any) -> Any:
+    """``model`` on inputs that are a tensor, a tuple of tensors (positional) or a dict of them (keywords)."""
+    if isinstance(x, Mapping):
+        return model(**x)
+    if isinstance(x, (tuple, list)):
+        return model(*x)
+    return model(x)
+
+
+def _leaves(x: Any) -> list[Any]:
+    return [x] if isinstance(x, torch.Tensor) else tree_leaves(x)  # a tensor (the common batch): no pytree walk
+
+
+def _rows(x: Any) -> int:
+    """The batch size of inputs (the first dim of their first tensor; 0 for none or a 0-d one)."""
+    t = next((v for v in _leaves(x) if isinstance(v, torch.Tensor)), None)
+    return int(t.shape[0]) if t is not None and t.dim() > 0 else 0
+
+
+def _float_output(out: Any, loss_fn_given: bool) -> Any:
+    """A tensor output in float32 for the loss; a structured one (a tuple, a dict, a Hugging Face ModelOutput) is
+    handed to ``loss_fn`` as it is, which must then be the user's own."""
+    if isinstance(out, torch.Tensor):
+        return out.float()
+    if not loss_fn_given:
+        raise UsageError(f"the model returns a {type(out).__name__}, not a tensor of scores: pass loss_fn=... that "
+                         "takes it, e.g. loss_fn=lambda out, y: F.cross_entropy(out.logits, y)")
+    return out
+
+
+def _set_epoch(data: Any, epoch: int) -> None:
+    """Tell the data which epoch starts, as a torch loop calls ``sampler.set_epoch(epoch)``: on the data itself
+    (overdrive.data.ImageLoader) or, for a DataLoader, on its sampler or its batch sampler's sampler
+    (DistributedSampler, ResumableSampler). Without it every epoch had the first one's order and crops."""
+    for obj in (data, getattr(data, "sampler", None), getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        if callable(getattr(obj, "set_epoch", None)):
+            obj.set_epoch(epoch)
+            return
+
+
+def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
+    """Each batch with whether it is the last one (one batch of look-ahead: works without ``len``)."""
+    it = iter(data)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for batch in it:
+        yield prev, False
+        prev = batch
+    yield prev, True
+
+
+def _len_or_none(data: Iterable[Any]) -> int | None:
+    try:
+        return len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return None

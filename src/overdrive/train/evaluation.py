@@ -1,0 +1,118 @@
+"""Evaluation outside the training step: mean loss and top-1 accuracy over a dataset, and the training state's memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from overdrive._utils.errors import UsageError
+from overdrive.amp import MixedPrecision
+from overdrive.train.batches import Batch, _call, _float_output, _rows, _split
+
+if TYPE_CHECKING:
+    from overdrive.train.loop import Trainer
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: Iterable[Batch],
+    mp: MixedPrecision | None = None,
+    channels_last: bool = False,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[float, float | None]:
+    """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given). The accuracy is
+    None unless every batch is (N, C) class scores against (N,) integer targets (binary logits, per-token outputs
+    and regression have no top-1 accuracy).
+
+    ``loss_fn(output, target)`` is called as in training and must return the batch *mean* (the
+    convention of torch's losses); each batch is weighted by its size, so the result is the mean
+    over samples. Without it, the loss is cross-entropy.
+
+    Example:
+        >>> evaluate(nn.Linear(4, 3), [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])[1] <= 1.0
+        True
+    """
+    was_training = model.training
+    model.eval()
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    total_loss = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.int64)
+    n = 0
+    classifies = True  # every batch so far is (N, C) scores against (N,) class indices
+    ctx = mp.autocast if mp is not None else None
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.to(device)
+        return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
+
+    for batch in data:
+        x, y = _split(batch)
+        x, y = tree_map(move, x), tree_map(move, y)
+        if ctx is not None:
+            with ctx():
+                out = _call(model, x)
+        else:
+            out = _call(model, x)
+        out = _float_output(out, loss_fn is not None)
+        rows = _rows(x)
+        if loss_fn is None:
+            total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
+        else:
+            # a user loss has no ``reduction`` argument: undo its batch mean
+            total_loss += loss_fn(out, y).double() * rows
+        if classifies and isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor) and _is_classification(out, y):
+            correct += (out.argmax(dim=-1) == y).sum()
+        else:  # one logit per sample (BCE), per-token outputs, regression: top-1 accuracy is not defined here
+            classifies = False
+        n += rows
+    model.train(was_training)
+    if n == 0:
+        raise UsageError("the evaluation data yielded no sample")
+    return float(total_loss) / n, float(correct) / n if classifies else None
+
+
+def _is_classification(out: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether ``out`` (N, C) scores C > 1 classes for integer targets ``y`` (N,): where top-1 accuracy means what it
+    says. A (N, 1) logit against (N, 1) targets broadcast to (N, N) and read 500%.
+
+    Example:
+        >>> _is_classification(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+        True
+        >>> _is_classification(torch.zeros(4, 1), torch.zeros(4, 1))
+        False
+    """
+    return (out.dim() == 2 and out.shape[1] > 1 and y.dim() == 1 and out.shape[0] == y.shape[0]
+            and not y.is_floating_point() and not y.is_complex())
+
+
+def memory_mib(trainer: Trainer) -> float:
+    """Peak memory: CUDA's peak allocated bytes, or on CPU the training state's bytes
+    (parameters, gradients, fp32 masters and optimizer state), which torch cannot track as a peak."""
+    if trainer.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(trainer.device) / 2**20
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+
+    for p in trainer.model.parameters():
+        add(p)
+        add(p.grad)
+    for p in trainer.mp.master_params():
+        add(p)
+        add(p.grad)
+    for st in trainer.optimizer.state.values():
+        for v in st.values():
+            add(v)
+    return total / 2**20
