@@ -2,10 +2,68 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
 
-from overdrive.cli.common import (check_device, check_distinct, check_json_target, check_output, join_repeated,
-                                  json_option, progress_option, spec_file, trtexec_noops, write_json)
+from overdrive.cli.common import (check_device, check_distinct, check_json_target, check_output, check_torchscript,
+                                  join_repeated, json_option, progress_option, spec_file, trtexec_noops, write_json)
+
+
+def _scripted_backend(backend: str, device: str, precision: str) -> str:
+    """The backend that builds --torchscript with a dynamic profile: the TorchScript->ONNX export fixes shapes, so
+    the module itself goes to ONNX Runtime (CPU, fp32/tf32/int8), which takes a TorchScript module as the Python
+    API does (``Builder().build(torch.jit.load(path))``); Inductor's torch.export cannot take one.
+
+    Example:
+        >>> _scripted_backend("auto", "cpu", "fp32")
+        'onnxruntime'
+    """
+    from overdrive._utils.device import resolve_device
+    from overdrive._utils.errors import UsageError
+
+    fix = ("use --shapes for a static build (any backend), or build from the Python model with --model "
+           "file.py:factory")
+    if backend not in ("auto", "onnxruntime"):
+        raise UsageError(f"--torchscript with --min/--opt/--max-shapes builds on the onnxruntime backend only, not "
+                         f"--backend {backend} (its export cannot take a TorchScript module); {fix}")
+    where = resolve_device(device)
+    if where.type != "cpu" or precision not in ("fp32", "tf32", "int8"):
+        raise UsageError(f"--torchscript with --min/--opt/--max-shapes builds on the onnxruntime backend (CPU, "
+                         f"fp32/tf32/int8 only), not {precision} on {where.type}; {fix}")
+    return "onnxruntime"
+
+
+def _build_scripted(path: str, save_engine: str, calib: str | None, profiles: list[Any], **options: Any) -> Any:
+    """Build and save an engine from the TorchScript module at ``path`` with dynamic ``profiles`` (ONNX Runtime)."""
+    import torch
+
+    from overdrive.engine.api import Builder
+    from overdrive.engine.config import BuildConfig, parse_io_formats
+    from overdrive._utils.files import require_file
+    from overdrive.engine.sources import from_module
+    from overdrive.recipes.calibration import load_calibration
+
+    require_file(path, "TorchScript file")
+    try:
+        scripted = torch.jit.load(path, map_location="cpu").eval()
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError with the archive's C++ trace
+        from overdrive._utils.errors import UsageError
+
+        raise UsageError(f"--torchscript {path}: not a loadable TorchScript file ({str(exc).strip().splitlines()[0]});"
+                         " save it with torch.jit.save(torch.jit.trace(model, example), path)") from exc
+    src = from_module(scripted)
+    batches = load_calibration(calib, "--calib", input_names=src.input_names).batches if calib else None
+    accept = options.pop("accept_low_accuracy")
+    for key in ("input_io_formats", "output_io_formats"):
+        options[key] = parse_io_formats(options[key])
+    max_autotune = options.pop("max_autotune")
+    cfg = BuildConfig(profiles=profiles, compile_mode="max-autotune" if max_autotune else None, **options)
+    engine = Builder(cfg, on_low_accuracy="warn" if accept else "raise").build(
+        src, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
+    engine.save(save_engine)
+    return engine
 
 
 def _size(n: int) -> str:
@@ -21,7 +79,8 @@ def _size(n: int) -> str:
 @click.command("build")
 @click.option("--onnx", default=None, metavar="FILE", help="Build from an ONNX model.")
 @click.option("--model", default=None, metavar="PKG.MODULE:FACTORY", help="Build from a PyTorch model factory.")
-@click.option("--torchscript", default=None, metavar="FILE", help="Build from TorchScript (goes through ONNX; needs --shapes).")
+@click.option("--torchscript", default=None, metavar="FILE", help="Build from TorchScript (torch.jit.save): --shapes go through ONNX (any backend); "
+                   "--min/--opt/--max-shapes build the module on onnxruntime (CPU, fp32/int8).")
 @click.option("--exported", default=None, metavar="FILE.pt2", help="Build from a torch.export archive.")
 @click.option("--save-engine", "--saveEngine", "save_engine", required=True, metavar="FILE", help="Where to write the engine.")
 @click.option("--precision", default="fp32", show_default=True, help="fp32, tf32, fp16, bf16, int8, fp8 or best.")
@@ -141,17 +200,33 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     if calib and chosen not in ("int8", "fp8", "best"):  # before the build: what the user meant may be --int8
         click.echo(f"[I] --calib has no effect here: only int8/fp8 builds calibrate, and this one is {chosen} "
                    "(add --int8 or --fp8 to use it)", err=True)
+    check_torchscript("--torchscript", torchscript)  # a torch.save(model) pickle, named now
+    from overdrive.engine.config import profiles_from_shapes
+
+    profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+    dynamic_ts = bool(torchscript) and not (onnx or model or exported or checkpoint) and any(not p.static for p in profiles)
+    if dynamic_ts:
+        backend = _scripted_backend(backend, device, chosen)
     source = onnx or model or torchscript or exported
     with status(f"building {save_engine} from {source} (export, compile, check)", enabled=not no_progress and json_path != "-"):
-        engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
-                              precision=chosen, shapes=shapes, min_shapes=min_shapes,
-                              opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
-                              max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
-                              layer_precision=layer_precision, calib=calib, accept_low_accuracy=accept_low_accuracy, checkpoint=checkpoint,
-                              timing_cache=timing_cache,
-                              trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
-                              conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
-                              quantize_residuals=quantize_residuals, lowp_linears=lowp_linears)
+        if dynamic_ts:
+            engine = _build_scripted(
+                torchscript, save_engine, calib, profiles, precision=chosen, backend=backend, device=device,
+                max_autotune=max_autotune, aot=aot, int8_activations=int8_activations, layer_precision=layer_precision,
+                accept_low_accuracy=accept_low_accuracy, timing_cache=timing_cache,
+                trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
+                conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
+                lowp_linears=lowp_linears, input_io_formats=input_io_formats, output_io_formats=output_io_formats)
+        else:
+            engine = build_engine(onnx=onnx, model=model, torchscript=torchscript, exported=exported, save_engine=save_engine,
+                                  precision=chosen, shapes=shapes, min_shapes=min_shapes,
+                                  opt_shapes=opt_shapes, max_shapes=max_shapes, backend=backend, device=device,
+                                  max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
+                                  layer_precision=layer_precision, calib=calib, accept_low_accuracy=accept_low_accuracy, checkpoint=checkpoint,
+                                  timing_cache=timing_cache,
+                                  trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
+                                  conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
+                                  quantize_residuals=quantize_residuals, lowp_linears=lowp_linears)
     info = engine.info
     from overdrive.engine.runtime import fusions_summary
 

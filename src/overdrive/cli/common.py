@@ -275,3 +275,53 @@ def check_json_target(target: str | None) -> None:
     """Refuse a ``--json FILE`` whose folder does not exist before the work, not after it ('-' is stdout)."""
     if target != "-":
         check_output("--json", target)
+
+
+def _first_global(data: bytes) -> str | None:
+    """The first class a pickle names (``module.Class``), read from its opcodes without unpickling anything."""
+    import pickletools
+
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":  # protocol <= 3 (torch.save's default): "module Class"
+                return str(arg).replace(" ", ".")
+            if isinstance(arg, str):
+                strings.append(arg)
+            if op.name == "STACK_GLOBAL" and len(strings) >= 2:  # protocol 4+: the two strings pushed before it
+                return f"{strings[-2]}.{strings[-1]}"
+    except Exception:  # noqa: BLE001 - a truncated or foreign pickle: say nothing about it
+        return None
+    return None
+
+
+def check_torchscript(flag: str, path: str | None) -> None:
+    """Refuse, before any work, a ``--torchscript`` file that is a plain ``torch.save`` pickle (a whole
+    ``nn.Module`` or a state_dict) rather than a ``torch.jit.save`` archive: ``torch.jit.load`` only says
+    "PytorchStreamReader failed locating file constants.pkl". Nothing is unpickled to tell them apart.
+
+    Example:
+        >>> check_torchscript("--torchscript", None)  # nothing given: nothing to check
+    """
+    import zipfile
+
+    if not path or not Path(path).is_file() or not zipfile.is_zipfile(path):
+        return  # a missing or non-zip file: the loader's own error says what it is
+    from overdrive._utils.errors import UsageError
+
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+            return  # TorchScript
+        pkl = next((n for n in names if n.endswith("/data.pkl")), None)
+        if pkl is None:
+            return
+        cls = _first_global(z.read(pkl))
+    save = "torch.jit.save(torch.jit.trace(model, example), path)"
+    if cls in (None, "collections.OrderedDict", "builtins.dict") or (cls or "").startswith("torch._utils."):
+        raise UsageError(f"{flag} {path} holds weights (a torch.save state_dict), not TorchScript; build from the "
+                         f"model's code with --model file.py:factory --checkpoint {path}, or save TorchScript with {save}")
+    raise UsageError(f"{flag} {path} is a pickled Python module ({cls}, written by torch.save(model)), not "
+                     f"TorchScript; build from its code with --model file.py:factory (a function returning the model; "
+                     f"weights via --checkpoint, saved with torch.save(model.state_dict(), path)), or save TorchScript "
+                     f"with {save}")

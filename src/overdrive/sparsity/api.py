@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -461,6 +462,52 @@ def from_pruned(model: nn.Module, config: SparsityConfig | None = None) -> Spars
     if not layers:
         raise UsageError(f"{type(model).__name__} has no 2:4 mask buffers; prune it with sparsify() first")
     return SparseHandle(model, config, layers, [], {})
+
+
+def load_pruned(model: nn.Module, state_dict: Mapping[str, Any], config: SparsityConfig | None = None) -> SparseHandle:
+    """Load a pruned model's ``state_dict`` (its ``*_sparse_mask`` buffers included) into a fresh, unpruned model of
+    the same architecture and return the handle that keeps the masks: a plain ``model.load_state_dict`` stops at
+    the mask keys ("Unexpected key(s)"). The layers pruned are the ones the checkpoint has masks for; masks and
+    weights are checked as at any load (2:4, weights zero where pruned). ``config``: the pruning's config (its
+    ``custom_layers`` where custom layers were pruned, its mask calculator for later recomputes).
+
+    Example:
+        >>> pruned = nn.Sequential(nn.Linear(32, 16)); _ = sparsify(pruned)
+        >>> fresh = nn.Sequential(nn.Linear(32, 16))
+        >>> handle = load_pruned(fresh, pruned.state_dict())
+        >>> M.is_2to4(fresh[0].weight), [ly.name for ly in handle.layers]
+        (True, ['0.weight'])
+    """
+    if not isinstance(state_dict, Mapping):
+        raise UsageError(f"load_pruned(state_dict=...) takes a mapping (model.state_dict() or torch.load of one), got "
+                         f"{type(state_dict).__name__}")
+    masked = {k[: -len(MASK_SUFFIX)] for k in state_dict if isinstance(k, str) and k.endswith(MASK_SUFFIX)}
+    if not masked:
+        raise UsageError("the state_dict holds no 2:4 masks (no '*_sparse_mask' keys): it is not from a pruned model; "
+                         "load it with model.load_state_dict(state_dict)")
+    if any(n.endswith(MASK_SUFFIX) for n, _ in model.named_buffers()):
+        raise UsageError(f"{type(model).__name__} is pruned already (it has mask buffers): load the pruned "
+                         "state_dict with model.load_state_dict(state_dict)")
+    config = config or SparsityConfig()
+    cands = {c.name: c for c in find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))}
+    unknown = sorted(masked - set(cands))
+    if unknown:
+        raise UsageError(f"the state_dict has 2:4 masks for {unknown[:3]}, which {type(model).__name__} has no prunable "
+                         "weight of that name for; give the model the checkpoint was saved from (for pruned custom "
+                         "layers pass config=SparsityConfig(custom_layers={MyLayer: ['weight']}))")
+    layers = []
+    for name in sorted(masked):
+        c = cands[name]
+        w = getattr(c.module, c.param_name)
+        c.module.register_buffer(c.param_name + MASK_SUFFIX, torch.ones_like(w, dtype=torch.bool), persistent=True)
+        layers.append(PrunedLayer(c.name, c.module, c.param_name, c.layer_type, w, transposed=c.transposed))
+    handle = SparseHandle(model, config, layers, [], {})
+    try:
+        model.load_state_dict(state_dict)
+    except Exception:
+        handle.remove()  # no mask buffers left behind: the error is torch's (missing keys, shapes) or the 2:4 check
+        raise
+    return handle
 
 
 def _check_shapes(layers: list[PrunedLayer]) -> None:

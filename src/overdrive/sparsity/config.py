@@ -33,6 +33,10 @@ class SparsityConfig(ConfigBase):
             counted as work (weights scored), not time, so that the result is deterministic.
         allow_recompute_mask: keep the pruned weight values aside (apex ASP) so masks can be recomputed
             later; a recompute puts them back and keeps the trained values of the other weights.
+        custom_layers: apex's ``custom_layer_dict``: other layer classes (subclasses included) and the names of
+            their parameters to prune, ``{MyLinear: ["weight"]}``; each parameter is read as a GEMM operand
+            (out, in, *k), groups of 4 along dim 1. Kept as ``(("module.Class", ("weight",)), ...)`` so the
+            config stays JSON.
 
     Example:
         >>> cfg = SparsityConfig(mask_calculator="m4n2_2d_best", disallowed_layer_names=("head",))
@@ -48,8 +52,10 @@ class SparsityConfig(ConfigBase):
     permutation: bool = False
     permutation_budget_s: float = 2.0
     allow_recompute_mask: bool = False
+    custom_layers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     _JSON_SORT_KEYS = True  # the form save_compressed has written into checkpoints
+    _ADDED_FIELDS = ("custom_layers",)
 
     def __post_init__(self) -> None:
         for key in ("layer_types", "allowed_layer_names", "disallowed_layer_names"):
@@ -69,10 +75,44 @@ class SparsityConfig(ConfigBase):
         if self.allowed_layer_names is not None:
             object.__setattr__(self, "allowed_layer_names", tuple(self.allowed_layer_names))
         object.__setattr__(self, "disallowed_layer_names", tuple(self.disallowed_layer_names))
+        object.__setattr__(self, "custom_layers", _custom_layers(self.custom_layers))
         budget = self.permutation_budget_s
         # nan passed a plain `<= 0` check and then switched the search off without a word
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
             raise UsageError(f"permutation_budget_s {budget!r} must be a number of seconds > 0, e.g. 2.0")
+
+
+def class_key(cls: type) -> str:
+    """The name a layer class goes by in ``custom_layers``: ``module.QualName``.
+
+    Example:
+        >>> import torch
+        >>> class_key(torch.nn.Linear)
+        'torch.nn.modules.linear.Linear'
+    """
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _custom_layers(value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``{MyLinear: ["weight"]}`` (or its JSON form, pairs of a class name and names) -> sorted pairs."""
+    pairs = value.items() if isinstance(value, dict) else value
+    example = "custom_layers={MyLinear: ['weight']}"
+    out: dict[str, tuple[str, ...]] = {}
+    try:
+        pairs = list(pairs)
+    except TypeError:
+        raise UsageError(f"custom_layers={value!r} is not a dict of layer class -> parameter names; e.g. {example}") from None
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise UsageError(f"custom_layers entry {pair!r} is not (layer class, parameter names); e.g. {example}")
+        cls, names = pair
+        key = class_key(cls) if isinstance(cls, type) else cls
+        if not isinstance(key, str) or not key:
+            raise UsageError(f"custom_layers key {cls!r} is not a layer class; e.g. {example}")
+        if isinstance(names, str) or not names or not all(isinstance(n, str) and n for n in names):
+            raise UsageError(f"custom_layers[{key}] = {names!r}: give a list of parameter names, e.g. ['weight']")
+        out[key] = tuple(names)
+    return tuple(sorted(out.items()))
 
 
 # Named presets.

@@ -23,7 +23,7 @@ from torch.nn.utils import parametrize
 
 from overdrive._utils.errors import UsageError
 from overdrive._utils.optional import hf_conv1d_class
-from overdrive.sparsity.config import SparsityConfig
+from overdrive.sparsity.config import SparsityConfig, class_key
 
 _TYPES: dict[str, type[nn.Module]] = {
     "Linear": nn.Linear, "Conv1d": nn.Conv1d, "Conv2d": nn.Conv2d, "Conv3d": nn.Conv3d,
@@ -66,6 +66,39 @@ def _kind(module: nn.Module, wanted: tuple[str, ...]) -> str | None:
     return None
 
 
+def custom_params(module: nn.Module, custom: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[str, tuple[str, ...]] | None:
+    """(layer type, parameter names) when ``module``'s class or a base of it is in ``SparsityConfig.custom_layers``
+    (apex's ``custom_layer_dict``), else None.
+
+    Example:
+        >>> custom_params(nn.Bilinear(16, 16, 8), (("torch.nn.modules.linear.Bilinear", ("weight",)),))
+        ('Bilinear', ('weight',))
+    """
+    if not custom:
+        return None
+    table = dict(custom)
+    for cls in type(module).__mro__:
+        names = table.get(class_key(cls))
+        if names is not None:
+            return type(module).__name__, names
+    return None
+
+
+def _layer(module: nn.Module, config: SparsityConfig) -> tuple[str, tuple[str, ...]] | None:
+    """(layer type, names of the parameters to prune) for a layer the config selects, else None."""
+    custom = custom_params(module, config.custom_layers)
+    if custom is not None:
+        return custom
+    kind = _kind(module, config.layer_types)
+    if kind is None:
+        return None
+    if kind == "MultiheadAttention":
+        # out_proj is a Linear subclass and is found as its own module.
+        return kind, (("in_proj_weight",) if module.in_proj_weight is not None
+                      else ("q_proj_weight", "k_proj_weight", "v_proj_weight"))
+    return kind, ("weight",)
+
+
 def shape_rule(shape: tuple[int, ...]) -> str | None:
     """Why a weight of ``shape`` cannot use sparse kernels, or None when it can."""
     out, inp = shape[0], shape[1]
@@ -82,11 +115,11 @@ def _unsupported(module: nn.Module, wanted: tuple[str, ...]) -> tuple[str, str] 
     return None
 
 
-def _tied_elsewhere(model: nn.Module, wanted: tuple[str, ...]) -> dict[int, str]:
+def _tied_elsewhere(model: nn.Module, config: SparsityConfig) -> dict[int, str]:
     """id(weight) -> name and type of a non-GEMM module (an Embedding tied to an LM head) holding it too."""
     out: dict[int, str] = {}
     for mname, module in model.named_modules(remove_duplicate=False):
-        if _kind(module, wanted) is not None:
+        if _layer(module, config) is not None:
             continue
         for pname, p in module._parameters.items():
             if p is not None and p.dim() >= 2:
@@ -117,21 +150,21 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
     _check_names(model, config)
     out: list[Candidate] = []
     seen: set[int] = set()
-    tied = _tied_elsewhere(model, config.layer_types)
+    tied = _tied_elsewhere(model, config)
     # a weight two of these layers share (an encoder and a decoder tied): every layer holding it is judged, not only
     # the first met (a disallowed second layer was pruned through the first, silently)
     sharers: dict[int, list[str]] = {}
     for mname, module in model.named_modules(remove_duplicate=False):
-        kind = _kind(module, config.layer_types)
-        if kind is not None:
-            for pname in (["in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight"]
-                          if kind == "MultiheadAttention" else ["weight"]):
+        found = _layer(module, config)
+        if found is not None:
+            for pname in (("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight")
+                          if found[1][:1] == ("in_proj_weight",) else found[1]):
                 p = getattr(module, pname, None)
                 if isinstance(p, torch.Tensor) and mname not in sharers.setdefault(id(p), []):
                     sharers[id(p)].append(mname)
     for mname, module in model.named_modules():
-        kind = _kind(module, config.layer_types)
-        if kind is None:
+        found = _layer(module, config)
+        if found is None:
             unsupported = _unsupported(module, config.layer_types)
             w = getattr(module, "weight", None)
             if unsupported is not None and isinstance(w, torch.Tensor) and id(w) not in seen:
@@ -139,11 +172,13 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
                 out.append(Candidate(f"{mname}.weight" if mname else "weight", mname, module, "weight", unsupported[0],
                                      unsupported[1]))
             continue
-        if kind == "MultiheadAttention":
-            # out_proj is a Linear subclass and is found as its own module.
-            names = ["in_proj_weight"] if module.in_proj_weight is not None else ["q_proj_weight", "k_proj_weight", "v_proj_weight"]
-        else:
-            names = ["weight"]
+        kind, names = found
+        if custom_params(module, config.custom_layers) is not None:  # a custom layer: the names given must exist
+            missing = [n for n in names if not isinstance(getattr(module, n, None), torch.Tensor)]
+            if missing:
+                have = [n for n, _ in module.named_parameters(recurse=False)]
+                raise UsageError(f"custom_layers names {missing} of {kind} ({mname!r}), which has no such tensor; "
+                                 f"its own parameters are {have}")
         for pname in names:
             p = getattr(module, pname, None)
             if p is None or id(p) in seen:
@@ -171,6 +206,8 @@ def find_candidates(model: nn.Module, config: SparsityConfig) -> list[Candidate]
             elif id(p) in tied and config.allowed_layer_names is None:
                 cand.skip_reason = (f"weight tied to {tied[id(p)]}: pruning it would zero that module's weights too; "
                                     f"name {mname!r} in allowed_layer_names to prune it anyway")
+            elif p.dim() < 2:
+                cand.skip_reason = f"{pname} has shape {tuple(p.shape)}: 2:4 needs a weight of 2 or more dims (out, in, ...)"
             elif isinstance(module, nn.modules.conv._ConvNd) and module.groups != 1:
                 cand.skip_reason = f"grouped convolution (groups={module.groups}): no dense GEMM to sparsify"
             else:  # judged as the GEMM operand (out, in)
