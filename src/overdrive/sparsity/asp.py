@@ -62,19 +62,19 @@ class ASP:
         """Install all-ones masks on the prunable layers; masks are computed by compute_sparse_masks().
 
         ``mask_calculator`` is a name (``"m4n2_1d"``, ``"m4n2_2d_best"``, ...) or, as in apex, a callable
-        ``weight -> mask`` of the weight's shape (nonzero keeps)."""
-        if custom_layer_dict:
-            raise UsageError("custom_layer_dict is not supported; subclasses of Linear/Conv/MHA are found automatically")
+        ``weight -> mask`` of the weight's shape (nonzero keeps). ``custom_layer_dict`` (apex's): ``{LayerType:
+        ["param", ...]}``, other layer types and the parameters of theirs to prune."""
         if model in _HANDLES:
             raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
         # SparsityConfig refuses a bare string (tuple("head") would be its characters), so pass the names as given
         mask_fn = mask_calculator if callable(mask_calculator) else None
         cfg = SparsityConfig(mask_calculator="m4n2_1d" if mask_fn else mask_calculator, layer_types=_type_names(whitelist),
                      allowed_layer_names=allowed_layer_names, disallowed_layer_names=disallowed_layer_names,
-                     allow_recompute_mask=allow_recompute_mask, permutation=allow_permutation)
+                     allow_recompute_mask=allow_recompute_mask, permutation=allow_permutation,
+                     custom_layers=custom_layer_dict or ())
         if any(cls not in _TYPES.values() for cls in whitelist):
             # a subclass in the whitelist (MyLinear) selects only its instances, not every layer of its base type
-            wanted = tuple(whitelist)
+            wanted = tuple(whitelist) + tuple(custom_layer_dict or ())
             names = tuple(n for n, mod in model.named_modules() if isinstance(mod, wanted)
                           and (cfg.allowed_layer_names is None or n in cfg.allowed_layer_names))
             cfg = cfg.replace(allowed_layer_names=names)

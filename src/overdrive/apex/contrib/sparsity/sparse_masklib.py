@@ -23,7 +23,9 @@ def create_mask(tensor: torch.Tensor, pattern: str = "m4n2_1d", density: float =
         raise UsageError(f"pattern={pattern!r} is not one of {sorted(CALCULATORS)}")
     if density != 0.5:
         raise UsageError(f"density={density!r}: the {pattern} patterns keep 2 of every 4 weights, density 0.5")
-    if tensor.dim() < 2:
-        raise UsageError(f"create_mask got a tensor of shape {tuple(tensor.shape)}; give a weight of at least 2 "
-                         "dimensions (out, in, ...)")
+    if tensor.dim() == 1:  # as apex: a vector is one row of groups of 4
+        return compute_mask(tensor.detach().reshape(1, -1), pattern).reshape(tensor.shape).to(tensor.dtype)
+    if tensor.dim() < 1:
+        raise UsageError(f"create_mask got a tensor of shape {tuple(tensor.shape)}; give a weight of at least 1 "
+                         "dimension (out, in, ...)")
     return compute_mask(tensor.detach(), pattern).to(tensor.dtype)
