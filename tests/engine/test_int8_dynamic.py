@@ -63,7 +63,7 @@ def _check_lengths(engine: Engine, model: nn.Module) -> None:
     for b, s in SHAPES:
         ids, mask = _inputs(b, s)
         out = engine(ids, mask)
-        out = out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, (tuple, dict)) else out  # an EngineOutput by key: its first
         with torch.no_grad():
             ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
         assert out.shape == ref.shape

@@ -54,7 +54,7 @@ def _check_all_lengths(engine: Engine, model: torch.nn.Module) -> None:
     for b, s in SHAPES:
         ids, mask = _inputs(b, s)
         out = engine(ids, mask)
-        out = out[0] if isinstance(out, tuple) else out
+        out = out[0] if isinstance(out, (tuple, dict)) else out  # an EngineOutput by key: its first
         with torch.no_grad():
             ref = model(input_ids=ids, attention_mask=mask).last_hidden_state
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4, msg=f"batch {b}, sequence {s}")
@@ -146,7 +146,7 @@ def test_a_token_model_builds_from_input_ids_alone() -> None:
     with torch.no_grad():
         want = model(ids).last_hidden_state
     got = eng(ids)
-    got = got[0] if isinstance(got, (tuple, list)) else got
+    got = got[0] if isinstance(got, (tuple, list, dict)) else got
     assert torch.allclose(got, want, atol=1e-4)
 
 
@@ -180,7 +180,7 @@ def test_a_decoder_with_input_ids_alone_builds_for_every_length_on_onnxruntime(c
         with torch.no_grad():
             want = model(ids).last_hidden_state
         got = engine(ids)
-        got = got[0] if isinstance(got, (tuple, list)) else got
+        got = got[0] if isinstance(got, (tuple, list, dict)) else got
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"batch {b}, sequence {s}")
 
 
