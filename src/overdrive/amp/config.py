@@ -164,6 +164,10 @@ class Policy(ConfigBase):
     max_loss_scale: float = 2.0**24
     init_scale: float = 2.0**16
     growth_interval: int = 2000
+    # torch.amp.GradScaler's names and defaults: x growth_factor after growth_interval clean backwards, x backoff_factor
+    # (and the step skipped) on inf/NaN
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
     cast_model_outputs: torch.dtype | None = None  # None: float32 outputs when the model is cast
     # inf/NaN gradients or loss at a step no loss scale explains (see the class docstring)
     on_nonfinite: Literal["skip", "raise"] = "skip"
@@ -173,7 +177,8 @@ class Policy(ConfigBase):
     _JSON_SORT_KEYS = True  # the JSON form earlier versions wrote
     # fields added since: to_json writes them only when not at their default, so that a policy which leaves
     # them alone is written as before, and an earlier overdrive (which refuses unknown keys) still reads it
-    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_consecutive_skips", "fp8")
+    _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("on_nonfinite", "max_consecutive_skips", "fp8", "growth_factor",
+                                                "backoff_factor")
 
     def __post_init__(self) -> None:
         if self.opt_level not in OPT_LEVELS:
@@ -208,6 +213,13 @@ class Policy(ConfigBase):
         gi = self.growth_interval
         if isinstance(gi, bool) or not isinstance(gi, int) or gi < 1:
             raise UsageError(f"growth_interval={gi!r} must be an int >= 1 (clean steps before the loss scale grows)")
+        for what, ok, expected in (("growth_factor", lambda v: v >= 1, ">= 1 (default 2.0)"),
+                                   ("backoff_factor", lambda v: 0 < v < 1, "in (0, 1) (default 0.5)")):
+            value = getattr(self, what)
+            number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            if not (number and ok(value)):
+                raise UsageError(f"{what}={value!r} must be a number {expected}, as torch.amp.GradScaler's {what}")
+            object.__setattr__(self, what, float(value))
         try:
             init = float(self.init_scale)
         except (TypeError, ValueError):

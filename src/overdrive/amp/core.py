@@ -14,17 +14,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive._utils.errors import OverdriveError, UsageError
+from overdrive._utils.errors import UsageError
 from overdrive.amp import casting, fp8
-from overdrive.amp.config import Policy, dtype_name
-from overdrive.amp.guard import StepGuard, found_nonfinite, read_flags
+from overdrive.amp.config import Policy
+from overdrive.amp.guard import StepGuard, read_flags
+from overdrive.amp.resume import AmpState
 from overdrive.amp.scaler import LossScaler
+from overdrive.amp.steps import LOSS_WHY, StepChecks
 from overdrive.amp.verdicts import VerdictQueue, any_flag
 
-LOSS_WHY = "the loss is inf or NaN"
 
-
-class MixedPrecision:
+class MixedPrecision(StepChecks, AmpState):
     """Models and optimizers prepared for one :class:`Policy`; owns the loss scaler.
 
     No optimizer step with inf/NaN gradients or loss is applied: it is skipped and counted
@@ -73,6 +73,7 @@ class MixedPrecision:
         # one scaler per loss (apex's num_losses): a GAN's discriminator loss backs off its own scale only
         self.scalers = [LossScaler(
             dynamic=p.dynamic, init_scale=p.init_scale if p.dynamic else float(p.loss_scale),
+            growth_factor=p.growth_factor, backoff_factor=p.backoff_factor,
             growth_interval=p.growth_interval, min_scale=p.min_loss_scale, max_scale=p.max_loss_scale,
             warn_after=None,  # the guard speaks for every skipped step, and stops a run that cannot recover
         ) for _ in range(num_losses)]
@@ -140,78 +141,6 @@ class MixedPrecision:
         """The loss scaler of loss 0 (the only one unless ``num_losses`` > 1), with every verdict read."""
         self._settle()
         return self.scalers[0]
-
-    # --- checks without a host sync per step ------------------------------------------------
-    def defer_checks(self, enable: bool = True) -> bool:
-        """Read the inf/NaN checks a step late, so a training step makes no host sync; returns whether that is on.
-
-        By default every backward with a dynamic loss scale (and every step with a static one) reads its inf/NaN
-        flag on the host, as apex does: on a GPU that waits for the queued work, and the GPU then idles while the
-        host launches the next step. Deferred, the flag goes to the host in the background; an optimizer whose
-        step takes torch's ``found_inf`` (Adam, AdamW, SGD and Adagrad with ``fused=True``) skips a bad step on
-        the device, as with torch's GradScaler, and the loss scale, the skip count and any warning follow when
-        the flag is read: at the next backward, or when :attr:`loss_scale`, :attr:`skipped_steps`,
-        :meth:`state_dict` or ``step(wait=True)`` asks. A skipped step is then warned about one step late,
-        naming its own step number. It needs one optimizer of that kind, one loss and ``on_nonfinite='skip'``
-        (an error must stop the step it is about), and no sharded (DTensor) parameters; otherwise this returns
-        False and every check stays immediate. :class:`~overdrive.train.Trainer` turns it on for CUDA runs.
-
-        Example:
-            >>> from overdrive.amp import prepare
-            >>> model = nn.Linear(4, 2); opt = torch.optim.AdamW(model.parameters(), fused=True)
-            >>> mp = prepare(model, opt, Policy(opt_level="O1", dtype=torch.bfloat16))
-            >>> mp.defer_checks()
-            True
-        """
-        if not enable:
-            self._settle()
-            self.deferred = False
-            return False
-        opt = self.optimizers[0] if len(self.optimizers) == 1 else None
-        self.deferred = (
-            opt is not None and len(self.scalers) == 1 and self.policy.on_nonfinite == "skip"
-            and bool(getattr(opt, "_step_supports_amp_scaling", False))
-            and not any(hasattr(q, "to_local") for g in opt.param_groups for q in g["params"])
-        )
-        return self.deferred
-
-    def _settle(self) -> None:
-        """Read every deferred verdict, in order: loss-scale updates, step counts, warnings."""
-        for v, (grad_bad, loss_bad, skip) in self._verdicts.drain():
-            if v.kind == "backward":
-                self.scalers[0].update(grad_bad or loss_bad)
-                if (grad_bad or loss_bad) and self._deferred_why is None:
-                    self._deferred_why = LOSS_WHY if loss_bad else self._floor_why(self.scalers[0]) if v.at_floor else None
-                continue
-            if v.number is not None:
-                self.guard.number(0, v.number)
-            why, self._deferred_why = self._deferred_why, None
-            if skip:
-                if v.kind == "static":
-                    why = LOSS_WHY if loss_bad else self._static_why() if grad_bad else why
-                self.guard.step_skipped(0, why)  # counts; warns; may stop a run that cannot recover
-            else:
-                self.guard.step_taken(0)
-
-    @staticmethod
-    def _floor_why(scaler: LossScaler) -> str:
-        return (f"the gradients overflow (inf/NaN) even at the loss scale floor {scaler.min_scale:g}, so a "
-                "smaller scale cannot help")
-
-    def _static_why(self) -> str:
-        scale = self.scalers[0].scale
-        return "the gradients hold inf or NaN" + (f" (static loss scale {scale:g})" if scale != 1.0 else "")
-
-    def _device_skip_ok(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether ``optimizer``'s step can skip on the device now: fused SGD with momentum makes its momentum
-        buffers with ``empty_like`` at its first step and leaves them so when that step is skipped (garbage
-        momentum), so its first step is checked on the host."""
-        if not self.deferred or not getattr(optimizer, "_step_supports_amp_scaling", False):
-            return False
-        if isinstance(optimizer, torch.optim.SGD):
-            return all(g.get("momentum", 0) == 0 or all("momentum_buffer" in optimizer.state.get(q, {})
-                                                         for q in g["params"]) for g in optimizer.param_groups)
-        return True
 
     # --- parameters -------------------------------------------------------------------------
     def master_pairs(self, optimizer: torch.optim.Optimizer | None = None) -> list[tuple[nn.Parameter, nn.Parameter]]:
@@ -422,92 +351,6 @@ class MixedPrecision:
         pairs, bufs, n_new = self._copy_half_grads()
         self._accumulate_masters(pairs, bufs, n_new)
 
-    # --- optimizer step hooks ---------------------------------------------------------------
-    def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        self.close_autocast()
-        self._finish_delayed()  # delay_unscale's gradients, still scaled: unscaled and checked before they are applied
-        self._adopt_added_groups()
-        self._flush_pending()
-        key = id(optimizer)
-        index = self.optimizers.index(optimizer)
-        number = self._numbers.pop(index, None)
-        if key not in self._skip and self._device_skip_ok(optimizer):  # (a skip restored by load_pending_state: on the host)
-            self._step_on_device(optimizer, number)
-            return
-        if self.deferred:  # this step is checked on the host: read what the backwards found first
-            self._settle()
-            if self._dev_skip is not None and read_flags(self._dev_skip)[0]:
-                self._skip.add(key)
-                self._why.setdefault(key, self._deferred_why)  # type: ignore[arg-type]
-                if self._why[key] is None:
-                    del self._why[key]
-            self._dev_skip, self._deferred_why = None, None
-        if number is not None:
-            self.guard.number(index, number)
-        why = self._why.pop(key, None)
-        if not self.scalers[0].dynamic or key in self._check:
-            # a dynamic scale checked each backward already; a static one (bf16's 1.0 too) checks here, and so does
-            # an optimizer an overflowing backward reached without naming it
-            self._check.discard(key)
-            why = self._nonfinite_at_step(optimizer) or why
-            if why is not None:
-                self._skip.add(key)
-        if key in self._skip:
-            try:
-                self.guard.step_skipped(index, why)  # counts; warns or raises as the policy says
-            except OverdriveError:
-                self._skip.discard(key)  # not applied (the error stops the step); the next one starts clean
-                raise
-            # Skip the step: optimizers leave parameters whose grad is None untouched.
-            for q in self.master_params(optimizer):
-                q.grad = None
-        else:
-            self.guard.step_taken(index)
-
-    def _step_on_device(self, optimizer: torch.optim.Optimizer, number: int | None) -> None:
-        """Deferred checks: the step skips itself on the device when the flag is set (torch's ``found_inf``)."""
-        if self.scalers[0].dynamic:
-            grad_flag = loss_flag = None
-            skip, self._dev_skip = self._dev_skip, None
-            kind = "step"
-        else:  # a static scale checks the gradients this step applies, and the losses behind them
-            loss_flag = self._bad_loss.pop(id(optimizer), None)
-            grad_flag = found_nonfinite([q.grad for q in self.master_params(optimizer) if q.grad is not None])
-            skip = any_flag(grad_flag, loss_flag)
-            kind = "static"
-        if skip is not None:
-            params = [q for g in optimizer.param_groups for q in g["params"]]
-            optimizer.found_inf = skip.reshape(()).to(params[0].device, torch.float32)  # type: ignore[attr-defined]
-            optimizer.grad_scale = None  # type: ignore[attr-defined]
-        self._verdicts.push(kind, grad_flag, loss_flag, skip, number=number)
-
-    def _nonfinite_at_step(self, optimizer: torch.optim.Optimizer) -> str | None:
-        """Static scales: what is wrong with the step ``optimizer`` is about to take, or None. One fused
-        check over the gradients it would apply (after accumulation and clipping) and the flags of the
-        losses behind them: one host sync per step, none when it has no gradient."""
-        loss_flag = self._bad_loss.pop(id(optimizer), None)
-        grads = [q.grad for q in self.master_params(optimizer) if q.grad is not None]
-        bad_grads, bad_loss = read_flags(found_nonfinite(grads), loss_flag)
-        if bad_loss:
-            return LOSS_WHY
-        return self._static_why() if bad_grads else None
-
-    def _after_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
-        for name in ("found_inf", "grad_scale"):  # a device-skipped step's flag is for that step only
-            optimizer.__dict__.pop(name, None)
-        # (a step skipped on the device left the masters as they were: copying them to the half weights again
-        # changes nothing)
-        skipped = id(optimizer) in self._skip
-        self._skip.discard(id(optimizer))
-        if self.policy.master_weights:
-            mine = casting.ids(self.master_params(optimizer))
-            pairs = [(h, m) for h, m in self._pairs if id(m) in mine]
-            if pairs and not skipped:
-                with torch.no_grad():
-                    torch._foreach_copy_([h for h, _ in pairs], [m for _, m in pairs])
-            for _, m in pairs:  # masters' grads were consumed by this step
-                m.grad = None
-
     # --- conveniences for the native API ----------------------------------------------------
     def step(self, number: int | None = None, wait: bool = True) -> bool | None:
         """Step every optimizer; returns False when a step was skipped (inf/NaN gradients or loss).
@@ -528,22 +371,6 @@ class MixedPrecision:
         self._settle()
         return self.guard.skipped == before
 
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped for inf/NaN gradients or loss so far (all optimizers together)."""
-        self._settle()
-        return self.guard.skipped
-
-    def pending_skips(self) -> set[int]:
-        """ids of the optimizers whose next step will be skipped (an inf/NaN was found in their gradients);
-        a copy. With :meth:`set_pending_skips`, for code that must step an optimizer aside (a checkpoint
-        writer initializing optimizer state) and put the overflow record back."""
-        return set(self._skip)
-
-    def set_pending_skips(self, ids: set[int]) -> None:
-        """Restore what :meth:`pending_skips` returned."""
-        self._skip = set(ids)
-
     def close_autocast(self) -> None:
         """Leave O1's autocast region if a training forward left it open (``autocast_scope="step"``)."""
         if self.region is not None:
@@ -558,134 +385,35 @@ class MixedPrecision:
         self._bad_loss.clear()
         self._why.clear()
 
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip the (unscaled, fp32 under O2) gradients the optimizer will use."""
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the gradients the optimizers will apply (unscaled; the fp32 masters' under O2) to a total norm of
+        ``max_norm``; returns the norm before clipping, as ``torch.nn.utils.clip_grad_norm_`` does.
+
+        Call it between the backward and :meth:`step` (where a ``torch.amp.GradScaler`` loop calls ``unscale_``
+        and then clips). Every gradient the step will apply is clipped: O2 half gradients that a plain
+        ``loss.backward()`` left on the model (bf16 needs no loss scale) go to the fp32 masters first, and
+        gradients a ``scale_loss(..., delay_unscale=True)`` left scaled are unscaled and checked first.
+
+        Example:
+            >>> import torch
+            >>> from overdrive.amp import Policy, prepare
+            >>> model = torch.nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> mp = prepare(model, opt, Policy(opt_level="O2", dtype=torch.bfloat16))
+            >>> model(torch.randn(8, 4)).square().mean().backward()
+            >>> norm = mp.clip_grad_norm_(1e-3)
+            >>> bool(norm > 1e-3), round(torch.cat([q.grad.flatten() for q in mp.master_params()]).norm().item(), 6)
+            (True, 0.001)
+        """
+        self._finish_delayed()  # scaled gradients clipped, then unscaled, would be clipped to max_norm / scale
+        self._adopt_added_groups()
+        self._flush_pending()  # O2: a plain backward's half gradients, not yet on the masters
         params = [q for q in self.master_params() if q.grad is not None]
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     @property
     def loss_scale(self) -> float:
         self._settle()
         return self.scalers[0].scale
-
-    # --- state ------------------------------------------------------------------------------
-    def _half_dtype(self) -> torch.dtype | None:
-        """The half dtype this run computes in (autocast or a cast model); None at O0, where the
-        resolved policy still names the device's default but nothing uses it."""
-        p = self.policy
-        return p.dtype if p.autocast or p.cast_model_type is not None else None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Scaler state, plus the fp32 masters under O2 (so a resume is bit-identical)."""
-        self._settle()
-        self._adopt_added_groups()
-        state: dict[str, Any] = {
-            "opt_level": self.policy.opt_level,
-            "dtype": dtype_name(self._half_dtype()),
-            "loss_scaler": self.scaler.state_dict(),
-        }
-        if self.policy.master_weights:
-            state["master_params"] = [m.detach().clone() for _, m in self._pairs]
-        if len(self.scalers) > 1:
-            state["extra_loss_scalers"] = [s.state_dict() for s in self.scalers[1:]]
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output, or a ``loss_scaler<i>`` entry written by NVIDIA apex.
-
-        apex's entries hold only ``loss_scale`` and ``unskipped`` (no opt level, dtype or masters:
-        apex resumes load the model's weights, which under O2 refresh the masters through the load
-        hook). They set a dynamic scaler's scale and clean-step count; a static scale belongs to
-        this run's policy (bf16 needs none) and is kept.
-        """
-        self._settle()
-        self._adopt_added_groups()
-        if "opt_level" not in state and "loss_scale" in state:  # apex/amp/frontend.py's format
-            if self.scaler.dynamic:
-                self.scaler.load_state_dict({k: state[k] for k in ("loss_scale", "unskipped") if k in state})
-            return
-        same_dtype = self._half_dtype() is None or state.get("dtype") == dtype_name(self._half_dtype())
-        if state.get("opt_level") != self.policy.opt_level or not same_dtype:
-            # A resume at another opt level or half dtype (``--opt-level O1`` after O2, a CUDA fp16 run resumed in
-            # bf16 on a CPU): apex loads it, its state being only the loss scale. So here: a dynamic scaler takes
-            # the saved scale of a dynamic one; the O2 masters come from the model's weights, loaded beside this.
-            # (A run that uses no half dtype, O0, matches any dtype.)
-            saved = [state.get("loss_scaler") or {}, *state.get("extra_loss_scalers", [])]
-            for scaler, st in zip(self.scalers, saved):
-                if scaler.dynamic and st.get("dynamic", True) and "loss_scale" in st and "unskipped" in st:
-                    scaler.load_state_dict({k: st[k] for k in ("loss_scale", "unskipped", "overflows") if k in st})
-            return
-        extra = state.get("extra_loss_scalers", [])
-        if len(extra) != len(self.scalers) - 1:
-            raise UsageError(f"amp state holds {len(extra) + 1} loss scaler(s) but this run has {len(self.scalers)}; "
-                             f"initialize with num_losses={len(extra) + 1}")
-        for scaler, saved in zip(self.scalers, [state["loss_scaler"], *extra]):
-            scaler.load_state_dict(saved)
-        if self.policy.master_weights:
-            masters = state.get("master_params")
-            if masters is None or len(masters) != len(self._pairs):
-                raise UsageError(
-                    f"amp state holds {0 if masters is None else len(masters)} master params, this model has "
-                    f"{len(self._pairs)}; load a state saved from the same model"
-                )
-            with torch.no_grad():
-                for (half, master), saved in zip(self._pairs, masters):
-                    if saved.shape != master.shape:
-                        raise UsageError(f"master param shape {tuple(saved.shape)} != {tuple(master.shape)}")
-                    master.copy_(saved)
-                    half.copy_(master)
-
-    def pending_state(self) -> dict[str, Any]:
-        """Gradients accumulated since the last step, and whether that step will be skipped.
-
-        What a checkpoint taken in the middle of gradient accumulation needs besides
-        :meth:`state_dict` to resume bit-identically; restore it with :meth:`load_pending_state`.
-        ``grads`` follow :meth:`master_params`; ``half_grads`` are O2 model grads from a backward
-        outside :meth:`scale_loss` that were not yet moved to the masters.
-        """
-        self._settle()
-        self._adopt_added_groups()
-
-        def clone(g: torch.Tensor | None) -> torch.Tensor | None:
-            return None if g is None else g.detach().clone()
-
-        if self._dev_skip is not None and read_flags(self._dev_skip)[0]:  # deferred checks: an overflow found
-            self._skip.add(id(self.optimizers[0]))
-            if self._deferred_why is not None:
-                self._why.setdefault(id(self.optimizers[0]), self._deferred_why)
-            self._dev_skip, self._deferred_why = None, None
-        why = {i: self._why[id(opt)] for i, opt in enumerate(self.optimizers) if id(opt) in self._why}
-        for i, opt in enumerate(self.optimizers):
-            flag = self._bad_loss.get(id(opt))
-            if flag is not None and bool(flag.item()):  # a checkpoint may sync
-                why.setdefault(i, LOSS_WHY)
-        return {
-            "grads": [clone(q.grad) for q in self.master_params()],
-            "half_grads": [clone(h.grad) for h, _ in self._pairs],
-            "skip": [i for i, opt in enumerate(self.optimizers) if id(opt) in self._skip],
-            "check": [i for i, opt in enumerate(self.optimizers) if id(opt) in self._check],
-            "nonfinite": why,  # optimizer index -> what its next step will be skipped for (not a routine backoff)
-        }
-
-    def load_pending_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`pending_state` saved (after the model, optimizer and amp state)."""
-        self._settle()
-        self._adopt_added_groups()
-        for key, params in (("grads", list(self.master_params())), ("half_grads", [h for h, _ in self._pairs])):
-            saved = state.get(key)
-            if saved is None or len(saved) != len(params):
-                raise UsageError(
-                    f"pending gradient state has {0 if saved is None else len(saved)} {key!r}, this run has "
-                    f"{len(params)} parameters; load a state saved from the same model and optimizer"
-                )
-            for q, g in zip(params, saved):
-                if g is not None and g.shape != q.shape:
-                    raise UsageError(f"pending gradient of shape {tuple(g.shape)} != parameter shape {tuple(q.shape)}")
-                q.grad = None if g is None else g.to(device=q.device, dtype=q.dtype, copy=True)
-        self._skip = {id(self.optimizers[i]) for i in state.get("skip", [])}
-        self._check = {id(self.optimizers[i]) for i in state.get("check", [])}
-        self._why = {id(self.optimizers[int(i)]): str(w) for i, w in state.get("nonfinite", {}).items()}
-        self._bad_loss = {}
 
     def remove(self) -> None:
         """Remove every hook this object installed (the model stays cast, and its fp8 layers fp8)."""
@@ -721,4 +449,3 @@ def _cast_state_like_params(optimizers: Sequence[torch.optim.Optimizer]) -> None
                 if k != "step" and isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == q.shape \
                         and v.dtype != q.dtype:
                     st[k] = v.to(q.dtype)
-
