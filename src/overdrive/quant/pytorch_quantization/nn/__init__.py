@@ -2,7 +2,9 @@
 
 The layers subclass overdrive.quant's (``QuantLinear`` here is a ``quant.QuantLinear``), so their quantizers
 are ``input_quantizer`` / ``weight_quantizer``; ``_input_quantizer`` / ``_weight_quantizer`` are the same
-objects under pytorch-quantization's names.
+objects under pytorch-quantization's names. Their ``state_dict`` keys are pytorch-quantization's
+(``fc._input_quantizer._amax``, a per-channel amax in keep-dims shape), and they load those keys or
+overdrive.quant's (``fc.input_quantizer.amax``) alike.
 
 Example:
     >>> import torch
@@ -20,6 +22,7 @@ import torch
 from overdrive._utils.errors import UsageError
 from overdrive.quant import modules as _modules
 from overdrive.quant import quantizer as _quantizer
+from overdrive.quant.pytorch_quantization._state_keys import OriginalKeys, note_weight_ndim, save_quantizer_amax
 from overdrive.quant.pytorch_quantization.tensor_quant import (
     QUANT_DESC_8BIT_CONV1D_WEIGHT_PER_CHANNEL,
     QUANT_DESC_8BIT_CONV2D_WEIGHT_PER_CHANNEL,
@@ -59,6 +62,11 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
     """
 
     use_fb_fake_quant: bool = False
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:  # noqa: ANN001
+        # pytorch-quantization's buffer name and shape: ``_amax``, per channel in keep-dims shape
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        save_quantizer_amax(self, destination, prefix, keep_vars)
 
     def __init__(self, quant_desc: QuantDescriptor = QUANT_DESC_8BIT_PER_TENSOR, disabled: bool = False,
                  if_quant: bool = True, if_calib: bool = False) -> None:
@@ -130,7 +138,7 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
 _ALIASES = {"_input_quantizer": "input_quantizer", "_weight_quantizer": "weight_quantizer"}
 
 
-class _QuantDescLayer:
+class _QuantDescLayer(OriginalKeys):
     """pytorch-quantization's layer constructor: the float layer's arguments plus ``quant_desc_input`` /
     ``quant_desc_weight`` (default: the class's defaults, changed with ``set_default_quant_desc_*``)."""
 
@@ -166,6 +174,7 @@ class _QuantDescLayer:
                              "C_out/groups, ...)); use a per-tensor quant_desc_weight (axis=None)")
         self.input_quantizer = TensorQuantizer(din)
         self.weight_quantizer = TensorQuantizer(dw)
+        note_weight_ndim(self.weight_quantizer, getattr(self, "weight", None))
 
     @classmethod
     def set_default_quant_desc_input(cls, value: QuantDescriptor) -> None:
@@ -223,7 +232,7 @@ class QuantConvTranspose3d(_QuantDescLayer, _modules.QuantConvTranspose3d):
     default_quant_desc_weight = QUANT_DESC_8BIT_CONVTRANSPOSE3D_WEIGHT_PER_CHANNEL
 
 
-class _QuantInputLayer:
+class _QuantInputLayer(OriginalKeys):
     """pytorch-quantization's pooling layers: the float layer's arguments plus ``quant_desc_input``; the input is
     fake-quantized by ``input_quantizer`` (``_input_quantizer``), then pooled by the float layer's forward."""
 

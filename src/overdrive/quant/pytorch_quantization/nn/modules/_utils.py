@@ -4,8 +4,9 @@
 ``from overdrive.quant.pytorch_quantization.nn.modules import _utils as quant_nn_utils``).
 
 ``init_quantizer`` makes ``_input_quantizer`` (and ``_weight_quantizer``) from QuantDescriptors, under
-pytorch-quantization's names, so the state_dict keys are theirs; ``input_quantizer`` / ``weight_quantizer`` read
-them. ``isinstance(layer, QuantMixin)`` also holds for every quantized layer of overdrive.quant (``quant_nn.QuantConv2d``,
+pytorch-quantization's names, so the state_dict keys are theirs (``_input_quantizer._amax``, a per-channel weight
+amax in the weight's keep-dims shape); ``input_quantizer`` / ``weight_quantizer`` read them.
+``isinstance(layer, QuantMixin)`` also holds for every quantized layer of overdrive.quant (``quant_nn.QuantConv2d``,
 layers quantize() swapped), and ``isinstance(pool, QuantInputMixin)`` for ``quant_nn.QuantMaxPool2d`` etc.: their
 ``init_quantizer`` (re)creates their quantizers, which is what the YOLO / PointPillars QAT scripts'
 ``transfer_torch_to_quantization`` calls on ``QuantConv2d.__new__(QuantConv2d)``. The quantizers are calibrated by
@@ -35,6 +36,7 @@ from typing import Any
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive.quant.pytorch_quantization._state_keys import note_weight_ndim
 from overdrive.quant.pytorch_quantization.tensor_quant import QUANT_DESC_8BIT_PER_TENSOR, QuantDescriptor
 
 
@@ -97,6 +99,7 @@ class QuantMixin(metaclass=_CountsOverdriveLayers):
         if num_layers is None:
             self._input_quantizer = _quantizer(din)
             self._weight_quantizer = _quantizer(dw)
+            note_weight_ndim(self._weight_quantizer, getattr(self, "weight", None))
         else:
             self._input_quantizers = nn.ModuleList([_quantizer(din) for _ in range(num_layers)])
             self._weight_quantizers = nn.ModuleList([_quantizer(dw) for _ in range(num_layers)])
