@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import required
 
 from overdrive._utils.errors import UsageError
 from overdrive.apex.fp16_utils import FP16_Optimizer as _FP16_Optimizer
@@ -210,7 +211,7 @@ class FusedSGD(torch.optim.SGD):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: Any = required,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
@@ -222,8 +223,18 @@ class FusedSGD(torch.optim.SGD):
         _refuse("FusedSGD", wd_after_momentum=(wd_after_momentum, wd_after_momentum,
                                                "torch's SGD adds weight decay before momentum"))
         params = _materialize(params)
-        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                         nesterov=nesterov, **_fast_path(params))
+        if lr is required:
+            # apex's lr had no default: every param group must name its own, else the run would train at a lr
+            # nobody chose
+            groups = [g for g in params if isinstance(g, dict)]
+            if len(groups) != len(params) or not params or any("lr" not in g for g in groups):
+                raise UsageError("FusedSGD needs a learning rate (apex's lr has no default): pass lr=..., e.g. "
+                                 "FusedSGD(model.parameters(), lr=0.1), or an 'lr' in every param group")
+            first_lr = groups[0]["lr"]
+        super().__init__(params, lr=first_lr if lr is required else lr, momentum=momentum, dampening=dampening,
+                         weight_decay=weight_decay, nesterov=nesterov, **_fast_path(params))
+        if lr is required:
+            self.defaults["lr"] = required  # a group added later must name its lr too, as in apex
 
 
 class FusedAdagrad(torch.optim.Adagrad):

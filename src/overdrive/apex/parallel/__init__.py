@@ -30,15 +30,64 @@ try:  # apex.parallel re-exported torch.distributed's ReduceOp
 except ImportError:  # a torch built without distributed
     _ReduceOp = None
 
-SyncBatchNorm = nn.SyncBatchNorm
+class SyncBatchNorm(nn.SyncBatchNorm):
+    """apex.parallel.SyncBatchNorm: torch's SyncBatchNorm (a subclass) with apex's ``channel_last`` (the input's
+    last dimension holds the channels, ``(N, ..., C)``), ``fuse_relu`` and the residual ``z`` of
+    ``forward(input, z)``: ``relu(bn(input) + z)``. Without a process group (one process, or on the CPU) it
+    normalizes by the local batch, as a BatchNorm.
+
+    Example:
+        >>> bn = SyncBatchNorm(3, channel_last=True, fuse_relu=True)
+        >>> bn(torch.randn(4, 5, 3)).shape, bool((bn(torch.randn(4, 5, 3)) >= 0).all())
+        (torch.Size([4, 5, 3]), True)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group: Any = None, channel_last: bool = False,
+                 fuse_relu: bool = False) -> None:
+        super().__init__(num_features, eps=eps, momentum=momentum, affine=affine,
+                         track_running_stats=track_running_stats, process_group=process_group)
+        self.channel_last = bool(channel_last)
+        self.fuse_relu = bool(fuse_relu)
+
+    def forward(self, input: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002 - apex's
+        """``bn(input)`` (channels at dim 1, or last with ``channel_last``), plus ``z``, then relu if fused."""
+        moved = self.channel_last and input.dim() > 2
+        out = super().forward(input.movedim(-1, 1) if moved else input)
+        if moved:
+            out = out.movedim(1, -1)  # (N, C, ...) -> (N, ..., C)
+        if z is not None:
+            if z.shape != out.shape:
+                raise UsageError(f"SyncBatchNorm(z=...) has shape {tuple(z.shape)}, the output {tuple(out.shape)}; "
+                                 "pass a residual of the input's shape")
+            out = out + z
+        return torch.relu(out) if self.fuse_relu else out
 
 
 def convert_syncbn_model(module: nn.Module, process_group: Any = None, channel_last: bool = False) -> nn.Module:
-    """apex.parallel.convert_syncbn_model: ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``."""
-    if channel_last:
-        raise UsageError("convert_syncbn_model(channel_last=True) is apex's NHWC kernel; torch's SyncBatchNorm takes "
-                         "any memory format: leave channel_last unset")
-    return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
+    """apex.parallel.convert_syncbn_model: every BatchNorm layer of ``module`` replaced by :class:`SyncBatchNorm`
+    sharing its parameters and statistics (an optimizer built before still steps them); returns the new module.
+
+    Example:
+        >>> net = convert_syncbn_model(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)))
+        >>> type(net[1]).__name__, isinstance(net[1], nn.SyncBatchNorm)
+        ('SyncBatchNorm', True)
+    """
+    out = module
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group, channel_last=channel_last)
+        if isinstance(module, SyncBatchNorm):
+            out.fuse_relu = module.fuse_relu
+        with torch.no_grad():
+            if module.affine:
+                out.weight, out.bias = module.weight, module.bias
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            setattr(out, name, getattr(module, name))
+        out.train(module.training)
+    for name, child in module.named_children():
+        out.add_module(name, convert_syncbn_model(child, process_group, channel_last))
+    return out
 
 
 def _fp32_allreduce_hook(process_group, bucket):  # noqa: ANN001, ANN202 - DDP refuses hooks whose annotations
