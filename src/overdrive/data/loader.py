@@ -32,6 +32,17 @@ from overdrive.data.sources import Sample, resolve
 from overdrive.data.transforms import batch_generator, draw_params, finish, rrc_boxes, transform_batch, transform_one
 
 
+def _rank_and_world() -> tuple[int, int] | None:
+    """(rank, world size) from an initialized process group, else from torchrun's RANK / WORLD_SIZE; None outside."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):  # not under a launcher, or values init() will name
+        return None
+    return (rank, world) if 0 <= rank < world else None
+
+
 def shard_indices(n: int, epoch: int, seed: int, shard_id: int, num_shards: int, drop_last: bool,
                   shuffle: bool = True) -> list[int]:
     """This shard's sample indices for ``epoch`` (DistributedSampler semantics).
@@ -280,7 +291,32 @@ class ImageLoader:
                           f"this shard has {n} image(s) ({len(self.samples)} in all, {self.config.num_shards} "
                           "shard(s)), so every epoch yields nothing; use a smaller batch_size or drop_last=False",
                           RuntimeWarning, stacklevel=2)
+        self._check_shards()
         self.pipeline = self._choose(self.config.pipeline)
+
+    def _check_shards(self) -> None:
+        """Warn when this process is one rank of several and the loader's shards do not follow the ranks.
+
+        Unlike DistributedSampler, the loader takes its shard from ``shard_id`` / ``num_shards`` only; left at
+        their defaults under torchrun, every rank read the whole dataset in the same order, so DDP averaged
+        identical batches (world_size times the data per epoch, no error). ``shard_id=LOCAL_RANK`` on several
+        nodes gave the ranks of each node the same shards as the first node's.
+        """
+        where = _rank_and_world()
+        if where is None:
+            return
+        rank, world = where
+        c = self.config
+        if world > 1 and c.num_shards == 1 and self.shuffle:
+            warnings.warn(f"overdrive.data: this process is rank {rank} of {world} and the loader has num_shards=1, so "
+                          "every rank reads the whole dataset in the same order (the same batches on every rank); "
+                          "pass shard_id=rank, num_shards=world_size, e.g. ImageLoader(src, shard_id=dist.get_rank(), "
+                          "num_shards=dist.get_world_size()), or shuffle=False where every rank should see every sample",
+                          RuntimeWarning, stacklevel=3)
+        elif c.num_shards == world and c.shard_id != rank:
+            warnings.warn(f"overdrive.data: shard_id={c.shard_id} with num_shards={world} on rank {rank} of {world}: "
+                          "two ranks read the same shard and another shard is never read, unless every rank maps its "
+                          "own; pass shard_id=rank (the global rank, not LOCAL_RANK)", RuntimeWarning, stacklevel=3)
 
     def __getstate__(self) -> dict[str, Any]:
         # the kept worker processes belong to this process: a copy (pickle, deepcopy) starts its own

@@ -297,18 +297,39 @@ def save(root: str | os.PathLike[str], trainer: Trainer, position: dict[str, Any
     if mid:
         # Per rank: under DDP each rank's micro-batch gradients stay local until the last micro-batch.
         state["pending"] = {f"rank{_rank()}": _blob(trainer.mp.pending_state())}
-    if _rank() == 0 and path.exists():  # an incomplete earlier attempt at this step
-        shutil.rmtree(path)
+    # Written beside the step folder, then swapped in once sealed: a save over an existing step_<n> (a resumed
+    # run saving at the step it loaded) that stops part way leaves the old folder whole. The hidden names do
+    # not match step_<n>, so latest() and the pruning never see them.
+    stage, old = _staging(path)
+    if _rank() == 0:
+        for leftover in (stage, old):  # an earlier attempt at this step that did not finish
+            if leftover.exists():
+                shutil.rmtree(leftover)
     if dist.is_initialized():
         dist.barrier()
-    dcp.save(state, checkpoint_id=str(path))
-    _seal(path, trainer.step_count, keep)
+    dcp.save(state, checkpoint_id=str(stage))
+    _seal(stage, path, trainer.step_count, keep)
     return path
 
 
-def _seal(path: Path, step: int, keep: int) -> None:
-    """After DCP's save: the manifest (each rank hashes a share of the files, rank 0 writes it), then
-    rank 0 prunes; every rank returns once the manifest is there, or raises what rank 0 hit."""
+def _staging(path: Path) -> tuple[Path, Path]:
+    """Where a save of ``path`` is written before the swap, and where the folder it replaces waits meanwhile."""
+    return path.parent / f".{path.name}.saving", path.parent / f".{path.name}.replaced"
+
+
+def _swap_in(stage: Path, path: Path) -> None:
+    """Put the sealed ``stage`` at ``path``; a folder already there is moved aside first, removed last."""
+    _, old = _staging(path)
+    if path.exists():
+        path.rename(old)  # from here until the next rename (two metadata operations) no step_<n> is there
+    stage.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _seal(path: Path, final: Path, step: int, keep: int) -> None:
+    """After DCP's save into ``path``: the manifest (each rank hashes a share of the files, rank 0 writes it),
+    then rank 0 moves it to ``final`` and prunes; every rank returns once ``final`` is there, or raises what
+    rank 0 hit."""
     rank, world = _rank(), _world()
     names = files.data_files(path)  # every rank's shards are written once dcp.save has returned
     mine = files.digests(path, names[rank::world])
@@ -322,16 +343,17 @@ def _seal(path: Path, step: int, keep: int) -> None:
             done = {k: v for share in shares for k, v in share.items()}
             done.update(files.digests(path, [n for n in names if n not in done]))  # a rank that listed fewer files
             files.write_manifest(path, done)
-            _prune(path.parent, step, keep)
+            _swap_in(path, final)
+            _prune(final.parent, step, keep)
         except Exception as exc:  # noqa: BLE001 - told to every rank below, then raised here
-            err = f"checkpoint.save could not finish {str(path)!r} ({type(exc).__name__}: {exc})"
+            err = f"checkpoint.save could not finish {str(final)!r} ({type(exc).__name__}: {exc})"
             if world == 1:
-                raise OverdriveError(err + "; it stays incomplete, and checkpoint.latest skips it") from exc
+                raise OverdriveError(err + "; nothing was written in its place (a checkpoint already there is left as it was)") from exc
     if world > 1:
         box = [err]
         dist.broadcast_object_list(box, src=0)
         if box[0] is not None:
-            raise OverdriveError(box[0] + "; it stays incomplete, and checkpoint.latest skips it")
+            raise OverdriveError(box[0] + "; nothing was written in its place (a checkpoint already there is left as it was)")
 
 
 def _prune(root: Path, step: int, keep: int) -> None:
@@ -379,6 +401,40 @@ def _refused(exc: BaseException) -> files.RefusedEntry | None:
     return None
 
 
+def _names(keys: list[str], most: int = 8) -> str:
+    return ", ".join(keys[:most]) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _check_model_keys(path: Path, saved: dict[str, Any], model_sd: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model before DCP reads anything, naming every differing key.
+
+    DCP loads only the keys the trainer asks for: weights the checkpoint has and the model lacks were
+    skipped silently (a partial load), and a missing one or a shape mismatch was named one at a time.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved_model = sorted(k[len("model."):] for k in saved if isinstance(k, str) and k.startswith("model."))
+    mine = set(model_sd)
+    # a non-tensor entry (a module's _extra_state dict) is flattened by DCP into dotted keys under its name
+    owner = {k: next((m for m in (k, *(k.rsplit(".", i)[0] for i in range(1, k.count(".") + 1))) if m in mine), None)
+             for k in saved_model}
+    unexpected = [k for k in saved_model if owner[k] is None]
+    missing = sorted(mine - set(owner.values()))
+    shapes = []
+    for k, v in model_sd.items():
+        meta = saved.get(f"model.{k}")
+        size = getattr(meta, "size", None) if isinstance(meta, TensorStorageMetadata) else None
+        if isinstance(v, torch.Tensor) and isinstance(size, tuple) and tuple(size) != tuple(v.shape):
+            shapes.append(f"{k}: saved {tuple(size)}, model {tuple(v.shape)}")
+    if missing or unexpected or shapes:
+        found = ([f"missing from the checkpoint: {_names(missing)}"] if missing else []) \
+            + ([f"in the checkpoint, not in the model: {_names(unexpected)}"] if unexpected else []) \
+            + ([f"Size mismatch: {_names(shapes)}"] if shapes else [])
+        raise UsageError(f"checkpoint {str(path)!r} does not fit this trainer: it was saved from another model "
+                         f"({'; '.join(found)}), and nothing was loaded; load it into a Trainer built with the same "
+                         "model (same layers, names and sizes) as the one that saved it")
+
+
 def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = True,
          allow_unverified: bool = False) -> dict[str, Any]:
     """Restore what :func:`save` wrote into ``trainer`` (any rank count); returns the ``position`` dict.
@@ -411,7 +467,8 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
                          f"folder(s) ({inside[-1][1].name} the newest), not one checkpoint; pass "
                          f"checkpoint.latest({str(path)!r}), the newest one that verifies")
     meta_bytes = _verified(path, allow_unverified)
-    keys = set(files.read_metadata(path, meta_bytes).state_dict_metadata)
+    saved_meta = files.read_metadata(path, meta_bytes).state_dict_metadata
+    keys = set(saved_meta)
     world = _world()
     pending_ranks = sorted(int(k[len("pending.rank"):]) for k in keys if k.startswith("pending.rank"))
     if pending_ranks and pending_ranks != list(range(world)):
@@ -445,6 +502,7 @@ def load(path: str | os.PathLike[str], trainer: Trainer, restore_rng: bool = Tru
         )
     saved_state = any(k.startswith("optim.state.") for k in keys)
     state = _state(trainer, optim_state=saved_state)
+    _check_model_keys(path, saved_meta, state["model"])
     if not saved_named:
         state["optim"] = None  # a placeholder DCP replaces with the saved bytes
     me = f"rank{_rank()}"
