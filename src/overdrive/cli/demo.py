@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from overdrive.cli.common import check_device, check_json_target, check_output, console, json_option, write_json
+
+if TYPE_CHECKING:
+    from overdrive._utils.table import Table
 
 
 @click.command("demo")
@@ -38,12 +43,6 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
       overdrive demo --quick
       overdrive demo --device cuda --report demo_report --json results.json
     """
-    import datetime
-    import platform
-    import sys
-
-    import torch
-
     from overdrive.amp.config import OPT_LEVELS
     from overdrive.cli import common
     from overdrive.demo import run_demo, summary
@@ -56,12 +55,49 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
 
         require("matplotlib", extra="plot", feature="overdrive demo --report")
     out = console()
-    tables = run_demo(
-        device=device, opt_levels=opt_levels or OPT_LEVELS, epochs=epochs, batch_size=batch_size, dtype=dtype,
-        stages=stages or None, seed=seed, progress=not no_progress and json_path != "-",
-        on_table=None if json_path == "-" else (lambda t: out.print(t.render())), quick=quick, verbose=common.VERBOSE,
-    )
+    done: list[Table] = []  # every table as it is ready: what a Ctrl-C keeps
+
+    def shown(t: Table) -> None:
+        done.append(t)
+        if json_path != "-":
+            out.print(t.render())
+
+    try:
+        tables = run_demo(
+            device=device, opt_levels=opt_levels or OPT_LEVELS, epochs=epochs, batch_size=batch_size, dtype=dtype,
+            stages=stages or None, seed=seed, progress=not no_progress and json_path != "-", on_table=shown,
+            quick=quick, verbose=common.VERBOSE,
+        )
+    except KeyboardInterrupt:  # minutes of finished stages are not thrown away: save them, then exit as Ctrl-C
+        if any(t.status != "interrupted" for t in done):  # nothing finished: an older --json/--report stays
+            line = summary(done)[0]
+            _save(done, line, device, quick, json_path, report_dir, out)
+            _say(line, json_path, out)
+        raise
     line, failed = summary(tables)
+    _save(tables, line, device, quick, json_path, report_dir, out)
+    _say(line, json_path, out)
+    return 1 if failed else 0
+
+
+def _say(line: str, json_path: str | None, out: Any) -> None:
+    """The summary line: on stdout after the tables, on stderr when stdout carries the JSON (bare ``--json``)."""
+    if json_path != "-":
+        out.print(line)
+    else:
+        click.echo(line, err=True)
+
+
+def _save(tables: list[Table], line: str, device: str, quick: bool, json_path: str | None, report_dir: str | None,
+          out: Any) -> None:
+    """Write ``--json`` and ``--report`` for these tables (all of them, or those before a Ctrl-C), headed by
+    the run's facts (device, torch, date, command, commit) and its summary ``line``."""
+    import datetime
+    import platform
+    import sys
+
+    import torch
+
     from overdrive._utils.device import cpu_summary, resolve_device
 
     dev = resolve_device(device)
@@ -78,11 +114,6 @@ def command(device: str, quick: bool, opt_levels: tuple[str, ...], epochs: int |
         path = write_report(tables, report_dir, meta)
         if json_path != "-":
             out.print(f"report: {path}")
-    if json_path != "-":
-        out.print(line)
-    else:
-        click.echo(line, err=True)
-    return 1 if failed else 0
 
 
 def _git_commit() -> str | None:

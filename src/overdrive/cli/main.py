@@ -29,6 +29,8 @@ _NOT_VERBS = {"main", "common"}
 _NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch.export._trace", "torch.onnx._internal.exporter._registration",
                   "torch.compiler._cache")  # a --timing-cache that is no cache: its traceback before our one line
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# click >= 8.2 raises this for a group given no verb; older click prints the help itself (a class no error matches)
+_NO_ARGS: type[Exception] = getattr(click.exceptions, "NoArgsIsHelpError", type("_NeverRaised", (Exception,), {}))
 
 
 class _Verbs(click.Group):
@@ -136,9 +138,13 @@ def _run(args: list[str], verbose: bool) -> int:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
-        _error("aborted")
-        code = 1
+    except click.exceptions.Abort as exc:  # click turns Ctrl-C (KeyboardInterrupt) into Abort: exit as Ctrl-C does
+        interrupted = isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt)
+        _error("interrupted" if interrupted else "aborted")
+        code = 130 if interrupted else 1
+    except _NO_ARGS as exc:  # `overdrive` or `overdrive data` alone: the help as help, not one mashed error line
+        click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
+        code = 2
     except click.ClickException as exc:  # bad arguments: unknown option, bad value, missing argument
         _error(_escape(exc.format_message()) + "  (see --help)")
         code = exc.exit_code if exc.exit_code else 2

@@ -51,9 +51,10 @@ def run_demo(
 ) -> list[Table]:
     """Run the demo's stages and return their tables (``on_table`` sees each as it is ready).
 
-    No stage ends the demo: one that cannot run here (:class:`StageSkipped`, a missing optional package)
-    gives a table with status "skipped", one that breaks gives a table with status "failed" and the error;
-    the stages after it still run. ``quick`` trains the tiny digits CNN (seconds); otherwise the workload
+    Stages run in :data:`STAGES`' order, each once. No stage ends the demo: one that cannot run here
+    (:class:`StageSkipped`, a missing optional package) gives a table with status "skipped", one that breaks
+    gives a table with status "failed" and the error; the stages after it still run. Ctrl-C does end it:
+    ``on_table`` then gets an "interrupted" table for the stage it stopped, and KeyboardInterrupt goes on up. ``quick`` trains the tiny digits CNN (seconds); otherwise the workload
     is sized for the device (:func:`overdrive.demo.workloads.choose_workload`).
     """
     dev = resolve_device(device)
@@ -69,10 +70,12 @@ def run_demo(
     half = parse_dtype(dtype) or (torch.float16 if dev.type == "cuda" else torch.bfloat16)
     if half == torch.float16 and dev.type == "cpu":
         raise UsageError("--dtype fp16 on the CPU: torch's CPU autocast runs bf16; use --dtype bf16, or --device cuda")
-    chosen = list(stages) if stages else list(STAGES)
-    unknown = [s for s in chosen if s not in STAGES]
+    unknown = [s for s in stages or () if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown demo stage(s) {unknown}; choose from {list(STAGES)}")
+    # STAGES' order, each once, however they were given: `--stage quant --stage amp` ran quant first, before the
+    # amp model it starts from existed (a failed stage), and a repeated name ran its stage twice
+    chosen = [s for s in STAGES if not stages or s in stages]
     needs_model = [s for s in chosen if s not in STANDALONE and s != "amp"]
     prerequisite = "amp" not in chosen and bool(needs_model)
     if prerequisite:  # they start from the O0-trained model: train that one, not every opt level
@@ -90,7 +93,9 @@ def run_demo(
             produced = out if isinstance(out, list) else [out]
         except (StageSkipped, MissingDependencyError) as exc:
             produced = [_status_table(name, "skipped", str(exc))]
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C ends the demo; on_table hears which stage it stopped, so the
+            if on_table is not None:  # caller can keep what the finished stages measured
+                on_table(_status_table(name, "interrupted", "Ctrl-C during this stage; the stages after it did not run"))
             raise
         except Exception as exc:  # noqa: BLE001 - one broken stage must not hide the others' results
             if verbose:
@@ -124,11 +129,14 @@ def summary(tables: Sequence[Table]) -> tuple[str, bool]:
     """
     stages = list(dict.fromkeys(t.stage for t in tables))
     failed = list(dict.fromkeys(t.stage for t in tables if t.status == "failed"))
-    skipped = list(dict.fromkeys(t.stage for t in tables if t.status == "skipped" and t.stage not in failed))
-    ran = [s for s in stages if s not in failed and s not in skipped]
+    stopped = list(dict.fromkeys(t.stage for t in tables if t.status == "interrupted" and t.stage not in failed))
+    skipped = list(dict.fromkeys(t.stage for t in tables if t.status == "skipped" and t.stage not in failed + stopped))
+    ran = [s for s in stages if s not in failed and s not in skipped and s not in stopped]
     line = f"demo: {len(ran)} of {len(stages)} stage(s) ran"
     if failed:
         line += f"; failed: {', '.join(failed)}"
+    if stopped:
+        line += f"; interrupted: {', '.join(stopped)}"
     if skipped:
         line += f"; skipped: {', '.join(skipped)}"
     return line, bool(failed)

@@ -46,6 +46,7 @@ def write_report(tables: list[Table], out_dir: str | Path, meta: dict[str, Any] 
                          "pass the tables the demo stages return")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_charts(out)
     charts: dict[str, dict[str, Any]] = {}
     md = ["# overdrive demo report", ""] + [f"- {k}: {v}" for k, v in (meta or {}).items()] + [""]
 
@@ -86,7 +87,26 @@ def write_report(tables: list[Table], out_dir: str | Path, meta: dict[str, Any] 
     atomic_write(path, "\n".join(md) + "\n")
     info = {"report": path.name, "charts": charts, "not_ok": not_ok, "meta": meta or {}}
     atomic_write(out / "report.json", json.dumps(info, indent=2, default=str))
+    for name in earlier - set(charts):  # an earlier run's loss_quant.png beside a report without that stage
+        (out / name).unlink(missing_ok=True)
     return path
+
+
+def _earlier_charts(out: Path) -> set[str]:
+    """The charts an earlier report in ``out`` listed in its report.json: the only files a new report replaces or
+    removes, so a folder that also holds the user's own files keeps them. Plain ``*.png`` names only.
+
+    Example:
+        >>> _earlier_charts(Path("/nonexistent"))
+        set()
+    """
+    try:
+        listed = json.loads((out / "report.json").read_text(encoding="utf-8")).get("charts", {})
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(listed, dict):
+        return set()
+    return {n for n in listed if isinstance(n, str) and re.fullmatch(r"[A-Za-z0-9_.-]+\.png", n)}
 
 
 def _stage(t: Table) -> str:
