@@ -425,94 +425,6 @@ def _conv_transpose(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [y[tuple(index)]]
 
 
-def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
-    """Resize as ``F.interpolate``, for the modes PyTorch exporters write: nearest (asymmetric + floor:
-    ``mode="nearest"``; half_pixel + round_prefer_ceil: ``"nearest-exact"``), linear and cubic (half_pixel or
-    pytorch_half_pixel: ``align_corners=False``; align_corners: ``True``; cubic with a = -0.75, PyTorch's);
-    nearest in any other coordinate mode and rounding by ``_resize_gather``. Anything else raises, naming it."""
-    x = _tensor(ins[0])
-    attr = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
-    mode, ctm = attr.get("mode", "nearest"), attr.get("coordinate_transformation_mode", "half_pixel")
-    near = attr.get("nearest_mode", "round_prefer_floor")
-    scales = _floats(ins[2]) if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size else None
-    sizes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else None
-    if attr.get("axes") is not None:  # opset 18: scales/sizes for these axes only
-        full_s, full_z = [1.0] * x.dim(), list(x.shape)
-        for i, ax in enumerate(attr["axes"]):
-            if scales is not None:
-                full_s[ax % x.dim()] = scales[i]
-            if sizes is not None:
-                full_z[ax % x.dim()] = sizes[i]
-        scales, sizes = (full_s if scales is not None else None), (full_z if sizes is not None else None)
-    bad = None
-    if attr.get("antialias", 0) or attr.get("exclude_outside", 0) \
-            or attr.get("keep_aspect_ratio_policy", "stretch") != "stretch":
-        bad = "antialias / exclude_outside / keep_aspect_ratio_policy"
-    elif mode == "nearest":
-        if (ctm, near) == ("asymmetric", "floor"):
-            tmode = "nearest"
-        elif ctm in ("half_pixel", "pytorch_half_pixel") and near == "round_prefer_ceil":
-            tmode = "nearest-exact"
-        elif ctm in _COORD and near in _ROUND:  # the ONNX default (half_pixel, round_prefer_floor), TF's modes
-            tmode = "gather"
-        else:
-            bad = f"nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r}"
-    elif mode in ("linear", "cubic"):
-        if ctm not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
-            bad = f"{mode} with coordinate_transformation_mode={ctm!r}"
-        elif mode == "cubic" and (abs(float(attr.get("cubic_coeff_a", -0.75)) + 0.75) > 1e-6 or x.dim() != 4):
-            bad = "cubic other than 2-D with cubic_coeff_a=-0.75"
-        elif mode == "linear" and not 3 <= x.dim() <= 5:
-            bad = f"linear on a {x.dim()}-D input"
-        tmode = "bicubic" if mode == "cubic" else ("linear", "bilinear", "trilinear")[x.dim() - 3]
-    else:
-        bad = f"mode={mode!r}"
-    if bad is None and scales is not None and any(float(v) != 1.0 for v in scales[:2]):
-        bad = "scales on the batch or channel axis"
-    if bad is None and sizes is not None and any(not isinstance(s, torch.SymInt) and not isinstance(d, torch.SymInt)
-                                                 and s != d for s, d in zip(sizes[:2], x.shape[:2])):
-        bad = "sizes on the batch or channel axis"
-    if bad:
-        raise UsageError(f"Resize {bad} is not supported by the ONNX importer")
-    if tmode == "gather":
-        return [_resize_gather(x, sizes, scales, ctm, near)]
-    align = None if tmode.startswith("nearest") else (ctm == "align_corners")
-    if ctm == "pytorch_half_pixel":
-        x, sizes, scales = _single_outputs(x, sizes, scales)
-    if sizes is not None:
-        return [F.interpolate(x, size=list(sizes[2:]), mode=tmode, align_corners=align)]
-    # with scale_factor (and recompute_scale_factor unset) PyTorch maps output to input coordinates by
-    # 1 / scale, as ONNX does; the output size is floor(input * scale) in both
-    return [F.interpolate(x, scale_factor=[float(v) for v in scales[2:]], mode=tmode, align_corners=align)]
-
-
-# output coordinate o -> input coordinate, ONNX's coordinate_transformation_mode (s: scale, n / m: in / out length)
-_COORD = {"half_pixel": lambda o, s, n, m: (o + 0.5) / s - 0.5,
-          "pytorch_half_pixel": lambda o, s, n, m: (o + 0.5) / s - 0.5 if m > 1 else 0 * o,
-          "align_corners": lambda o, s, n, m: o * np.float32(n - 1) / np.float32(m - 1) if m > 1 else 0 * o,
-          "asymmetric": lambda o, s, n, m: o / s, "tf_half_pixel_for_nn": lambda o, s, n, m: (o + 0.5) / s,
-          "half_pixel_symmetric": lambda o, s, n, m: np.float32(n / 2) * (1 - np.float32(m) / (s * n)) + (o + 0.5) / s - 0.5}
-_ROUND = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
-          "floor": np.floor, "ceil": np.ceil}
-
-
-def _resize_gather(x: torch.Tensor, sizes: list | None, scales: list[float] | None, ctm: str, near: str) -> torch.Tensor:
-    """Nearest Resize for any coordinate mode and rounding, as one ``index_select`` per spatial axis; the input index
-    of each output index is worked out on the host in float32, as ONNX Runtime does, so ties round alike."""
-    for ax in range(2, x.dim()):
-        n = x.shape[ax]
-        m = sizes[ax] if sizes is not None else None
-        if isinstance(n, torch.SymInt) or isinstance(m, torch.SymInt):
-            raise UsageError(f"Resize nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r} "
-                             "over a dynamic spatial axis is not supported; export with fixed spatial sizes")
-        s = np.float32(m) / np.float32(n) if m is not None else np.float32(scales[ax])
-        m = m if m is not None else int(np.float32(n) * s)  # floor(n * scale), as ONNX Runtime sizes the output
-        o = np.arange(m, dtype=np.float32)
-        idx = np.clip(_ROUND[near](np.float32(_COORD[ctm](o, s, n, m))), 0, n - 1).astype(np.int64)
-        x = x.index_select(ax, torch.from_numpy(idx).to(x.device))
-    return x
-
-
 def _lrn(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     """LRN (AlexNet, GoogLeNet): x / (bias + alpha / size * sum of x^2 over channels c - floor((size - 1) / 2) ..
     c + ceil((size - 1) / 2)) ** beta. ``F.local_response_norm`` centres an even window one channel lower."""
@@ -521,22 +433,6 @@ def _lrn(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     sq = F.pad((x * x).movedim(1, -1), (lo, size - 1 - lo))  # (N, ..., C + size - 1): channels last, zero-padded
     win = sq.unfold(-1, size, 1).sum(-1).movedim(-1, 1)  # (N, C, ...)
     return [x / (float(a.get("bias", 1.0)) + float(a.get("alpha", 1e-4)) / size * win) ** float(a.get("beta", 0.75))]
-
-
-def _single_outputs(x: torch.Tensor, sizes: list | None, scales: list[float] | None
-                    ) -> tuple[torch.Tensor, list | None, list[float] | None]:
-    """pytorch_half_pixel reads input coordinate 0 for an output axis of length 1 (its first element), where
-    half_pixel, and so ``F.interpolate``, reads the input's centre. Such an axis is cut to its first element,
-    which every mode returns exactly at coordinate 0, and resized 1 -> 1. Symbolic sizes are left as they are."""
-    out = list(sizes[2:]) if sizes is not None else [
-        None if isinstance(d, torch.SymInt) else math.floor(d * s) for d, s in zip(x.shape[2:], scales[2:])]
-    ones = [i for i, o in enumerate(out) if not isinstance(o, torch.SymInt) and o == 1]
-    for i in ones:
-        x = x.narrow(2 + i, 0, 1)
-    if sizes is not None:
-        return x, sizes, scales
-    return x, sizes, [1.0 if i - 2 in ones else s for i, s in enumerate(scales)]
-
 
 
 def _prelu(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
@@ -593,7 +489,7 @@ OPS: dict[str, Op] = {
     "Celu": lambda m, ins, a: [F.celu(_tensor(ins[0]), float(a.get("alpha", 1.0)))],
     "ThresholdedRelu": lambda m, ins, a: [F.threshold(_tensor(ins[0]), float(a.get("alpha", 1.0)), 0.0)],
     "CumSum": _cumsum, "Trilu": _trilu, "Tile": _tile,
-    "ConvTranspose": _conv_transpose, "Resize": _resize,
+    "ConvTranspose": _conv_transpose,
     "InstanceNormalization": _instance_norm, "GroupNormalization": _group_norm,
     "MatMul": lambda m, ins, a: [torch.matmul(*_gemm_dtype(_tensor(ins[0]), _tensor(ins[1], _like(ins))))],
     "Gemm": _gemm, "Conv": _conv, "BatchNormalization": _batchnorm, "LayerNormalization": _layernorm,
