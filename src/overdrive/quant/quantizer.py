@@ -28,25 +28,30 @@ _TINY_AMAX = 1e-12  # floor for amax: an all-zero layer gets a tiny scale instea
 
 
 class _FakeFp8(torch.autograd.Function):
-    """Quantize-dequantize through float8 e4m3 with a clipping straight-through gradient."""
+    """Quantize-dequantize through float8 e4m3 with a clipping straight-through gradient: it passes where
+    |x| <= amax and is zero outside, compared with ``amax`` itself (``|x / scale| <= 448`` rounds differently
+    at the boundary, so x == amax, a max-calibrated weight's largest value, lost its gradient in about one
+    channel in ten)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, axis: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, axis: int,  # type: ignore[override]
+                amax: torch.Tensor | None = None) -> torch.Tensor:
         if axis >= 0:  # per channel: scale (C,) broadcast along axis
             shape = [1] * x.dim()
             shape[axis] = -1
             scale = scale.view(shape)
+            amax = None if amax is None else amax.view(shape)
         y = x / scale
-        ctx.save_for_backward(y.abs() <= 448.0)
+        ctx.save_for_backward(y.abs() <= 448.0 if amax is None else x.abs() <= amax)
         return y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype) * scale
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (inside,) = ctx.saved_tensors
-        return grad * inside, None, None
+        return grad * inside, None, None, None
 
     @staticmethod
-    def symbolic(g, x, scale, axis):  # ONNX (legacy exporter): Q/DQ with an fp8 zero point (opset >= 19)
+    def symbolic(g, x, scale, axis, amax=None):  # ONNX (legacy exporter): Q/DQ with an fp8 zero point (opset >= 19)
         shape = [] if axis < 0 else [scale.type().sizes()[0]]
         zp = g.op("Constant", value_t=torch.zeros(shape, dtype=torch.float8_e4m3fn))
         kw = {} if axis < 0 else {"axis_i": axis}
@@ -387,8 +392,14 @@ class TensorQuantizer(nn.Module):
     def _fake_quant(self, xf: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
         if torch.onnx.is_in_onnx_export() and torch.compiler.is_exporting():
             return self._export_qdq(xf, scale)
+        # a negative axis (TensorQuantizer(axis=-1): the last dimension) counted from the front, as torch's
+        # fake_quantize_per_channel_affine takes it (a negative one raised "axis must be between 0 and ...")
+        axis = None if self.axis is None else self.axis % xf.dim()
         if self.config.format == "fp8_e4m3":
-            return _FakeFp8.apply(xf, scale, -1 if self.axis is None else self.axis)
+            if torch.onnx.is_in_onnx_export():
+                return _FakeFp8.apply(xf, scale, -1 if axis is None else axis)
+            amax = (self.amax if amax is None else amax).float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
+            return _FakeFp8.apply(xf, scale, -1 if axis is None else axis, amax)
         qmin = -127 if self.config.narrow_range else -128
         if torch.onnx.is_in_onnx_export():
             # The exporter translates only the ranges [-128, 127] / [0, 255], so a narrow range is
@@ -396,18 +407,18 @@ class TensorQuantizer(nn.Module):
             # round(x / scale) >= -127 and ONNX Runtime agrees with the [-127, 127] fake quantization.
             if self.config.narrow_range:
                 xf = self._clamp_for_export(xf, scale)
-            if self.axis is None:
+            if axis is None:
                 return torch.fake_quantize_per_tensor_affine(xf, float(scale), 0, -128, 127)
             zp = torch.zeros(scale.numel(), dtype=torch.int32, device=xf.device)
-            return torch.fake_quantize_per_channel_affine(xf, scale, zp, self.axis, -128, 127)
+            return torch.fake_quantize_per_channel_affine(xf, scale, zp, axis, -128, 127)
         if torch.compiler.is_exporting():
             # torch.export has no kernel for aten._fake_quantize_*_cachemask: trace the same arithmetic
             # (x * (1 / scale), round half to even, clamp, rescale: fake_quantize's own) as plain ops,
             # which Inductor fuses into the neighbouring kernels.
-            s = scale if self.axis is None else scale.view([-1 if d == self.axis else 1 for d in range(xf.dim())])
+            s = scale if axis is None else scale.view([-1 if d == axis else 1 for d in range(xf.dim())])
             return torch.clamp(torch.round(xf * (1.0 / s)), qmin, 127) * s
         amax = (self.amax if amax is None else amax).float().clamp_min(_TINY_AMAX).to(xf.device)  # type: ignore[union-attr]
-        return _FakeInt8.apply(xf, scale, amax, self.axis, qmin)
+        return _FakeInt8.apply(xf, scale, amax, axis, qmin)
 
     def _dynamic_fake_quant(self, x: torch.Tensor) -> torch.Tensor:
         """Quantize-dequantize with one scale per token, amax(|row|) / bound over the last dimension, in fp32: the
