@@ -24,7 +24,7 @@ from overdrive.cli.common import check_distinct, check_json_target, join_repeate
 @json_option("the report")
 def command(a: str, b: str, atol: float, rtol: float, seed: int, shapes: str | None, inputs_path: str | None,
             json_path: str | None) -> None:
-    """Compare outputs of A against reference B; exit 1 when any output FAILED.
+    """Compare outputs of A against reference B; exit 1 when any output FAILED (outputs of different shapes too).
 
     \b
     Examples:

@@ -206,8 +206,13 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
 
     rec: dict[str, list[float]] = {k: [] for k in _STAGES}
     starts: list[float] = []
+    # per iteration, ms from the start: enqueue start, H2D start/end, compute start/end, D2H start/end
+    marks: list[tuple[float, ...]] = []
     host_outs: list[torch.Tensor] | None = None
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if cuda else []
+    base = torch.cuda.Event(enable_timing=True) if cuda else None
+    if base is not None:  # the device clock's zero, taken with the host's: stage marks are placed against it
+        base.record()
     t_start = time.perf_counter()
     deadline = t_start + duration_s
     i = 0
@@ -231,12 +236,16 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
             ev[3].synchronize()
             h2d, comp, d2h = ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2]), ev[2].elapsed_time(ev[3])
             lat = h2d + comp + d2h
+            at = [base.elapsed_time(e) for e in ev]  # type: ignore[union-attr]
+            marks.append(((te0 - t_start) * 1e3, at[0], at[1], at[1], at[2], at[2], at[3]))
         else:
             te0 = t0
             runner(*sets[k])
             te1 = time.perf_counter()
             h2d, d2h, comp = 0.0, 0.0, (te1 - te0) * 1e3
             lat = comp
+            a, b = (te0 - t_start) * 1e3, (te1 - t_start) * 1e3  # no copies: they start and end where compute does
+            marks.append((a, a, a, a, b, b, b))
         starts.append((t0 - t_start) * 1e3)
         rec["latency"].append(lat)
         rec["enqueue"].append((te1 - te0) * 1e3)
@@ -254,14 +263,34 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     for k in _STAGES:
         summary[f"{k}_ms"] = _stats(rec[k], percentiles)
     if export_times:
-        rows = [{"startMs": s, "latencyMs": a, "enqueueMs": b, "h2dMs": c, "computeMs": d, "d2hMs": e}
-                for s, a, b, c, d, e in zip(starts, *(rec[k] for k in _STAGES))]
-        atomic_write(export_times, json.dumps(rows, indent=1))
+        atomic_write(export_times, json.dumps(times_rows(starts, marks, rec), indent=1))
     if export_profile:
         atomic_write(export_profile, json.dumps(profile(engine, dev_sets[0]), indent=1))
     if export_output:
         export_outputs(engine, dev_sets[0], export_output)
     return summary
+
+
+def times_rows(starts: list[float], marks: list[tuple[float, ...]], rec: dict[str, list[float]]) -> list[dict[str, float]]:
+    """``--exportTimes`` rows in trtexec's layout, ms from the start of the timed run: ``startEnqMs``/``endEnqMs``
+    (host), ``startH2dMs``/``endH2dMs``, ``startComputeMs``/``endComputeMs``, ``startD2hMs``/``endD2hMs``,
+    ``h2dMs``, ``computeMs``, ``d2hMs``, ``latencyMs`` (H2D + compute + D2H), ``endToEndMs`` (H2D start to D2H
+    end); then ``startMs`` (iteration start) and ``enqueueMs``. On CPU the copies take 0 ms at the compute's edges.
+
+    Example:
+        >>> rec = {"latency": [2.0], "enqueue": [2.0], "h2d": [0.0], "compute": [2.0], "d2h": [0.0]}
+        >>> r = times_rows([1.0], [(1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0)], rec)[0]
+        >>> r["startComputeMs"], r["endComputeMs"], r["endToEndMs"]
+        (1.0, 3.0, 2.0)
+    """
+    rows = []
+    for i, (s, m) in enumerate(zip(starts, marks)):
+        enq = rec["enqueue"][i]
+        rows.append({"startEnqMs": m[0], "endEnqMs": m[0] + enq, "startH2dMs": m[1], "endH2dMs": m[2],
+                     "startComputeMs": m[3], "endComputeMs": m[4], "startD2hMs": m[5], "endD2hMs": m[6],
+                     "h2dMs": rec["h2d"][i], "computeMs": rec["compute"][i], "d2hMs": rec["d2h"][i],
+                     "latencyMs": rec["latency"][i], "endToEndMs": m[6] - m[1], "startMs": s, "enqueueMs": enq})
+    return rows
 
 
 def profile(engine: Any, xs: list[torch.Tensor], iterations: int = 10) -> list[dict[str, Any]]:

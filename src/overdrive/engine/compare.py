@@ -288,8 +288,11 @@ def compare(a: Any, b: Any, inputs: Any = None, atol: float = 1e-3, rtol: float 
     names = _names(fa, len(oa)) or _names(fb, len(oa)) or [f"output{i}" for i in range(len(oa))]
     rows = []
     for i, (x, y) in enumerate(zip(oa, ob)):
-        if x.shape != y.shape:
-            raise UsageError(f"output {i}: shape {tuple(x.shape)} from {la} vs {tuple(y.shape)} from {lb}")
+        if x.shape != y.shape:  # a mismatch, as polygraphy's: FAILED (exit 1), not a usage error
+            rows.append({"output": i, "name": names[i], "shape": list(x.shape), "shape_b": list(y.shape),
+                         "max_abs": None, "mean_abs": None, "max_rel": None, "median_rel": None, "min_atol": None,
+                         "passed": False})
+            continue
         # equal values (infinities included: inf - inf is NaN) differ by 0; a NaN on either side fails, as in
         # torch.allclose
         if x.dtype != y.dtype:  # an integer output on one side only: compare both in float64
@@ -298,18 +301,42 @@ def compare(a: Any, b: Any, inputs: Any = None, atol: float = 1e-3, rtol: float 
         finite_ref = torch.where(torch.isinf(y), torch.zeros_like(y), y.abs())
         rel = diff / finite_ref.clamp_min(1e-12)
         ok = bool((diff <= atol + rtol * finite_ref).all())
+        # polygraphy's "minimum required tolerance": the smallest atol that passes at this rtol (NaN: none does)
+        need = (diff - rtol * finite_ref).clamp_min(0)
         if diff.numel() == 0:  # an empty output (NonZero of nothing) on both sides: nothing differs
-            diff = rel = torch.zeros(1, dtype=diff.dtype)
+            diff = rel = need = torch.zeros(1, dtype=diff.dtype)
         rows.append({"output": i, "name": names[i], "shape": list(x.shape), "max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
-                     "max_rel": float(rel.max()), "median_rel": float(rel.median()), "passed": ok})
-    return {"a": la, "b": lb, "atol": atol, "rtol": rtol, "outputs": rows, "passed": all(r["passed"] for r in rows)}
+                     "max_rel": float(rel.max()), "median_rel": float(rel.median()), "min_atol": float(need.max()),
+                     "passed": ok})
+    failed = [r["name"] for r in rows if not r["passed"]]
+    return {"a": la, "b": lb, "atol": atol, "rtol": rtol, "outputs": rows, "mismatched_outputs": failed,
+            "passed": not failed}
 
 
 def format_compare(r: dict[str, Any]) -> str:
+    """The report as text: one line per output, then polygraphy's verdict lines (``PASSED | All outputs matched |
+    Outputs: [...]`` or ``FAILED | Mismatched outputs: [...]``, failures tagged ``[E]``) and the overall one.
+
+    Example:
+        >>> o = {"output": 0, "name": "y", "shape": [2], "max_abs": 0.5, "mean_abs": 0.25, "max_rel": 0.5,
+        ...      "median_rel": 0.25, "min_atol": 0.5, "passed": False}
+        >>> print(format_compare({"a": "A", "b": "B", "atol": 0.1, "rtol": 0.0, "outputs": [o], "passed": False}).splitlines()[-2])
+        [E] FAILED | Mismatched outputs: ['y']
+    """
     lines = [f"[I] Comparing {r['a']} vs {r['b']} (atol={r['atol']:g}, rtol={r['rtol']:g}: an element passes when "
              f"|a - b| <= atol + rtol * |b|)"]
     for o in r["outputs"]:
-        lines.append(f"[I]   output {o['output']} {o.get('name', '')!r} {tuple(o['shape'])}: max abs {o['max_abs']:.4g}, mean abs {o['mean_abs']:.4g}, "
-                     f"max rel {o['max_rel']:.4g}, median rel {o['median_rel']:.4g} -> {'PASSED' if o['passed'] else 'FAILED'}")
-    lines.append(f"[I] {'PASSED' if r['passed'] else 'FAILED'} | {r['a']} vs {r['b']}")
+        tag, verdict = ("[I]", "PASSED") if o["passed"] else ("[E]", "FAILED")
+        if o.get("shape_b") is not None:
+            lines.append(f"{tag}   output {o['output']} {o.get('name', '')!r}: shape {tuple(o['shape'])} vs "
+                         f"{tuple(o['shape_b'])} -> {verdict} (outputs of different shapes are not compared)")
+            continue
+        need = f", min atol {o['min_atol']:.4g} at this rtol" if o.get("min_atol") is not None else ""
+        lines.append(f"{tag}   output {o['output']} {o.get('name', '')!r} {tuple(o['shape'])}: max abs {o['max_abs']:.4g}, mean abs {o['mean_abs']:.4g}, "
+                     f"max rel {o['max_rel']:.4g}, median rel {o['median_rel']:.4g}{need} -> {verdict}")
+    names = [o.get("name", f"output{o['output']}") for o in r["outputs"]]
+    bad = [o.get("name", f"output{o['output']}") for o in r["outputs"] if not o["passed"]]
+    lines.append(f"[I] PASSED | All outputs matched | Outputs: {names}" if not bad else
+                 f"[E] FAILED | Mismatched outputs: {bad}")
+    lines.append(f"{'[I] PASSED' if r['passed'] else '[E] FAILED'} | {r['a']} vs {r['b']}")
     return "\n".join(lines)
