@@ -8,11 +8,15 @@ engine header (``header["accuracy"]``). Metrics, per float output, then the wors
   outputs of one sample (a 0-d or 1-d output counts as one sample).
 - ``rel_max_err``: max |engine - reference| over the range (max - min) of the reference output.
 - ``top1``: for one 2-D output (a classifier's logits, shape (B, C)), the fraction of samples whose argmax agrees.
+- ``agreement``: per integer or bool output (an argmax, a mask), the fraction of equal elements; for a model with
+  no floating-point output it stands in for the cosine (``record["by"] == "agreement"``) against ``min_cosine``.
 
 A build whose ``cosine`` is below ``min_cosine`` (:data:`DEFAULT_MIN_COSINE` unless given) warns, or raises with
 ``on_low_accuracy="raise"`` (``overdrive build``'s default: it saves no such engine unless ``--accept-low-accuracy``),
 and ``--best`` refuses it. The cosine is measured on the data the engine was calibrated with, so it catches a wrong Q/DQ layout
-or a broken kernel, not calibration data that is unlike the real inputs.
+or a broken kernel, not calibration data that is unlike the real inputs. Calibration data that cannot tell a right
+engine from a wrong one (every input one constant, such as all-zero images, or every sample a copy of one) fails
+the check (``record["degenerate"]`` says why): such scales fit that one input only.
 
 Example:
     >>> a = [[torch.tensor([[1.0, 0.0], [0.0, 2.0]])]]
@@ -182,13 +186,88 @@ def measure(engine: Any, reference: Reference, vs: str, calib: Sequence[tuple[to
             return record
         refs.append(ref)
         outs.append(out)
-    record.update(compare_outputs(refs, outs, [o["name"] for o in engine.header["outputs"]]))
+    names = [o["name"] for o in engine.header["outputs"]]
+    record.update(compare_outputs(refs, outs, names))
+    exact = _agreement(refs, outs, names)
+    record["outputs"].update(exact)
+    if record["cosine"] is None and exact:  # only integer / bool outputs (an argmax, a mask): judged by agreement
+        record.update(cosine=min(p["agreement"] for p in exact.values()), by="agreement",
+                      rel_max_err=max(p["rel_max_err"] for p in exact.values()))
     record["s"] = round(time.perf_counter() - t0, 3)
     if record["cosine"] is None:
-        record.update(passed=None, skipped="the model has no floating-point output to compare")
+        record.update(passed=None, skipped="the model has no output to compare")
     else:
         record["passed"] = bool(record["cosine"] >= min_cosine)
+    if calib and on.startswith("calibration data"):
+        same = degenerate(calib)
+        if same:  # the scales fit that one input only: agreement on it says nothing about real inputs
+            record.update(passed=False, degenerate=same)
     return record
+
+
+def _agreement(refs: list[list[torch.Tensor]], outs: list[list[torch.Tensor]],
+               names: list[str]) -> dict[str, dict[str, Any]]:
+    """Per integer or bool output (which ``compare_outputs`` leaves out): ``agreement``, the fraction of elements
+    equal to the reference's (the cosine of their one-hot encodings; 0 where the shapes differ), and
+    ``rel_max_err``.
+
+    Example:
+        >>> _agreement([[torch.tensor([1, 2, 3, 4])]], [[torch.tensor([1, 2, 3, 0])]], ["label"])
+        {'label': {'agreement': 0.75, 'rel_max_err': 1.333333}}
+    """
+    eq: dict[str, list[int]] = {}
+    err: dict[str, list[float]] = {}
+    for ref_b, out_b in zip(refs, outs):
+        for i, (r, o) in enumerate(zip(ref_b, out_b)):
+            if r.is_floating_point() or r.is_complex():
+                continue
+            name = names[i] if i < len(names) else f"output{i}"
+            got, e = eq.setdefault(name, [0, 0]), err.setdefault(name, [0.0, 0.0])
+            if tuple(r.shape) != tuple(o.shape):
+                got[1] += max(r.numel(), 1)
+                e[0] = float("inf")
+                continue
+            got[0] += int((r.cpu() == o.cpu().to(r.dtype)).sum())
+            got[1] += r.numel()
+            if r.numel():
+                rd, od = r.cpu().double(), o.cpu().double()
+                e[0] = max(e[0], float((rd - od).abs().max()))
+                e[1] = max(e[1], float(rd.max() - rd.min()))
+    return {n: {"agreement": round(g[0] / g[1], 6) if g[1] else 1.0,
+                "rel_max_err": round(min(err[n][0] / max(err[n][1], 1.0), 1e9), 6)} for n, g in eq.items()}
+
+
+def degenerate(calib: Sequence[tuple[torch.Tensor, ...]]) -> str | None:
+    """What makes ``calib`` unfit to judge an engine (None when it is fit): every input is one constant (all-zero
+    or all-0.5 images), or every sample is a copy of the first. Static int8 scales calibrated on such data fit that
+    one input; a model that agrees on it can be far off on real inputs (cosine 0.80 on random ones).
+
+    Example:
+        >>> degenerate([(torch.zeros(4, 3),)])
+        'every calibration input is one constant (0.0)'
+        >>> degenerate([(torch.ones(2, 3),), (torch.ones(2, 3),)]) is not None, degenerate([(torch.randn(4, 3),)])
+        (True, None)
+    """
+    xs = [x.detach().cpu() for b in calib for x in b if isinstance(x, torch.Tensor)]
+    if not xs or any(x.dtype in (torch.bool,) or x.is_complex() for x in xs):
+        return None
+    nonempty = [x for x in xs if x.numel()]
+    if nonempty and all(bool((x == x.reshape(-1)[0]).all()) for x in nonempty):
+        values = sorted({float(x.reshape(-1)[0]) for x in nonempty})
+        return f"every calibration input is one constant ({', '.join(map(str, values[:3]))})"
+    first = calib[0]
+    if any(len(b) != len(first) for b in calib) or any(x.dim() == 0 for b in calib for x in b):
+        return None
+    n = sum(int(b[0].shape[0]) for b in calib)
+    if n < 2 or any(int(x.shape[0]) != int(b[0].shape[0]) for b in calib for x in b):
+        return None
+    for k, x0 in enumerate(first):
+        one = x0[:1].detach().cpu()
+        for b in calib:
+            x = b[k].detach().cpu()
+            if x.shape[1:] != one.shape[1:] or not bool((x == one).all()):
+                return None
+    return f"the {n} calibration samples are copies of one sample"
 
 
 def _fitting(engine: Any, batch: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
@@ -252,12 +331,36 @@ def summary(record: dict[str, Any]) -> str:
         return f"vs {record['vs']}: not measured ({record.get('skipped', 'outputs of other shapes')})"
     top1 = f", top-1 agreement {record['top1']:.1%}" if record.get("top1") is not None else ""
     below = "; BELOW the tolerance" if not record["passed"] else ""
-    return (f"vs {record['vs']} on {record['batches']} batch(es) of {record['on']}: cosine {record['cosine']:.5f}, max abs "
+    if record.get("degenerate"):
+        below = f"; NOT A CHECK: {record['degenerate']}"
+    metric = "agreement (integer outputs)" if record.get("by") == "agreement" else "cosine"
+    return (f"vs {record['vs']} on {record['batches']} batch(es) of {record['on']}: {metric} {record['cosine']:.5f}, max abs "
             f"error {record['rel_max_err']:.2%} of the output range{top1} (tolerance: cosine >= {record['min_cosine']}{below})")
 
 
 def warning(record: dict[str, Any], precision: str) -> str:
-    """The warning for an engine below the tolerance: the numbers, and what to try."""
+    """The warning for an engine below the tolerance (or checked on degenerate calibration data): the numbers, and
+    what to try.
+
+    Example:
+        >>> warning({"vs": "fp32", "on": "calibration data", "batches": 1, "cosine": 1.0, "rel_max_err": 0.0,
+        ...          "min_cosine": 0.99, "outputs": {}, "degenerate": "the 8 calibration samples are copies of one sample"},
+        ...         "int8")[:75]
+        'the int8 engine was calibrated and checked on degenerate data (the 8 calibr'
+    """
+    if record.get("degenerate"):
+        return (f"the {precision} engine was calibrated and checked on degenerate data ({record['degenerate']}): its "
+                "static int8 scales fit that one input, and its agreement with the "
+                f"{record['vs']} model there (cosine {record['cosine']:.4f}) says nothing about real inputs, on which "
+                "such an engine can be far off. Calibrate with real, varied samples (--calib, e.g. 64 to 512 inputs "
+                "like those the engine will see)")
+    if record.get("by") == "agreement":
+        return (f"the {precision} engine's integer/bool outputs agree with the {record['vs']} model's on only "
+                f"{record['cosine']:.2%} of elements on {record['batches']} batch(es) of {record['on']}, below the "
+                f"tolerance {record['min_cosine']}: it is likely wrong for this model (an argmax or threshold moved). "
+                "Try more or other calibration batches (--calib), keeping the last layers in float "
+                "(overdrive.quant with QuantConfig(exclude=...)), fp16/bf16 instead, or return the logits so the "
+                "build can measure their cosine; Builder(min_cosine=...) sets the tolerance")
     worst = min(((n, p["cosine"]) for n, p in record["outputs"].items() if "cosine" in p), key=lambda t: t[1], default=None)
     where = f" (worst output {worst[0]!r})" if worst and len(record["outputs"]) > 1 else ""
     return (f"the {precision} engine's outputs have cosine {record['cosine']:.4f} to the {record['vs']} model{where} on "
