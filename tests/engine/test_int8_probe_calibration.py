@@ -98,3 +98,15 @@ def test_integer_output_is_checked_by_agreement() -> None:
     assert acc["outputs"]["output"]["agreement"] == acc["cosine"]
     assert any("integer/bool outputs agree" in m for m in caught)
     assert summary(acc).startswith("vs fp32 on 4 batch(es) of calibration data: agreement")
+
+
+def test_best_says_why_it_rejects_a_degenerately_calibrated_int8() -> None:
+    # --best rejected the candidate with "cosine 1.0000 < 0.99", which reads as a contradiction: it names the data now
+    from overdrive.engine import ShapeProfile
+
+    x = torch.zeros(8, 16)
+    eng = Builder(precision="best", device="cpu", profiles=(ShapeProfile.fixed("x", (8, 16)),)).build(
+        _mlp(), (torch.randn(8, 16),), input_names=["x"], calib=[(x,)])
+    why = eng.header["best"]["rejected"]["int8"]
+    assert why.startswith("calibration data unfit to judge it: every calibration input is one constant"), why
+    assert eng.header["precision"] == "fp32"

@@ -350,7 +350,9 @@ class Builder:
             acc = eng.header.get("accuracy")
             if acc is not None and not acc["passed"]:  # a wrong engine must not win on speed
                 rejected[prec] = ("accuracy not measured: " + acc["skipped"] if acc["passed"] is None
-                                  else f"cosine {acc['cosine']:.4f} to the {acc['vs']} model < {acc['min_cosine']}")
+                                  else f"calibration data unfit to judge it: {acc['degenerate']}" if acc.get("degenerate")
+                                  else f"{acc.get('by', 'cosine')} {acc['cosine']:.4f} to the {acc['vs']} model < "
+                                       f"{acc['min_cosine']}")
                 times[prec] = f"rejected: {rejected[prec]}"
                 del eng
                 continue
