@@ -66,6 +66,24 @@ def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
     return accuracy.module_reference(src.module), "fake-quant" if quantized else "fp32"
 
 
+def _float_accuracy_warning(record: dict[str, Any], precision: str) -> str:
+    """The warning for a float engine whose outputs are off the model's: fp16 overflow (values past 65504 become inf)
+    or a backend fault, not rounding.
+
+    Example:
+        >>> _float_accuracy_warning({"cosine": 0.0, "vs": "fp32", "on": "example inputs", "outputs": {}}, "fp16")[:48]
+        'the fp16 engine is off the fp32 model: cosine 0.'
+    """
+    worst = min(((n, p["cosine"]) for n, p in record.get("outputs", {}).items() if "cosine" in p),
+                key=lambda t: t[1], default=None)
+    where = f" (worst output {worst[0]!r})" if worst and len(record["outputs"]) > 1 else ""
+    fix = ("values past fp16's 65504 overflow to inf: build in bf16 (same speed on Ampere and newer) or fp32"
+           if precision == "fp16" else "check the model runs in this precision, or build in fp32")
+    return (f"the {precision} engine is off the {record['vs']} model: cosine {record['cosine']:.4f}{where} on "
+            f"{record['on']}, below {record['min_cosine'] if 'min_cosine' in record else 0.99}; {fix}. "
+            "engine.info['accuracy'] has each output's numbers")
+
+
 def all_float(meta: dict[str, Any], precision: str) -> bool:
     """Whether an int8/fp8 build's layer timing kept every low-precision layer float (``backend_meta``): some layer
     was kept float and none is left on an int8/fp8 kernel. An fp8 engine has no ``int8_ops`` record, so one kept
@@ -324,6 +342,11 @@ class Builder:
                 if self.on_low_accuracy == "raise" and accuracy.meaningful(record, dynamic):
                     raise OverdriveError(accuracy.warning(record, precision) + accuracy.REFUSED)
                 warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=3)
+        elif warn:  # a float build is checked too, on the example inputs: fp16 overflow or a backend fault shows here
+            reference, vs = _reference(given)
+            header["accuracy"] = record = accuracy.measure(engine, reference, vs, None, example, self.min_cosine)
+            if record["passed"] is False:
+                warnings.warn(_float_accuracy_warning(record, precision), UserWarning, stacklevel=3)
         return engine
 
     def _build_best(self, model: Any, example_inputs: Any, input_names: list[str] | None,
