@@ -160,7 +160,9 @@ def fsdp_blocks(model: nn.Module, class_names: tuple[str, ...] = ()) -> list[nn.
         if not blocks:
             raise UsageError(f"fsdp_blocks={class_names} matched no module; class names here: "
                              f"{sorted({type(m).__name__ for m in model.modules()})[:20]}")
-        return blocks
+        # innermost first: FSDP2 shards bottom-up (an outer block sharded first took the inner one's parameters, and
+        # sharding the inner one then failed inside torch with "Invariant encountered: value was None")
+        return _untied(model, blocks[::-1])
     blocks: list[nn.Module] = []
     seen: set[int] = set()
     for m in model.modules():
@@ -174,7 +176,30 @@ def fsdp_blocks(model: nn.Module, class_names: tuple[str, ...] = ()) -> list[nn.
                 seen.add(id(d))
     if not blocks:
         blocks = [c for c in model.children() if any(True for _ in c.parameters())]
-    return blocks
+    return _untied(model, blocks)
+
+
+def _untied(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """``blocks`` less those holding a parameter that is also reached from outside them (tied weights: an embedding
+    and the LM head that shares its weight). Those are left to the root's group, which then owns the shared tensor;
+    sharded on their own, the second block failed ("shared with a parameter already managed by another FSDP group").
+
+    Example:
+        >>> emb, head = nn.Embedding(5, 4), nn.Linear(4, 5, bias=False); head.weight = emb.weight
+        >>> m = nn.Sequential(emb, nn.Linear(4, 4), head)
+        >>> [type(b).__name__ for b in _untied(m, list(m.children()))]
+        ['Linear']
+    """
+    names: dict[int, list[str]] = {}
+    for n, q in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(q), []).append(n)
+    path = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    keep = []
+    for b in blocks:
+        prefix = path[id(b)] + "."
+        if all(n.startswith(prefix) for q in b.parameters() for n in names[id(q)]):
+            keep.append(b)
+    return keep
 
 
 def _rebind_optimizer(optimizer: torch.optim.Optimizer, old_to_name: dict[int, str], model: nn.Module) -> torch.optim.Optimizer:
@@ -189,8 +214,40 @@ def _rebind_optimizer(optimizer: torch.optim.Optimizer, old_to_name: dict[int, s
         try:
             g["params"] = [new[old_to_name[id(q)]] for q in g["params"]]
         except KeyError as exc:
-            raise UsageError(f"the optimizer holds a parameter that is not in the model ({exc}); build it from model.parameters()") from exc
+            stray = next(q for q in g["params"] if id(q) not in old_to_name)
+            raise UsageError(f"the optimizer holds a parameter that is not in the model (shape {tuple(stray.shape)}); "
+                             "build it from model.parameters()") from exc
     return optimizer
+
+
+def check_unwrapped(model: nn.Module, kind: str) -> None:
+    """Raise a :class:`UsageError` unless ``model`` is one ``strategy=kind`` can wrap: not already under DDP or
+    ``fully_shard`` (wrapped twice, DDP all-reduced every gradient twice and prefixed every key ``module.module.``;
+    FSDP2 failed inside torch with "Invariant encountered: value was None"), and without parameters on the meta
+    device (DDP failed on ``Tensor.item()``; FSDP2 kept meta shards that hold no values). Nothing to check for 'none'.
+
+    Example:
+        >>> check_unwrapped(nn.Linear(2, 2), "fsdp")   # a plain module on the CPU: fine
+    """
+    if kind == "none":
+        return
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        raise UsageError(f"strategy={kind!r} was given a model already wrapped in DistributedDataParallel; pass the "
+                         "module inside it (ddp_model.module): overdrive wraps it itself")
+    sharded = [n or "(the root)" for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+    if sharded:
+        raise UsageError(f"strategy={kind!r} was given a model already sharded with fully_shard ({', '.join(sharded[:5])}); "
+                         "pass the model before fully_shard (overdrive shards each block and the root, with the amp "
+                         "policy's MixedPrecisionPolicy; Strategy(kind='fsdp', fsdp_blocks=(...)) picks the blocks)")
+    meta = [n for n, q in model.named_parameters() if q.is_meta]
+    if meta:
+        raise UsageError(f"strategy={kind!r}: {len(meta)} parameter(s) are on the meta device ({', '.join(meta[:3])}), "
+                         "which holds no values; materialize the model first, e.g. model.to_empty(device=env.device) "
+                         "then re-initialize it (reset_parameters() or a loaded state_dict), and build the optimizer "
+                         "on it after that")
 
 
 class Parallel:
@@ -222,6 +279,7 @@ class Parallel:
 
     def before_amp(self, model: nn.Module, optimizer: torch.optim.Optimizer, policy: Policy | str) -> tuple[nn.Module, torch.optim.Optimizer, Policy]:
         policy = Policy.from_opt_level(policy) if isinstance(policy, str) else policy
+        check_unwrapped(model, self.strategy.kind)
         self.model = model
         if self.strategy.kind != "fsdp":
             return model, optimizer, policy
