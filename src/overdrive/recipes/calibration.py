@@ -3,7 +3,8 @@
 read by one function, :func:`load_calibration`.
 
 A calibration file is written with ``torch.save`` and read with ``torch.load(weights_only=True)`` (a data
-file never runs code). It holds the model's inputs only, no labels, as one of:
+file never runs code), or is a NumPy ``.npy`` (one array, like a tensor (N, ...)) or ``.npz`` (arrays by input
+name, like the dict below) read with ``allow_pickle=False``. It holds the model's inputs only, no labels, as one of:
 
 ==============================================  ===================================================
 ``tensor`` (N, ...)                             one input; split along dim 0 into batches of ``--batch-size``
@@ -53,6 +54,10 @@ FORMAT = ("save the model's inputs only (no labels) with torch.save: a tensor (N
           "list of such dicts")
 
 
+# What a model raises on inputs it cannot take (wrong shape, dtype, count); reported naming the file and the batch
+MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, AssertionError)
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Calibration batches from one file: ``batches[k]`` holds one tensor per input, in the order of ``names``
@@ -80,7 +85,8 @@ class Calibration:
                         call(model, self.names, [x.to(dev) for x in batch])
                     except UsageError:
                         raise
-                    except Exception as exc:  # noqa: BLE001 - name the file and the batch, not only the op
+                    except MODEL_ERRORS as exc:  # name the file and the batch, not only the op
+                        # (other exceptions pass through: a caller's hook may end the loop early by raising one)
                         names = self.names or [f"input{i}" for i in range(len(batch))]
                         got = ", ".join(f"{n} {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
                                         for n, x in zip(names, batch))
@@ -221,11 +227,7 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
     """
     if not Path(path).is_file():
         raise UsageError(f"{flag} {path!r} does not exist; {FORMAT}")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - a pickle of objects weights_only refuses, or not a torch file
-        raise UsageError(f"{flag} {path!r} is not a tensor file overdrive can read safely ({type(exc).__name__}); "
-                         f"{FORMAT}") from exc
+    data = _read(path, flag)
     records = _records(path, flag, data, batch_size)
     if max_batches is not None:
         records = records[:max_batches]
@@ -278,6 +280,42 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
             raise UsageError(f"{flag} {path!r}: batch {k} holds inputs of different batch sizes {sizes}; each batch "
                              "needs the same number of samples in every input")
     return Calibration(path, tuple(names), [tuple(d[n] for n in names) for d in dicts])
+
+
+def _read(path: str, flag: str) -> Any:
+    """The file's contents: ``torch.load(weights_only=True)``, or for ``.npy`` / ``.npz`` NumPy's reader with
+    ``allow_pickle=False`` (an ``.npy`` array is a tensor (N, ...), an ``.npz`` archive a dict of name -> (N, ...))."""
+    if Path(path).suffix.lower() in (".npy", ".npz"):
+        import numpy as np
+
+        try:
+            loaded = np.load(path, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                return _from_numpy(path, flag, "the array", loaded)
+            with loaded:  # an NpzFile: arrays by name, read lazily from the archive
+                return {k: _from_numpy(path, flag, f"array {k!r}", loaded[k]) for k in loaded.files}
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - object arrays (need pickle), truncated, not a NumPy file
+            why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            raise UsageError(f"{flag} {path!r} is not a NumPy file overdrive can read safely ({type(exc).__name__}: "
+                             f"{why}); save numeric arrays with np.save / np.savez (no object arrays), or {FORMAT}") from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a pickle of objects weights_only refuses, or not a torch file
+        raise UsageError(f"{flag} {path!r} is not a tensor file overdrive can read safely ({type(exc).__name__}); "
+                         f"{FORMAT} (or an .npy / .npz file)") from exc
+
+
+def _from_numpy(path: str, flag: str, what: str, a: Any) -> torch.Tensor:
+    """A NumPy array as a tensor; float64 becomes float32 (the dtype models calibrate in)."""
+    import numpy as np
+
+    if a.dtype.kind not in "biuf":
+        raise UsageError(f"{flag} {path!r}: {what} has dtype {a.dtype}, not a number or bool; save the model's "
+                         "numeric inputs")
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.float() if t.dtype == torch.float64 else t
 
 
 def _hint(n: int, want: int) -> str:

@@ -10,7 +10,11 @@ Example:
 from __future__ import annotations
 
 import os
+import pickle
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,8 +53,13 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
         raise UsageError(f"{flag} {str(path)!r} does not exist")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # not a torch.save file, truncated, or pickled objects a weights-only load refuses
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    except pickle.UnpicklingError as exc:  # objects a weights-only load refuses: a whole model, a custom class
+        raise UsageError(f"{flag} {str(path)!r} holds pickled Python objects (a whole model saved with "
+                         "torch.save(model), or a class of your own inside the dict); overdrive reads weights only "
+                         "(loading a pickle runs code): re-save it with torch.save(model.state_dict(), path)") from exc
+    except Exception as exc:  # not a torch.save file, truncated
+        why = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+        why = why.splitlines()[0] if why else ""
         raise UsageError(f"{flag} {str(path)!r} cannot be read as weights ({type(exc).__name__}: {why[:200]}); give "
                          "a file written by torch.save(model.state_dict(), path)") from exc
     from overdrive.sparsity.export import FORMAT as SPARSE24, load_compressed
@@ -67,6 +76,7 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
         raise UsageError(f"{flag} {path} holds a {type(payload).__name__}, not a state_dict")
     from overdrive.sparsity.api import MASK_SUFFIX
 
+    payload = _strip_wrapper_prefix(model, payload)
     own = {n for n, _ in model.named_buffers()}
     # a state_dict saved from a pruned (fine-tuned) model carries its 2:4 mask buffers; the model built
     # here is dense, and its masks are recomputed from the loaded weights, which are already 2:4
@@ -78,3 +88,29 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
         detail = "; ".join(lines)
         raise UsageError(f"{flag} {path} does not fit the model: "
                          f"{detail[:400] + ' ...' if len(detail) > 400 else detail}") from exc
+
+
+# What wrappers put before every key: DistributedDataParallel / DataParallel ('module.'), torch.compile ('_orig_mod.')
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _strip_wrapper_prefix(model: nn.Module, state: Mapping[str, Any]) -> dict[str, Any]:
+    """``state`` without the prefix a DDP / DataParallel / torch.compile wrapper put before every key, when the
+    model's own keys do not carry it (a checkpoint saved as ``ddp_model.state_dict()`` from a training script).
+
+    Example:
+        >>> _strip_wrapper_prefix(nn.Linear(1, 1), {"module.weight": 1, "module.bias": 2})
+        {'weight': 1, 'bias': 2}
+    """
+    out = dict(state)
+    own = set(model.state_dict())
+    changed = True
+    while changed and out:
+        changed = False
+        for prefix in WRAPPER_PREFIXES:
+            keys = [k for k in out if isinstance(k, str)]
+            if (len(keys) == len(out) and all(k.startswith(prefix) for k in keys)
+                    and not any(k.startswith(prefix) for k in own)):
+                out = {k[len(prefix):]: v for k, v in out.items()}
+                changed = True
+    return out

@@ -56,6 +56,15 @@ def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, confi
         known = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd))]
         raise UsageError(f"--exclude {unknown[0]!r} is not a module of {type(model).__name__}; "
                          f"use module names such as {known[:4]}")
+    if example_shape is not None:  # one input of that shape: refused before the weights are loaded and pruned
+        from overdrive._utils.inputs import forward_parameters, positional_range
+
+        lo = positional_range(model)[0]
+        if lo > 1:
+            params = [n for n in (forward_parameters(model) or {}) if n not in ("self", "args", "kwargs")]
+            raise UsageError(f"--input-shape {','.join(map(str, example_shape))} gives one input but "
+                             f"{type(model).__name__}.forward takes {lo} ({', '.join(params[:lo])}); drop "
+                             "--input-shape (the report then counts pruned weights, not FLOPs)")
     if not checkpoint and not allow_untrained:  # 2:4 masks of random weights: a report that means nothing
         raise UsageError(f"--model {model_spec} without --checkpoint would prune its random, untrained weights; give "
                          "trained weights with --checkpoint FILE (torch.save(model.state_dict(), FILE) after training, "
@@ -72,7 +81,7 @@ def sparsify_checkpoint(model_spec: str, checkpoint: str | None, out: str, confi
                    else (torch.randn(example_shape),))
     try:
         report = handle.report(example_inputs=example)
-    except (RuntimeError, ValueError, IndexError) as exc:
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         if example is None or isinstance(exc, UsageError):
             raise
         raise UsageError(f"--input-shape {','.join(map(str, example_shape))} does not fit {type(model).__name__}: "
