@@ -59,8 +59,9 @@ def capture(model: nn.Module) -> Iterator[list[tuple[tuple[Any, ...], dict[str, 
         handle.remove()
 
 
-class _Enough(Exception):
-    """Raised by the capture hook to end an extra pass once enough calls are kept."""
+class _Enough(BaseException):
+    """Raised by the capture hook to end an extra pass once enough calls are kept. A BaseException, as
+    ``GeneratorExit`` is: a user's forward loop that catches ``Exception`` around each batch does not swallow it."""
 
 
 def run_until_captured(model: nn.Module, forward_loop: Callable[[nn.Module], Any]) -> None:
