@@ -240,6 +240,7 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
                               input_names=names, output_names=outs, dynamic_axes=dyn, do_constant_folding=True)
     except Exception as exc:  # noqa: BLE001 - turn exporter failures into a message naming op and module
         if _export_dynamo(model, traced, xs, path, opset, names, outs, dyn):
+            _tidy_qdq(path)
             if check:
                 onnx.checker.check_model(onnx.load(str(path)))
             return path
@@ -258,6 +259,7 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
         ) from exc
     if isinstance(traced, ByName):
         _strip_wrapper_prefix(path)
+    _tidy_qdq(path)
     if check:
         onnx.checker.check_model(onnx.load(str(path)))
     return path
@@ -290,6 +292,87 @@ def _strip_wrapper_prefix(path: Path) -> None:
         for k, name in enumerate(node.input):
             if name in rename:
                 node.input[k] = rename[name]
+    atomic_write(path, proto.SerializeToString())
+
+
+def _tidy_qdq(path: Path) -> None:
+    """Rewrite the exported file in place into the form TensorRT's explicit-quantization rules ask for.
+
+    * A Linear applied to a (B, T, C) input is traced as ``W -> Q -> DQ -> Transpose -> MatMul``: an op between
+      the weight's DequantizeLinear and the MatMul, which keeps TensorRT from fusing the Q/DQ into an int8 GEMM.
+      The weight initializer is stored transposed, (in, out) as MatMul takes it, its Q/DQ scales along axis 1
+      (still one per output channel), and the DQ feeds the MatMul directly; the values are the same.
+    * Scales and zero points of Q/DQ written as Constant nodes become float32 / int8 (float8) initializers.
+
+    Example:
+        >>> # _tidy_qdq(Path("model_int8.onnx"))  # W(in, out) -> Q(axis=1) -> DQ(axis=1) -> MatMul
+    """
+    onnx = require("onnx", extra="onnx", feature="ONNX export")
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(path), load_external_data=False)
+    graph = proto.graph
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer):
+        return  # weights in files beside the model: left as written
+    inits = {t.name: t for t in graph.initializer}
+    prod = {o: n for n in graph.node for o in n.output}
+    users: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    outputs = {v.name for v in graph.output}
+    changed, dropped, stale = False, set(), set()
+
+    def only_user(name: str, node: Any) -> bool:
+        return name not in outputs and [id(u) for u in users.get(name, [])] == [id(node)]
+
+    for t in [n for n in graph.node if n.op_type == "Transpose"]:
+        perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), [1, 0])
+        dq, readers = prod.get(t.input[0]), users.get(t.output[0], [])
+        q = prod.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if (perm != [1, 0] or q is None or q.op_type != "QuantizeLinear" or q.input[0] not in inits
+                or len(inits[q.input[0]].dims) != 2 or not readers or t.output[0] in outputs
+                or any(r.op_type != "MatMul" or r.input[1] != t.output[0] for r in readers)
+                or not only_user(dq.output[0], t) or not only_user(q.output[0], dq)
+                or not only_user(q.input[0], q)):
+            continue
+        axes = [a for n in (q, dq) for a in n.attribute if a.name == "axis"]
+        if any(a.i not in (0, -2) for a in axes):
+            continue
+        w = inits[q.input[0]]  # (out, in) -> (in, out); per-channel scales then run along axis 1
+        w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w).T.copy(), w.name))
+        for a in axes:
+            a.i = 1
+        for r in readers:
+            r.input[1] = dq.output[0]
+        dropped.add(id(t))
+        stale |= {w.name, q.output[0], dq.output[0], t.output[0]}
+        changed = True
+    for c in [n for n in graph.node if n.op_type == "Constant" and len(n.output) == 1]:
+        name, readers = c.output[0], users.get(c.output[0], [])
+        value = next((a.t for a in c.attribute if a.name == "value" and a.HasField("t")), None)
+        if (value is None or not readers or name in outputs or name in inits
+                or any(r.op_type not in ("QuantizeLinear", "DequantizeLinear") or r.input[0] == name for r in readers)):
+            continue
+        init = graph.initializer.add()
+        init.CopyFrom(value)
+        init.name = name
+        dropped.add(id(c))
+        changed = True
+    if not changed:
+        return
+    kept = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    kept_vi = [v for v in graph.value_info if v.name not in stale]  # shapes of the rewritten tensors are re-inferred
+    del graph.value_info[:]
+    graph.value_info.extend(kept_vi)
+    for v in graph.input:
+        if v.name in stale and v.name in inits:  # an initializer listed as an input: its new (in, out) shape
+            dims = v.type.tensor_type.shape.dim
+            if len(dims) == 2:
+                a, b = dims[0].dim_value, dims[1].dim_value
+                dims[0].dim_value, dims[1].dim_value = b, a
     atomic_write(path, proto.SerializeToString())
 
 

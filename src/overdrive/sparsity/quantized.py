@@ -74,7 +74,9 @@ def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"ONNX file {str(path)!r} does not exist")
-    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    graph = onnx.load(str(path)).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    stored_in_out = _matmul_b_weights(graph)  # (in, out) as a MatMul's second input (through its Q/DQ pair)
     names = {n: n for n, a in inits.items() if a.ndim >= 2}  # row name -> initializer name
     if handle is not None:
         # A model exported by keyword (export_onnx wraps it in _utils.inputs.ByName whenever its forward takes the
@@ -89,6 +91,25 @@ def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -
     rows = []
     for n, k in names.items():
         w = torch.from_numpy(inits[k].astype("float32"))
+        t = k in stored_in_out if k in stored_in_out or stored_in_out else n in transposed  # a Conv1D's is (in, out)
         rows.append({"name": n, "shape": list(w.shape), "nonzero_fraction": float((w != 0).float().mean()),
-                     "is_2to4": is_2to4(w.t() if n in transposed else w)})  # a Conv1D's weight is (in, out)
+                     "is_2to4": is_2to4(w.t() if t and w.dim() == 2 else w)})
     return rows
+
+
+def _matmul_b_weights(graph: Any) -> set[str]:
+    """Initializers a MatMul reads as its second input (or a Gemm with transB 0), directly or through Quantize /
+    DequantizeLinear: stored (in, out), so their 2:4 groups run along dim 0 (a Linear on a 3-D input exports so,
+    and a Hugging Face Conv1D). An empty set when the graph has no such reader."""
+    producer = {o: node for node in graph.node for o in node.output}
+    out: set[str] = set()
+    for node in graph.node:
+        if node.op_type == "MatMul" or (node.op_type == "Gemm" and not any(
+                a.name == "transB" and a.i for a in node.attribute)):
+            if len(node.input) < 2:
+                continue
+            name = node.input[1]
+            while name in producer and producer[name].op_type in ("QuantizeLinear", "DequantizeLinear"):
+                name = producer[name].input[0]
+            out.add(name)
+    return out
