@@ -74,6 +74,10 @@ RUN_SLOW = [
     "overdrive data make-dataset imgs -n 512 --processes 2",
     "overdrive data bench imgs --workers 0 --workers 2 --batch-size 64",
     "overdrive data bench imgs --workers 2 --batch-size 64 --json bench.json   # or an ImageFolder: train/",
+    # after make-dataset: imgs/ holds class subfolders of JPEGs
+    "overdrive quantize --model mypkg.models:build --calib-data imgs/ --input-shape 1,3,224,224 --calib-batches 2",
+    "overdrive build --model mypkg.models:build --int8 --calib imgs/ --calib-samples 64 --shapes x:1x3x224x224 "
+    "--save-engine m_int8.engine",
 ]
 PARSE_ONLY = {  # example -> why it is only parsed here
     "overdrive demo                # the whole path on the digits dataset": "minutes; tests/demo run its stages",

@@ -78,7 +78,9 @@ def _size(n: int) -> str:
 
 @click.command("build")
 @click.option("--onnx", default=None, metavar="FILE", help="Build from an ONNX model.")
-@click.option("--model", default=None, metavar="PKG.MODULE:FACTORY", help="Build from a PyTorch model factory.")
+@click.option("--model", default=None, metavar="PKG.MODULE:FACTORY",
+              help="Build from a PyTorch model factory, with literal arguments if it takes any: "
+                   "'file.py:make_model(num_classes=10)'.")
 @click.option("--torchscript", default=None, metavar="FILE", help="Build from TorchScript (torch.jit.save): --shapes go through ONNX (any backend); "
                    "--min/--opt/--max-shapes build the module on onnxruntime (CPU, fp32/int8).")
 @click.option("--exported", default=None, metavar="FILE.pt2", help="Build from a torch.export archive.")
@@ -117,7 +119,15 @@ def _size(n: int) -> str:
                    "(its activation and the next quantize fused), cuBLAS's GEMM or float, whichever times fastest; "
                    "cublas leaves the Triton kernel out.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
-              "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor.")
+              "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor; or a folder of "
+              "images (class subfolders or flat; resized and center-cropped to the --shapes H and W), or a .txt file, "
+              "one sample per line (the docstrings model only).")
+@click.option("--calib-samples", default=512, show_default=True, type=click.IntRange(min=1),
+              help="The most images (or text lines) read from a --calib folder (or .txt), evenly spaced in sorted order.")
+@click.option("--calib-normalize", default=None, metavar="imagenet|none|MEAN:STD",
+              help="Normalization of --calib images after scaling to [0, 1]: imagenet (mean 0.485,0.456,0.406, std "
+                   "0.229,0.224,0.225; the default unless a timm model's pretrained_cfg gives its own), none, or "
+                   "MEAN:STD, e.g. 0.5,0.5,0.5:0.5,0.5,0.5.")
 @click.option("--checkpoint", default=None, metavar="FILE.pt",
               help="Weights for the --model factory's model, read weights-only: a state_dict, an overdrive Trainer "
                    "checkpoint, or the .sparse24.pt that overdrive sparsify writes.")
@@ -159,7 +169,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             precision: str, flag_fp16: bool, flag_bf16: bool, flag_int8: bool, flag_fp8: bool, flag_best: bool,
             shapes: str | None, min_shapes: str | None, opt_shapes: str | None, max_shapes: str | None, backend: str,
             device: str, max_autotune: bool, aot: bool | None, int8_activations: str | None, layer_precision: str,
-            calib: str | None, checkpoint: str | None, accept_low_accuracy: bool, timing_cache: str | None,
+            calib: str | None, calib_samples: int, calib_normalize: str | None, checkpoint: str | None, accept_low_accuracy: bool, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, conv_fusion: bool | None,
             sibling_gemms: bool | None, quantize_residuals: bool, lowp_linears: str, json_path: str | None,
@@ -173,6 +183,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
           --min-shapes input_ids:1x1,attention_mask:1x1 --max-shapes input_ids:8x128,attention_mask:8x128
       overdrive build --model torchvision.models:resnet50 --fp16 --device cuda \\
           --shapes x:256x3x224x224 --saveEngine rn50_fp16.engine --timing-cache rn50.cache
+      overdrive build --model mypkg.models:build --int8 --calib imgs/ --calib-samples 64 \\
+          --shapes x:1x3x224x224 --save-engine m_int8.engine
     """
     from overdrive.engine.runtime import describe_device
     from overdrive.recipes.build import build_engine
@@ -226,7 +238,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                                   timing_cache=timing_cache,
                                   trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
                                   conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
-                                  quantize_residuals=quantize_residuals, lowp_linears=lowp_linears)
+                                  quantize_residuals=quantize_residuals, lowp_linears=lowp_linears,
+                                  calib_samples=calib_samples, calib_normalize=calib_normalize)
     info = engine.info
     from overdrive.engine.runtime import fusions_summary
 

@@ -11,13 +11,24 @@ from overdrive.cli.common import (check_distinct, check_json_target, check_outpu
 @click.command("quantize")
 @click.option("--model", "model_spec", default="digits", show_default=True,
               help="'digits' (the demo CNN, trained here in a few seconds), 'pkg.module:factory' (a callable "
-                   "returning an nn.Module) or 'path/to/file.py:factory' (pickled models are refused: loading them runs code).")
+                   "returning an nn.Module) or 'path/to/file.py:factory', with literal arguments if it takes any: "
+                   "'file.py:make_model(num_classes=10)' (pickled models are refused: loading them runs code).")
 @click.option("--checkpoint", default=None, metavar="FILE.pt",
               help="Weights for the --model's model, read weights-only: a state_dict, an overdrive Trainer checkpoint, "
                    "or the .sparse24.pt that overdrive sparsify writes (2:4 sparse + int8/fp8).")
 @click.option("--calib-data", default="digits", show_default=True,
               help="'digits' or a calibration file (the one format of build --calib): torch.save of a tensor (N, ...), "
-                   "a list of batches, [(input_ids, attention_mask), ...] or {'input_ids': ..., 'attention_mask': ...}.")
+                   "a list of batches, [(input_ids, attention_mask), ...] or {'input_ids': ..., 'attention_mask': ...}; "
+                   "or a folder of images (class subfolders or flat; --calib-batches x --batch-size of them, evenly "
+                   "spaced in sorted order, resized and center-cropped to --input-shape), or a .txt file, one sample "
+                   "per line (the docstrings model only: others need their tokenizer's ids saved).")
+@click.option("--input-shape", default=None, metavar="N,C,H,W",
+              help="The image model's input shape, e.g. 1,3,224,224, for a folder of --calib-data images (default: "
+                   "a timm model's pretrained_cfg input_size).")
+@click.option("--calib-normalize", default=None, metavar="imagenet|none|MEAN:STD",
+              help="Normalization of --calib-data images after scaling to [0, 1]: imagenet (mean 0.485,0.456,0.406, "
+                   "std 0.229,0.224,0.225; the default unless a timm model's pretrained_cfg gives its own), none, or "
+                   "MEAN:STD, e.g. 0.5,0.5,0.5:0.5,0.5,0.5.")
 @click.option("--config", "config_name",
               type=click.Choice(["int8", "fp8", "int8_attention", "int8_smoothquant", "int8_dynamic",
                                  "int8_dynamic_smoothquant"]), default="int8",
@@ -37,7 +48,8 @@ from overdrive.cli.common import (check_distinct, check_json_target, check_outpu
 @click.option("--opset", default=None, type=int, help="ONNX opset (default 17 for int8, 19 for fp8).")
 @json_option("the summary")
 @progress_option()
-def command(model_spec: str, checkpoint: str | None, calib_data: str, config_name: str, method: str, percentile: float, calib_batches: int,
+def command(model_spec: str, checkpoint: str | None, calib_data: str, input_shape: str | None,
+            calib_normalize: str | None, config_name: str, method: str, percentile: float, calib_batches: int,
             batch_size: int, export_path: str | None, save_path: str | None, opset: int | None, json_path: str | None,
             no_progress: bool) -> None:
     """Quantize a model (PTQ), print which layers were quantized with their amax, optionally export ONNX
@@ -47,6 +59,7 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, config_nam
     Examples:
       overdrive quantize --config int8 --method entropy --export digits_int8.onnx --save digits_int8.pt
       overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx
+      overdrive quantize --model mypkg.models:build --calib-data imgs/ --input-shape 1,3,224,224 --calib-batches 2
     """
     check_json_target(json_path)
     check_output("--export", export_path)  # before the model is trained and calibrated
@@ -54,13 +67,17 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, config_nam
     check_distinct([("--export", export_path), ("--save", save_path), ("--json", json_path)],
                    [("--model", spec_file(model_spec)), ("--checkpoint", checkpoint), ("--calib-data", calib_data)])
     from overdrive._utils.progress import status
+    from overdrive.recipes.calib_formats import ImageOptions, parse_input_shape
     from overdrive.recipes.quantize import run_quantize
+
+    shape = parse_input_shape(input_shape)
+    ImageOptions(shape, calib_normalize)  # a bad value is refused before the model is built
 
     out = console()
     steps = "calibrating" + (", exporting ONNX" if export_path else "") + (", saving" if save_path else "")
     with status(f"quantize {model_spec}: {steps}", enabled=not no_progress and json_path != "-"):
         result = run_quantize(model_spec, calib_data, config_name, method, percentile, calib_batches, batch_size,
                               export_path, opset, console=None if json_path == "-" else out, save_path=save_path,
-                              checkpoint=checkpoint)
+                              checkpoint=checkpoint, input_shape=shape, calib_normalize=calib_normalize)
     if json_path is not None:
         write_json(result, json_path)

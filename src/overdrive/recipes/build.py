@@ -12,15 +12,21 @@ from overdrive.engine.api import Builder
 from overdrive.engine.runtime import Engine
 from overdrive.engine.config import BuildConfig, parse_io_formats, profiles_from_shapes
 from overdrive.engine.sources import ModelSource, from_exported, from_module, from_onnx, from_torchscript
+from overdrive.recipes.calib_formats import ImageOptions
 
 
-def _calibration(path: str | None, src: ModelSource) -> list[tuple[torch.Tensor, ...]] | None:
-    """--calib batches in the order of the model's inputs (the format: :mod:`overdrive.recipes.calibration`)."""
+def _calibration(path: str | None, src: ModelSource, images: ImageOptions | None = None,
+                 profiles: list[Any] | None = None) -> list[tuple[torch.Tensor, ...]] | None:
+    """--calib batches in the order of the model's inputs (the format: :mod:`overdrive.recipes.calibration`); an
+    image folder is read at the first input's --shapes (opt shape) unless ``images`` gives a shape."""
     if path is None:
         return None
     from overdrive.recipes.calibration import load_calibration
 
-    return load_calibration(path, "--calib", model=src.module, input_names=src.input_names).batches
+    first = src.input_names[0] if src.input_names else None
+    shape = next((p.opt for p in profiles or [] if p.name == first), profiles[0].opt if profiles else None)
+    return load_calibration(path, "--calib", model=src.module, input_names=src.input_names, images=images,
+                            input_shape=shape).batches
 
 
 def _exported_example(path: str, src: ModelSource) -> tuple[torch.Tensor, ...]:
@@ -49,11 +55,14 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  freezing: bool | None = None, input_io_formats: str | None = None,
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None,
                  conv_fusion: bool | None = None, sibling_gemms: bool | None = None,
-                 quantize_residuals: bool = False, lowp_linears: str = "timed") -> Engine:
+                 quantize_residuals: bool = False, lowp_linears: str = "timed", calib_samples: int = 512,
+                 calib_normalize: str | None = None) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     An int8/fp8 engine whose outputs on the calibration data fall below the accuracy tolerance raises
-    :class:`~overdrive.OverdriveError` and is not saved, unless ``accept_low_accuracy``.
+    :class:`~overdrive.OverdriveError` and is not saved, unless ``accept_low_accuracy``. ``calib`` may be a folder
+    of images (``calib_samples`` of them, normalized as ``calib_normalize`` says, at the --shapes size) or a
+    ``.txt`` file (:mod:`overdrive.recipes.calib_formats`).
 
     Example:
         >>> # build_engine(onnx="m.onnx", save_engine="m.engine", shapes="input:1x3x224x224")
@@ -67,6 +76,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
     if len(given) != 1:
         raise UsageError(f"give exactly one of --onnx, --model, --torchscript, --exported (got {given or 'none'})")
     profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+    images = ImageOptions(normalize=calib_normalize, samples=calib_samples)  # bad values refused before the build
     example: tuple[torch.Tensor, ...] | None = None
     if torchscript:
         if not profiles:
@@ -93,7 +103,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
                       lowp_linears=lowp_linears, input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
-    batches = _calibration(calib, src)
+    batches = _calibration(calib, src, images, profiles)
     if batches and src.module is not None:
         # a module does not say its input dtypes: the calibration data does (int64 token ids, not random floats),
         # over what the names and the forward's uses suggest

@@ -15,6 +15,9 @@ name, like the dict below) read with ``allow_pickle=False``. It holds the model'
 ``[{"input_ids": ..., "attention_mask": ...}]``   inputs by name; one dict per batch
 ==============================================  ===================================================
 
+A folder of images (class subfolders or flat) and a ``.txt`` file of one sample per line are read too, as
+:mod:`overdrive.recipes.calib_formats` describes: resized, center-cropped and normalized to the model's input.
+
 Inputs by name are passed to the model by keyword and must be parameters of its forward (for an engine
 built from ONNX, the model's input names). A top-level tuple of tensors is a list of batches, not one
 batch of several inputs: save ``[(ids, mask)]`` or a dict for that.
@@ -48,10 +51,11 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive._utils.inputs import (call, default_input_names, forward_parameters, pad_token_id, positional_range,
                                      takes_names)
+from overdrive.recipes.calib_formats import TEXT_SUFFIXES, ImageOptions, read_image_folder, read_text_lines
 
 FORMAT = ("save the model's inputs only (no labels) with torch.save: a tensor (N, ...), a list of batch tensors, "
           "a list of per-batch tuples [(input_ids, attention_mask), ...], or a dict of name -> tensor (N, ...) / a "
-          "list of such dicts")
+          "list of such dicts; or give a folder of images (an image model) or a .txt file, one sample per line")
 
 
 # What a model raises on inputs it cannot take (wrong shape, dtype, count); reported naming the file and the batch
@@ -211,7 +215,8 @@ def _with_mask(path: str, flag: str, model: nn.Module | None, names: list[str], 
 
 
 def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max_batches: int | None = None,
-                     model: nn.Module | None = None, input_names: Sequence[str] | None = None) -> Calibration:
+                     model: nn.Module | None = None, input_names: Sequence[str] | None = None,
+                     images: ImageOptions | None = None, input_shape: Sequence[int] | None = None) -> Calibration:
     """Read a calibration file (the formats in this module's docstring) -> :class:`Calibration`.
 
     ``input_names``: the model's inputs in order (an engine's); the batches come back in that order and must
@@ -221,13 +226,23 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
     the first batches only. Every problem is a one-line :class:`UsageError` naming the file, what it holds,
     and the format expected.
 
+    ``path`` may also be a folder of images (an image model's inputs, resized and normalized as ``images``
+    says; ``input_shape`` is the input's shape from elsewhere, a build's ``--shapes``) or a ``.txt`` file of one
+    sample per line (a token model whose tokenizer overdrive knows): :mod:`overdrive.recipes.calib_formats`.
+
     Example:
         >>> # calib = load_calibration("calib.pt", "--calib-data", model=bert)
         >>> # quant.quantize(bert, quant.INT8_DEFAULT, forward_loop=calib.forward_loop())
     """
-    if not Path(path).is_file():
+    opts = images or ImageOptions()
+    if Path(path).is_dir():
+        data: Any = read_image_folder(path, flag, opts, model, input_shape)
+    elif not Path(path).is_file():
         raise UsageError(f"{flag} {path!r} does not exist; {FORMAT}")
-    data = _read(path, flag)
+    elif Path(path).suffix.lower() in TEXT_SUFFIXES:
+        data = read_text_lines(path, flag, model, opts.samples)
+    else:
+        data = _read(path, flag)
     records = _records(path, flag, data, batch_size)
     if max_batches is not None:
         records = records[:max_batches]

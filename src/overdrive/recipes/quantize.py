@@ -12,6 +12,7 @@ from overdrive._utils.errors import UsageError
 from overdrive._utils.inputs import is_token_model
 from overdrive.quant.api import print_summary, quantize, summary
 from overdrive.quant.config import QuantConfig, get_preset
+from overdrive.recipes.calib_formats import ImageOptions
 from overdrive.recipes.calibration import Calibration, load_calibration
 
 
@@ -38,26 +39,34 @@ def load_model(spec: str) -> tuple[nn.Module, Any]:
     return _load(spec).eval(), None
 
 
-def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module | None = None) -> Calibration:
+def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module | None = None,
+               images: ImageOptions | None = None) -> Calibration:
     """'digits' (the dataset's training images), or a calibration file (any format
     :mod:`overdrive.recipes.calibration` describes; weights_only: a data file never runs code) -> up to ``n``
-    batches, named after ``model``'s inputs where it has names for them."""
+    batches, named after ``model``'s inputs where it has names for them. A folder of images or a ``.txt`` file
+    gives up to ``n * batch_size`` samples, read as ``images`` says (:mod:`overdrive.recipes.calib_formats`)."""
     if spec == "digits":
         if digits is None:
             from overdrive.recipes.data import load_digits
 
             digits = load_digits()
         return Calibration("digits", None, [(b,) for b in digits.calibration_batches(n=n, batch_size=batch_size)])
-    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n, model=model)
+    opts = images or ImageOptions()
+    opts = ImageOptions(opts.input_shape, opts.normalize, n * batch_size, opts.crop_fraction)
+    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n, model=model, images=opts)
 
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
                  calib_batches: int, batch_size: int, export_path: str | None, opset: int | None,
-                 console: Any = None, save_path: str | None = None, checkpoint: str | None = None) -> dict[str, Any]:
+                 console: Any = None, save_path: str | None = None, checkpoint: str | None = None,
+                 input_shape: tuple[int, ...] | None = None, calib_normalize: str | None = None) -> dict[str, Any]:
     """Load, calibrate, summarize, (for the digits model) evaluate, and optionally export ONNX
-    (``export_path``) and save the quantized model (``save_path``, see :func:`save_quantized`)."""
+    (``export_path``) and save the quantized model (``save_path``, see :func:`save_quantized`). ``input_shape``
+    and ``calib_normalize``: how a folder of images in ``calib_data`` is sized and normalized
+    (:class:`~overdrive.recipes.calib_formats.ImageOptions`)."""
     if calib_batches < 1 or batch_size < 1:
         raise UsageError(f"--calib-batches {calib_batches} and --batch-size {batch_size} must be >= 1")
+    images = ImageOptions(input_shape=input_shape, normalize=calib_normalize)  # bad values refused before loading
     cfg = get_preset(config_name).replace(method=method, percentile=percentile)
     if export_path:  # a bad --opset is refused before the model is loaded and calibrated
         from overdrive.quant.export import check_opset
@@ -76,7 +85,7 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
 
         load_checkpoint(model, checkpoint)
         model.eval()
-    calib = load_calib(calib_data, digits, calib_batches, batch_size, model)
+    calib = load_calib(calib_data, digits, calib_batches, batch_size, model, images)
     result: dict[str, Any] = {"model": model_spec, "config": cfg.to_dict()}
     if digits is not None:
         with torch.no_grad():
