@@ -1,4 +1,4 @@
-"""Float engines are checked against the model too (only int8/fp8 were): an fp16 engine whose activations overflow
+"""Half-precision engines are checked against the model too (only int8/fp8 were): an fp16 engine whose activations overflow
 fp16's 65504 returns inf where the model does not, and the build says so instead of handing back a wrong engine.
 Reference: the fp32 module on the example inputs; tolerance: cosine 0.99 (Builder's min_cosine)."""
 
@@ -20,15 +20,16 @@ class _Overflow(nn.Module):
         return (x * 1e5).sum(-1, keepdim=True) / 1e5  # 1e5-scale values: inf in fp16, finite in fp32
 
 
-def test_an_fp32_engine_records_its_accuracy_and_stays_quiet() -> None:
+def test_a_sound_half_precision_engine_records_its_accuracy_and_stays_quiet() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        eng = Builder(precision="fp32", device="cpu", profiles=(ShapeProfile.fixed("x", (3, 8)),)).build(
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        eng = Builder(precision="fp16", device="cpu", profiles=(ShapeProfile.fixed("x", (3, 8)),)).build(
             model, (torch.randn(3, 8),), input_names=["x"])
+    assert not [w for w in seen if "engine is off" in str(w.message)]
     acc = eng.info["accuracy"]
-    assert acc["passed"] is True and acc["cosine"] > 0.9999 and acc["on"] == "example inputs"
+    assert acc["passed"] is True and acc["cosine"] > 0.999 and acc["on"] == "example inputs"
 
 
 def test_an_overflowing_half_precision_engine_is_reported() -> None:

@@ -66,6 +66,23 @@ def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
     return accuracy.module_reference(src.module), "fake-quant" if quantized else "fp32"
 
 
+def _half_accuracy(engine: Engine, module: nn.Module, example: tuple[torch.Tensor, ...],
+                   min_cosine: float) -> dict[str, Any] | None:
+    """The accuracy record of a half-precision engine against ``module`` as given (its floating inputs cast to the
+    module's own float type), or None where the module cannot be called so (inputs it takes by name only)."""
+    dt = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
+    base = accuracy.module_reference(module)
+
+    def reference(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        return base(tuple(x.to(dt) if x.is_floating_point() else x for x in batch))
+
+    try:
+        return accuracy.measure(engine, reference, "fp32" if dt == torch.float32 else str(dt).removeprefix("torch."),
+                                None, example, min_cosine)
+    except Exception:  # noqa: BLE001 - a check that cannot run says nothing, rather than failing a good build
+        return None
+
+
 def _float_accuracy_warning(record: dict[str, Any], precision: str) -> str:
     """The warning for a float engine whose outputs are off the model's: fp16 overflow (values past 65504 become inf)
     or a backend fault, not rounding.
@@ -342,11 +359,13 @@ class Builder:
                 if self.on_low_accuracy == "raise" and accuracy.meaningful(record, dynamic):
                     raise OverdriveError(accuracy.warning(record, precision) + accuracy.REFUSED)
                 warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=3)
-        elif warn:  # a float build is checked too, on the example inputs: fp16 overflow or a backend fault shows here
-            reference, vs = _reference(given)
-            header["accuracy"] = record = accuracy.measure(engine, reference, vs, None, example, self.min_cosine)
-            if record["passed"] is False:
-                warnings.warn(_float_accuracy_warning(record, precision), UserWarning, stacklevel=3)
+        elif warn and precision in ("fp16", "bf16") and given.module is not None:
+            # a half-precision build is checked too, on the example inputs: fp16 overflow (inf) shows here
+            record = _half_accuracy(engine, given.module, example, self.min_cosine)
+            if record is not None:
+                header["accuracy"] = record
+                if record["passed"] is False:
+                    warnings.warn(_float_accuracy_warning(record, precision), UserWarning, stacklevel=3)
         return engine
 
     def _build_best(self, model: Any, example_inputs: Any, input_names: list[str] | None,
