@@ -138,8 +138,17 @@ def _backend(tokenizer: Any) -> Any:
     if isinstance(tokenizer, (str, os.PathLike)):
         raise UsageError(f"tokenizer {str(tokenizer)!r} is not a file; pass the path of a tokenizer.json, a "
                          "tokenizers.Tokenizer, or a transformers fast tokenizer (AutoTokenizer.from_pretrained(name))")
-    raise UsageError(f"tokenizer {tokenizer!r} is not a tokenizers.Tokenizer, a transformers fast tokenizer, "
-                     "or a path to a tokenizer.json; slow (Python) tokenizers are not supported")
+    kind = f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}"
+    if callable(getattr(tokenizer, "encode", None)) and hasattr(tokenizer, "model_max_length"):  # transformers, slow
+        # the type only: a tokenizer's repr lists every added token (hundreds of lines for ByT5)
+        raise UsageError(f"tokenizer is a slow (Python) transformers tokenizer ({kind}), which tokenize cannot run "
+                         "in batches or worker processes; pass the model's fast tokenizer "
+                         "(AutoTokenizer.from_pretrained(name) loads it where the model has one), or tokenize "
+                         "with the slow one directly: [tokenizer(t)['input_ids'] for t in texts]")
+    shown = repr(tokenizer)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise UsageError(f"tokenizer {shown} ({kind}) is not a tokenizers.Tokenizer, a transformers fast tokenizer, "
+                     "or a path to a tokenizer.json")
 
 
 # Per-process worker state: each worker process builds its tokenizer once (in _init_worker) and
@@ -257,7 +266,10 @@ def _as_texts(texts: Any) -> Sequence[str]:
         if not isinstance(t, str):
             hint = (f"; a JSONL row? pass [row[{next(iter(t))!r}] for row in rows]" if isinstance(t, Mapping) and t
                     else "; decode it first: b.decode('utf-8')" if isinstance(t, (bytes, bytearray))
-                    else "; drop or replace missing texts" if t is None else "")
+                    else "; drop or replace missing texts" if t is None
+                    else ("; text pairs are not supported: tokenize each side as its own list of texts"
+                          if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t)
+                          else ""))
             raise UsageError(f"texts[{i}] is a {type(t).__name__} ({str(t)[:40]!r}), expected str{hint}")
     return texts
 
