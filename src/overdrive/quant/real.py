@@ -293,6 +293,11 @@ class Int8Linear(_LowPrecisionGemm):
         ws = self.w_scale.view(-1, 1) if self.w_scale.dim() else self.w_scale
         return (self.w_q.float() * ws).to(dtype)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight":
+            raise read_only_weight_error(self, f"{self.fmt} weights")
+        super().__setattr__(name, value)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.gemm(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
 
@@ -516,6 +521,21 @@ def _real_residual_add(m: QuantAdd) -> QuantizedResidualAdd | None:
     fmt = "fp8" if q.config.format == "fp8_e4m3" else "int8"
     new = QuantizedResidualAdd(q.amax, fmt, -127 if q.config.narrow_range else -128, m.residual_first)
     return new.to(q.amax.device)
+
+
+def read_only_weight_error(layer: nn.Module, holds: str) -> UsageError:
+    """The error for assigning ``weight`` on a converted layer, whose ``weight`` is a read-only dequantized view.
+    Hugging Face's ``tie_weights`` does it (``lm_head.weight = embed_tokens.weight``); without this error nn.Module
+    raised a bare ``KeyError: "attribute 'weight' already exists"``.
+
+    Example:
+        >>> str(read_only_weight_error(nn.Identity(), "int8 weights")).split(":")[0]
+        'Identity.weight is read-only'
+    """
+    return UsageError(f"{type(layer).__name__}.weight is read-only: the layer holds {holds} and `weight` dequantizes "
+                      "them on each read, so it cannot be assigned or tied to another tensor (Hugging Face "
+                      "`tie_weights()` / `resize_token_embeddings` tie lm_head to the input embedding). Tie or resize "
+                      "before converting, or keep that layer float (exclude=(\"lm_head\",))")
 
 
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive.quant.config import WeightOnlyConfig
 from overdrive.quant.modules import hf_conv1d_class
-from overdrive.quant.real import _config, _set
+from overdrive.quant.real import _config, _set, read_only_weight_error
 
 
 class WeightOnlyLinear(nn.Module):
@@ -79,6 +79,11 @@ class WeightOnlyLinear(nn.Module):
         """The dequantized (N, K) weight in the scales' dtype, computed on each read (model code such as Hugging Face
         T5's reads ``layer.weight.dtype``)."""
         return self.dequantized_weight(self.scales.dtype)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight":
+            raise read_only_weight_error(self, f"int{self.bits} weights")
+        super().__setattr__(name, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
