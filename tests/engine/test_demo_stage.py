@@ -30,6 +30,7 @@ def test_engine_stage(digits: torch.nn.Module) -> None:
     assert row["vs eager"] == row["img/s"] / eager["img/s"]
     for r in (row, eager, comp):  # the middle half of the timed calls, around the median
         lo, hi = (float(v.replace(",", "")) for v in r["img/s IQR"].split("-"))
-        assert lo <= r["img/s"] * 1.0001 and r["img/s"] <= hi * 1.0001
+        # the bounds are printed as whole img/s: up to 0.5 off each way (229 for a quartile at 228.6)
+        assert lo - 0.5 <= r["img/s"] * 1.0001 and r["img/s"] <= (hi + 0.5) * 1.0001
     labels = {(s["label"], s["baseline"]) for s in table.speedups}
     assert ("engine fp32", "PyTorch eager fp32") in labels and ("engine fp32", "torch.compile") in labels
