@@ -24,32 +24,14 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-_ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-         np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL}
-TOL = 1e-5  # fp32 against ONNX Runtime's fp32, absolute and relative; index ops are exact
+from ._onnx_nodes import TOL  # noqa: E402
+from ._onnx_nodes import check as _check  # noqa: E402
+from ._onnx_nodes import one_node as _one_node  # noqa: E402
+
 
 
 def _f(seed: int, *shape: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _one_node(op: str, inputs: list[tuple[str, np.ndarray | None]], attrs: dict, opset: int = 18) -> tuple[bytes, dict]:
-    """``op`` over ``inputs`` (name, value): names starting with ``c`` are initializers, "" an absent optional
-    input, the rest graph inputs."""
-    feeds = {n: v for n, v in inputs if n and not n.startswith("c")}
-    inits = [numpy_helper.from_array(v, n) for n, v in inputs if n.startswith("c")]
-    node = helper.make_node(op, [n for n, _ in inputs], ["out"], name="the_node", **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, _ELEM[v.dtype], list(v.shape))
-                                        for n, v in feeds.items()], [helper.make_empty_tensor_value_info("out")], inits)
-    m = onnx.shape_inference.infer_shapes(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]))
-    return m.SerializeToString(), feeds
-
-
-def _check(model: bytes, feeds: dict[str, np.ndarray]) -> None:
-    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    out = import_onnx(model)(*(torch.from_numpy(v) for v in feeds.values())).numpy()
-    assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, ref.dtype, out.shape, ref.shape)
-    np.testing.assert_allclose(out, ref, rtol=TOL, atol=TOL)
 
 
 SHAPES = [(1, 8, 3, 5), (2, 12, 4, 2)]  # (N, C, H, W): C divisible by 4 (blocksize 2)
