@@ -31,7 +31,8 @@ from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
 from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
-from overdrive.engine.sources import ModelSource, check_exported_dims, dynamic_shapes, load_exported, save_exported
+from overdrive.engine.export_dims import check_exported_dims, dynamic_shapes
+from overdrive.engine.sources import ModelSource, load_exported, save_exported
 
 NAME = "inductor"
 
