@@ -12,7 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 from overdrive.engine.onnx import import_onnx
 
 ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-        np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL}
+        np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL,
+        np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.uint32): TensorProto.UINT32,
+        np.dtype(np.uint64): TensorProto.UINT64}
 TOL = 1e-5  # fp32 against ONNX Runtime's fp32, absolute and relative; index ops are exact
 
 

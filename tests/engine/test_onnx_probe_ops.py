@@ -74,12 +74,13 @@ def test_reduce_logsumexp_large_logits_stay_finite() -> None:
 
 
 def test_operator_refusal_names_the_node() -> None:
-    """An operator that refuses its attributes (here Resize's asymmetric linear) names the node and the op,
+    """An operator that refuses its attributes (here Resize's asymmetric cubic) names the node and the op,
     so the user can find it in a graph of thousands."""
     model, feeds = _one_node("Resize", [("x", _f(1, 2, 4, 4)), ("", None), ("c", np.array([1, 1, 2, 2], np.float32))],
-                             {"mode": "linear", "coordinate_transformation_mode": "asymmetric"})
-    with pytest.raises(UsageError, match=r"ONNX node 'the_node' \(Resize\): Resize linear with "
-                                         r"coordinate_transformation_mode='asymmetric' is not supported"):
+                             {"mode": "cubic", "coordinate_transformation_mode": "asymmetric"})
+    with pytest.raises(UsageError, match=r"ONNX node 'the_node' \(Resize\): Resize cubic with "
+                                         r"coordinate_transformation_mode='asymmetric' is not supported.*supported "
+                                         r"for cubic: half_pixel"):
         import_onnx(model)(*(torch.from_numpy(v) for v in feeds.values()))
 
 

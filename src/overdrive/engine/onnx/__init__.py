@@ -3,7 +3,8 @@ the calibration of float ONNX models into Q/DQ ones, or their dynamic int8 quant
 
 Imports point one way: ``values`` (host/device values, the operator types) <- ``ops`` (one function per
 operator), ``qdq`` (QuantizeLinear, DequantizeLinear), ``rnn`` (LSTM, GRU, RNN), ``select``
-(TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace) <- ``importer`` (the op table,
+(TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace), ``vision`` (GridSample,
+RoiAlign), ``dynamic`` (Compress, Unique) <- ``importer`` (the op table,
 ``ONNXModule``, ``import_onnx``); ``quantize`` (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports
 ``onnx`` or ``onnxruntime`` until a model is loaded or calibrated.
 

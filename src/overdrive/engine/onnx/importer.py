@@ -10,7 +10,8 @@ the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic ex
 data-dependent ``.tolist()`` reaches the traced graph.
 
 The operators are in ``ops.py`` (Q/DQ in ``qdq.py``, LSTM/GRU/RNN in ``rnn.py``, TopK/ArgMax/ArgMin in
-``select.py`` with the Reduce family, Einsum, the gathers and scatters, OneHot and DepthToSpace), the value conversions in ``values.py``; the operator table is
+``select.py`` with the Reduce family, Einsum, the gathers and scatters, OneHot and DepthToSpace, GridSample and
+RoiAlign in ``vision.py``, Compress and Unique in ``dynamic.py``), the value conversions in ``values.py``; the operator table is
 assembled here from them all, so no operator module imports another or this one.
 
 Example:
@@ -27,14 +28,14 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import ops, qdq, rnn, select
+from overdrive.engine.onnx import dynamic, ops, qdq, rnn, select, vision
 from overdrive.engine.onnx.ops import _split
 from overdrive.engine.onnx.values import Op, Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
-_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS, **rnn.OPS, **select.OPS}  # op name -> function; Constant and Split are handled below
-HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS}  # inputs read as Python numbers, by op and position
+_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS, **rnn.OPS, **select.OPS, **vision.OPS, **dynamic.OPS}  # op name -> function; Constant and Split are handled below
+HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS, **dynamic.HOST_INPUTS}  # inputs read as Python numbers, by op and position
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 
 
@@ -51,6 +52,9 @@ class ONNXModule(nn.Module):
 
         g = model.graph
         for node in g.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in dynamic.REFUSED:
+                raise UsageError(f"ONNX operator {node.op_type} (node {node.name or '<unnamed>'!r}) is not supported by "
+                                 f"overdrive's ONNX importer: {dynamic.REFUSED[node.op_type]}")
             if node.domain not in ("", "ai.onnx") or (node.op_type not in _OPS and node.op_type not in ("Constant", "Split")):
                 raise UsageError(
                     f"ONNX operator {node.domain + '::' if node.domain else ''}{node.op_type} (node {node.name or '<unnamed>'!r}) "
@@ -72,7 +76,7 @@ class ONNXModule(nn.Module):
             # but not the data of a DequantizeLinear (int32 biases): that is dequantized beside device tensors
             if ((arr.dtype.kind in "iub" and arr.size <= 64 and t.name not in dq_data)
                     or (arr.dtype.kind == "f" and arr.size == 1)
-                    or (t.name in host_args and (arr.size <= 64 or arr.dtype.kind in "iu"))):
+                    or (t.name in host_args and (arr.size <= 64 or arr.dtype.kind in "iub"))):
                 self._host[t.name] = arr
             else:
                 key = f"w{i}"

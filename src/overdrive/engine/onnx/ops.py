@@ -462,7 +462,55 @@ def _is_inf(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [torch.isposinf(x) if pos else torch.isneginf(x) if neg else torch.zeros_like(x, dtype=torch.bool)]
 
 
+def _bit_shift(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """BitShift on unsigned integers: ``direction`` LEFT or RIGHT, by the second input (broadcast); bits shifted
+    past the type's width are dropped, as in ONNX Runtime."""
+    d = a.get("direction")
+    d = d.decode() if isinstance(d, bytes) else d
+    if d not in ("LEFT", "RIGHT"):
+        raise UsageError(f"BitShift direction={d!r} is not an ONNX direction; expected 'LEFT' or 'RIGHT'")
+    left = d == "LEFT"
+    if _host(*ins):
+        return [(np.left_shift if left else np.right_shift)(*ins).astype(ins[0].dtype)]
+    x, s = _tensor(ins[0]), _tensor(ins[1], _like(ins))
+    if x.dtype == torch.uint8:
+        return [(torch.bitwise_left_shift if left else torch.bitwise_right_shift)(x, s.to(x.dtype))]
+    # torch shifts uint16/32/64 on no device: the bits go through int64, masked back to the type's width
+    bits = x.element_size() * 8
+    xi, si = (x.view(torch.int64) if bits == 64 else x.to(torch.int64)), s.to(torch.int64)
+    y = xi << si if left else xi >> si
+    if bits < 64:
+        return [(y & ((1 << bits) - 1)).to(x.dtype)]
+    if not left:  # int64's right shift copies the sign bit: clear the bits shifted in
+        y = y & torch.where(si == 0, -1, (1 << (64 - si)) - 1)
+    return [y.view(x.dtype)]
+
+
+def _shrink(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """Shrink: x + bias where x < -lambd, x - bias where x > lambd, 0 between (``F.hardshrink`` / ``softshrink``
+    are its bias 0 / bias lambd forms); the output keeps x's type."""
+    x = _tensor(ins[0])
+    lambd, bias = float(a.get("lambd", 0.5)), float(a.get("bias", 0.0))
+    y = torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))
+    return [y.to(x.dtype)]
+
+
+def _reverse_sequence(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """ReverseSequence(x, sequence_lens (B,)): the first ``sequence_lens[b]`` steps of each batch entry reversed
+    along ``time_axis``, the rest kept (bidirectional RNNs over padded batches); one gather along the time axis."""
+    x = _tensor(ins[0])
+    lens = _tensor(ins[1], x).long()
+    t_ax, b_ax = int(a.get("time_axis", 0)), int(a.get("batch_axis", 1))
+    t = torch.arange(x.shape[t_ax], device=x.device)
+    src = torch.where(t[None, :] < lens[:, None], lens[:, None] - 1 - t[None, :], t[None, :])  # (B, T)
+    shape = [1] * x.dim()
+    shape[b_ax], shape[t_ax] = x.shape[b_ax], x.shape[t_ax]
+    src = src if b_ax < t_ax else src.t()  # (B, T) or (T, B), in x's axis order
+    return [torch.gather(x, t_ax, src.reshape(shape).expand(x.shape))]
+
+
 OPS: dict[str, Op] = {
+    "BitShift": _bit_shift, "Shrink": _shrink, "ReverseSequence": _reverse_sequence,
     "Identity": lambda m, ins, a: [ins[0]],
     "Dropout": lambda m, ins, a: [ins[0]],
     "Relu": _unary(F.relu), "Sigmoid": _unary(torch.sigmoid), "Tanh": _unary(torch.tanh),

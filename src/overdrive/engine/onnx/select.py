@@ -280,7 +280,9 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     """Resize as ``F.interpolate``, for the modes PyTorch exporters write: nearest (asymmetric + floor:
     ``mode="nearest"``; half_pixel + round_prefer_ceil: ``"nearest-exact"``), linear and cubic (half_pixel or
     pytorch_half_pixel: ``align_corners=False``; align_corners: ``True``; cubic with a = -0.75, PyTorch's);
-    nearest in any other coordinate mode and rounding by ``_resize_gather``. Anything else raises, naming it."""
+    nearest in any other coordinate mode and rounding by ``_resize_gather``, linear in asymmetric (TensorFlow's
+    ``resize_bilinear``), half_pixel_symmetric and tf_half_pixel_for_nn by ``_resize_linear``. Anything else
+    raises, naming it."""
     x = _tensor(ins[0])
     attr = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
     mode, ctm = attr.get("mode", "nearest"), attr.get("coordinate_transformation_mode", "half_pixel")
@@ -295,7 +297,7 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
             if sizes is not None:
                 full_z[ax % x.dim()] = sizes[i]
         scales, sizes = (full_s if scales is not None else None), (full_z if sizes is not None else None)
-    bad = None
+    bad, hint = None, ""
     if attr.get("antialias", 0) or attr.get("exclude_outside", 0) \
             or attr.get("keep_aspect_ratio_policy", "stretch") != "stretch":
         bad = "antialias / exclude_outside / keep_aspect_ratio_policy"
@@ -308,9 +310,15 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
             tmode = "gather"
         else:
             bad = f"nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r}"
+    elif mode == "linear" and ctm in ("asymmetric", "half_pixel_symmetric", "tf_half_pixel_for_nn"):
+        tmode = "linear_gather"  # F.interpolate has no such coordinate mode: two gathers and a lerp per axis
     elif mode in ("linear", "cubic"):
         if ctm not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
             bad = f"{mode} with coordinate_transformation_mode={ctm!r}"
+            hint = (f"; supported for {mode}: half_pixel, pytorch_half_pixel, align_corners"
+                    + (", asymmetric, half_pixel_symmetric, tf_half_pixel_for_nn; re-export with one of those"
+                       if mode == "linear" else "; re-export with one of those, or with mode='linear', which also "
+                       "takes asymmetric"))
         elif mode == "cubic" and (abs(float(attr.get("cubic_coeff_a", -0.75)) + 0.75) > 1e-6 or x.dim() != 4):
             bad = "cubic other than 2-D with cubic_coeff_a=-0.75"
         elif mode == "linear" and not 3 <= x.dim() <= 5:
@@ -324,9 +332,11 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
                                                  and s != d for s, d in zip(sizes[:2], x.shape[:2])):
         bad = "sizes on the batch or channel axis"
     if bad:
-        raise UsageError(f"Resize {bad} is not supported by the ONNX importer")
+        raise UsageError(f"Resize {bad} is not supported by the ONNX importer{hint}")
     if tmode == "gather":
         return [_resize_gather(x, sizes, scales, ctm, near)]
+    if tmode == "linear_gather":
+        return [_resize_linear(x, sizes, scales, ctm)]
     align = None if tmode.startswith("nearest") else (ctm == "align_corners")
     if ctm == "pytorch_half_pixel":
         x, sizes, scales = _single_outputs(x, sizes, scales)
@@ -361,6 +371,37 @@ def _resize_gather(x: torch.Tensor, sizes: list | None, scales: list[float] | No
         o = np.arange(m, dtype=np.float32)
         idx = np.clip(_ROUND[near](np.float32(_COORD[ctm](o, s, n, m))), 0, n - 1).astype(np.int64)
         x = x.index_select(ax, torch.from_numpy(idx).to(x.device))
+    return x
+
+
+def _resize_linear(x: torch.Tensor, sizes: list | None, scales: list[float] | None, ctm: str) -> torch.Tensor:
+    """Linear Resize in a coordinate mode ``F.interpolate`` lacks (asymmetric: TensorFlow's ``resize_bilinear``
+    without half-pixel centres), one spatial axis at a time: each output index reads its two neighbouring input
+    indices and a weight, worked out on the host in float32 and clamped to the input as ONNX Runtime does.
+
+    Example:
+        >>> _resize_linear(torch.tensor([[[0.0, 1.0]]]), None, [1.0, 1.0, 2.0], "asymmetric")
+        tensor([[[0.0000, 0.5000, 1.0000, 1.0000]]])
+    """
+    for ax in range(2, x.dim()):
+        n = x.shape[ax]
+        m = sizes[ax] if sizes is not None else None
+        if isinstance(n, torch.SymInt) or isinstance(m, torch.SymInt):
+            raise UsageError(f"Resize linear with coordinate_transformation_mode={ctm!r} over a dynamic spatial axis "
+                             "is not supported; export with fixed spatial sizes")
+        s = np.float32(m) / np.float32(n) if m is not None else np.float32(scales[ax])
+        m = m if m is not None else int(np.float32(n) * s)
+        if m == n and s == 1:
+            continue
+        pos = np.clip(np.float32(_COORD[ctm](np.arange(m, dtype=np.float32), s, n, m)), 0, n - 1).astype(np.float32)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        shape = [1] * x.dim()
+        shape[ax] = m
+        w = torch.from_numpy(pos - lo).to(x.device, x.dtype).reshape(shape)  # (1, .., m, .., 1)
+        a = x.index_select(ax, torch.from_numpy(lo).to(x.device))
+        b = x.index_select(ax, torch.from_numpy(hi).to(x.device))
+        x = a + (b - a) * w
     return x
 
 
