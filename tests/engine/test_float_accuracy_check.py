@@ -44,3 +44,33 @@ def test_an_overflowing_half_precision_engine_is_reported() -> None:
             pytest.skip(f"no fp16 build on this CPU: {exc}")
         raise
     assert eng.info["accuracy"]["passed"] is False
+
+
+def _onnx_mlp() -> bytes:
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    buf = io.BytesIO()
+    torch.onnx.export(model, (torch.randn(3, 8),), buf, input_names=["x"], dynamo=False)
+    return buf.getvalue()
+
+
+def test_an_fp32_engine_from_onnx_is_checked_against_onnx_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fp32 engine was never compared with its model: a fault in the ONNX import or a graph rewrite shipped
+    silently. Here the importer's Relu is broken on purpose (an identity); the build must say the engine is off."""
+    data, x = _onnx_mlp(), torch.randn(3, 8)
+    cfg = dict(precision="fp32", device="cpu", backend="inductor", aot=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        eng = Builder(**cfg).build(data, (x,))
+    assert not [w for w in seen if "engine is off" in str(w.message)]
+    acc = eng.info["accuracy"]
+    assert acc["passed"] is True and acc["cosine"] > 0.9999 and acc["vs"] == "ONNX Runtime"
+
+    from overdrive.engine.onnx import importer
+
+    monkeypatch.setitem(importer._OPS, "Relu", lambda m, ins, a: [ins[0]])
+    with pytest.warns(UserWarning, match=r"the fp32 engine is off the ONNX Runtime model: cosine .* a fault in the build"):
+        eng = Builder(**cfg).build(data, (torch.randn(3, 8),))
+    assert eng.info["accuracy"]["passed"] is False

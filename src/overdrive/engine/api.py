@@ -21,10 +21,11 @@ from overdrive._utils.files import atomic_write
 from overdrive.engine import accuracy, backends
 from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig
-from overdrive.engine.inputs import (apply_io_formats, check_onnx_dims, onnx_shared_dims, ordered, random_inputs,
-                                     resolve_profiles, check_example_in_profiles)
+from overdrive.engine.inputs import (apply_io_formats, build_inputs, check_example_in_profiles, check_onnx_dims,
+                                     onnx_shared_dims, ordered, random_inputs, resolve_profiles)
 from overdrive.engine.runtime import Engine, device_facts
-from overdrive.engine.sources import ModelSource, fit_input_names, float32_source, to_source, with_forward_dtypes
+from overdrive.engine.sources import (ModelSource, by_name, fit_input_names, float32_source, to_source,
+                                     with_forward_dtypes)
 
 __all__ = ["Builder", "best_candidates", "choose_backend"]
 
@@ -63,22 +64,30 @@ def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
         quantized = any(True for _ in quant.quantizers(src.module))
     except ImportError:
         pass
-    return accuracy.module_reference(src.module), "fake-quant" if quantized else "fp32"
+    # called as the engine's export called it: by name where the inputs are not forward's first parameters
+    return accuracy.module_reference(by_name(src.module, src.input_names)), "fake-quant" if quantized else "fp32"
 
 
-def _half_accuracy(engine: Engine, module: nn.Module, example: tuple[torch.Tensor, ...],
-                   min_cosine: float) -> dict[str, Any] | None:
-    """The accuracy record of a half-precision engine against ``module`` as given (its floating inputs cast to the
-    module's own float type), or None where the module cannot be called so (inputs it takes by name only)."""
-    dt = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
-    base = accuracy.module_reference(module)
+def _float_accuracy(engine: Engine, src: ModelSource, backend: str, example: tuple[torch.Tensor, ...],
+                    min_cosine: float) -> dict[str, Any] | None:
+    """The accuracy record of a float (fp32/tf32/fp16/bf16) engine against the model it was built from, on the example
+    inputs: a module as given (its floating inputs cast to its own float type), an ONNX model through ONNX Runtime
+    (not for the onnxruntime backend, which is that runtime). None where there is nothing to check against or the
+    reference cannot run (a check that cannot run says nothing, rather than failing a good build)."""
+    if src.module is not None:
+        dt = next((p.dtype for p in src.module.parameters() if p.is_floating_point()), torch.float32)
+        base = accuracy.module_reference(by_name(src.module, src.input_names))
 
-    def reference(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-        return base(tuple(x.to(dt) if x.is_floating_point() else x for x in batch))
+        def reference(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+            return base(tuple(x.to(dt) if x.is_floating_point() else x for x in batch))
 
+        vs = "fp32" if dt == torch.float32 else str(dt).removeprefix("torch.")
+    elif src.onnx_bytes is not None and backend != "onnxruntime":
+        reference, vs = accuracy.onnx_reference(src.onnx_bytes), "ONNX Runtime"
+    else:
+        return None
     try:
-        return accuracy.measure(engine, reference, "fp32" if dt == torch.float32 else str(dt).removeprefix("torch."),
-                                None, example, min_cosine)
+        return accuracy.measure(engine, reference, vs, None, example, min_cosine)
     except Exception:  # noqa: BLE001 - a check that cannot run says nothing, rather than failing a good build
         return None
 
@@ -95,7 +104,9 @@ def _float_accuracy_warning(record: dict[str, Any], precision: str) -> str:
                 key=lambda t: t[1], default=None)
     where = f" (worst output {worst[0]!r})" if worst and len(record["outputs"]) > 1 else ""
     fix = ("values past fp16's 65504 overflow to inf: build in bf16 (same speed on Ampere and newer) or fp32"
-           if precision == "fp16" else "check the model runs in this precision, or build in fp32")
+           if precision == "fp16" else "check the model runs in this precision, or build in fp32" if precision == "bf16"
+           else "no rounding explains that: a fault in the build (the import or a graph rewrite); try the other backend "
+                "(--backend onnxruntime or inductor) and report the model")
     return (f"the {precision} engine is off the {record['vs']} model: cosine {record['cosine']:.4f}{where} on "
             f"{record['on']}, below {record['min_cosine'] if 'min_cosine' in record else 0.99}; {fix}. "
             "engine.info['accuracy'] has each output's numbers")
@@ -196,8 +207,10 @@ class Builder:
         # what a measured failure does: warn and return the engine, or raise (the CLI's default)
         self.on_low_accuracy = accuracy.check_on_low_accuracy(on_low_accuracy)
 
-    def build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None = None,
-              input_names: list[str] | None = None, calib: list[tuple[torch.Tensor, ...]] | None = None,
+    def build(self, model: Any,
+              example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | dict[str, torch.Tensor] | None = None,
+              input_names: list[str] | None = None,
+              calib: list[tuple[torch.Tensor, ...] | dict[str, torch.Tensor]] | None = None,
               onnx_path: str | None = None) -> Engine:
         """Build from an nn.Module, ONNX (path/bytes/ModelProto), a .pt2 path or ``pkg.module:factory``.
 
@@ -209,7 +222,12 @@ class Builder:
         with ``on_low_accuracy="raise"`` raises :class:`OverdriveError` where the check is meaningful (measured on
         calibration data, or a dynamic-int8 engine, which needs none); a static engine built without calibration
         data is fit for timing only and still warns.
+
+        ``example_inputs`` may be a dict by input name, as a Hugging Face model is called (``model(**batch)``): its
+        keys name the engine's inputs, and ``calib`` batches may then be dicts too (keys the inputs lack are left
+        out, as ``labels``).
         """
+        example_inputs, input_names, calib = build_inputs(example_inputs, input_names, calib)
         if self.config.precision == "best":
             return self._build_best(model, example_inputs, input_names, calib, onnx_path)
         return self._build(model, example_inputs, input_names, calib, onnx_path, warn=True)
@@ -359,9 +377,10 @@ class Builder:
                 if self.on_low_accuracy == "raise" and accuracy.meaningful(record, dynamic):
                     raise OverdriveError(accuracy.warning(record, precision) + accuracy.REFUSED)
                 warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=3)
-        elif warn and precision in ("fp16", "bf16") and given.module is not None:
-            # a half-precision build is checked too, on the example inputs: fp16 overflow (inf) shows here
-            record = _half_accuracy(engine, given.module, example, self.min_cosine)
+        elif warn:
+            # a float build is checked too, on the example inputs: fp16 overflow (inf) shows here, and a fault in an
+            # import or a graph rewrite at any precision
+            record = _float_accuracy(engine, given, name, example, self.min_cosine)
             if record is not None:
                 header["accuracy"] = record
                 if record["passed"] is False:

@@ -214,3 +214,73 @@ def random_inputs(profiles: list[ShapeProfile], src: ModelSource, device: torch.
         x = random_input(p.name, tuple(shape), dt, g, vocab)
         out.append(x.to(dt).to(device))
     return tuple(out)
+
+
+def build_inputs(example: Any, input_names: list[str] | None, calib: Any
+                 ) -> tuple[tuple[torch.Tensor, ...] | None, list[str] | None, list[tuple[torch.Tensor, ...]] | None]:
+    """The example inputs, input names and calibration batches of a build in the one form the builder takes: a
+    tuple of tensors, the names, a list of tuples in that order.
+
+    A Hugging Face model is called with keyword arguments (``model(**batch)``), so its example is naturally a dict:
+    its keys name the engine's inputs (the forward parameters they are, in the dict's order), and a dict batch of
+    calibration data (a ``DataLoader`` over a tokenized dataset yields those) gives its values by those names; a key
+    the example has no input for (``labels``) is left out. A single tensor, or a list, is one batch of positional
+    inputs.
+
+    Example:
+        >>> ex, names, cal = build_inputs({"input_ids": torch.zeros(1, 4, dtype=torch.long)}, None,
+        ...                               [{"input_ids": torch.ones(2, 4, dtype=torch.long), "labels": torch.ones(2)}])
+        >>> names, [tuple(x.shape) for x in cal[0]]
+        (['input_ids'], [(2, 4)])
+    """
+    if isinstance(example, dict):
+        bad = {k: type(v).__name__ for k, v in example.items() if not isinstance(v, torch.Tensor)}
+        if bad:
+            k, t = next(iter(bad.items()))
+            raise UsageError(f"example input {k!r} is a {t}; an engine's inputs are tensors: leave {k!r} out of the "
+                             "dict (a fixed setting belongs in the model, e.g. a wrapper module that passes it)")
+        if not example:
+            raise UsageError("the example inputs are an empty dict; give the model's inputs by name, e.g. "
+                             "{'input_ids': ids, 'attention_mask': mask}")
+        names = [str(k) for k in example]
+        if input_names is not None and list(input_names) != names:
+            raise UsageError(f"input_names {list(input_names)} differ from the example dict's keys {names}; give one "
+                             "of them (the dict's keys name the inputs)")
+        example, input_names = tuple(example.values()), names
+    elif isinstance(example, list):
+        example = tuple(example)
+    elif isinstance(example, torch.Tensor):
+        example = (example,)
+    elif example is not None and not isinstance(example, tuple):
+        raise UsageError(f"example inputs of type {type(example).__name__}; expected a tensor, a tuple of tensors "
+                         "or a dict of tensors by input name")
+    if example is not None:
+        for i, x in enumerate(example):
+            if not isinstance(x, torch.Tensor):
+                raise UsageError(f"example input {i} is a {type(x).__name__}; an engine's inputs are tensors (give a "
+                                 "tuple of tensors, or a dict of them by name)")
+    if calib is None:
+        return example, input_names, None
+    if isinstance(calib, (torch.Tensor, dict)):
+        raise UsageError(f"calib is one batch ({type(calib).__name__}); give a list of batches, e.g. [batch] or "
+                         "list(itertools.islice(loader, 8))")
+    batches = []
+    for i, b in enumerate(calib):
+        if isinstance(b, dict):
+            if input_names is None:
+                raise UsageError(f"calibration batch {i} is a dict, but the inputs are not named: give the example "
+                                 "inputs as a dict too (or input_names), so its keys can be matched")
+            missing = [n for n in input_names if n not in b]
+            if missing:
+                raise UsageError(f"calibration batch {i} has no {missing[0]!r} (keys: {sorted(map(str, b))}); every "
+                                 f"batch needs the engine's inputs {list(input_names)}")
+            b = tuple(b[n] for n in input_names)
+        elif isinstance(b, torch.Tensor):
+            b = (b,)
+        elif isinstance(b, list):
+            b = tuple(b)
+        if not isinstance(b, tuple) or not all(isinstance(x, torch.Tensor) for x in b):
+            raise UsageError(f"calibration batch {i} is a {type(b).__name__}; expected a tensor, a tuple of tensors "
+                             "or a dict of tensors by input name")
+        batches.append(b)
+    return example, input_names, batches

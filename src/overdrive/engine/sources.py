@@ -33,8 +33,9 @@ _ONNX_FLOAT = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 11: torc
 
 
 def by_name(module: nn.Module, names: list[str]) -> nn.Module:
-    """``module`` wrapped to take its inputs by name when every name is a parameter of its forward (and
-    there is more than one input), else ``module`` itself.
+    """``module`` wrapped to take its inputs by name when every name is a parameter of its forward (and there is
+    more than one input, or the one is not forward's first positional parameter: a T5 encoder given only
+    ``inputs_embeds``), else ``module`` itself.
 
     Example:
         >>> # torch.onnx.export(by_name(bert, ["input_ids", "attention_mask"]), (ids, mask), ...)
@@ -43,7 +44,10 @@ def by_name(module: nn.Module, names: list[str]) -> nn.Module:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         return module
-    if not all(n in params for n in names) or len(names) < 2 and "use_cache" not in params:
+    if not all(n in params for n in names):
+        return module
+    first = next((n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)), None)
+    if len(names) < 2 and "use_cache" not in params and names == [first]:
         return module
     # a Hugging Face decoder would return its key/value cache, which neither exporter nor engine takes
     w = _ByName(module, names, {"use_cache": False} if "use_cache" in params else None)
