@@ -161,7 +161,8 @@ def test_export_profile_per_node(saved: Path, tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     assert main(["exec", "--load-engine", str(saved), "--duration", "0.05", "--iterations", "5",
                  "--export-profile", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    head, *rows = json.loads(out.read_text())  # trtexec's leading {"count": N}, then one row per layer
+    assert head == {"count": 10}
     import onnx
 
     graph_nodes = {n.name for n in onnx.load_from_string(Engine.load(saved).sections["onnx"]).graph.node}

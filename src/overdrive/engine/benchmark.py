@@ -265,7 +265,8 @@ def benchmark(engine: Any, inputs: tuple[torch.Tensor, ...] | None = None, shape
     if export_times:
         atomic_write(export_times, json.dumps(times_rows(starts, marks, rec), indent=1))
     if export_profile:
-        atomic_write(export_profile, json.dumps(profile(engine, dev_sets[0]), indent=1))
+        atomic_write(export_profile, json.dumps(profile_json(profile(engine, dev_sets[0], PROFILE_RUNS), PROFILE_RUNS),
+                                                indent=1))
     if export_output:
         export_outputs(engine, dev_sets[0], export_output)
     return summary
@@ -293,7 +294,22 @@ def times_rows(starts: list[float], marks: list[tuple[float, ...]], rec: dict[st
     return rows
 
 
-def profile(engine: Any, xs: list[torch.Tensor], iterations: int = 10) -> list[dict[str, Any]]:
+PROFILE_RUNS = 10
+"""Calls of the separate profiling run behind ``--exportProfile``."""
+
+
+def profile_json(rows: list[dict[str, Any]], runs: int) -> list[dict[str, Any]]:
+    """``--exportProfile``'s file in trtexec's layout: first ``{"count": runs}`` (the profiled runs), then one row
+    per layer, as tools that read trtexec's profile expect.
+
+    Example:
+        >>> profile_json([{"name": "conv", "timeMs": 2.0, "averageMs": 0.2, "count": 10, "percentage": 100.0}], 10)[0]
+        {'count': 10}
+    """
+    return [{"count": runs}, *rows]
+
+
+def profile(engine: Any, xs: list[torch.Tensor], iterations: int = PROFILE_RUNS) -> list[dict[str, Any]]:
     """Per-kernel (GPU) or per-operator (CPU) time over ``iterations`` calls, like trtexec's --exportProfile:
     rows of name, timeMs (total), averageMs (per call), count and percentage, slowest first. onnxruntime
     engines are profiled per graph node by ONNX Runtime's own profiler (the name is ``node (OpType)``)."""
