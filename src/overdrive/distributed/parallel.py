@@ -351,16 +351,19 @@ class Parallel:
             self.wrapped.set_requires_gradient_sync(sync)  # type: ignore[union-attr]
         yield
 
-    def check_same_batches(self, batches: int | None, epoch: int) -> None:
+    def check_same_batches(self, batches: int | None, epoch: int, what: str = "training") -> None:
         """Raise on every rank unless every rank's training data has the same number of batches this epoch (one
         small all-reduce; skipped where a rank's data has no ``len``). DDP and FSDP2 run one collective per step, so
         a rank with a batch more waited in it forever while the others had finished (or went on to their own
-        collectives in a save).
+        collectives in a save). ``what="evaluation"`` checks the evaluation data, which only FSDP2 needs even (each
+        forward all-gathers the weights; DDP evaluates the unwrapped module, without collectives).
 
         Example:
             >>> # par.check_same_batches(len(loader), epoch=0)   # at the start of each epoch, on every rank
         """
         if self.strategy.kind == "none" or self.world_size == 1:
+            return
+        if what == "evaluation" and self.strategy.kind != "fsdp":
             return
         n = -1 if batches is None else int(batches)
         dev = self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -369,6 +372,14 @@ class Parallel:
         most, fewest = int(both[0]), -int(both[1])
         if fewest < 0 or most == fewest:  # a rank without len (its count is unknown), or all equal
             return
+        if what == "evaluation":
+            raise UsageError(
+                f"epoch {epoch}: this rank ({dist.get_rank()}) has {n} evaluation batches, but the ranks have between "
+                f"{fewest} and {most}; strategy='fsdp' all-gathers the weights in every forward, so each rank needs "
+                "the same batch count (the rank with more would wait in an all-gather forever): give every rank the "
+                "same number of evaluation batches (their sizes may differ), e.g. with torch's DistributedSampler, "
+                "which evens the shards by repeating up to world_size - 1 samples"
+            )
         raise UsageError(
             f"epoch {epoch}: this rank ({dist.get_rank()}) has {n} training batches, but the ranks have between "
             f"{fewest} and {most}; strategy={self.strategy.kind!r} needs the same count on every rank (the rank with "

@@ -52,7 +52,8 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.epoch, self.consumed = epoch, 0
 
     def advance(self, steps: int = 1) -> None:
-        """Record ``steps`` global steps as consumed (call after each optimizer step)."""
+        """Record ``steps`` global batches as consumed: call after each batch trained on (each micro-batch under
+        gradient accumulation). :meth:`overdrive.train.Trainer.fit` calls it itself; a hand-written loop does."""
         self.consumed += steps * self.global_batch
 
     def __iter__(self) -> Iterator[int]:

@@ -77,6 +77,28 @@ def _set_epoch(data: Any, epoch: int) -> None:
             return
 
 
+def _resumable_sampler(data: Any) -> Any:
+    """The ``overdrive.distributed.ResumableSampler`` that orders ``data`` (itself, a DataLoader's sampler or its batch
+    sampler's sampler), or None. :meth:`Trainer.fit` advances it after each batch, so its ``state_dict`` saved
+    mid-epoch names the samples already trained on. A DataLoader whose batch size is not the sampler's is refused:
+    each batch would consume another count of samples than the sampler records."""
+    import sys
+
+    module = sys.modules.get("overdrive.distributed.sampler")
+    if module is None:  # never imported: no ResumableSampler exists in this process
+        return None
+    batch_sampler = getattr(data, "batch_sampler", None)
+    for obj in (data, getattr(data, "sampler", None), getattr(batch_sampler, "sampler", None)):
+        if isinstance(obj, module.ResumableSampler):
+            loader_batch = getattr(data, "batch_size", None) or getattr(batch_sampler, "batch_size", None)
+            if obj is not data and isinstance(loader_batch, int) and loader_batch != obj.batch_size:
+                raise UsageError(f"the DataLoader's batch_size={loader_batch} differs from its ResumableSampler's "
+                                 f"batch_size={obj.batch_size}, which counts the samples each batch consumes (for a "
+                                 "resume); give both the same per-rank batch size")
+            return obj
+    return None
+
+
 def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
     """Each batch with whether it is the last one (one batch of look-ahead: works without ``len``)."""
     it = iter(data)

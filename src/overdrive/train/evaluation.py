@@ -24,6 +24,8 @@ def evaluate(
     mp: MixedPrecision | None = None,
     channels_last: bool = False,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    *,
+    over_ranks: bool = False,
 ) -> tuple[float, float | None]:
     """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given). The accuracy is
     None unless every batch is (N, C) class scores against (N,) integer targets (binary logits, per-token outputs
@@ -32,6 +34,11 @@ def evaluate(
     ``loss_fn(output, target)`` is called as in training and must return the batch *mean* (the
     convention of torch's losses); each batch is weighted by its size, so the result is the mean
     over samples. Without it, the loss is cross-entropy.
+
+    ``over_ranks=True`` (what :meth:`Trainer.fit` passes under ``strategy="ddp"|"fsdp"``): each rank evaluates its
+    own shard of the data and the loss sums, correct counts and sample counts are summed over the default process
+    group (one all-reduce; every rank must call), so every rank returns the mean over all the ranks' samples, as
+    one process evaluating their union would, also when the shards differ in size. A rank may hold no sample.
 
     Example:
         >>> evaluate(nn.Linear(4, 3), [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])[1] <= 1.0
@@ -73,9 +80,32 @@ def evaluate(
             classifies = False
         n += rows
     model.train(was_training)
+    if over_ranks:
+        total, right, n, classifies = _sum_over_ranks(total_loss, correct, n, classifies)
+    else:
+        total, right = float(total_loss), float(correct)
     if n == 0:
-        raise UsageError("the evaluation data yielded no sample")
-    return float(total_loss) / n, float(correct) / n if classifies else None
+        raise UsageError("the evaluation data yielded no sample" + (" on any rank" if over_ranks else ""))
+    return total / n, right / n if classifies else None
+
+
+def _sum_over_ranks(
+    total_loss: torch.Tensor, correct: torch.Tensor, n: int, classifies: bool
+) -> tuple[float, float, int, bool]:
+    """The evaluation sums of every rank of the default process group, summed (itself without one): a mean of the
+    ranks' means weighted each rank alike, and a rank with a short last batch moved the result off the mean over
+    samples. Accuracy stays defined only where every rank's batches classify."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return float(total_loss), float(correct), n, classifies
+    # (4,) float64: integers below 2**53 stay exact; a rank without samples has classifies True (nothing against it)
+    dev = total_loss.device
+    t = torch.stack([total_loss.double(), correct.double(), torch.tensor(float(n), dtype=torch.float64, device=dev),
+                     torch.tensor(0.0 if classifies else 1.0, dtype=torch.float64, device=dev)])
+    dist.all_reduce(t)
+    total, right, count, not_classifying = t.tolist()
+    return total, right, int(count), not_classifying == 0
 
 
 def _is_classification(out: torch.Tensor, y: torch.Tensor) -> bool:

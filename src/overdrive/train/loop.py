@@ -18,7 +18,7 @@ from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
 from overdrive.amp import MixedPrecision, Policy, prepare
 from overdrive.train.batches import (  # noqa: F401  (_is_classification and the helpers: importable from here as before)
-    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _rows, _set_epoch, _split,
+    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _resumable_sampler, _rows, _set_epoch, _split,
 )
 from overdrive.train.config import TrainConfig
 from overdrive.train.early_stopping import EarlyStopping
@@ -298,7 +298,9 @@ class Trainer:
         hand-written loop) resumes through fit at the start of that epoch's data, unless the data resumes itself: a
         DataLoader over an ``overdrive.distributed.ResumableSampler`` whose ``state_dict`` was saved with the
         checkpoint and loaded back continues where it stopped (fit's ``set_epoch`` with the same epoch keeps its
-        position), and then the rest of that epoch equals the uninterrupted run's.
+        position), and then the rest of that epoch equals the uninterrupted run's. fit advances such a sampler after
+        each batch it trains on (each micro-batch under ``accumulate``), so a ``state_dict`` taken while fit runs
+        (a preemption handler's save) names exactly the samples already trained on.
 
         With ``accumulate`` > 1, an epoch whose batch count is not a multiple of it ends with a
         step on the mean gradient of its last k < ``accumulate`` micro-batches (as Lightning and the
@@ -350,6 +352,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         total = _len_or_none(train_data)
+        resumable = _resumable_sampler(train_data)  # advanced after each batch: a mid-epoch save resumes after it
         with _progress(self.progress, description) as bar:
             task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
             for i in range(epochs):
@@ -366,6 +369,8 @@ class Trainer:
                 on_bar = 0  # this epoch's steps the bar has counted
                 for batch, end in _mark_last(train_data):
                     losses.append(self.train_step(batch, end_of_epoch=end))
+                    if resumable is not None:
+                        resumable.advance()
                     sizes.append(_rows(_split(batch)[0]))
                     samples += sizes[-1]
                     if bar is not None and time.perf_counter() - shown >= BAR_SECONDS:
@@ -376,6 +381,12 @@ class Trainer:
                 synchronize(self.device)
                 seconds = time.perf_counter() - t0
                 if not losses:
+                    if resumable is not None and len(resumable) == 0:
+                        raise UsageError(
+                            f"the training data's ResumableSampler has no sample left in epoch {self.epoch} (its "
+                            f"state_dict: {resumable.state_dict()}): it was used up, by an earlier fit at this epoch "
+                            "or a checkpoint saved at the epoch's end, while trainer.epoch is still "
+                            f"{self.epoch}; give this trainer a fresh sampler, or set trainer.epoch to the next epoch")
                     raise UsageError("the training data yielded no batch; check the dataset and batch size (or, for "
                                      "an iterator or generator, that an earlier fit did not use it up)")
                 # (n,): the steps with an inf/NaN loss were not applied (amp's guard skipped them), so
@@ -392,14 +403,22 @@ class Trainer:
                     )
                 stats = EpochStats(self.epoch, mean_loss, samples, seconds, self.skipped_steps - skipped0)
                 if eval_data is not None:
+                    if self.parallel is not None:  # FSDP2: uneven counts are an error here, not a hang in an all-gather
+                        self.parallel.check_same_batches(_len_or_none(eval_data), stats.epoch, what="evaluation")
+                    # under DDP / FSDP each rank evaluates its shard; the sums go over the ranks, so every rank
+                    # reports the mean over all samples (a mean of the ranks' means weighted a short shard too much)
                     stats.eval_loss, stats.eval_accuracy = evaluate(
-                        self.model, eval_data, self.mp, self.channels_last, loss_fn=self.loss_fn
+                        self.model, eval_data, self.mp, self.channels_last, loss_fn=self.loss_fn,
+                        over_ranks=self.parallel is not None,
                     )
                 if self._plateau:
-                    metric = stats.eval_loss if stats.eval_loss is not None else mean_loss
-                    # each rank's loss is its own shard's: stepped on it, ranks lowered their lr at different epochs
-                    # and the DDP / FSDP replicas drifted apart; the mean over ranks gives every rank one lr
-                    self.scheduler.step(_mean_over_ranks(metric, self.device) if self.parallel is not None else metric)
+                    if stats.eval_loss is not None:  # already the same on every rank
+                        metric = stats.eval_loss
+                    else:
+                        # each rank's loss is its own shard's: stepped on it, ranks lowered their lr at different
+                        # epochs and the DDP / FSDP replicas drifted apart; the mean over ranks gives every rank one lr
+                        metric = _mean_over_ranks(mean_loss, self.device) if self.parallel is not None else mean_loss
+                    self.scheduler.step(metric)
                 elif self.scheduler is not None and self.scheduler_interval == "epoch":
                     self.scheduler.step()  # after the epoch's eval, as a hand-written torch loop steps an epoch scheduler
                 if bar is not None:
@@ -424,8 +443,11 @@ class Trainer:
         if value is None:  # eval_accuracy of a model that does not classify
             raise UsageError(f"early_stopping monitors {es.monitor!r}, which this model's evaluation leaves None (not "
                              "(N, C) scores against class indices); monitor 'eval_loss' instead")
-        # each rank's value is its own shard's: the mean over ranks gives every rank the same decision
-        return es.step(_mean_over_ranks(value, self.device) if self.parallel is not None else value, stats.epoch)
+        if self.parallel is not None and not es.monitor.startswith("eval_"):
+            # each rank's training loss is its own shard's: the mean over ranks gives every rank the same decision
+            # (the eval metrics are already over every rank's samples)
+            value = _mean_over_ranks(value, self.device)
+        return es.step(value, stats.epoch)
 
     # --- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
