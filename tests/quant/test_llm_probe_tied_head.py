@@ -42,8 +42,8 @@ def test_tied_llm_generates_like_float_and_reloads(kind: str) -> None:
     ref = _tiny_llama()
     ids = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(1))
     model = CONVERT[kind](copy.deepcopy(ref))
-    # the embedding stays a float nn.Embedding (not quantized); the head is converted on its own
-    assert type(model.model.embed_tokens) is torch.nn.Embedding
+    # the embedding reads its rows from the converted head (one low-precision copy of the tied matrix)
+    assert type(model.model.embed_tokens) is quant.TiedEmbedding
     assert type(model.lm_head).__name__ != "Linear"
     with torch.no_grad():
         for cache in (True, False):

@@ -54,6 +54,7 @@ from overdrive.quant.real import Fp8Linear, Int8Linear, QuantizedResidualAdd, dy
 from overdrive.quant.weight_only import WeightOnlyLinear, weight_only
 from overdrive.quant.api import smoothed_float
 from overdrive.quant.smoothquant import SmoothedLinear
+from overdrive.quant.tied import TiedEmbedding
 
 __all__ = [
     # configs
@@ -67,5 +68,5 @@ __all__ = [
     "QuantMatmul", "QuantSDPA",
     # export and real low precision
     "export_onnx", "to_real", "Int8Linear", "Fp8Linear", "QuantizedResidualAdd", "weight_only", "WeightOnlyLinear", "dynamic_int8",
-    "SmoothedLinear", "smoothed_float",
+    "SmoothedLinear", "smoothed_float", "TiedEmbedding",
 ]

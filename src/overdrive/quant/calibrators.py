@@ -22,6 +22,7 @@ import torch
 from overdrive._utils.errors import UsageError
 
 _MAX_BINS_FACTOR = 8  # the histogram may grow to this many times num_bins before it is coarsened
+MODELOPT_MAX_BINS_FACTOR = 128  # the same for the ModelOpt / pytorch-quantization faces (see HistogramCalibrator)
 
 
 def _check_finite(x: torch.Tensor, where: str) -> None:
@@ -63,8 +64,12 @@ class HistogramCalibrator:
     divergence search over 128-level quantizations of the reference distribution) and ``mse``.
     """
 
-    def __init__(self, num_bins: int = 2048, bound: float = 127.0) -> None:
+    def __init__(self, num_bins: int = 2048, bound: float = 127.0, max_bins: int | None = None) -> None:
         self.num_bins = num_bins
+        # coarsening starts beyond this many bins (default 8x num_bins); the ModelOpt and pytorch-quantization faces
+        # allow 128x (MODELOPT_MAX_BINS_FACTOR), so their bins stay the originals' (which never coarsen) while the
+        # data grows up to 128x the first batch's max
+        self.max_bins = _MAX_BINS_FACTOR * num_bins if max_bins is None else max(int(max_bins), num_bins)
         self.bound = bound  # 127 for int8, 448 for fp8 (the MSE search simulates this format)
         self.hist: torch.Tensor | None = None  # (bins,) float64 counts
         self.width = 0.0
@@ -88,7 +93,7 @@ class HistogramCalibrator:
         # _MAX_BINS_FACTOR * num_bins bins cover xmax. Growing first would allocate xmax / width bins
         # at once: terabytes when a near-zero first batch set a tiny width.
         factor = 1
-        while needed > _MAX_BINS_FACTOR * self.num_bins:
+        while needed > getattr(self, "max_bins", _MAX_BINS_FACTOR * self.num_bins):  # (pickles from before it)
             needed = -(-needed // 2)  # ceil: an odd count gets a zero bin before merging pairs
             factor *= 2
         if factor > 1:  # merge blocks of `factor` bins (zero-padded): the same as merging pairs k times

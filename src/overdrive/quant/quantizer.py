@@ -111,12 +111,15 @@ class TensorQuantizer(nn.Module):
         self.quant_enabled = True  # False: pass values through (pytorch-quantization's disable_quant)
         self.register_buffer("amax", None)
         self.calibrator: MaxCalibrator | HistogramCalibrator | None = None
+        self.hist_max_bins: int | None = None  # HistogramCalibrator's max_bins (None: its default, 8x num_bins)
         self.name = ""  # set by quantize(): used in error messages and the summary
 
     # --- modes ------------------------------------------------------------------------------
     def new_calibrator(self) -> MaxCalibrator | HistogramCalibrator:
         """An empty calibrator of this quantizer's kind (histogram for per-tensor activations, else max)."""
-        return HistogramCalibrator(self.num_bins, self.config.bound) if self.histogram else MaxCalibrator(self.axis)
+        if not self.histogram:
+            return MaxCalibrator(self.axis)
+        return HistogramCalibrator(self.num_bins, self.config.bound, getattr(self, "hist_max_bins", None))
 
     @property
     def dynamic(self) -> bool:

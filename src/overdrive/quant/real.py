@@ -38,6 +38,7 @@ from overdrive.quant import triton_linear as qlinear
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantAdd, QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 from overdrive.quant.smoothquant import SmoothedLinear
+from overdrive.quant.tied import retie, tied_embeddings
 
 
 def _pre(x: torch.Tensor, pre: torch.Tensor | None) -> torch.Tensor:
@@ -293,6 +294,21 @@ class Int8Linear(_LowPrecisionGemm):
         ws = self.w_scale.view(-1, 1) if self.w_scale.dim() else self.w_scale
         return (self.w_q.float() * ws).to(dtype)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the float layer's weight, dequantized alone (``(*ids.shape, K)``; SmoothQuant's factor
+        undone): the lookup of an input embedding tied to this layer (:class:`~overdrive.quant.tied.TiedEmbedding`).
+
+        Example:
+            >>> q = Int8Linear.dynamic(torch.nn.Linear(64, 16))
+            >>> torch.equal(q.rows(torch.tensor([2, 7])), q.weight[[2, 7]])
+            True
+        """
+        dtype = self.bias.dtype if self.bias is not None else self.weight_dtype
+        w = self.w_q[ids].float() * (self.w_scale[ids].unsqueeze(-1) if self.w_scale.dim() else self.w_scale)
+        if self.x_pre is not None:  # the GEMM holds the smoothed W * s; x_pre is 1 / s
+            w = w * self.x_pre
+        return w.to(dtype)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "weight":
             raise read_only_weight_error(self, f"{self.fmt} weights")
@@ -349,11 +365,16 @@ def dynamic_int8(model: nn.Module, exclude: tuple[str, ...] | list[str] = ()) ->
         new._overdrive_real = {"": "int8 dynamic (per-token)"}
         return new
     report: dict[str, str] = {}
+    ties = tied_embeddings(model)  # an embedding tied to a head reads the head's int8 rows, not a float copy
     for name, m in list(model.named_modules()):
         gemm = type(m) in (nn.Linear, SmoothedLinear) or (conv1d is not None and type(m) is conv1d)
         if gemm and not any(fnmatch.fnmatch(name, p) for p in exclude):
-            _set(model, name, Int8Linear.dynamic(m))
+            new = Int8Linear.dynamic(m)
+            _set(model, name, new)
             report[name] = "int8 dynamic (per-token)" + (", smoothed" if isinstance(m, SmoothedLinear) else "")
+            if type(m) is nn.Linear:
+                for emb in retie(model, ties, m, new):
+                    report[emb] = f"embedding tied to {name}: rows read from its int8 weights"
     model._overdrive_real = report
     return model
 
@@ -402,6 +423,7 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
                              "fake-quant model")
         raise UsageError("the model has no quantized layers; call quant.quantize(model, config, forward_loop) first")
     report: dict[str, str] = {}
+    ties = tied_embeddings(model)  # an embedding tied to a head reads the head's 8-bit rows, not a float copy
     for name, m in layers:
         iq, wq = m.input_quantizer, m.weight_quantizer
         dyn = iq.enabled and iq.dynamic  # per-token scales at run time: the per-row GEMMs, int8 or fp8
@@ -468,6 +490,9 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
             new._overdrive_real = report
             return new
         _set(model, name, new)
+        if isinstance(m, QuantLinear) and not isinstance(new, QuantLinear) and type(new) is not nn.Linear:
+            for emb in retie(model, ties, m, new):
+                report[emb] = f"embedding tied to {name}: rows read from its {fmt} weights"
     for name, m in [(n, m) for n, m in model.named_modules() if isinstance(m, QuantAdd)]:
         add = _real_residual_add(m)
         if add is not None:

@@ -20,6 +20,7 @@ from overdrive._utils.errors import UsageError
 from overdrive.quant.config import WeightOnlyConfig
 from overdrive.quant.modules import hf_conv1d_class
 from overdrive.quant.real import _config, _set, read_only_weight_error
+from overdrive.quant.tied import retie, tied_embeddings
 
 
 class WeightOnlyLinear(nn.Module):
@@ -74,6 +75,24 @@ class WeightOnlyLinear(nn.Module):
         n, k = self.out_features, self.in_features
         return (q.view(n, k // self.group_size, self.group_size) * self.scales.to(dtype).unsqueeze(-1)).view(n, k)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of :attr:`weight`, dequantized alone (``(*ids.shape, K)``): the lookup of an input embedding
+        tied to this layer (:class:`~overdrive.quant.tied.TiedEmbedding`), equal to ``weight[ids]``.
+
+        Example:
+            >>> q = WeightOnlyLinear.from_linear(torch.nn.Linear(64, 16), bits=4, group_size=32)
+            >>> torch.equal(q.rows(torch.tensor([2, 7])), q.weight[[2, 7]])
+            True
+        """
+        dtype = self.scales.dtype
+        q = self.q[ids]  # (*, K) int8, or (*, K/2) uint8 for int4
+        if self.bits == 8:
+            q = q.to(dtype)
+        else:
+            q = torch.stack([(q & 0xF), (q >> 4)], dim=-1).flatten(-2).to(dtype) - 8
+        g = self.in_features // self.group_size
+        return (q.unflatten(-1, (g, self.group_size)) * self.scales[ids].to(dtype).unsqueeze(-1)).flatten(-2)
+
     @property
     def weight(self) -> torch.Tensor:
         """The dequantized (N, K) weight in the scales' dtype, computed on each read (model code such as Hugging Face
@@ -121,6 +140,7 @@ def weight_only(model: nn.Module, config: WeightOnlyConfig | None = None, **sett
         return WeightOnlyLinear.from_linear(model, cfg.bits, cfg.group_size)
     left: dict[str, str] = {}  # why each candidate stayed float, for the error when none is converted
     converted = 0
+    ties = tied_embeddings(model)  # embeddings sharing a head's weight read it from the converted head instead
     for name, m in list(model.named_modules()):
         if not (type(m) is nn.Linear or _is_hf_conv1d(m)):
             continue
@@ -134,7 +154,10 @@ def weight_only(model: nn.Module, config: WeightOnlyConfig | None = None, **sett
         elif any(fnmatch.fnmatch(name, p) for p in cfg.exclude):
             left[name] = "excluded"
         else:
-            _set(model, name, WeightOnlyLinear.from_linear(m, cfg.bits, cfg.group_size))
+            new = WeightOnlyLinear.from_linear(m, cfg.bits, cfg.group_size)
+            _set(model, name, new)
+            if type(m) is nn.Linear:
+                retie(model, ties, m, new)
             converted += 1
     if not converted:
         why = "; ".join(f"{n}: {r}" for n, r in list(left.items())[:4]) + (" ..." if len(left) > 4 else "")

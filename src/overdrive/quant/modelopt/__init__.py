@@ -35,6 +35,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.quant import api
+from overdrive.quant.calibrators import MODELOPT_MAX_BINS_FACTOR
 from overdrive.quant.config import QuantConfig, QuantizerConfig
 from overdrive.quant.modules import _QuantMixin
 from overdrive.quant.quantizer import TensorQuantizer
@@ -322,6 +323,7 @@ def set_quantizer_attribute(model: torch.nn.Module, wildcard_or_filter_func: str
 
 
 def _reconfigure(q: TensorQuantizer, cfg: QuantizerConfig, axis: int | None, histogram: bool = False) -> None:
+    q.hist_max_bins = MODELOPT_MAX_BINS_FACTOR * q.num_bins  # ModelOpt's histogram bins never coarsen
     if histogram != q.histogram:  # a new kind of statistics: the old ones (and the amax from them) go
         q.histogram, q.amax, q.calibrator = histogram, None, None
     if cfg.replace(enabled=True) == q.config.replace(enabled=True) and axis == q.axis:

@@ -75,7 +75,7 @@ class HistogramCalibrator(_native.HistogramCalibrator, metaclass=_SameAsNative):
             raise UsageError("HistogramCalibrator collects per tensor only (axis=None), as in pytorch-quantization")
         if skip_zeros:
             raise UsageError("HistogramCalibrator(skip_zeros=True) is not supported; zeros are counted in bin 0")
-        super().__init__(num_bins)
+        super().__init__(num_bins, max_bins=_native.MODELOPT_MAX_BINS_FACTOR * num_bins)
 
     def compute_amax(self, method: str = "max", *, stride: int = 1, start_bin: int = 128,  # type: ignore[override]
                      percentile: float = 99.99) -> torch.Tensor:

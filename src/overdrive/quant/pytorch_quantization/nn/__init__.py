@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive.quant.calibrators import MODELOPT_MAX_BINS_FACTOR
 from overdrive.quant import modules as _modules
 from overdrive.quant import quantizer as _quantizer
 from overdrive.quant.pytorch_quantization._state_keys import OriginalKeys, note_weight_ndim, save_quantizer_amax
@@ -74,6 +75,7 @@ class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer)
             raise UsageError(f"quant_desc must be a QuantDescriptor, got {type(quant_desc).__name__}")
         super().__init__(quant_desc.quantizer_config(), axis=quant_desc.per_channel_axis,
                          histogram=quant_desc.calib_method == "histogram")
+        self.hist_max_bins = MODELOPT_MAX_BINS_FACTOR * self.num_bins  # pytorch-quantization's bins never coarsen
         self.calibrator = self.new_calibrator()
         if quant_desc.amax is not None:
             self.set_amax(torch.tensor(quant_desc.amax))
