@@ -153,6 +153,26 @@ class LoaderConfig(ConfigBase):
             raise UsageError(f"pipeline={self.pipeline!r} is not one of {PIPELINES}")
 
 
+# DALI's reader and operator arguments that scripts pass through, and what each is here: an unknown option named
+# in this table is refused with its counterpart instead of the list of every field.
+DALI_OPTIONS: dict[str, str] = {
+    "random_shuffle": "shuffle=True (the default when train=True)",
+    "num_threads": "num_workers=N (CPU pipeline processes) or gpu_threads=N (GPU pipeline)",
+    "device_id": "device='cuda:N'",
+    "crop": "size=N (the output side)",
+    "output_layout": "channels_last=True for NHWC (NCHW is the default)",
+    "prefetch_queue_depth": "prefetch=N",
+    "pad_last_batch": "drop_last=False (the last, partial batch is kept; shards are padded to equal length)",
+    "file_root": "the first argument: ImageLoader('train/', ...)",
+    "file_list": "the first argument: ImageLoader('train.txt', ...) reads '<path> <label>' lines",
+    "resize_shorter": "crop_fraction=size / resize_shorter (evaluation resizes the shorter side to size / crop_fraction)",
+    "random_area": "scale=(lo, hi)",
+    "random_aspect_ratio": "ratio=(lo, hi)",
+    "mirror": "flip=p (the probability of a horizontal flip)",
+    "output_dtype": "dtype=torch.float16 (or bfloat16, float32)",
+}
+
+
 # Presets: ImageNet-style training and evaluation.
 IMAGENET_TRAIN = LoaderConfig()
 IMAGENET_EVAL = LoaderConfig(train=False)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from overdrive._utils.errors import UsageError
-from overdrive.data.config import LoaderConfig
+from overdrive.data.config import DALI_OPTIONS, LoaderConfig
 from overdrive.data.decode import DecodeError, decode_cpu, decode_gpu, gpu_decodable
 from overdrive.data.sources import Sample, resolve
 from overdrive.data.transforms import batch_generator, draw_params, finish, rrc_boxes, transform_batch, transform_one
@@ -266,6 +266,9 @@ class ImageLoader:
             overrides["batch_size"] = batch_size
         # only unknown names are "unknown options": a TypeError from validating a known one (scale=None) said so too
         unknown = sorted(set(overrides) - {f.name for f in fields(LoaderConfig)})
+        dali = [f"{name}= (DALI's) is {DALI_OPTIONS[name]}" for name in unknown if name in DALI_OPTIONS]
+        if dali:  # a ported DALI pipeline's arguments: say what each one is called here
+            raise UsageError(f"ImageLoader got DALI option(s) {unknown}; here " + "; ".join(dali))
         if unknown:
             raise UsageError(f"ImageLoader got unknown option(s) {unknown}; options are LoaderConfig's fields: "
                              f"{[f.name for f in fields(LoaderConfig)]}")

@@ -348,6 +348,22 @@ def prune_token_cache(cache_dir: str | os.PathLike, max_bytes: int, keep: str | 
     return removed
 
 
+def _warn_past_model_max(tokenizer: Any, out: TokenizedTexts, max_length: int | None) -> None:
+    """Warn, as transformers does for ``tokenizer(text)``, when texts came out longer than the model takes: without
+    ``max_length`` nothing is truncated, and the model's embedding lookup fails later with an index error."""
+    limit = getattr(tokenizer, "model_max_length", None) if hasattr(tokenizer, "backend_tokenizer") else None
+    # transformers' "no limit" is int(1e30) (VERY_LARGE_INTEGER)
+    if max_length is not None or not _is_int(limit) or not 0 < limit < int(1e29) or len(out) == 0:
+        return
+    lens = out.lengths()
+    over = int((lens > limit).sum())
+    if over:
+        warnings.warn(f"overdrive.data.tokenize: {over} of {len(out)} texts have more tokens than the tokenizer's "
+                      f"model_max_length={limit} (the longest {int(lens.max())}); they were not truncated (max_length="
+                      f"None), and a model with {limit} positions fails on them; pass max_length={limit} to truncate "
+                      "them, as tokenizer(texts, truncation=True) does", RuntimeWarning, stacklevel=3)
+
+
 def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None, add_special_tokens: bool = True,
              num_workers: int | None = None, chunk_size: int = CHUNK_SIZE, cache_dir: str | os.PathLike | None = None,
              cache_max_bytes: int | None = None) -> TokenizedTexts:
@@ -356,7 +372,9 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     ``tokenizer`` is a ``tokenizers.Tokenizer`` (its own truncation and fixed-length padding apply, as in its
     ``encode``; ``max_length`` keeps its truncation direction), a transformers fast tokenizer (equal to
     ``tokenizer(text, truncation=max_length is not None, max_length=max_length)["input_ids"]``, on its
-    ``truncation_side``), or a tokenizer.json path. Single texts only (no pairs).
+    ``truncation_side``), or a tokenizer.json path. Single texts only (no pairs). Texts longer than a transformers
+    tokenizer's ``model_max_length`` with ``max_length=None`` are kept whole, with a ``RuntimeWarning`` (as
+    transformers warns); ``max_length=tokenizer.model_max_length`` is ``tokenizer(texts, truncation=True)``.
 
     Texts are split into chunks of ``chunk_size`` and encoded with ``encode_batch`` in
     ``num_workers`` processes (0: in this process, with the tokenizer's own threads; None: one per
@@ -403,6 +421,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
             try:  # allow_pickle=False: a cache file never runs code
                 with np.load(path, allow_pickle=False) as z:
                     out = TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+                _warn_past_model_max(tokenizer, out, max_length)
                 try:
                     os.utime(path)  # used now: prune_token_cache removes the least recently used first
                 except OSError:  # a read-only cache folder still serves hits
@@ -434,6 +453,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     out = TokenizedTexts(ids, offsets)
+    _warn_past_model_max(tokenizer, out, max_length)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
