@@ -80,6 +80,10 @@ RUN_SLOW = [
     "--save-engine m_int8.engine",
 ]
 PARSE_ONLY = {  # example -> why it is only parsed here
+    "overdrive run model.onnx --trt --onnxrt --atol 1e-3 --rtol 1e-3": "tests/cli/test_run_verb.py runs the verb",
+    "overdrive run model.onnx --trt --onnxrt --input-shapes input:[1,3,224,224] --save-inputs in.npz":
+        "tests/cli/test_run_verb.py runs the verb",
+    "overdrive run model.onnx --trt --onnxrt --fp16 --atol 1e-2 --load-inputs in.npz": "needs a GPU for fp16",
     "overdrive demo                # the whole path on the digits dataset": "minutes; tests/demo run its stages",
     "overdrive demo": "minutes; tests/demo run its stages",
     "overdrive demo --quick": "minutes with the distributed and data stages; tests/demo run its stages",

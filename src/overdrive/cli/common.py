@@ -39,6 +39,29 @@ class FiniteFloat(click.FloatRange):
         return out
 
 
+class Tolerance(click.ParamType):
+    """``--atol`` / ``--rtol``: a finite float >= 0. inf is refused like NaN and negatives: an infinite atol passed
+    even an output of inf against a finite reference (inf <= inf), and an infinite rtol failed where the reference is
+    0 (inf * 0 is NaN), so it meant neither "check nothing" nor anything else one could state.
+
+    Example:
+        >>> Tolerance().convert("1e-3", None, None)
+        0.001
+    """
+
+    name = "tolerance"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number; give a tolerance >= 0 such as 1e-3", param, ctx)
+        if not (math.isfinite(out) and out >= 0):
+            self.fail(f"{value!r}: expected a finite tolerance >= 0 such as 1e-3 (a large one, e.g. 1e9, passes any "
+                      "difference below it)", param, ctx)
+        return out
+
+
 def join_repeated(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
     """The callback of the shape flags (``multiple=True``): ``--shapes x:1x3 --shapes y:2x4`` reads as
     ``--shapes x:1x3,y:2x4`` (the last one alone was kept, silently dropping the first input's shape).

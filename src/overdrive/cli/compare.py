@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import click
 
-from overdrive.cli.common import check_distinct, check_json_target, join_repeated, json_option, spec_file, write_json
+from overdrive.cli.common import Tolerance, check_distinct, check_json_target, join_repeated, json_option, spec_file, write_json
 
 
 @click.command("compare")
 @click.argument("a")
 @click.argument("b")
-@click.option("--atol", default=1e-3, show_default=True, type=float,
+@click.option("--atol", default=1e-3, show_default=True, type=Tolerance(),
               help="Absolute tolerance: an element passes when |a - b| <= atol + rtol * |b| (torch.allclose's test; "
                    "polygraphy passes it when either |a - b| <= atol or |a - b| / |b| <= rtol).")
-@click.option("--rtol", default=1e-3, show_default=True, type=float, help="Relative tolerance, against B (see --atol).")
+@click.option("--rtol", default=1e-3, show_default=True, type=Tolerance(), help="Relative tolerance, against B (see --atol).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random inputs.")
 @click.option("--shapes", multiple=True, callback=join_repeated, metavar="NAME:AxBxC,...",
               help="Shapes of the random inputs, e.g. input:4x1x8x8 (default: an engine's opt shapes or an ONNX "

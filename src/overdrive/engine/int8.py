@@ -51,24 +51,45 @@ def is_quantized(src: ModelSource) -> bool:
 def gemm_model(src: ModelSource) -> bool:
     """Whether the model's quantizable layers are GEMMs only: Linear or transformers' Conv1D (or a weight MatMul /
     Gemm in ONNX), no convolution."""
+    kinds = _layer_kinds(src)
+    return "gemm" in kinds and "conv" not in kinds
+
+
+def _layer_kinds(src: ModelSource) -> set[str]:
+    """Which quantizable layers ``src`` has: ``"gemm"`` (Linear, transformers' Conv1D, a weight MatMul / Gemm in
+    ONNX) and ``"conv"`` (a convolution).
+
+    Example:
+        >>> _layer_kinds(ModelSource(module=torch.nn.Sequential(torch.nn.Linear(4, 4)), input_names=["x"]))
+        {'gemm'}
+    """
     if src.onnx_bytes is not None:
         import onnx
 
         from overdrive.engine.onnx import quantizable_nodes
 
         model = onnx.load_from_string(src.onnx_bytes)
-        ops = {n.name: n.op_type for n in model.graph.node}
-        kinds = {ops.get(n) for n in quantizable_nodes(model)}
-        return bool(kinds & {"MatMul", "Gemm"}) and not kinds & {"Conv", "ConvTranspose"}
+        chosen = set(quantizable_nodes(model))  # names unnamed nodes in place: read the op types after it
+        ops = {n.op_type for n in model.graph.node if n.name in chosen}
+        return ({"gemm"} if ops & {"MatMul", "Gemm"} else set()) | ({"conv"} if ops & {"Conv", "ConvTranspose"} else set())
     if src.module is None:
-        return False
+        return set()
     mods = list(src.module.modules())
     conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
             torch.nn.ConvTranspose3d)
     from overdrive._utils.optional import hf_conv1d_class
 
     gemm = (torch.nn.Linear,) + tuple(c for c in (hf_conv1d_class(),) if c is not None)  # GPT-2's Conv1D: a Linear
-    return any(isinstance(m, gemm) for m in mods) and not any(isinstance(m, conv) for m in mods)
+    return ({"gemm"} if any(isinstance(m, gemm) for m in mods) else set()) | \
+        ({"conv"} if any(isinstance(m, conv) for m in mods) else set())
+
+
+def _no_dynamic_reason(src: ModelSource) -> str:
+    """Why an auto int8 build without calibration data stays static, in terms of the model's own layers."""
+    if "conv" in _layer_kinds(src):
+        return "the model has convolutions, which dynamic int8 leaves float"
+    what = "weight MatMul / Gemm nodes" if src.onnx_bytes is not None else "Linear layers"
+    return f"the model has no {what}, the only layers dynamic int8 makes integer"
 
 
 def resolve(requested: str | None, backend: Any, device: torch.device, src: ModelSource,
@@ -101,7 +122,7 @@ def resolve(requested: str | None, backend: Any, device: torch.device, src: Mode
             if src.module is None else f" on the {backend.NAME} backend (dynamic int8 after SmoothQuant is built on " \
             "the inductor backend)"
         return "static", "auto: calibration data given (--calib)" + where
-    return "static", "auto: " + (why_not or "the model has convolutions, which dynamic int8 leaves float")
+    return "static", "auto: " + (why_not or _no_dynamic_reason(src))
 
 
 def summary(record: dict[str, Any]) -> str:

@@ -1,0 +1,123 @@
+"""What ``overdrive run`` does: polygraphy's ``run model.onnx --trt --onnxrt`` on overdrive's own parts.
+
+``--trt`` builds an overdrive engine from the ONNX model in memory (TensorRT is not used: the engine backend is
+chosen as ``overdrive build`` chooses it), ``--onnxrt`` runs the ONNX model as written in ONNX Runtime's CPU
+provider, and the two are compared output by output on the same inputs (:func:`overdrive.engine.compare`), ONNX
+Runtime as the reference.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from overdrive._utils.errors import UsageError
+
+
+def polygraphy_shapes(values: tuple[str, ...] | list[str] | None) -> str | None:
+    """Polygraphy's ``--input-shapes name:[1,3,224,224] other:[1,8]`` (one flag, several space-separated values,
+    or the flag repeated) as trtexec's ``name:1x3x224x224,other:1x8``; ``name:1x3`` is taken as it is.
+
+    Example:
+        >>> polygraphy_shapes(["x:[1,3,8,8] mask:[1,8]"]), polygraphy_shapes(["x:1x3"]), polygraphy_shapes([])
+        ('x:1x3x8x8,mask:1x8', 'x:1x3', None)
+    """
+    items: list[str] = []
+    for value in values or ():
+        # split on spaces outside brackets and quotes: a name may hold a space when quoted ('in put':[1,4])
+        items += [m.group(0) for m in re.finditer(r"(?:'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^\s\[\]'\"])+", value)]
+    out = []
+    for item in items:
+        name, sep, dims = item.rpartition(":")
+        dims = dims.strip()
+        if sep and dims.startswith("[") and dims.endswith("]"):
+            inner = [d.strip() for d in dims[1:-1].split(",") if d.strip()]
+            if not inner:
+                raise UsageError(f"--input-shapes {item}: no dims between the brackets; give e.g. {name}:[1,3,224,224]")
+            dims = "x".join(inner)
+        out.append(f"{name}:{dims}" if sep else item)
+    return ",".join(out) or None
+
+
+def _save_inputs(path: str, names: list[str], xs: tuple[torch.Tensor, ...]) -> None:
+    """The inputs run, by input name: an ``.npz`` of arrays or a ``.pt`` dict of tensors (what --load-inputs and
+    ``overdrive compare --inputs`` read)."""
+    import io
+
+    from overdrive._utils.files import atomic_write
+
+    buf = io.BytesIO()
+    if path.endswith(".npz"):
+        import numpy as np
+
+        np.savez(buf, **{n: x.cpu().numpy() for n, x in zip(names, xs)})
+    else:
+        torch.save({n: x.cpu() for n, x in zip(names, xs)}, buf)
+    atomic_write(path, buf.getvalue())
+
+
+def check_inputs_file(flag: str, path: str | None) -> None:
+    """Refuse an inputs file that is not ``.npz`` or ``.pt`` (polygraphy writes JSON, which is not read here).
+
+    Example:
+        >>> check_inputs_file("--load-inputs", "inputs.json")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --load-inputs inputs.json: polygraphy's JSON inputs are not read here; give an .npz of arrays by input name or a .pt (torch.save of a dict name -> tensor)
+    """
+    if path is None or path.endswith((".npz", ".pt")):
+        return
+    why = "polygraphy's JSON inputs are not read here" if path.endswith(".json") else "not an .npz or .pt file"
+    raise UsageError(f"{flag} {path}: {why}; give an .npz of arrays by input name or a .pt (torch.save of a dict "
+                     "name -> tensor)")
+
+
+def run_runners(model: str, trt: bool, onnxrt: bool, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0,
+                shapes: str | None = None, load_inputs: str | None = None, save_inputs: str | None = None,
+                precision: str = "fp32", device: str = "auto") -> dict[str, Any]:
+    """Build an engine from ``model`` (an .onnx file) and compare it with ONNX Runtime on the same inputs; the
+    compare report, with ``"engine"`` (backend, precision) added.
+
+    Example:
+        >>> # r = run_runners("model.onnx", trt=True, onnxrt=True, shapes="input:1x3x224x224"); r["passed"]
+    """
+    from overdrive.engine import Builder, BuildConfig, compare
+    from overdrive.engine.config import parse_shapes, profiles_from_shapes
+    from overdrive.engine.sources import from_onnx
+
+    if not (trt and onnxrt):
+        given = "--trt" if trt else "--onnxrt" if onnxrt else "no runner"
+        raise UsageError(f"overdrive run compares two runners, --trt (an overdrive engine built from the model) and "
+                         f"--onnxrt (ONNX Runtime); got {given}: give both, e.g. overdrive run {model} --trt --onnxrt, "
+                         "or time one engine with overdrive build + overdrive exec")
+    if not model.endswith(".onnx"):
+        raise UsageError(f"overdrive run {model}: expected an .onnx model (polygraphy's run here takes ONNX); compare "
+                         f"engines, ONNX files and PyTorch factories with overdrive compare A B")
+    if load_inputs and shapes:
+        raise UsageError("give --load-inputs or --input-shapes, not both (the loaded inputs' shapes are the ones run)")
+    check_inputs_file("--load-inputs", load_inputs)
+    check_inputs_file("--save-inputs", save_inputs)
+    if not (atol >= 0 and rtol >= 0):  # NaN too: refused before the build
+        raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be >= 0 (for example --atol 1e-3 --rtol 1e-3)")
+    src = from_onnx(model)  # a missing or unreadable file is named here, before the build
+    named = None
+    if load_inputs:
+        from overdrive.engine.compare import load_inputs as read_inputs
+
+        loaded = read_inputs(load_inputs)
+        named = loaded if isinstance(loaded, dict) else dict(zip(src.input_names, loaded))
+        shapes_by = {n: tuple(x.shape) for n, x in named.items()}
+    else:
+        shapes_by = parse_shapes(shapes)
+    profiles = profiles_from_shapes(shapes_by or None)
+    engine = Builder(BuildConfig(precision=precision, device=device, profiles=profiles)).build(src)
+    xs = engine.random_inputs(shapes_by or None, seed=seed) if named is None else tuple(
+        named[n] for n in engine.input_names if n in named)
+    if save_inputs:
+        _save_inputs(save_inputs, list(engine.input_names), xs)
+    report = compare(engine, model, inputs=xs if named is None else named, atol=atol, rtol=rtol, seed=seed)
+    report["engine"] = {"backend": engine.header["backend"], "precision": engine.header["precision"]}
+    return report
