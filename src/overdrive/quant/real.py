@@ -38,7 +38,7 @@ from overdrive.quant import triton_linear as qlinear
 from overdrive.quant.config import RealConfig, WeightOnlyConfig
 from overdrive.quant.modules import QuantAdd, QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 from overdrive.quant.smoothquant import SmoothedLinear
-from overdrive.quant.tied import retie, tied_embeddings
+from overdrive.quant.tied import read_only_weight_error, retie, tied_embeddings
 
 
 def _pre(x: torch.Tensor, pre: torch.Tensor | None) -> torch.Tensor:
@@ -546,21 +546,6 @@ def _real_residual_add(m: QuantAdd) -> QuantizedResidualAdd | None:
     fmt = "fp8" if q.config.format == "fp8_e4m3" else "int8"
     new = QuantizedResidualAdd(q.amax, fmt, -127 if q.config.narrow_range else -128, m.residual_first)
     return new.to(q.amax.device)
-
-
-def read_only_weight_error(layer: nn.Module, holds: str) -> UsageError:
-    """The error for assigning ``weight`` on a converted layer, whose ``weight`` is a read-only dequantized view.
-    Hugging Face's ``tie_weights`` does it (``lm_head.weight = embed_tokens.weight``); without this error nn.Module
-    raised a bare ``KeyError: "attribute 'weight' already exists"``.
-
-    Example:
-        >>> str(read_only_weight_error(nn.Identity(), "int8 weights")).split(":")[0]
-        'Identity.weight is read-only'
-    """
-    return UsageError(f"{type(layer).__name__}.weight is read-only: the layer holds {holds} and `weight` dequantizes "
-                      "them on each read, so it cannot be assigned or tied to another tensor (Hugging Face "
-                      "`tie_weights()` / `resize_token_embeddings` tie lm_head to the input embedding). Tie or resize "
-                      "before converting, or keep that layer float (exclude=(\"lm_head\",))")
 
 
 def _set(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from overdrive._utils.errors import UsageError
+
 
 class TiedEmbedding(nn.Module):
     """An ``nn.Embedding`` whose table is a converted head's low-precision weight (rows = output features).
@@ -63,7 +65,6 @@ class TiedEmbedding(nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "weight":
-            from overdrive.quant.real import read_only_weight_error
 
             raise read_only_weight_error(self, f"no table of its own (it reads the tied head's low-precision "
                                                f"{type(self.head).__name__} weights)")
@@ -105,3 +106,18 @@ def retie(model: nn.Module, ties: dict[int, list[str]], old: nn.Module, new: nn.
                 if child is emb:
                     setattr(mod, key, tied)
     return names
+
+
+def read_only_weight_error(layer: nn.Module, holds: str) -> UsageError:
+    """The error for assigning ``weight`` on a converted layer, whose ``weight`` is a read-only dequantized view.
+    Hugging Face's ``tie_weights`` does it (``lm_head.weight = embed_tokens.weight``); without this error nn.Module
+    raised a bare ``KeyError: "attribute 'weight' already exists"``.
+
+    Example:
+        >>> str(read_only_weight_error(nn.Identity(), "int8 weights")).split(":")[0]
+        'Identity.weight is read-only'
+    """
+    return UsageError(f"{type(layer).__name__}.weight is read-only: the layer holds {holds} and `weight` dequantizes "
+                      "them on each read, so it cannot be assigned or tied to another tensor (Hugging Face "
+                      "`tie_weights()` / `resize_token_embeddings` tie lm_head to the input embedding). Tie or resize "
+                      "before converting, or keep that layer float (exclude=(\"lm_head\",))")
