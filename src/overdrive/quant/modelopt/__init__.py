@@ -417,21 +417,23 @@ def unregister(original_cls: type[torch.nn.Module]) -> None:
 
 def _insert_quantizers(model: torch.nn.Module, config: QuantConfig) -> torch.nn.Module:
     """quant.quantize's layer swap (no calibration), then every module whose type is in
-    ``mtq.nn.QuantModuleRegistry`` replaced by its registered quantized class; quantizers get their names.
+    ``mtq.nn.QuantModuleRegistry`` replaced by its registered quantized class, and the layers ModelOpt quantizes
+    beyond quant.quantize's (pools' inputs, ConvTranspose1d / 3d: ``mtq.nn.convert_builtin``); quantizers get
+    their names.
     A registered type that quant.quantize swaps itself (``nn.Linear``) is left to the registered class."""
-    from overdrive.quant.modelopt.nn import QuantModuleRegistry
+    from overdrive.quant.modelopt.nn import QuantModuleRegistry, convert_builtin
 
-    registered = list(QuantModuleRegistry)
-    overridden = {c.__name__ for c in registered}
+    def convert(m: torch.nn.Module) -> torch.nn.Module:
+        return QuantModuleRegistry.convert(m) if type(m) in QuantModuleRegistry else (convert_builtin(m) or m)
+
+    overridden = {c.__name__ for c in QuantModuleRegistry}
     if overridden & set(config.layer_types):
         config = config.replace(layer_types=tuple(t for t in config.layer_types if t not in overridden))
     model = api.quantize(model, config, forward_loop=None)
-    if not registered:
-        return model
     meta = model._overdrive_quant
-    if type(model) in QuantModuleRegistry:
-        model = QuantModuleRegistry.convert(model)
-        model._overdrive_quant = meta
+    root = convert(model)
+    if root is not model:
+        model, model._overdrive_quant = root, meta
         meta["skipped"].pop("<root>", None)
     done: dict[int, tuple[torch.nn.Module, torch.nn.Module]] = {}  # id(original) -> (original kept alive, new)
 
@@ -442,7 +444,7 @@ def _insert_quantizers(model: torch.nn.Module, config: QuantConfig) -> torch.nn.
             if id(child) in done:
                 setattr(parent, cname, done[id(child)][1])
                 continue
-            new = QuantModuleRegistry.convert(child) if type(child) in QuantModuleRegistry else child
+            new = convert(child)
             done[id(child)] = (child, new)
             if new is not child:
                 setattr(parent, cname, new)

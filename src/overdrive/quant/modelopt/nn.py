@@ -16,11 +16,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.quant.modules import QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose2d, QuantLinear
+from overdrive.quant.config import QuantConfig
+from overdrive.quant.modules import (QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose1d, QuantConvTranspose2d,
+                                     QuantConvTranspose3d, QuantLinear)
 from overdrive.quant.quantizer import TensorQuantizer
 
 
@@ -122,5 +125,54 @@ class QuantModuleRegistryCls:
 QuantModuleRegistry = QuantModuleRegistryCls()
 """The registry ``mtq.register`` / ``mtq.unregister`` / ``mtq.quantize`` use (process-wide, user-filled)."""
 
-__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose2d",
-           "QuantModuleRegistry", "QuantModuleRegistryCls"]
+
+class _InputQuantized:
+    """A layer whose input only is quantized (ModelOpt's ``QuantInputBase``, which it puts on pooling layers)."""
+
+    def _setup(self) -> None:
+        self.input_quantizer = TensorQuantizer()
+
+    def forward(self, input: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A002 - torch's name
+        return super().forward(self.input_quantizer(input), *args, **kwargs)  # type: ignore[misc]
+
+
+def _input_quantized(base: type[nn.Module]) -> type[nn.Module]:
+    return type(f"Quant{base.__name__}", (_InputQuantized, base), {
+        "__module__": __name__, "__doc__": f"``torch.nn.{base.__name__}`` with its input fake-quantized."})
+
+
+_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+          nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
+(QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d, QuantAvgPool1d, QuantAvgPool2d, QuantAvgPool3d, QuantAdaptiveAvgPool1d,
+ QuantAdaptiveAvgPool2d, QuantAdaptiveAvgPool3d) = _QUANT_POOLS = tuple(_input_quantized(c) for c in _POOLS)
+
+_BUILTIN = QuantModuleRegistryCls()  # ModelOpt's own registrations beyond quant.quantize's swaps
+for _base, _quant in zip(_POOLS, _QUANT_POOLS):
+    _BUILTIN.register({_base: f"nn.{_base.__name__}"})(_quant)
+
+
+def convert_builtin(module: nn.Module) -> nn.Module | None:
+    """The quantized form of a layer ModelOpt quantizes that ``quant.quantize`` leaves alone, else None:
+    pooling layers (MaxPool / AvgPool / AdaptiveAvgPool 1d-3d) get an input quantizer, as ModelOpt's
+    registry gives them (so its presets' ``*input_quantizer`` puts Q/DQ before them), and ConvTranspose1d / 3d
+    are swapped like ConvTranspose2d (one with groups > 1 stays float, as a grouped ConvTranspose2d does:
+    its output channels cannot get per-channel weight scales). ``module`` itself is not changed.
+
+    Example:
+        >>> import torch
+        >>> pool = convert_builtin(torch.nn.MaxPool2d(2))
+        >>> type(pool).__name__, type(pool.input_quantizer).__name__, convert_builtin(torch.nn.ReLU())
+        ('QuantMaxPool2d', 'TensorQuantizer', None)
+    """
+    if type(module) in _BUILTIN:
+        return _BUILTIN.convert(module)
+    transposed = {nn.ConvTranspose1d: QuantConvTranspose1d, nn.ConvTranspose3d: QuantConvTranspose3d}.get(type(module))
+    if transposed is not None and module.groups == 1:  # type: ignore[union-attr]
+        return transposed.from_float(module, QuantConfig())  # quantizers set by the config's entries after
+    return None
+
+
+__all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d",
+           "QuantConvTranspose2d", "QuantConvTranspose3d", "QuantMaxPool1d", "QuantMaxPool2d", "QuantMaxPool3d",
+           "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d", "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d",
+           "QuantAdaptiveAvgPool3d", "QuantModuleRegistry", "QuantModuleRegistryCls", "convert_builtin"]

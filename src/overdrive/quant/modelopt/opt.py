@@ -68,6 +68,8 @@ def restore_from_modelopt_state(model: nn.Module, modelopt_state: dict[str, Any]
             keys = set(QuantizerConfig.__dataclass_fields__)
             _reconfigure(q, QuantizerConfig.from_dict({k: v for k, v in saved.items() if k in keys}), saved["axis"])
             q.histogram, q.quant_enabled = saved["histogram"], saved["quant_enabled"]
+        for name in set(owners) - set(state["quantizers"]):  # a layer kind saved before it got quantizers (pools)
+            getattr(owners[name][0], name.rsplit(".", 1)[-1]).enabled = False
         api._calibrate_weights(model, missing_only=True)
     return model
 
