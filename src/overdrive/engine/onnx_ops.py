@@ -24,8 +24,9 @@ def __getattr__(name: str) -> Any:
         return _importer._OPS
     if name == "_HOST_INPUTS":
         return _new.HOST_INPUTS
-    if not hasattr(_new, name):  # the Reduce ops moved on to overdrive.engine.onnx.select
-        from overdrive.engine.onnx import select
+    from overdrive.engine.onnx import layers, select, shape
 
-        return getattr(select, name)
-    return getattr(_new, name)
+    for mod in (_new, shape, layers, select):  # the Reduce ops moved on to select, shape and layer ops to their own
+        if hasattr(mod, name):
+            return getattr(mod, name)
+    raise AttributeError(f"module 'overdrive.engine.onnx_ops' has no attribute {name!r}")

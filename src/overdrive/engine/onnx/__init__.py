@@ -1,11 +1,12 @@
 """overdrive.engine.onnx: overdrive's ONNX importer (an ONNX graph as an ``nn.Module`` that Inductor compiles) and
 the calibration of float ONNX models into Q/DQ ones, or their dynamic int8 quantization.
 
-Imports point one way: ``values`` (host/device values, the operator types) <- ``ops`` (one function per
-operator), ``qdq`` (QuantizeLinear, DequantizeLinear), ``rnn`` (LSTM, GRU, RNN), ``select``
-(TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace), ``vision`` (GridSample,
-RoiAlign), ``dynamic`` (Compress, Unique) <- ``importer`` (the op table,
-``ONNXModule``, ``import_onnx``); ``quantize`` (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports
+Imports point one way: ``values`` (host/device values, the operator types) <- the operator modules, none of which
+imports another: ``ops`` (elementwise and math), ``shape`` (shape and tensor manipulation), ``layers`` (MatMul,
+Gemm, Conv, pools, norms, Softmax), ``qdq`` (QuantizeLinear, DequantizeLinear), ``rnn`` (LSTM, GRU, RNN),
+``select`` (TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace, Resize), ``vision``
+(GridSample, RoiAlign), ``dynamic`` (Compress, Unique) <- ``importer`` (the op table, ``ONNXModule``,
+``import_onnx``); ``quantize`` (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports
 ``onnx`` or ``onnxruntime`` until a model is loaded or calibrated.
 
 Example:

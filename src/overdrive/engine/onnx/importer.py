@@ -9,10 +9,12 @@ Shape arithmetic (Shape -> Gather -> Concat -> Reshape) stays on the host: small
 the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic export), so no
 data-dependent ``.tolist()`` reaches the traced graph.
 
-The operators are in ``ops.py`` (Q/DQ in ``qdq.py``, LSTM/GRU/RNN in ``rnn.py``, TopK/ArgMax/ArgMin in
-``select.py`` with the Reduce family, Einsum, the gathers and scatters, OneHot and DepthToSpace, GridSample and
-RoiAlign in ``vision.py``, Compress and Unique in ``dynamic.py``), the value conversions in ``values.py``; the operator table is
-assembled here from them all, so no operator module imports another or this one.
+The operators are in ``ops.py`` (elementwise and math), ``shape.py`` (shape and tensor manipulation, Split
+included), ``layers.py`` (MatMul, Gemm, Conv, pools, norms, Softmax), ``qdq.py`` (Q/DQ), ``rnn.py``
+(LSTM/GRU/RNN), ``select.py`` (TopK/ArgMax/ArgMin, the Reduce family, Einsum, the gathers and scatters, OneHot,
+DepthToSpace, Resize), ``vision.py`` (GridSample, RoiAlign) and ``dynamic.py`` (Compress, Unique), the value
+conversions in ``values.py``; the operator table is assembled here from them all, so no operator module imports
+another or this one.
 
 Example:
     >>> "Conv" in SUPPORTED_OPS and "QuantizeLinear" in SUPPORTED_OPS and "Split" in SUPPORTED_OPS
@@ -28,13 +30,15 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import dynamic, ops, qdq, rnn, select, vision
-from overdrive.engine.onnx.ops import _split
+from overdrive.engine.onnx import dynamic, layers, ops, qdq, rnn, select, shape, vision
+from overdrive.engine.onnx.shape import _split
 from overdrive.engine.onnx.values import Op, Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
-_OPS: dict[str, Op] = {**ops.OPS, **qdq.OPS, **rnn.OPS, **select.OPS, **vision.OPS, **dynamic.OPS}  # op name -> function; Constant and Split are handled below
+# op name -> function; Constant and Split are handled below
+_OPS: dict[str, Op] = {**ops.OPS, **shape.OPS, **layers.OPS, **qdq.OPS, **rnn.OPS, **select.OPS, **vision.OPS,
+                       **dynamic.OPS}
 HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS, **dynamic.HOST_INPUTS}  # inputs read as Python numbers, by op and position
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 

@@ -1,6 +1,7 @@
 """Values in overdrive's ONNX importer: device tensors, or numpy arrays for host constants and shapes (object
 arrays of SymInts under dynamic export), and the conversions between them. Also the types the operators are
-written against (:class:`OpModule`, :data:`Op`), so ``ops.py`` and ``qdq.py`` need nothing from ``importer.py``.
+written against (:class:`OpModule`, :data:`Op`), so the operator modules need nothing from ``importer.py``, and
+the helpers more than one of them uses (:func:`_gemm_dtype`, :func:`_flatten`).
 
 Example:
     >>> _ints(np.array([1, 2]))
@@ -122,3 +123,14 @@ def _floats(v: Value) -> list[float]:
     if isinstance(v, torch.Tensor):
         return [float(x) for x in v.reshape(-1).tolist()]
     return [float(x) for x in np.asarray(v).reshape(-1)]
+
+
+def _flatten(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """ONNX Flatten: (d0 x ... x d[axis-1], d[axis] x ... x dn); axis may be -rank..rank (rank: all in the first)."""
+    if axis < 0:
+        axis += x.dim()
+    if axis == 0:
+        return x.reshape(1, -1)
+    if axis >= x.dim():
+        return x.reshape(-1, 1)
+    return x.flatten(axis).flatten(0, axis - 1)
