@@ -57,3 +57,16 @@ def test_good_rank_variables_are_not_flagged() -> None:
 def test_launch_ignores_stale_rank_variables() -> None:
     # torchrun sets these in every rank: a stale value in the launching shell must not stop the launch
     preflight(LaunchConfig(nproc_per_node=2), env={"WORLD_SIZE": "abc", "RANK": "7", "MASTER_PORT": "99999"})
+
+
+def test_init_refuses_world_size_without_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every process joined as rank 0 and the first waited out the store's 300 s timeout for its peers
+    for k in CLEAN:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(odist.free_port()))
+    with pytest.raises(UsageError, match=r"WORLD_SIZE=2 but RANK is unset"):
+        odist.init(backend="gloo", device="cpu")
+    report = doctor.diagnose(env={"WORLD_SIZE": "2"}, topology=False)
+    assert [f["what"] for f in report["findings"] if f["level"] == "error"] == ["RANK"], report["findings"]

@@ -254,8 +254,8 @@ RANK_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")  # what torchrun
 def rank_env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
     """(variable, problem) for each of WORLD_SIZE / RANK / LOCAL_RANK / MASTER_PORT in ``env`` that no process group
     can be built from: not an integer, WORLD_SIZE < 1, RANK outside [0, WORLD_SIZE), LOCAL_RANK < 0, a port outside
-    1-65535. A RANK past WORLD_SIZE waited out the store's 300 s timeout in ``init()``; the others were a bare
-    ``ValueError`` from ``int()`` or from TCPStore.
+    1-65535, WORLD_SIZE > 1 without RANK. A RANK past WORLD_SIZE (or missing) waited out the store's 300 s timeout
+    in ``init()``; the others were a bare ``ValueError`` from ``int()`` or from TCPStore.
 
     Example:
         >>> rank_env_problems({"WORLD_SIZE": "4", "RANK": "5"})
@@ -277,6 +277,12 @@ def rank_env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
         world = vals.get("WORLD_SIZE", 1)
         out.append(("RANK", f"RANK={vals['RANK']} is outside [0, WORLD_SIZE={world}): ranks run 0 to {world - 1}"
                     + ("" if "WORLD_SIZE" in env else " (WORLD_SIZE is unset: 1)")))
+    if vals.get("WORLD_SIZE", 1) > 1 and "RANK" not in env:
+        # every process would join as rank 0: the second could not be the store's master and the first waited out
+        # the store's 300 s timeout for peers that never came
+        out.append(("RANK", f"WORLD_SIZE={vals['WORLD_SIZE']} but RANK is unset, so every process would be rank 0; "
+                    "set RANK (0 to WORLD_SIZE - 1) in each process, or unset WORLD_SIZE and start the script with "
+                    "`overdrive launch`, which sets both"))
     if vals.get("LOCAL_RANK", 0) < 0:
         out.append(("LOCAL_RANK", f"LOCAL_RANK={vals['LOCAL_RANK']} must be >= 0; {fix}"))
     if "MASTER_PORT" in vals and not 0 < vals["MASTER_PORT"] < 65536:

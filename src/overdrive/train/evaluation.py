@@ -39,6 +39,9 @@ def evaluate(
     own shard of the data and the loss sums, correct counts and sample counts are summed over the default process
     group (one all-reduce; every rank must call), so every rank returns the mean over all the ranks' samples, as
     one process evaluating their union would, also when the shards differ in size. A rank may hold no sample.
+    Where ``data`` is a DataLoader over torch's ``DistributedSampler`` (``drop_last=False``), the samples it repeats
+    to even the shards (up to ``world_size - 1``, the last of the padded order) are left out, so the mean is over
+    the dataset's ``len`` samples, each counted once (as torchmetrics' and accelerate's ``gather_for_metrics``).
 
     Example:
         >>> evaluate(nn.Linear(4, 3), [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])[1] <= 1.0
@@ -59,6 +62,8 @@ def evaluate(
         t = t.to(device)
         return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
 
+    real = _unpadded_samples(data) if over_ranks else None  # this rank's samples before DistributedSampler's padding
+    seen = 0
     for batch in data:
         x, y = _split(batch)
         x, y = tree_map(move, x), tree_map(move, y)
@@ -69,6 +74,14 @@ def evaluate(
             out = _call(model, x)
         out = _float_output(out, loss_fn is not None)
         rows = _rows(x)
+        if real is not None:
+            keep = max(0, min(rows, real - seen))
+            seen += rows
+            if keep < rows:  # the padding is the tail of this rank's order: drop the repeated rows, (rows, ...) -> (keep, ...)
+                out, y = tree_map(lambda t: _head(t, rows, keep), out), tree_map(lambda t: _head(t, rows, keep), y)
+                rows = keep
+                if rows == 0:
+                    continue
         if loss_fn is None:
             total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
         else:
@@ -87,6 +100,41 @@ def evaluate(
     if n == 0:
         raise UsageError("the evaluation data yielded no sample" + (" on any rank" if over_ranks else ""))
     return total / n, right / n if classifies else None
+
+
+def _unpadded_samples(data: Any) -> int | None:
+    """How many of this rank's samples are the dataset's own when ``data`` is a DataLoader over torch's
+    ``DistributedSampler`` with ``drop_last=False`` that pads (None otherwise). The sampler deals the padded order
+    round-robin, rank ``r`` taking positions ``r, r + W, ...``; positions from ``len(dataset)`` on repeat the
+    order's first samples, so they are the last ones each rank sees.
+
+    Example:
+        >>> from torch.utils.data import DataLoader, DistributedSampler
+        >>> ds = list(range(9))
+        >>> [_unpadded_samples(DataLoader(ds, sampler=DistributedSampler(ds, 2, r))) for r in (0, 1)]
+        [5, 4]
+    """
+    from torch.utils.data import DistributedSampler
+
+    sampler = getattr(data, "sampler", None)
+    if not isinstance(sampler, DistributedSampler):
+        sampler = getattr(getattr(data, "batch_sampler", None), "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return None
+    try:
+        n = len(sampler.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if sampler.total_size == n:  # nothing padded
+        return None
+    return max(0, -(-(n - sampler.rank) // sampler.num_replicas))  # positions rank, rank + W, ... below n
+
+
+def _head(t: Any, rows: int, keep: int) -> Any:
+    """The first ``keep`` of ``rows`` samples of ``t`` (batch dimension first); anything else unchanged."""
+    if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == rows:
+        return t[:keep]
+    return t
 
 
 def _sum_over_ranks(

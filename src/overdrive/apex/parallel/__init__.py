@@ -9,7 +9,7 @@ all-reduce with backward instead, and the averaged gradients are the same; ``gra
 is accepted (apex divided before and after the all-reduce; the average is the same); ``num_allreduce_streams``,
 ``allreduce_communicators``, ``retain_allreduce_buffers`` and ``prof`` tune only how apex ran the
 all-reduce and are accepted. ``allreduce_always_fp32=True`` averages half gradients in fp32 through a comm
-hook. ``gradient_average=False`` (a sum) changes the numbers and is refused with what to do instead;
+hook. :class:`Reducer` averages gradients only when asked (``reducer.reduce()``). ``gradient_average=False`` (a sum) changes the numbers and is refused with what to do instead;
 ``shared_param`` / ``allreduce_trigger_params`` are refused (torch finds the parameters that get gradients:
 pass ``find_unused_parameters=True``). ``DistributedDataParallel`` is a subclass of torch's, so isinstance
 checks with either name hold.
@@ -165,7 +165,62 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
         self.require_backward_grad_sync = True
 
 
+class Reducer:
+    """apex.parallel.Reducer: gradients averaged over the ranks only when :meth:`reduce` is called (every few
+    iterations, say), not during backward as DDP does.
+
+    Given a module, its parameters are broadcast from rank 0 at construction (every rank starts from the same
+    weights) and :meth:`reduce` averages the gradients its parameters hold at that moment. Given tensors (an
+    iterable, nested lists / tuples / dicts as apex took), :meth:`reduce` averages those very tensors in place:
+    they must still be the ``.grad`` tensors at that point (``optimizer.zero_grad(set_to_none=False)``), and their
+    parameters' sync at the start is the caller's, as in apex. The average is a flattened all-reduce per dtype (a
+    sum divided by the world size). Every rank must call :meth:`reduce`, with the same tensors.
+
+    Example:
+        >>> # reducer = Reducer(model)         # after init_process_group; weights now rank 0's
+        >>> # loss.backward(); reducer.reduce(); optimizer.step()
+    """
+
+    def __init__(self, module_or_grads_list: nn.Module | Any) -> None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise UsageError("Reducer(...) needs a process group: call overdrive.distributed.init() (or "
+                             "torch.distributed.init_process_group) before building it")
+        if isinstance(module_or_grads_list, nn.Module):
+            self.module: nn.Module | None = module_or_grads_list
+            self.grads: list[torch.Tensor] = []
+            with torch.no_grad():
+                for q in self.module.parameters():  # one broadcast per tensor: exact for every dtype
+                    dist.broadcast(q.data, src=0)
+        else:
+            self.module = None
+            self.grads = _tensors(module_or_grads_list)
+
+    def reduce(self) -> None:
+        """Average the gradients over every rank, in place (a collective: every rank calls it)."""
+        from overdrive.distributed import all_reduce_mean
+
+        if self.module is not None:
+            grads = [q.grad for q in self.module.parameters() if q.grad is not None]
+        else:
+            grads = self.grads
+        all_reduce_mean([g.data for g in grads])
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors of ``obj`` (a tensor, or lists / tuples / dicts of them), in order; anything else is refused."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)) or (hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes))):
+        return [t for item in obj for t in _tensors(item)]
+    raise UsageError(f"Reducer(...) was given a {type(obj).__name__}; pass a module or an iterable of gradient "
+                     "tensors (e.g. [p.grad for p in model.parameters()])")
+
+
 ReduceOp = _ReduceOp
 
 
-__all__ = ["DistributedDataParallel", "LARC", "ReduceOp", "SyncBatchNorm", "convert_syncbn_model"]
+__all__ = ["DistributedDataParallel", "LARC", "ReduceOp", "Reducer", "SyncBatchNorm", "convert_syncbn_model"]
