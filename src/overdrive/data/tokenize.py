@@ -31,6 +31,10 @@ from overdrive.data.config import usable_cpus
 class TokenizedTexts:
     """Token ids of many texts, stored flat: text i is ``ids[offsets[i]:offsets[i+1]]``.
 
+    ``padding_side`` ("right" or "left") is where :meth:`padded` puts the padding by default; :func:`tokenize` sets
+    it from the tokenizer (a transformers tokenizer's ``padding_side``, a ``tokenizers.Tokenizer``'s padding
+    direction), so a decoder-only model's left-padding tokenizer gives left-padded batches, as its own call does.
+
     Example:
         >>> t = TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
         >>> t[0], len(t)
@@ -40,6 +44,10 @@ class TokenizedTexts:
     ids: np.ndarray  # (total tokens,) int32
     offsets: np.ndarray  # (N + 1,) int64
     from_cache: bool = False
+    padding_side: str = "right"
+
+    def __post_init__(self) -> None:
+        _check_side(self.padding_side, "padding_side")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -56,24 +64,38 @@ class TokenizedTexts:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    def padded(self, pad_id: int = 0, max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, L) int64 ids right-padded with ``pad_id`` and the (N, L) attention mask; ``L`` is ``max_length``
-        (longer texts cut to it) or the longest text's length.
+    def padded(self, pad_id: int = 0, max_length: int | None = None,
+               side: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, L) int64 ids padded with ``pad_id`` and the (N, L) attention mask (1 on tokens, 0 on padding); ``L`` is
+        ``max_length`` (longer texts keep their first ``L`` tokens) or the longest text's length.
+
+        ``side`` ("right" or "left") is where the padding goes; None takes :attr:`padding_side`, the tokenizer's
+        (``tokenizer(texts, padding=True)`` pads on the same side). Left padding puts each text's last token in
+        the last column, where a decoder-only model's ``generate`` continues from.
 
         Example:
-            >>> TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3])).padded(pad_id=9)[0].tolist()
+            >>> t = TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
+            >>> t.padded(pad_id=9)[0].tolist()
             [[5, 6], [7, 9]]
+            >>> ids, mask = t.padded(pad_id=9, side="left")
+            >>> ids.tolist(), mask.tolist()
+            ([[5, 6], [9, 7]], [[1, 1], [0, 1]])
         """
         if max_length is not None and not (_is_int(max_length) and max_length >= 1):
             raise UsageError(f"max_length={max_length!r} must be an int >= 1 (longer texts are cut to it), or None "
                              "(the longest text's length)")
         if not _is_int(pad_id):
             raise UsageError(f"pad_id={pad_id!r} must be an int token id, e.g. tokenizer.token_to_id('[PAD]')")
+        side = self.padding_side if side is None else side
+        _check_side(side, "side")
         lens = self.lengths()
         L = int(max_length if max_length is not None else (lens.max() if len(lens) else 0))
         # whole arrays, not a Python loop over the texts (a million texts: 11 s before, under 2 s now): the mask from
         # the lengths, then every kept token in row-major order, which is the order of the flat ids
-        keep = np.arange(L)[None, :] < np.minimum(lens, L)[:, None]
+        kept = np.minimum(lens, L)[:, None]
+        # left: a text's tokens fill the last columns of its row; either way the True cells of a row, read in
+        # row-major order, take that text's tokens in order
+        keep = np.arange(L)[None, :] >= L - kept if side == "left" else np.arange(L)[None, :] < kept
         flat = self.ids[int(self.offsets[0]):int(self.offsets[-1])] if len(self) else self.ids[:0]
         if len(self) and int(lens.max()) > L:  # texts cut at L: their tokens past it are left out
             cols = np.arange(len(flat)) - np.repeat(self.offsets[:-1] - self.offsets[0], lens)
@@ -115,6 +137,22 @@ class TokenizedTexts:
             raise UsageError(f"{len(stream)} tokens make no block of block_size={block_size}; give a block_size of at "
                              f"most {len(stream)}, or more texts")
         return torch.from_numpy(np.ascontiguousarray(stream[: n * block_size], dtype=np.int64)).view(n, block_size)
+
+
+def _check_side(side: Any, name: str) -> None:
+    if side not in ("right", "left"):
+        raise UsageError(f"{name}={side!r} must be 'right' or 'left' (where the padding goes; a decoder-only model "
+                         "generating from a batch wants 'left')")
+
+
+def _padding_side(tokenizer: Any, tok: Any) -> str:
+    """Where ``tokenizer(texts, padding=True)`` (transformers) or its enabled padding (tokenizers) pads: "right"
+    unless it says "left"."""
+    if hasattr(tokenizer, "backend_tokenizer"):
+        side = getattr(tokenizer, "padding_side", "right")
+    else:
+        side = (tok.padding or {}).get("direction", "right")
+    return "left" if side == "left" else "right"
 
 
 def _backend(tokenizer: Any) -> Any:
@@ -374,7 +412,8 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     ``tokenizer(text, truncation=max_length is not None, max_length=max_length)["input_ids"]``, on its
     ``truncation_side``), or a tokenizer.json path. Single texts only (no pairs). Texts longer than a transformers
     tokenizer's ``model_max_length`` with ``max_length=None`` are kept whole, with a ``RuntimeWarning`` (as
-    transformers warns); ``max_length=tokenizer.model_max_length`` is ``tokenizer(texts, truncation=True)``.
+    transformers warns); ``max_length=tokenizer.model_max_length`` is ``tokenizer(texts, truncation=True)``. The
+    result's ``padded()`` pads on the tokenizer's side (``padding_side="left"`` gives left-padded rows).
 
     Texts are split into chunks of ``chunk_size`` and encoded with ``encode_batch`` in
     ``num_workers`` processes (0: in this process, with the tokenizer's own threads; None: one per
@@ -420,7 +459,8 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
         if path.is_file():
             try:  # allow_pickle=False: a cache file never runs code
                 with np.load(path, allow_pickle=False) as z:
-                    out = TokenizedTexts(z["ids"], z["offsets"], from_cache=True)
+                    out = TokenizedTexts(z["ids"], z["offsets"], from_cache=True,
+                                         padding_side=_padding_side(tokenizer, tok))
                 _warn_past_model_max(tokenizer, out, max_length)
                 try:
                     os.utime(path)  # used now: prune_token_cache removes the least recently used first
@@ -452,7 +492,7 @@ def tokenize(texts: Sequence[str], tokenizer: Any, max_length: int | None = None
     ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int32)
     lens = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    out = TokenizedTexts(ids, offsets)
+    out = TokenizedTexts(ids, offsets, padding_side=_padding_side(tokenizer, tok))
     _warn_past_model_max(tokenizer, out, max_length)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

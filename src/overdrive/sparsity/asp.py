@@ -24,6 +24,40 @@ _HANDLES: weakref.WeakKeyDictionary[nn.Module, SparseHandle] = weakref.WeakKeyDi
 # MixedPrecision, which holds the model, so a strong reference from the registry's value would keep its key alive.
 _ATTACHED: weakref.WeakKeyDictionary[SparseHandle, weakref.WeakSet[torch.optim.Optimizer]] = weakref.WeakKeyDictionary()
 _DEFAULT_WHITELIST = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+# init_model_for_pruning's verbosity per handle: what compute_sparse_masks / restore_pruned_weights print later
+_VERBOSITY: weakref.WeakKeyDictionary[SparseHandle, int] = weakref.WeakKeyDictionary()
+_NAME_FILTERS = ("not in allowed_layer_names", "in disallowed_layer_names")
+
+
+def _where(name: str, param_name: str, t: torch.Tensor) -> str:
+    """``module::param of size=... and type=...``, as apex names a weight in its messages."""
+    module_name = name[: -len(param_name) - 1] if name.endswith("." + param_name) else ""
+    return f"{module_name}::{param_name} of size={t.shape} and type={t.dtype}"
+
+
+def _say_layers(handle: SparseHandle, verbosity: int) -> None:
+    """apex's init messages: 1+ the weights left dense for their shape or type (with the reason); 3+ every weight
+    sparsified, the other parameters of those layers, and the weights the layer names filtered out."""
+    for c in handle.skipped:
+        name_filtered = c.skip_reason in _NAME_FILTERS
+        if verbosity >= (3 if name_filtered else 1):
+            w = getattr(c.module, c.param_name)
+            what = "Not sparsifying" if name_filtered else "Auto skipping pruning"
+            print(f"[ASP] {what} {_where(c.name, c.param_name, w)} for sparsity ({c.skip_reason})")
+    if verbosity < 3:
+        return
+    for layer in handle.layers:
+        print(f"[ASP] Sparsifying {_where(layer.name, layer.param_name, layer.weight)} for sparsity")
+    pruned = {(id(layer.module), layer.param_name) for layer in handle.layers}
+    seen: set[int] = set()
+    for layer in handle.layers:
+        if id(layer.module) in seen:
+            continue
+        seen.add(id(layer.module))
+        prefix = layer.name[: -len(layer.param_name)]
+        for p_name, p in layer.module.named_parameters(recurse=False):
+            if (id(layer.module), p_name) not in pruned and not p_name.endswith(MASK_SUFFIX):
+                print(f"[ASP] Not sparsifying {_where(prefix + p_name, p_name, p)}")
 
 
 def _type_names(whitelist: Sequence[type[nn.Module]]) -> tuple[str, ...]:
@@ -42,7 +76,9 @@ class ASP:
     Example:
         >>> model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> ASP.prune_trained_model(model, opt)
+        >>> ASP.prune_trained_model(model, opt)  # apex's verbosity=2: each pruned weight's sparsity
+        [ASP] Enabled 50.00% sparsity for 0::weight of size=torch.Size([32, 32]) and type=torch.float32
+        [ASP] Enabled 50.00% sparsity for 2::weight of size=torch.Size([16, 32]) and type=torch.float32
         >>> ASP.is_sparsity_enabled(model)
         True
     """
@@ -63,7 +99,11 @@ class ASP:
 
         ``mask_calculator`` is a name (``"m4n2_1d"``, ``"m4n2_2d_best"``, ...) or, as in apex, a callable
         ``weight -> mask`` of the weight's shape (nonzero keeps). ``custom_layer_dict`` (apex's): ``{LayerType:
-        ["param", ...]}``, other layer types and the parameters of theirs to prune."""
+        ["param", ...]}``, other layer types and the parameters of theirs to prune.
+
+        ``verbosity`` prints apex's ``[ASP]`` lines: 1+ the weights skipped for their shape or type, with the
+        reason; 2+ (``compute_sparse_masks``, ``restore_pruned_weights``) the sparsity each weight got or lost;
+        3+ (here) every weight sparsified and the parameters left dense."""
         if model in _HANDLES:
             raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
         # SparsityConfig refuses a bare string (tuple("head") would be its characters), so pass the names as given
@@ -87,8 +127,8 @@ class ASP:
         handle.mask_fn = mask_fn
         handle._strong = None  # the registry value must not keep its key alive
         _HANDLES[model] = handle
-        if verbosity >= 3:
-            print(handle.report())
+        _VERBOSITY[handle] = verbosity
+        _say_layers(handle, verbosity)
         return handle
 
     @staticmethod
@@ -121,13 +161,25 @@ class ASP:
     @staticmethod
     def compute_sparse_masks(model: nn.Module | None = None) -> None:
         """Compute 2:4 masks from the current weights (after the permutation search) and apply them."""
-        ASP._handle(model).compute_masks()
+        handle = ASP._handle(model)
+        handle.compute_masks()
+        if _VERBOSITY.get(handle, 0) >= 2:  # apex's info: what each weight now holds
+            for layer in handle.layers:
+                kept = float(layer.mask.sum()) / max(layer.mask.numel(), 1)
+                print(f"[ASP] Enabled {100.0 - 100.0 * kept:.2f}% sparsity for "
+                      f"{_where(layer.name, layer.param_name, layer.weight)}")
 
     @staticmethod
     def restore_pruned_weights(model: nn.Module | None = None) -> None:
         """Put the pruned weight values back (needs allow_recompute_mask=True) and reset masks to all ones;
         weights trained since pruning keep their trained values."""
-        ASP._handle(model).restore_dense()
+        handle = ASP._handle(model)
+        was_sparse = [layer for layer in handle.layers if not bool(layer.mask.all())]
+        handle.restore_dense()
+        if _VERBOSITY.get(handle, 0) >= 2:
+            for layer in was_sparse:
+                module_name = layer.name[: -len(layer.param_name) - 1] if "." in layer.name else ""
+                print(f"[ASP] Disabled sparsity for {module_name}::{layer.param_name} (dense weights restored)")
 
     @staticmethod
     def is_sparsity_enabled(model: nn.Module | None = None) -> bool:

@@ -57,8 +57,10 @@ def sparse_quantize(handle: SparseHandle, config: Any, forward_loop: Callable[[n
 def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -> list[dict[str, Any]]:
     """Weight initializers of an ONNX file (2-D and higher) with whether each is 2:4 along its input
     dimension (Gemm weights (out, in) and Conv weights (O, I, *k), grouped as sparsity.masks does).
-    With ``handle``, only the pruned layers' weights, in handle order; a pruned weight the file does
-    not hold by name (folded into another constant) is an error.
+    With ``handle``, only the pruned layers' weights, in handle order. A weight the file does not hold by name is
+    found by value: ``torch.onnx.export``'s constant folding (its default, both exporters) stores a Linear's weight
+    transposed, (in, out), under a generated name (``onnx::MatMul_12``, ``val_37``). A pruned weight found neither
+    way (changed by the export, or by training after it) is an error.
 
     Example:
         >>> # rows = sparsity.onnx_weight_sparsity("digits_int8.onnx", handle); all(r["is_2to4"] for r in rows)
@@ -83,18 +85,49 @@ def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -
         # input names, nn.Sequential's `input` included) has its weights under the wrapper's `module.` prefix.
         names = {layer.name: next((k for k in (layer.name, f"module.{layer.name}") if k in inits), "")
                  for layer in handle.layers}
+        found = _by_value(inits, [layer for layer in handle.layers if not names[layer.name]], set(names.values()))
+        names.update({n: k for n, (k, _) in found.items()})
         missing = [n for n, k in names.items() if not k]
         if missing:
-            raise UsageError(f"{path.name} has no initializer named {missing[:3]}: export without folding the weights "
-                             "(overdrive.quant.export_onnx keeps them by name)")
+            raise UsageError(f"{path.name} holds no initializer named {missing[:3]}, nor one equal to their weights "
+                             "(or transposed): export the model as it is now, without folding the weights into other "
+                             "constants (overdrive.quant.export_onnx keeps them by name; torch.onnx.export(..., "
+                             "dynamo=False, do_constant_folding=False) too)")
     transposed = {layer.name for layer in handle.layers if layer.transposed} if handle is not None else set()
+    folded = {n: flipped for n, (_, flipped) in found.items()} if handle is not None else {}
     rows = []
     for n, k in names.items():
         w = torch.from_numpy(inits[k].astype("float32"))
-        t = k in stored_in_out if k in stored_in_out or stored_in_out else n in transposed  # a Conv1D's is (in, out)
+        if n in folded:  # found by value: its orientation is known (flipped: stored (in, out))
+            t = folded[n]
+        else:
+            # a MatMul-B weight is (in, out), as is a Conv1D's
+            t = k in stored_in_out if k in stored_in_out or stored_in_out else n in transposed
         rows.append({"name": n, "shape": list(w.shape), "nonzero_fraction": float((w != 0).float().mean()),
                      "is_2to4": is_2to4(w.t() if t and w.dim() == 2 else w)})
     return rows
+
+
+def _by_value(inits: dict[str, Any], layers: list[Any], taken: set[str]) -> dict[str, tuple[str, bool]]:
+    """For each pruned layer, the initializer equal to its weight's GEMM view (out, in, ...) or, for a 2-D one, to
+    its transpose (in, out): ``{layer name: (initializer name, transposed)}``. Unnamed matches only (an exporter's
+    folded constants); a layer matching none is left out."""
+    import numpy as np
+
+    out: dict[str, tuple[str, bool]] = {}
+    for layer in layers:
+        w = layer.as_gemm(layer.weight).detach().float().cpu().numpy()  # (out, in, *k)
+        views = [(w, False)] + ([(w.T, True)] if w.ndim == 2 else [])
+        for k, a in inits.items():
+            if k in taken:
+                continue
+            hit = next((flip for v, flip in views if a.shape == v.shape and np.array_equal(a.astype(np.float32), v)),
+                       None)
+            if hit is not None:
+                out[layer.name] = (k, hit)
+                taken.add(k)
+                break
+    return out
 
 
 def _matmul_b_weights(graph: Any) -> set[str]:
