@@ -182,8 +182,8 @@ def test_compare_empty_outputs_and_bad_tolerances() -> None:
     eng = Builder().build(model)
     r = compare(eng, model, inputs=(torch.zeros(2, 3),))
     assert r["passed"] and r["outputs"][0]["shape"] == [2, 0] and r["outputs"][0]["max_abs"] == 0.0
-    for kw in ({"atol": -1.0}, {"rtol": math.nan}):
-        with pytest.raises(UsageError, match="tolerances must be >= 0"):
+    for kw in ({"atol": -1.0}, {"rtol": math.nan}, {"atol": math.inf}):  # inf: the Python API as the CLI
+        with pytest.raises(UsageError, match="tolerances must be finite and >= 0"):
             compare(eng, model, **kw)
 
 
@@ -194,3 +194,18 @@ def test_build_line_describes_the_device(tmp_path: Path, capsys: pytest.CaptureF
                  "--shapes", PROFILE.format(b=2, s=3)]) == 0
     out = capsys.readouterr().out
     assert "device CPU " in out and "{'type'" not in out
+
+
+def test_shape_hints_quote_names_that_hold_colons_or_spaces() -> None:
+    """The hint of a missing dynamic shape pasted as `--shapes in put:0:4x16,...`, which splits in the shell and
+    parses as a name `in put`; it must come quoted as the parser takes it."""
+    import shlex
+
+    from overdrive.engine.config import ShapeProfile, check_all_dynamic_shapes, parse_shapes
+
+    ps = [ShapeProfile("in put:0", (1, 1), (8, 8), (8, 64)), ShapeProfile("m:1", (1, 1), (8, 8), (8, 64))]
+    with pytest.raises(UsageError) as err:
+        check_all_dynamic_shapes(ps, {"in put:0": (4, 16)})
+    hint = str(err.value).split("e.g. --shapes ", 1)[1]
+    (value,) = shlex.split(hint.replace("...", "4x16"))
+    assert parse_shapes(value) == {"in put:0": (4, 16), "m:1": (4, 16)}

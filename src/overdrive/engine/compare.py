@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive.engine.config import shapes_arg
 
 
 class _OrtReference:
@@ -253,7 +254,8 @@ def _make_inputs(fa: Any, fb: Any, shapes: dict[str, tuple[int, ...]] | None,
         if s is None:
             if any(d is None for d in shape):
                 raise UsageError(f"input {name!r} has dynamic dims ({'x'.join('?' if d is None else str(d) for d in shape)}); "
-                                 f"give its shape, e.g. --shapes {name}:{'x'.join('1' if d is None else str(d) for d in shape)}")
+                                 f"give its shape, e.g. --shapes "
+                                 f"{shapes_arg({name: 'x'.join('1' if d is None else str(d) for d in shape)})}")
             s = tuple(shape)  # type: ignore[arg-type]
         out.append(random_input(name, tuple(s), dt, g).to(dt))
     return tuple(out)
@@ -269,8 +271,10 @@ def compare(a: Any, b: Any, inputs: Any = None, atol: float = 1e-3, rtol: float 
         >>> # r = compare("model_fp16.engine", "model.onnx", atol=1e-2); r["passed"]
         >>> # r = compare("a.onnx", "b.onnx", shapes={"input": (4, 1, 8, 8)})
     """
-    if not (atol >= 0 and rtol >= 0):  # NaN fails too
-        raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be >= 0 (for example --atol 1e-3 --rtol 1e-3)")
+    if not (0 <= atol < float("inf") and 0 <= rtol < float("inf")):  # NaN fails too
+        # an infinite atol passes inf against a finite value, an infinite rtol fails where the reference is 0 (inf * 0)
+        raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be finite and >= 0 (for example "
+                         "--atol 1e-3 --rtol 1e-3; a large finite value such as 1e30 where any difference is fine)")
     if inputs is not None and shapes:
         raise UsageError("give --inputs or --shapes, not both (the inputs' own shapes are the ones run)")
     if isinstance(inputs, (str, Path)):

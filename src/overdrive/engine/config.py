@@ -72,6 +72,26 @@ class ShapeProfile(ConfigBase):
         return cls(name, tuple(shape), tuple(shape), tuple(shape))
 
 
+def shapes_arg(shapes: dict[str, str]) -> str:
+    """A ``--shapes`` value that pastes into a shell and parses back to these names: a name holding ``:``, a space or
+    a quote is single-quoted for the shape parser (trtexec's ``'input:0':1x3``), and the whole value is quoted for
+    the shell when it holds anything the shell would split or expand.
+
+    Example:
+        >>> print(shapes_arg({"x": "1x3"}), shapes_arg({"in put:0": "1x4", "b": "2"}))
+        x:1x3 "'in put:0':1x4,b:2"
+    """
+    import re
+    import shlex
+
+    value = ",".join(f"'{n}':{d}" if re.search(r"[:\s'\"]", n) else f"{n}:{d}" for n, d in shapes.items())
+    if re.fullmatch(r"[\w@%+=:,./x-]+", value):
+        return value
+    if not re.search(r'["$`\\!]', value):
+        return f'"{value}"'
+    return shlex.quote(value)
+
+
 def check_all_dynamic_shapes(profiles: list[ShapeProfile], shapes: dict[str, tuple[int, ...]] | None) -> None:
     """Refuse ``--shapes`` that sets some inputs but leaves another dynamic input at its opt shape: a token model's
     mask then disagrees with its ids (``input_ids:4x16`` beside an ``attention_mask`` at 8x8), and the run fails
@@ -89,10 +109,10 @@ def check_all_dynamic_shapes(profiles: list[ShapeProfile], shapes: dict[str, tup
     missing = [p for p in profiles if p.name not in shapes and tuple(p.min) != tuple(p.max)]
     if missing:
         p = missing[0]
-        given = ",".join(f"{n}:{'x'.join(map(str, s))}" for n, s in shapes.items())
+        example = shapes_arg({**{n: "x".join(map(str, s)) for n, s in shapes.items()}, p.name: "..."})
         raise UsageError(f"--shapes gives {', '.join(shapes)} but not {p.name!r}, whose shape is dynamic "
                          f"({'x'.join(map(str, p.min))} to {'x'.join(map(str, p.max))}); give every dynamic input its "
-                         f"shape, e.g. --shapes {given},{p.name}:...")
+                         f"shape, e.g. --shapes {example}")
 
 
 def parse_shapes(spec: str | None) -> dict[str, tuple[int, ...]]:

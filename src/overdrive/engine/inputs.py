@@ -10,7 +10,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive._utils.inputs import forward_parameters, takes_names
-from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile
+from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile, shapes_arg
 from overdrive.engine.input_dtypes import integer_dtypes
 from overdrive.engine.sources import ModelSource
 
@@ -134,26 +134,6 @@ def _shapes_hint(names: list[str], shapes: dict[str, list[int | None]] | None) -
     known = shapes or {}
     unknown = "1x3x224x224" if len(names) == 1 else "AxBx..."
     return shapes_arg({n: "x".join(str(d or 1) for d in known[n]) if known.get(n) else unknown for n in names})
-
-
-def shapes_arg(shapes: dict[str, str]) -> str:
-    """A ``--shapes`` value that pastes into a shell and parses back to these names: a name holding ``:``, a space or
-    a quote is single-quoted for the shape parser (trtexec's ``'input:0':1x3``), and the whole value is quoted for
-    the shell when it holds anything the shell would split or expand.
-
-    Example:
-        >>> print(shapes_arg({"x": "1x3"}), shapes_arg({"in put:0": "1x4", "b": "2"}))
-        x:1x3 "'in put:0':1x4,b:2"
-    """
-    import re
-    import shlex
-
-    value = ",".join(f"'{n}':{d}" if re.search(r"[:\s'\"]", n) else f"{n}:{d}" for n, d in shapes.items())
-    if re.fullmatch(r"[\w@%+=:,./x-]+", value):
-        return value
-    if not re.search(r'["$`\\!]', value):
-        return f'"{value}"'
-    return shlex.quote(value)
 
 
 def onnx_shared_dims(src: ModelSource) -> list[list[list[Any]]]:

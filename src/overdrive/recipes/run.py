@@ -100,8 +100,9 @@ def run_runners(model: str, trt: bool, onnxrt: bool, atol: float = 1e-3, rtol: f
         raise UsageError("give --load-inputs or --input-shapes, not both (the loaded inputs' shapes are the ones run)")
     check_inputs_file("--load-inputs", load_inputs)
     check_inputs_file("--save-inputs", save_inputs)
-    if not (atol >= 0 and rtol >= 0):  # NaN too: refused before the build
-        raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be >= 0 (for example --atol 1e-3 --rtol 1e-3)")
+    if not (0 <= atol < float("inf") and 0 <= rtol < float("inf")):  # NaN and inf too: refused before the build
+        raise UsageError(f"--atol {atol:g} / --rtol {rtol:g}: tolerances must be finite and >= 0 (for example "
+                         "--atol 1e-3 --rtol 1e-3)")
     src = from_onnx(model)  # a missing or unreadable file is named here, before the build
     named = None
     if load_inputs:
