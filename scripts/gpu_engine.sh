@@ -82,7 +82,7 @@ elif [ "$part" = 8 ]; then
 elif [ "$part" = 9 ]; then
   step 200 "gpu tests: conv passes (one-channel layout, stem padding), layer choice, 16-bit conv kernel" python3 \
       -m pytest -q -m gpu tests/engine/test_conv_fusion.py tests/engine/test_layer_choice.py \
-      tests/quant/test_conv_q.py -k "one_channel or stem or layer or 16_bit" -p no:cacheprovider -p no:logging
+      tests/quant/test_conv_q_gpu.py -k "one_channel or stem or layer or 16_bit" -p no:cacheprovider -p no:logging
   step 330 "engine_demo_variants (the demo's ResNet-18: stem padded, fp8 with conv margin 1.0)" python3 \
       benchmarks/engine_demo_variants.py --variants "static loaded,static no conv fusion,fp8 loaded" \
       --name engine_demo_variants_stem
@@ -105,7 +105,7 @@ elif [ "$part" = 14 ]; then
       --configs compile_ro,engine_fp16,engine_fp8,engine_int8 --max-build-s 200 --budget-s 480 --out engine_zoo_effnet_whole
 elif [ "$part" = 15 ]; then
   step 260 "gpu tests: the int8/fp8 kernel (both forms), Linear layers on it" python3 -m pytest -q -m gpu \
-      tests/quant/test_conv_q.py tests/engine/test_lowp_linear.py -p no:cacheprovider -p no:logging -n 4
+      tests/quant/test_conv_q_gpu.py tests/engine/test_lowp_linear.py -p no:cacheprovider -p no:logging -n 4
   step 300 "lowp_linear (transformer GEMMs: fp16 cuBLAS, fp8/int8 cuBLAS + pass, Triton fused)" python3 \
       benchmarks/lowp_linear.py --iters 15
 elif [ "$part" = 16 ]; then
