@@ -65,6 +65,10 @@ RUN = [
     "overdrive sparsify --model digits --allow-untrained --out digits.sparse24.pt --input-shape 1,1,8,8",
     "overdrive sparsify --model mypkg.models:build --checkpoint trained.pt --out model.sparse24.pt",
     "overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx",
+    "overdrive quantize --model mypkg.models:mlp --calib-data tabular.npy --input-shape 1,16 --save mlp_int8.pt",
+    "overdrive quantize --model mypkg.models:tagger --calib-data tokens.npz --input-shape input_ids:1x32",
+    "overdrive sparsify --model mypkg.models:tagger --allow-untrained --out tagger.sparse24.pt "
+    "--input-shape input_ids:1x32,attention_mask:1x32",
 ]
 # Examples that run here but take more than a few seconds on 2 cores (marked slow).
 RUN_SLOW = [
@@ -128,6 +132,26 @@ def make_model():
 
 
 build = make_model
+
+
+class Tagger(nn.Module):  # (B, T) token ids -> (B, T, 16)
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(100, 16), nn.Linear(16, 16)
+
+    def forward(self, input_ids, attention_mask=None):
+        h = self.emb(input_ids)
+        return self.fc(h if attention_mask is None else h * attention_mask.unsqueeze(-1))
+
+
+def mlp():  # (B, 16) -> (B, 16)
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+
+
+def tagger():
+    torch.manual_seed(0)
+    return Tagger()
 '''
 TRAIN_PY = '''import argparse
 
@@ -150,7 +174,7 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files the examples name, small: mypkg/models.py, model.onnx (dynamic batch, input 'input'), its
-    copies, batch.npz, calib.pt and trained.pt (mypkg's weights), imgs/ (an empty folder: make-dataset fills it)."""
+    copies, batch.npz, calib.pt, tabular.npy, tokens.npz and trained.pt (mypkg's weights), imgs/ (an empty folder: make-dataset fills it)."""
     import numpy as np
 
     root = tmp_path_factory.mktemp("examples")
@@ -170,6 +194,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name).write_bytes((root / "model.onnx").read_bytes())
     np.savez(root / "batch.npz", input=np.random.default_rng(0).standard_normal((2, 3, 224, 224), dtype=np.float32))
     torch.save(torch.randn(16, 3, 224, 224), root / "calib.pt")
+    np.save(root / "tabular.npy", np.random.default_rng(1).standard_normal((64, 16), dtype=np.float32))
+    np.savez(root / "tokens.npz", input_ids=np.random.default_rng(2).integers(1, 100, (16, 32)))
     torch.save(model.state_dict(), root / "trained.pt")
     return root
 

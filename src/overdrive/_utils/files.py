@@ -51,9 +51,11 @@ def _default_mode() -> int:
     return 0o666 & ~_UMASK
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
+def atomic_write(path: str | os.PathLike[str], data: bytes | str, durable: bool = True) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` atomically; returns the path. An existing file keeps its
-    permission bits; a new one gets the usual ``0o666 & ~umask``."""
+    permission bits; a new one gets the usual ``0o666 & ~umask``. ``durable=False`` skips the fsyncs (a reader or
+    a killed process still never sees part of a file, but a power cut may lose it): for many small files that can
+    be made again, where a sync each costs more than writing them."""
     from overdrive._utils.errors import UsageError
 
     path = Path(path)
@@ -76,7 +78,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -85,6 +88,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
         except FileNotFoundError:
             pass
         raise
+    if not durable:
+        return path
     try:  # the rename itself survives a power cut once the folder is synced (POSIX; best effort elsewhere)
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -94,6 +99,39 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
     except OSError:
         pass
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temporary path beside ``path`` for a writer that takes a file name (an ONNX exporter); when the block
+    ends without an error the file is fsynced and renamed over ``path``, else removed. ``path`` holds the old file
+    or the whole new one, never a part; the permission bits follow :func:`atomic_write`'s.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> with atomic_path(d / "a.txt") as tmp:
+        ...     _ = tmp.write_text("new")
+        >>> (d / "a.txt").read_text(), sorted(x.name for x in d.iterdir())
+        ('new', ['a.txt'])
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = _default_mode()
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:

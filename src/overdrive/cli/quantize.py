@@ -22,9 +22,11 @@ from overdrive.cli.common import (check_distinct, check_json_target, check_outpu
                    "or a folder of images (class subfolders or flat; --calib-batches x --batch-size of them, evenly "
                    "spaced in sorted order, resized and center-cropped to --input-shape), or a .txt file, one sample "
                    "per line (the docstrings model only: others need their tokenizer's ids saved).")
-@click.option("--input-shape", default=None, metavar="N,C,H,W",
-              help="The image model's input shape, e.g. 1,3,224,224, for a folder of --calib-data images (default: "
-                   "a timm model's pretrained_cfg input_size).")
+@click.option("--input-shape", default=None, metavar="SHAPE|NAME:AxB,...",
+              help="The model's input shape in any rank, e.g. 1,16 (an MLP), 1,80,3000 (audio) or 1,3,224,224, or "
+                   "its inputs by name as build --shapes takes them, e.g. input_ids:1x128,attention_mask:1x128: "
+                   "--calib-data must hold inputs of that shape (any batch size), and a folder of images is read "
+                   "at it (C,H,W or N,C,H,W; default: a timm model's pretrained_cfg input_size).")
 @click.option("--calib-normalize", default=None, metavar="imagenet|none|MEAN:STD",
               help="Normalization of --calib-data images after scaling to [0, 1]: imagenet (mean 0.485,0.456,0.406, "
                    "std 0.229,0.224,0.225; the default unless a timm model's pretrained_cfg gives its own), none, or "
@@ -60,6 +62,8 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, input_shap
       overdrive quantize --config int8 --method entropy --export digits_int8.onnx --save digits_int8.pt
       overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx
       overdrive quantize --model mypkg.models:build --calib-data imgs/ --input-shape 1,3,224,224 --calib-batches 2
+      overdrive quantize --model mypkg.models:mlp --calib-data tabular.npy --input-shape 1,16 --save mlp_int8.pt
+      overdrive quantize --model mypkg.models:tagger --calib-data tokens.npz --input-shape input_ids:1x32
     """
     check_json_target(json_path)
     check_output("--export", export_path)  # before the model is trained and calibrated
@@ -67,11 +71,12 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, input_shap
     check_distinct([("--export", export_path), ("--save", save_path), ("--json", json_path)],
                    [("--model", spec_file(model_spec)), ("--checkpoint", checkpoint), ("--calib-data", calib_data)])
     from overdrive._utils.progress import status
-    from overdrive.recipes.calib_formats import ImageOptions, parse_input_shape
+    from overdrive.recipes.calib_formats import ImageOptions
+    from overdrive.recipes.input_shapes import parse_input_shapes
     from overdrive.recipes.quantize import run_quantize
 
-    shape = parse_input_shape(input_shape)
-    ImageOptions(shape, calib_normalize)  # a bad value is refused before the model is built
+    shape = parse_input_shapes(input_shape)
+    ImageOptions(normalize=calib_normalize)  # a bad value is refused before the model is built
 
     out = console()
     steps = "calibrating" + (", exporting ONNX" if export_path else "") + (", saving" if save_path else "")

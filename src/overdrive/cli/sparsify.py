@@ -20,7 +20,10 @@ from overdrive.cli.common import (check_distinct, check_json_target, check_outpu
               type=click.Choice(["m4n2_1d", "m4n2_2d_greedy", "m4n2_2d_best"]))
 @click.option("--permute/--no-permute", default=False, show_default=True, help="Channel permutation search first.")
 @click.option("--exclude", "exclude", multiple=True, help="Module name to keep dense (repeatable).")
-@click.option("--input-shape", default=None, help="Example input shape, e.g. 1,1,8,8, to report FLOPs pruned.")
+@click.option("--input-shape", default=None, metavar="SHAPE|NAME:AxB,...",
+              help="Example input shape in any rank, e.g. 1,1,8,8 or 1,16, or inputs by name as build --shapes "
+                   "takes them, e.g. input_ids:1x128,attention_mask:1x128 (token ids drawn below the vocabulary "
+                   "size), to report FLOPs pruned.")
 @json_option("the report")
 def command(model_spec: str, checkpoint: str | None, allow_untrained: bool, out: str, mask_calculator: str, permute: bool,
             exclude: tuple[str, ...], input_shape: str | None, json_path: str | None) -> None:
@@ -31,21 +34,18 @@ def command(model_spec: str, checkpoint: str | None, allow_untrained: bool, out:
     Examples:
       overdrive sparsify --model digits --allow-untrained --out digits.sparse24.pt --input-shape 1,1,8,8
       overdrive sparsify --model mypkg.models:build --checkpoint trained.pt --out model.sparse24.pt
+      overdrive sparsify --model mypkg.models:tagger --allow-untrained --out tagger.sparse24.pt \\
+          --input-shape input_ids:1x32,attention_mask:1x32
     """
     check_json_target(json_path)
     check_output("--out", out)
     check_distinct([("--out", out), ("--json", json_path)], [("--model", spec_file(model_spec)),
                                                             ("--checkpoint", checkpoint)])
-    from overdrive._utils.errors import UsageError
-    from overdrive.sparsity import SparsityConfig as Config
+    from overdrive.recipes.input_shapes import parse_input_shapes
     from overdrive.recipes.sparsify import sparsify_checkpoint
+    from overdrive.sparsity import SparsityConfig as Config
 
-    shape = None
-    if input_shape:
-        try:
-            shape = tuple(int(s) for s in input_shape.split(","))
-        except ValueError as exc:
-            raise UsageError(f"--input-shape {input_shape!r} must be comma-separated integers like 1,3,224,224") from exc
+    shape = parse_input_shapes(input_shape)  # refused before the model is built
     cfg = Config(mask_calculator=mask_calculator, permutation=permute, disallowed_layer_names=exclude)
     report, stats = sparsify_checkpoint(model_spec, checkpoint, out, cfg, shape, allow_untrained=allow_untrained)
     if json_path is not None:

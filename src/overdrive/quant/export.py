@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
-from overdrive._utils.files import atomic_write, quiet_fds
+from overdrive._utils.files import atomic_path, atomic_write, quiet_fds
 from overdrive._utils.inputs import ByName, default_input_names, forward_parameters, is_token_model, takes_names
 from overdrive._utils.optional import require
 from overdrive.quant.api import eval_mode, quantizers
@@ -234,9 +234,10 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with eval_mode(model), torch.no_grad(), warnings.catch_warnings(), quiet_fds():  # a failure prints the IR
-            warnings.simplefilter("ignore")
-            torch.onnx.export(traced, xs, str(path), opset_version=opset, dynamo=False,
+        # a temporary file, renamed over path once whole: a failed or interrupted export leaves the old file
+        with atomic_path(path) as tmp, eval_mode(model), torch.no_grad(), warnings.catch_warnings(), quiet_fds():
+            warnings.simplefilter("ignore")  # quiet_fds: a failed export prints the whole IR
+            torch.onnx.export(traced, xs, str(tmp), opset_version=opset, dynamo=False,
                               input_names=names, output_names=outs, dynamic_axes=dyn, do_constant_folding=True)
     except Exception as exc:  # noqa: BLE001 - turn exporter failures into a message naming op and module
         if _export_dynamo(model, traced, xs, path, opset, names, outs, dyn):

@@ -43,7 +43,8 @@ NORMALIZE_FORM = "'imagenet', 'none' (pixels in [0, 1]) or MEAN:STD, e.g. 0.5,0.
 class ImageOptions:
     """How an image folder becomes a calibration tensor (N, C, H, W).
 
-    ``input_shape``: (C, H, W) or (N, C, H, W) of the model's input; None takes a timm model's
+    ``input_shape``: the model's input shape, (C, H, W) or (N, C, H, W) for an image folder (a tensor file's
+    inputs may have any rank); None takes a timm model's
     ``pretrained_cfg["input_size"]``. ``normalize``: :func:`parse_normalize`'s text; None takes the model's
     ``pretrained_cfg`` mean/std, else ImageNet's. ``samples``: the most images read. ``crop_fraction``: the
     center crop's share of the resized shorter side; None takes the model's ``crop_pct``, else 0.875 (224 of 256).
@@ -61,8 +62,8 @@ class ImageOptions:
     def __post_init__(self) -> None:
         if self.input_shape is not None:
             shape = tuple(self.input_shape)
-            if len(shape) not in (3, 4) or any(not isinstance(d, int) or d < 1 for d in shape):
-                raise UsageError(f"input shape {shape} must be C,H,W or N,C,H,W with positive integers, e.g. 1,3,224,224")
+            if not shape or any(not isinstance(d, int) or d < 1 for d in shape):  # the rank: read_image_folder's
+                raise UsageError(f"input shape {shape} must be positive integers, e.g. 1,3,224,224 or 1,16")
             object.__setattr__(self, "input_shape", shape)
         if self.samples < 1:
             raise UsageError(f"calibration samples {self.samples} must be >= 1")
@@ -166,6 +167,11 @@ def read_image_folder(path: str, flag: str, options: ImageOptions, model: nn.Mod
     """
     root = Path(path)
     cfg = model_data_config(model)
+    if options.input_shape is not None and len(options.input_shape) not in (3, 4):
+        got = ",".join(map(str, options.input_shape))
+        raise UsageError(f"{flag} {path!r} is an image folder but --input-shape {got} has {len(options.input_shape)} "
+                         "dims; images need C,H,W or N,C,H,W (e.g. 1,3,224,224): for other inputs save them as a "
+                         ".npy / .npz / .pt tensor file of shape (N, ...) instead")
     chw = options.chw() or (tuple(shape[-3:]) if shape is not None and len(shape) >= 3 else None)
     if chw is None and cfg:
         chw = tuple(int(d) for d in cfg["input_size"])

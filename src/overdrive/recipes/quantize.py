@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,23 @@ def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
                  calib_batches: int, batch_size: int, export_path: str | None, opset: int | None,
                  console: Any = None, save_path: str | None = None, checkpoint: str | None = None,
-                 input_shape: tuple[int, ...] | None = None, calib_normalize: str | None = None) -> dict[str, Any]:
+                 input_shape: tuple[int, ...] | Mapping[str | None, tuple[int, ...]] | None = None,
+                 calib_normalize: str | None = None) -> dict[str, Any]:
     """Load, calibrate, summarize, (for the digits model) evaluate, and optionally export ONNX
     (``export_path``) and save the quantized model (``save_path``, see :func:`save_quantized`). ``input_shape``
-    and ``calib_normalize``: how a folder of images in ``calib_data`` is sized and normalized
-    (:class:`~overdrive.recipes.calib_formats.ImageOptions`)."""
+    (one input's shape in any rank, or ``{name: shape}``, :mod:`overdrive.recipes.input_shapes`): the shape the
+    calibration inputs must have, and the size a folder of images in ``calib_data`` is read at, normalized as
+    ``calib_normalize`` says (:class:`~overdrive.recipes.calib_formats.ImageOptions`).
+
+    Example:
+        >>> # run_quantize("mlp.py:make_mlp", "calib.npy", "int8", "max", 99.99, 8, 64, None, None, input_shape=(1, 16))
+    """
     if calib_batches < 1 or batch_size < 1:
         raise UsageError(f"--calib-batches {calib_batches} and --batch-size {batch_size} must be >= 1")
-    images = ImageOptions(input_shape=input_shape, normalize=calib_normalize)  # bad values refused before loading
+    shapes = dict(input_shape) if isinstance(input_shape, Mapping) else ({None: tuple(input_shape)} if input_shape
+                                                                          else None)
+    image_shape = next(iter(shapes.values())) if shapes and len(shapes) == 1 else None
+    images = ImageOptions(input_shape=image_shape, normalize=calib_normalize)  # bad values refused before loading
     cfg = get_preset(config_name).replace(method=method, percentile=percentile)
     if export_path:  # a bad --opset is refused before the model is loaded and calibrated
         from overdrive.quant.export import check_opset
@@ -80,12 +90,24 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
     if checkpoint and not Path(checkpoint).is_file():  # before the model is built (digits trains) and calibrated
         raise UsageError(f"--checkpoint {checkpoint!r} does not exist")
     model, digits = load_model(model_spec)
+    from overdrive.recipes.models import DigitsCNN
+
+    if calib_data == "digits" and not isinstance(model, DigitsCNN):
+        # refused before calibrating: the demo's (N, 1, 8, 8) images fail in the model's first layer
+        raise UsageError(f"--calib-data digits (the default) is the digits demo's 8x8 images, for --model digits only; "
+                         f"give {type(model).__name__}'s own inputs: --calib-data calib.npy (np.save of an array "
+                         "(N, ...)), calib.npz / calib.pt (inputs by name, e.g. input_ids), or a folder of images")
     if checkpoint:  # a state_dict, a Trainer checkpoint or a .sparse24.pt from overdrive sparsify
         from overdrive.recipes.model_spec import load_checkpoint
 
         load_checkpoint(model, checkpoint)
         model.eval()
     calib = load_calib(calib_data, digits, calib_batches, batch_size, model, images)
+    if shapes and not Path(calib_data).is_dir():  # a folder's images are read at the shape; a file's are checked
+        # before calibrating: inputs of another shape fail in some layer, far from the cause
+        from overdrive.recipes.input_shapes import check_batches
+
+        check_batches(shapes, calib.names, calib.batches[0], f"--calib-data {calib_data!r}")
     result: dict[str, Any] = {"model": model_spec, "config": cfg.to_dict()}
     if digits is not None:
         with torch.no_grad():
@@ -130,15 +152,42 @@ def save_quantized(qmodel: nn.Module, config: QuantConfig, model_spec: str, path
     (no forward_loop), which :func:`load_quantized` does. The whole model is not pickled (its traced
     classes are made at run time, and loading a pickle runs code)."""
     from overdrive._utils.files import atomic_torch_save
+    from overdrive._utils.signing import sign, signing_key
 
     state = {k: v.detach().cpu() for k, v in qmodel.state_dict().items()}
-    atomic_torch_save({"format": SAVE_FORMAT, "model": model_spec, "config": config.to_dict(), "state_dict": state},
-                      path)
+    mac = sign(_spec_payload(model_spec), signing_key(create=True).key)  # load_quantized runs the spec only if it verifies
+    atomic_torch_save({"format": SAVE_FORMAT, "model": model_spec, "model_signature": mac, "config": config.to_dict(),
+                       "state_dict": state}, path)
 
 
-def load_quantized(path: str, model: nn.Module | None = None) -> nn.Module:
+def _spec_payload(model_spec: str) -> bytes:
+    return f"{SAVE_FORMAT} model spec\0{model_spec}".encode()
+
+
+def _untrusted_spec(payload: dict[str, Any]) -> str | None:
+    """Why the model spec in ``payload`` may not run (None: an alias of overdrive's own models, or signed with
+    this user's key)."""
+    from overdrive._utils.signing import signing_key, verify
+    from overdrive.recipes.model_spec import ALIASES
+
+    spec, mac = payload.get("model"), payload.get("model_signature")
+    if isinstance(spec, str) and spec in ALIASES:
+        return None
+    if not isinstance(spec, str) or mac is None:
+        return "it is not signed (written by an older overdrive, by hand, or by another tool)"
+    key = signing_key(create=False)
+    if key is None:
+        return "it is signed but there is no signing key here to check it with"
+    if not verify(_spec_payload(spec), mac, key.key):
+        return "its signature does not verify under your key (signed elsewhere, or changed)"
+    return None
+
+
+def load_quantized(path: str, model: nn.Module | None = None, trust: bool = False) -> nn.Module:
     """The model ``overdrive quantize --save FILE`` wrote, quantized and calibrated, in eval mode. ``model``:
-    the float model to quantize again (default: built from the spec saved in FILE).
+    the float model to quantize again (default: built from the spec saved in FILE). Building it runs the code
+    the spec names, so that happens only for a file signed with your key (``--save`` signs it), an alias of
+    overdrive's own models, or ``trust=True``; otherwise UsageError, before anything is imported.
 
     Example:
         >>> # m = load_quantized("digits_int8.pt"); m(torch.randn(1, 1, 8, 8))
@@ -153,6 +202,11 @@ def load_quantized(path: str, model: nn.Module | None = None) -> nn.Module:
     if model is None:
         from overdrive.recipes.model_spec import load_model as _load
 
+        why = None if trust else _untrusted_spec(payload)
+        if why is not None:
+            raise UsageError(f"{path}: building its model runs the code its spec {payload.get('model')!r} names, and "
+                             f"{why}; pass the float model yourself (load_quantized(path, model=build())), save it "
+                             "again here with overdrive quantize --save, or pass trust=True if you know where it came from")
         model = _load(payload["model"])
     qmodel = quantize(model.eval(), QuantConfig.from_dict(payload["config"]))
     try:
