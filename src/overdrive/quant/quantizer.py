@@ -304,6 +304,51 @@ class TensorQuantizer(nn.Module):
         return True  # real low precision is quant.to_real(model)
 
     @property
+    def maxbound(self) -> float:
+        """The largest quantized magnitude, ModelOpt's ``maxbound``: 2**(num_bits-1) - 1 = 127 for int8 (narrow
+        range or not), 448 for fp8 e4m3; the scale is ``amax / maxbound``.
+
+        Example:
+            >>> TensorQuantizer().maxbound, TensorQuantizer(QuantizerConfig(format="fp8_e4m3")).maxbound
+            (127, 448.0)
+        """
+        return 448.0 if self.config.format == "fp8_e4m3" else (1 << 7) - 1
+
+    @property
+    def block_sizes(self) -> None:
+        """ModelOpt's block-quantization sizes: always None here (per tensor or per channel; grouped int4 / int8
+        weights are ``quant.weight_only``), so export code takes its per-tensor / per-channel branch."""
+        return None
+
+    @property
+    def trt_high_precision_dtype(self) -> str:
+        """ModelOpt's dtype of the Q/DQ scales in ONNX export: ``"Float"`` (``quant.export_onnx`` writes fp32 scales)."""
+        return "Float"
+
+    def export_amax(self) -> torch.Tensor | None:
+        """amax as ModelOpt's ``export_amax()`` gives it to TensorRT-LLM-style exporters: None before calibration;
+        else a copy with 0 and NaN replaced by :attr:`maxbound`, clamped to fp32's positive range, shape (1,) per
+        tensor and (C,) per channel (``scale = export_amax() / maxbound``). The amax buffer is not changed.
+
+        Example:
+            >>> q = TensorQuantizer(); q.amax = 2.5
+            >>> q.export_amax(), q.export_amax() / q.maxbound
+            (tensor([2.5000]), tensor([0.0197]))
+        """
+        if self.amax is None:
+            return None
+        amax = self.amax.detach().float().clone()
+        amax = torch.nan_to_num(torch.where(amax == 0, torch.full_like(amax, self.maxbound), amax), nan=self.maxbound)
+        amax = amax.clamp(torch.finfo(amax.dtype).tiny, torch.finfo(amax.dtype).max)
+        return amax.reshape(1) if self.axis is None else amax.squeeze()
+
+    def reset_amax(self) -> None:
+        """Forget amax and the calibration statistics (ModelOpt's ``reset_amax``): the quantizer is uncalibrated
+        until the next calibration (``mtq.calibrate``)."""
+        self.amax = None
+        self.calibrator = None
+
+    @property
     def step_size(self) -> torch.Tensor | None:
         """amax / 127 (pytorch-quantization's name for the scale); None before calibration."""
         return None if self.amax is None else self.amax / self.config.bound

@@ -15,7 +15,7 @@ Example:
     >>> cfg["quant_cfg"]["*input_quantizer"]["calibrator"] = "histogram"
     >>> model = mtq.quantize(torch.nn.Sequential(torch.nn.Linear(8, 4)), cfg)
     >>> mtq.model_calib.enable_stats_collection(model)
-    >>> _ = model(torch.randn(4096, 8))
+    >>> _ = model(torch.randn(4096, 8, generator=torch.Generator().manual_seed(0)))  # a fixed sample
     >>> mtq.model_calib.finish_stats_collection(model, method="entropy")
     >>> bool(model[0].input_quantizer.amax < model[0].input_quantizer.calibrator.max)
     True

@@ -28,7 +28,7 @@ from overdrive._utils.errors import UsageError
 from overdrive._utils.files import atomic_torch_save
 from overdrive.quant import api
 from overdrive.quant.config import QuantConfig, QuantizerConfig
-from overdrive.quant.modelopt import _insert_quantizers, _owners, _reconfigure
+from overdrive.quant.modelopt.conversion import _insert_quantizers, _owners, _reconfigure
 
 _VERSION = "overdrive.quant/1"
 
