@@ -5,11 +5,13 @@ is compared with the eager model (stated tolerances, fixed seeds)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from overdrive._utils.errors import UsageError
 from overdrive.engine import Builder, BuildConfig, Engine, ShapeProfile
 
 
@@ -135,3 +137,21 @@ def test_lstm_dynamic_sequence_on_inductor_names_the_dim() -> None:
     cfg = BuildConfig(backend="inductor", device="cpu", profiles=[ShapeProfile("x", (1, 3, 8), (2, 5, 8), (4, 9, 8))])
     with pytest.raises(UsageError, match=r"input 'x' dim 1: .*\(3\.\.9\).*fixed it at 5.*--backend onnxruntime"):
         Builder(cfg).build(Tagger().eval())
+
+
+@pytest.mark.parametrize("content, says", [
+    ("torch", "zip archive, as PyTorch saves"),
+    (b"ODENGINE\x00\x00", "an overdrive engine already"),
+])
+def test_a_file_that_is_not_onnx_says_what_it_is(tmp_path: Path, content: object, says: str) -> None:
+    """`build --onnx model.pt` said only "Wire format was corrupt"; the error now says what the file holds and which
+    flag takes it."""
+    from overdrive.engine.sources import from_onnx
+
+    path = tmp_path / "model.onnx"
+    if content == "torch":
+        torch.save(torch.nn.Linear(2, 2).state_dict(), path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(UsageError, match=says):
+        from_onnx(str(path))

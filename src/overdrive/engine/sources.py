@@ -230,6 +230,26 @@ def export_summary(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
+def _not_onnx_hint(data: bytes) -> str:
+    """What a file given as ONNX holds instead, and the flag that takes it, told from its first bytes: a PyTorch
+    archive (``torch.save``, TorchScript and ``torch.export`` files are zip archives), a bare pickle, an engine file.
+
+    Example:
+        >>> _not_onnx_hint(b"PK\x03\x04...")[:40]
+        '; it is a zip archive, as PyTorch saves '
+    """
+    if data[:4] == b"PK\x03\x04":
+        return ("; it is a zip archive, as PyTorch saves (torch.save, TorchScript, torch.export): give a torch.export "
+                "archive as --exported, TorchScript as --torchscript, and a model's code as --model file.py:factory "
+                "(a state_dict or a pickled model is no model to build from on its own)")
+    if data[:1] == b"\x80":
+        return ("; it is a Python pickle (torch.save of an old format): build from the model's code with --model "
+                "file.py:factory")
+    if data[:8] == b"ODENGINE":
+        return "; it is an overdrive engine already: run it with exec --loadEngine (or Engine.load)"
+    return ""
+
+
 def from_module(module: nn.Module, input_names: list[str] | None = None) -> ModelSource:
     """A module source: its inputs named as ``forward`` names its required positional parameters (``input_names``
     overrides). A TorchScript module (``torch.jit.load`` / ``script`` / ``trace``) has no Python signature: its
@@ -354,7 +374,8 @@ def from_onnx(model: str | Path | bytes | Any) -> ModelSource:
     try:
         proto = onnx.load_from_string(data)
     except Exception as exc:
-        raise UsageError(f"{model if isinstance(model, (str, Path)) else 'ONNX bytes'}: not a valid ONNX model ({exc})") from exc
+        raise UsageError(f"{model if isinstance(model, (str, Path)) else 'ONNX bytes'}: not a valid ONNX model "
+                         f"({exc}){_not_onnx_hint(data)}") from exc
     if external_data_names(proto):
         if not isinstance(model, (str, Path)):
             raise UsageError(f"ONNX bytes reference external data files ({', '.join(external_data_names(proto)[:3])}); "
