@@ -132,11 +132,14 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 
 
 def module_reference(module: nn.Module) -> Reference:
-    """Runs ``module`` as given (eval mode, no grad, on its own device)."""
+    """Runs ``module`` as given (eval mode, no grad, on its own device), in IEEE fp32 math whatever the caller's
+    TF32 / ``set_float32_matmul_precision`` settings: the reference an engine is judged against is exact fp32."""
+    from overdrive.engine.fp32_flags import fp32_flags, precision_flags
+
     dev = next((p.device for p in module.parameters()), torch.device("cpu"))
 
     def run(batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-        with torch.no_grad(), _eval(module):
+        with torch.no_grad(), _eval(module), precision_flags(fp32_flags("fp32")):
             return [t.detach().cpu() for t in _tensors(module(*(x.to(dev) for x in batch)))]
 
     return run
