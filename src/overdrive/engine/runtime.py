@@ -154,9 +154,15 @@ class Engine:
         Example:
             >>> # Engine.load("model.engine").info["trust"]  # {'signature': 'signed', 'trusted': True, 'mode': 'full'}
         """
-        ef = fmt.read(path)
+        return cls._open(fmt.read(path), str(path), device, precision, trust)
+
+    @classmethod
+    def _open(cls, ef: fmt.EngineFile, path: str, device: str | None, precision: str | None, trust: bool,
+              record: dict[str, Any] | None = None) -> Engine:
+        """:meth:`load` from an engine file in memory. ``record``: the trust record of the engine this one is a
+        copy of (unpickled or deep-copied), kept as it was instead of checking a signature."""
         h = ef.header
-        status, why = fmt.authenticate(h)
+        status, why = fmt.authenticate(h) if record is None else (record.get("signature"), record.get("why"))
         trusted = status == "signed" or trust
         built = h["device"]
         if precision is not None and precision not in PRECISIONS:
@@ -196,7 +202,8 @@ class Engine:
         before = _compile_counters()
         runner = backends.get(h["backend"]).load(ef.sections, h, dev, trusted=trusted, native_ok=native_ok)
         eng = cls(h, ef.sections, runner, dev,
-                  trust={"signature": status, "why": why, "trusted": trusted, "mode": mode})
+                  trust={"signature": status, "why": why, "trusted": trusted, "mode": mode} if record is None
+                  else dict(record))
         # Load time includes the first call: for Inductor that is when the program compiles (from the cache).
         eng.runner(*random_inputs(eng.profiles, ModelSource(input_names=eng.input_names,
                                                             input_dtypes=dict(zip(eng.input_names, eng.input_dtypes))), dev))
@@ -257,7 +264,19 @@ class Engine:
     def run(self, *inputs: torch.Tensor, **named: torch.Tensor) -> list[torch.Tensor]:
         """All outputs as a list (copies: safe to keep across calls, also under CUDA graphs)."""
         xs = self.check_inputs(inputs, named)
-        return [o.clone() for o in self.runner(*xs)]
+        copied = getattr(self.runner, "copied", None)  # a runner whose outputs a concurrent call can overwrite
+        return copied(*xs) if copied is not None else [o.clone() for o in self.runner(*xs)]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle (and ``copy.deepcopy``) as the engine file's header and sections; unpickling loads them again as
+        :meth:`load` does (device, precision and torch checks, a new runner), so a copy shares no runtime state
+        and works in another process (``DataLoader`` workers started with ``spawn``). It keeps the trust record:
+        unpickling runs code anyway, so only unpickle engines from a source you trust.
+
+        Example:
+            >>> # engine2 = pickle.loads(pickle.dumps(engine)); copy.deepcopy(engine)
+        """
+        return (_unpickle_engine, (self.header, self.sections, str(self.device), dict(self.trust), self.build_s))
 
     def __call__(self, *inputs: torch.Tensor, **named: torch.Tensor) -> Any:
         """The outputs as the model gave them: one tensor, a tuple, or (for a model returning a dict or a Hugging Face
@@ -289,6 +308,15 @@ class Engine:
         from overdrive.engine.benchmark import benchmark
 
         return benchmark(self, **kwargs)
+
+
+def _unpickle_engine(header: dict[str, Any], sections: dict[str, bytes], device: str, trust: dict[str, Any],
+                     build_s: float | None) -> Engine:
+    """An engine again from what :meth:`Engine.__reduce__` pickled."""
+    eng = Engine._open(fmt.EngineFile(header, sections), f"pickled {header.get('backend')} engine", device, None,
+                       bool(trust.get("trusted")), record=trust)
+    eng.build_s = build_s
+    return eng
 
 
 def phases_summary(phases: dict[str, float]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +36,12 @@ from overdrive.engine.export_dims import check_exported_dims, dynamic_shapes
 from overdrive.engine.sources import ModelSource, load_exported, save_exported
 
 NAME = "inductor"
+
+# Held around every call of every inductor engine in the process. A call sets process-wide state (the fp32 flags,
+# Inductor's freezing switch) and puts the caller's back after; two threads doing that at once ran one call under
+# the other's restored flags and left the engine's flags in place of the caller's. CUDA-graph runners also write
+# their inputs into, and return, buffers the next call overwrites. Reentrant: GraphRunner calls Runner under it.
+_CALL_LOCK = threading.RLock()
 
 
 def unavailable(device: torch.device) -> str | None:
@@ -74,16 +81,30 @@ class Runner:
     CUDA-graph step before each call so outputs stay valid.
 
     The flags are set at every call, CUDA-graph replays included: TorchDynamo guards on them (``allow_tf32`` is
-    part of its global-state guard), so a call under the caller's flags would recompile rather than replay."""
+    part of its global-state guard), so a call under the caller's flags would recompile rather than replay.
+
+    Calls from several threads run one at a time (those flags are process-wide); :meth:`copied` also takes the
+    copies of the outputs before another thread's call can overwrite them.
+
+    Example:
+        >>> r = Runner(lambda x: x + 1, fp32_flags("fp32"), "default", "torch.compile")
+        >>> [y.tolist() for y in r.copied(torch.zeros(2))]
+        [[1.0, 1.0]]
+    """
 
     def __init__(self, fn: Callable, fp32: dict[str, str], mode: str, via: str) -> None:
         self.fn, self.fp32, self.mode, self.via = fn, fp32, mode, via
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
-        with precision_flags(self.fp32), torch.inference_mode():
+        with _CALL_LOCK, precision_flags(self.fp32), torch.inference_mode():
             if self.mode == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
             return flatten_outputs(self.fn(*xs))
+
+    def copied(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        """One call's outputs as copies the caller owns (what :meth:`overdrive.engine.Engine.run` returns)."""
+        with _CALL_LOCK:
+            return [o.clone() for o in self(*xs)]
 
 
 class GraphRunner(Runner):
@@ -117,6 +138,10 @@ class GraphRunner(Runner):
         self.static_out: list[torch.Tensor] = []
 
     def __call__(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        with _CALL_LOCK:  # the recorded input and output buffers are shared by every call
+            return self._call(xs)
+
+    def _call(self, xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         if self.graph is None:
             if self.ungraphed:
                 return Runner.__call__(self, *xs)
@@ -128,7 +153,7 @@ class GraphRunner(Runner):
                 warnings.warn(f"this engine's program could not be recorded as one CUDA graph ({type(exc).__name__}: "
                               f"{str(exc).strip()[:200]}); it runs without one (correct, slower per call). "
                               "torch.compile's own graphs skip such parts: rebuild with --compile-mode reduce-overhead",
-                              RuntimeWarning, stacklevel=2)
+                              RuntimeWarning, stacklevel=3)
                 return Runner.__call__(self, *xs)
         if len(xs) != len(self.static_in):
             raise UsageError(f"this engine's CUDA graph takes {len(self.static_in)} input(s), got {len(xs)}")
