@@ -337,7 +337,9 @@ def test_structured_inputs_outputs_and_a_clear_error_for_dict_batches() -> None:
         torch.testing.assert_close(p, q, rtol=0, atol=0)
     kw = [({"x1": x1, "x2": x2}, y) for (x1, x2), y in data]  # keyword inputs
     loss, acc = evaluate(model, kw, loss_fn=loss_fn)
-    assert acc is None and loss == pytest.approx(sum(float(loss_fn(model(*x), y)) for x, y in data) / 3, rel=1e-5)
+    assert loss == pytest.approx(sum(float(loss_fn(model(*x), y)) for x, y in data) / 3, rel=1e-5)
+    # a dict output's "logits" are class scores: top-1 accuracy reads them, as it reads a tensor output
+    assert acc == sum(int((model(*x)["logits"].argmax(-1) == y).sum()) for x, y in data) / 18
     with pytest.raises(UsageError, match=r"takes batches \(inputs, targets\); the data yielded a dict with keys"):
         trainer.fit([{"x": torch.randn(2, 4), "y": torch.zeros(2, dtype=torch.long)}], epochs=1)
     other = TwoIn()

@@ -22,10 +22,27 @@ from overdrive._utils.errors import UsageError
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def _split(batch: Any) -> tuple[Any, Any]:
-    """A batch as (inputs, targets), or a one-line error saying what the Trainer takes."""
+LABELS = "labels"  # the key of a Hugging Face batch's targets (a DataCollator's dict), as the HF Trainer's label_names
+
+
+def _split(batch: Any, loss_fn_given: bool = False) -> tuple[Any, Any]:
+    """A batch as (inputs, targets), or a one-line error saying what the Trainer takes.
+
+    A dict with ``"labels"`` (what a Hugging Face DataCollator yields) is a batch too, as the HF Trainer reads it:
+    without ``loss_fn`` the inputs are the whole dict (the model computes its loss from the labels; see
+    :func:`_own_loss`); with one, the labels are taken out of the inputs and handed to it as the targets (the HF
+    Trainer's ``compute_loss_func``). A ``BatchEncoding`` becomes a plain dict, which the device move walks into.
+
+    Example:
+        >>> b = {"input_ids": torch.zeros(2, 3, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
+        >>> sorted(_split(b)[0]), sorted(_split(b, loss_fn_given=True)[0])
+        (['input_ids', 'labels'], ['input_ids'])
+    """
     if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch, str):
         return batch[0], batch[1]
+    if isinstance(batch, Mapping) and LABELS in batch:
+        inputs = {k: v for k, v in batch.items() if not (loss_fn_given and k == LABELS)}
+        return inputs, batch[LABELS]
     if isinstance(batch, Mapping):
         got = f"a dict with keys {sorted(map(str, batch))[:6]}"
     elif isinstance(batch, (tuple, list)):
@@ -33,8 +50,47 @@ def _split(batch: Any) -> tuple[Any, Any]:
     else:
         got = type(batch).__name__
     raise UsageError(f"the Trainer takes batches (inputs, targets); the data yielded {got}: yield pairs, e.g. "
-                     "((b['input_ids'], b['labels']) for b in loader); inputs may be a tensor, a tuple of tensors "
-                     "(model(*inputs)) or a dict of them (model(**inputs))")
+                     "((b['pixel_values'], b['label']) for b in loader), or a dict with the targets under 'labels' (a "
+                     "Hugging Face DataCollator's batch: model(**batch) computes its own loss); inputs may be a "
+                     "tensor, a tuple of tensors (model(*inputs)) or a dict of them (model(**inputs))")
+
+
+def _uses_own_loss(batch: Any, loss_fn_given: bool) -> bool:
+    """Whether the step's loss is the model's own: a dict batch with ``"labels"`` and no ``loss_fn``."""
+    return not loss_fn_given and isinstance(batch, Mapping) and LABELS in batch
+
+
+def _own_loss(out: Any) -> torch.Tensor:
+    """The loss a model computed itself from the batch's labels: ``out.loss`` of a Hugging Face ModelOutput (or
+    ``out["loss"]`` of a dict), as the HF Trainer takes it.
+
+    Example:
+        >>> float(_own_loss({"loss": torch.tensor(0.5), "logits": torch.zeros(2, 3)}))
+        0.5
+    """
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise UsageError(f"the batch is a dict with 'labels', given whole to the model (model(**batch)), and its "
+                         f"output ({type(out).__name__}) holds no 'loss' (found {type(loss).__name__}); use a model "
+                         "that computes its loss from labels (a Hugging Face ...ForSequenceClassification / "
+                         "...ForCausalLM, return_dict=True), or pass loss_fn=lambda out, labels: ... which then gets "
+                         "batch['labels']")
+    return loss
+
+
+def _scores(out: Any) -> Any:
+    """The class scores in a model's output: a tensor itself, or the ``logits`` of a ModelOutput or dict (None if
+    it has none): what top-1 accuracy reads.
+
+    Example:
+        >>> _scores({"logits": torch.zeros(2, 3)}).shape
+        torch.Size([2, 3])
+    """
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        return out.get("logits")
+    return getattr(out, "logits", None)
 
 
 def _call(model: Any, x: Any) -> Any:

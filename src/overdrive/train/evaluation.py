@@ -11,7 +11,7 @@ from torch.utils._pytree import tree_map
 
 from overdrive._utils.errors import UsageError
 from overdrive.amp import MixedPrecision
-from overdrive.train.batches import Batch, _call, _float_output, _rows, _split
+from overdrive.train.batches import Batch, _call, _float_output, _own_loss, _rows, _scores, _split, _uses_own_loss
 
 if TYPE_CHECKING:
     from overdrive.train.loop import Trainer
@@ -28,12 +28,14 @@ def evaluate(
     over_ranks: bool = False,
 ) -> tuple[float, float | None]:
     """Mean loss and top-1 accuracy of ``model`` over ``data`` (under ``mp``'s autocast if given). The accuracy is
-    None unless every batch is (N, C) class scores against (N,) integer targets (binary logits, per-token outputs
-    and regression have no top-1 accuracy).
+    None unless every batch is (N, C) class scores (a tensor, or the ``logits`` of a Hugging Face ModelOutput)
+    against (N,) integer targets (binary logits, per-token outputs and regression have no top-1 accuracy).
 
     ``loss_fn(output, target)`` is called as in training and must return the batch *mean* (the
     convention of torch's losses); each batch is weighted by its size, so the result is the mean
-    over samples. Without it, the loss is cross-entropy.
+    over samples. Without it, the loss is cross-entropy; for a dict batch with ``"labels"`` (a Hugging Face
+    DataCollator's), the model's own ``output.loss``, weighted by the batch's size as the HF Trainer's ``eval_loss``
+    (for a language model, each batch's mean over its tokens: a batch of few tokens weighs as much as one of many).
 
     ``over_ranks=True`` (what :meth:`Trainer.fit` passes under ``strategy="ddp"|"fsdp"``): each rank evaluates its
     own shard of the data and the loss sums, correct counts and sample counts are summed over the default process
@@ -65,14 +67,15 @@ def evaluate(
     real = _unpadded_samples(data) if over_ranks else None  # this rank's samples before DistributedSampler's padding
     seen = 0
     for batch in data:
-        x, y = _split(batch)
+        own = _uses_own_loss(batch, loss_fn is not None)
+        x, y = _split(batch, loss_fn is not None)
         x, y = tree_map(move, x), tree_map(move, y)
         if ctx is not None:
             with ctx():
                 out = _call(model, x)
         else:
             out = _call(model, x)
-        out = _float_output(out, loss_fn is not None)
+        out = _float_output(out, loss_fn is not None or own)
         rows = _rows(x)
         if real is not None:
             keep = max(0, min(rows, real - seen))
@@ -82,13 +85,17 @@ def evaluate(
                 rows = keep
                 if rows == 0:
                     continue
-        if loss_fn is None:
+        if own:  # the model's batch mean (over its tokens, for a language model), weighted by the batch's size
+            total_loss += _own_loss(out).double() * rows
+        elif loss_fn is None:
             total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
         else:
             # a user loss has no ``reduction`` argument: undo its batch mean
             total_loss += loss_fn(out, y).double() * rows
-        if classifies and isinstance(out, torch.Tensor) and isinstance(y, torch.Tensor) and _is_classification(out, y):
-            correct += (out.argmax(dim=-1) == y).sum()
+        scores = _scores(out)  # a Hugging Face ModelOutput's logits
+        if classifies and isinstance(scores, torch.Tensor) and isinstance(y, torch.Tensor) \
+                and _is_classification(scores, y):
+            correct += (scores.argmax(dim=-1) == y).sum()
         else:  # one logit per sample (BCE), per-token outputs, regression: top-1 accuracy is not defined here
             classifies = False
         n += rows

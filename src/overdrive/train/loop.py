@@ -18,7 +18,8 @@ from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
 from overdrive.amp import MixedPrecision, Policy, prepare
 from overdrive.train.batches import (  # noqa: F401  (_is_classification and the helpers: importable from here as before)
-    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _resumable_sampler, _rows, _set_epoch, _split,
+    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _own_loss, _resumable_sampler, _rows, _set_epoch,
+    _split, _uses_own_loss,
 )
 from overdrive.train.config import TrainConfig
 from overdrive.train.early_stopping import EarlyStopping
@@ -40,6 +41,8 @@ class Trainer:
 
     Batches are ``(inputs, targets)``: inputs a tensor, a tuple of tensors (``model(*inputs)``) or a dict of them
     (``model(**inputs)``); a model that returns a dict or a Hugging Face ModelOutput hands it to ``loss_fn`` as it is.
+    A dict with ``"labels"`` (a Hugging Face DataCollator's batch) is read as the HF Trainer reads it: without
+    ``loss_fn`` the loss is the model's own (``model(**batch).loss``); with one, ``loss_fn(model(**rest), labels)``.
     ``device`` moves the model there (batches follow); without it, the model's device is used.
     ``compile=True`` compiles the model's forward with torch.compile (the step stays eager, so
     the loss scaler and optimizer hooks behave as usual). ``strategy="ddp"|"fsdp"`` (or an
@@ -214,7 +217,8 @@ class Trainer:
 
         Returns the micro-batch loss as a detached tensor (no host sync of its own).
         """
-        x, y = _split(batch)
+        own = _uses_own_loss(batch, self._loss_fn_given)  # a Hugging Face dict batch: the model's own loss
+        x, y = _split(batch, self._loss_fn_given)
         x = self._to_device(x)
         y = (y.to(self.device, non_blocking=True) if isinstance(y, torch.Tensor)
              else tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t, y))
@@ -230,11 +234,11 @@ class Trainer:
                 # step while the others applied theirs: DDP replicas drifted apart. It backpropagates a zero
                 # gradient instead (every parameter reached, so DDP's and FSDP's collectives still match) and
                 # reports a NaN loss, which fit leaves out of the epoch's mean; loss_fn is not called on it.
-                out = _float_output(out, self._loss_fn_given)
+                out = _float_output(out, self._loss_fn_given or own)
                 if empty:
                     loss = sum(t.float().sum() for t in _leaves(out) if isinstance(t, torch.Tensor)) * 0.0
                 else:
-                    loss = self.loss_fn(out, y)
+                    loss = _own_loss(out) if own else self.loss_fn(out, y)
                     if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
                         raise UsageError(f"loss_fn returned a tensor of shape {tuple(loss.shape)}, not one value; reduce "
                                          "it (reduction='mean', or .mean() in the function)")
@@ -371,7 +375,7 @@ class Trainer:
                     losses.append(self.train_step(batch, end_of_epoch=end))
                     if resumable is not None:
                         resumable.advance()
-                    sizes.append(_rows(_split(batch)[0]))
+                    sizes.append(_rows(_split(batch, self._loss_fn_given)[0]))
                     samples += sizes[-1]
                     if bar is not None and time.perf_counter() - shown >= BAR_SECONDS:
                         # reading the loss waits for the device: at most once per BAR_SECONDS, not every few steps
@@ -408,7 +412,8 @@ class Trainer:
                     # under DDP / FSDP each rank evaluates its shard; the sums go over the ranks, so every rank
                     # reports the mean over all samples (a mean of the ranks' means weighted a short shard too much)
                     stats.eval_loss, stats.eval_accuracy = evaluate(
-                        self.model, eval_data, self.mp, self.channels_last, loss_fn=self.loss_fn,
+                        self.model, eval_data, self.mp, self.channels_last,
+                        loss_fn=self.loss_fn if self._loss_fn_given else None,
                         over_ranks=self.parallel is not None,
                     )
                 if self._plateau:
