@@ -398,6 +398,8 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
 
     Other quantized layers (convolutions other than 1x1 off CUDA, ConvTranspose, disabled ones, unsupported
     shapes) go back to their float layer; ``model._overdrive_real`` lists what was converted and what was not, and why.
+    A Linear / GPT-2 Conv1D with int8 weights and its input quantizer off (weight-only) becomes a
+    :class:`~overdrive.quant.weight_only.WeightOnlyLinear` holding the fake quantization's int8 codes.
     The settings are a :class:`RealConfig` (``rowwise``: fp8 with dynamic per-token activation scales
     and per-channel weight scales; ``device``), given as ``config``, as keywords that replace its fields
     (``to_real(model, rowwise=True)``), or both.
@@ -441,7 +443,14 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
         # the int8 ranges of the fake quantization: [-127, 127] where the quantizer is narrow-range
         ranges = {"x_qmin": -127 if iq.config.narrow_range else -128, "w_qmin": -127 if wq.config.narrow_range else -128,
                   "x_pre": iq.pre_quant_scale}  # SmoothQuant's 1 / s (the weight is taken smoothed: W * s)
-        if not (iq.enabled and wq.enabled):
+        weight_only_int8 = (wq.enabled and not iq.enabled and wq.config.format == "int8" and wq.amax is not None
+                            and iq.pre_quant_scale is None and wq.pre_quant_scale is None)
+        if weight_only_int8 and (isinstance(m, QuantLinear) or (hf_conv1d_class() is not None
+                                                               and isinstance(m, hf_conv1d_class()))):
+            # int8 weights, float activations (mtq.INT8_WEIGHT_ONLY_CFG): stored int8, dequantized per call
+            from overdrive.quant.weight_only import WeightOnlyLinear  # (weight_only imports this module)
+            new = WeightOnlyLinear.from_quantized(m)
+        elif not (iq.enabled and wq.enabled):
             reason = "quantizers disabled (kept in float)"
         elif iq.config.format != wq.config.format:  # no kernel takes an int8 input with fp8 weights, or the reverse
             reason = (f"input {iq.config.format} and weight {wq.config.format}: no kernel takes both formats (float); "
@@ -485,7 +494,7 @@ def to_real(model: nn.Module, config: RealConfig | None = None, **settings: Any)
             report[name] = reason or "float"
         else:
             kind = "dynamic (per-token)" if dyn else "rowwise" if rowwise and fmt == "fp8" else "per-tensor"
-            report[name] = f"{fmt} {kind}"
+            report[name] = "int8 weight-only" if weight_only_int8 else f"{fmt} {kind}"
         if name == "":  # a bare quantized layer
             new._overdrive_real = report
             return new

@@ -67,6 +67,33 @@ class WeightOnlyLinear(nn.Module):
         bias = None if lin.bias is None else lin.bias.detach().clone()
         return cls(q, scales.to(weight.dtype), bias, bits, group_size, k)
 
+    @classmethod
+    def from_quantized(cls, layer: nn.Module) -> WeightOnlyLinear:
+        """The int8 weights a calibrated fake-quant layer computes, stored: a ``QuantLinear`` / GPT-2 ``QuantConv1D``
+        whose input quantizer is off and whose weight quantizer is int8 per output channel or per tensor
+        (``mtq.INT8_WEIGHT_ONLY_CFG``). One group spans the row, its scale is amax / 127 and the codes are
+        ``clamp(round(w / scale), qmin, 127)``, the fake quantization's, so the outputs are the fake-quant model's.
+
+        Example:
+            >>> from overdrive import quant
+            >>> cfg = quant.QuantConfig(input=quant.QuantizerConfig(enabled=False))
+            >>> m = quant.quantize(torch.nn.Sequential(torch.nn.Linear(16, 8)), cfg)
+            >>> q = WeightOnlyLinear.from_quantized(m[0])
+            >>> x = torch.randn(2, 16); bool((q(x) - m(x)).abs().max() < 1e-6)
+            True
+        """
+        wq = layer.weight_quantizer
+        weight = layer.weight.detach()
+        conv1d = hf_conv1d_class()  # GPT-2's QuantConv1D subclasses it; its weight is (in, out)
+        w = (weight.t() if conv1d is not None and isinstance(layer, conv1d) else weight).float()  # (N, K)
+        n, k = w.shape
+        scale = wq.scale().reshape(-1, 1).expand(n, 1).to(w.device)  # (N, 1): per channel, or one per tensor
+        qmin = -127 if wq.config.narrow_range else -128
+        # x * (1 / scale), round half to even, clamp: torch.fake_quantize's arithmetic, code for code
+        q = torch.clamp(torch.round(w * (1.0 / scale)), qmin, 127).to(torch.int8)
+        bias = None if layer.bias is None else layer.bias.detach().clone()
+        return cls(q, scale.to(weight.dtype).contiguous(), bias, 8, k, k)
+
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         if self.bits == 8:
             q = self.q.to(dtype)

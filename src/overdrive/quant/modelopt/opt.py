@@ -129,10 +129,16 @@ def enable_huggingface_checkpointing() -> None:
 
     @functools.wraps(save_orig)
     def save_pretrained(self: Any, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        if not api.quantizers(self):
+            return save_orig(self, save_directory, *args, **kwargs)
+        qstate = _quantizer_state(self)
+        # the quantizers' amax / pre_quant_scale go to modelopt_state.pth only: the weights file keeps the float
+        # model's keys, so from_pretrained (with or without this call) finds no unexpected key in it
+        sd = kwargs.get("state_dict")
+        kwargs["state_dict"] = {k: v for k, v in (self.state_dict() if sd is None else sd).items() if k not in qstate}
         out = save_orig(self, save_directory, *args, **kwargs)
-        if api.quantizers(self):
-            atomic_torch_save({"modelopt_state": modelopt_state(self), "quantizer_state_dict": _quantizer_state(self)},
-                              Path(os.fspath(save_directory)) / _HF_STATE)
+        atomic_torch_save({"modelopt_state": modelopt_state(self), "quantizer_state_dict": qstate},
+                          Path(os.fspath(save_directory)) / _HF_STATE)
         return out
 
     @functools.wraps(from_orig)
