@@ -32,7 +32,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive.engine.onnx import dynamic, layers, ops, qdq, rnn, select, shape, vision
 from overdrive.engine.onnx.shape import _split
-from overdrive.engine.onnx.values import Op, Value, _as_value, _from_numpy, _tensor
+from overdrive.engine.onnx.values import _ML_DTYPES, FOUR_BIT, Op, Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
 
@@ -73,12 +73,20 @@ class ONNXModule(nn.Module):
         # inputs read as Python numbers (Resize's scales and sizes): a buffer would be a fake tensor under export
         host_args = {n.input[i] for n in g.node for i in HOST_INPUTS.get(n.op_type, ()) if i < len(n.input)}
         dq_data = {n.input[0] for n in g.node if n.op_type == "DequantizeLinear"}
+        # a QuantizeLinear's 4-bit zero point stays a numpy array: its dtype is what says the output is 4-bit
+        q_zps = {n.input[2] for n in g.node if n.op_type == "QuantizeLinear" and len(n.input) > 2}
         for i, t in enumerate(g.initializer):
             arr = numpy_helper.to_array(t)
+            if arr.dtype.kind == "V" and arr.dtype.name not in FOUR_BIT and arr.dtype.name not in _ML_DTYPES:
+                readers = [n.name or n.op_type for n in g.node if t.name in n.input]
+                raise UsageError(f"ONNX initializer {t.name!r} (read by {readers}) has element type {arr.dtype.name}, "
+                                 "which overdrive's importer cannot represent; build with --backend onnxruntime, or "
+                                 "export the model with int8/uint8, int4/uint4 or float8 e4m3fn/e5m2 Q/DQ")
             # small integer constants, and one-element float ones (Q/DQ scales, epsilons) like Constant nodes':
             # kept on the host, they trace to literals (a 0-d float buffer, once frozen, broke Inductor's reshape)
             # but not the data of a DequantizeLinear (int32 biases): that is dequantized beside device tensors
             if ((arr.dtype.kind in "iub" and arr.size <= 64 and t.name not in dq_data)
+                    or (arr.dtype.name in FOUR_BIT and t.name in q_zps)
                     or (arr.dtype.kind == "f" and arr.size == 1)
                     or (t.name in host_args and (arr.size <= 64 or arr.dtype.kind in "iub"))):
                 self._host[t.name] = arr

@@ -44,12 +44,29 @@ _ML_DTYPES = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint
               "float8_e5m2": (np.uint8, torch.float8_e5m2)}
 
 
+# 4-bit integers (opset 21) have no torch dtype: they travel as int8 / uint8 holding the same values (ml_dtypes
+# keeps one per byte in the low nibble, so they are converted, not reinterpreted); QuantizeLinear clamps to 4 bits
+FOUR_BIT = {"int4": (np.int8, -8, 7), "uint4": (np.uint8, 0, 15)}
+
+
 def _from_numpy(arr: np.ndarray) -> torch.Tensor:
-    """A tensor holding a copy of ``arr``, ml_dtypes' bfloat16 and float8 arrays included."""
+    """A tensor holding a copy of ``arr``, ml_dtypes' bfloat16 and float8 arrays included, and int4 / uint4 as
+    int8 / uint8 of the same values. Other dtypes torch lacks (float8 ``fnuz``, float4, int2) raise ``TypeError``
+    naming the dtype.
+
+    Example:
+        >>> import ml_dtypes
+        >>> _from_numpy(np.array([-8, 7], dtype=ml_dtypes.int4)).tolist()
+        [-8, 7]
+    """
     arr = np.array(arr, copy=True)
     if arr.dtype.name in _ML_DTYPES:
         bits, dtype = _ML_DTYPES[arr.dtype.name]
         return torch.from_numpy(arr.view(bits)).view(dtype)
+    if arr.dtype.name in FOUR_BIT:
+        return torch.from_numpy(arr.astype(FOUR_BIT[arr.dtype.name][0]))
+    if arr.dtype.kind == "V":  # another ml_dtypes type: torch.from_numpy's own error names none of them
+        raise TypeError(f"ONNX element type {arr.dtype.name} has no PyTorch dtype in overdrive's importer")
     return torch.from_numpy(arr)
 
 
