@@ -464,12 +464,22 @@ def from_pruned(model: nn.Module, config: SparsityConfig | None = None) -> Spars
     return SparseHandle(model, config, layers, [], {})
 
 
+def _has_submodule(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
 def load_pruned(model: nn.Module, state_dict: Mapping[str, Any], config: SparsityConfig | None = None) -> SparseHandle:
     """Load a pruned model's ``state_dict`` (its ``*_sparse_mask`` buffers included) into a fresh, unpruned model of
     the same architecture and return the handle that keeps the masks: a plain ``model.load_state_dict`` stops at
     the mask keys ("Unexpected key(s)"). The layers pruned are the ones the checkpoint has masks for; masks and
     weights are checked as at any load (2:4, weights zero where pruned). ``config``: the pruning's config (its
-    ``custom_layers`` where custom layers were pruned, its mask calculator for later recomputes).
+    ``custom_layers`` where custom layers were pruned, its mask calculator for later recomputes). A sparse-quantized
+    checkpoint (masks and quantizers' amax) loads into a model quantized with the same config, without calibration:
+    ``load_pruned(quant.quantize(fresh, config), state_dict)``.
 
     Example:
         >>> pruned = nn.Sequential(nn.Linear(32, 16)); _ = sparsify(pruned)
@@ -488,6 +498,13 @@ def load_pruned(model: nn.Module, state_dict: Mapping[str, Any], config: Sparsit
     if any(n.endswith(MASK_SUFFIX) for n, _ in model.named_buffers()):
         raise UsageError(f"{type(model).__name__} is pruned already (it has mask buffers): load the pruned "
                          "state_dict with model.load_state_dict(state_dict)")
+    amax = [k for k in state_dict if isinstance(k, str) and "quantizer" in k.rpartition(".")[0].rpartition(".")[2]
+            and not _has_submodule(model, k.rpartition(".")[0])]
+    if amax:  # a sparse-quantized checkpoint into a float model: torch would only list them as unexpected keys
+        raise UsageError(f"the state_dict holds quantizer state ({amax[0]}{' and more' if len(amax) > 1 else ''}) that "
+                         f"{type(model).__name__} has no quantizer for: it is from a sparse-quantized model; quantize the "
+                         "fresh model first with the same config, without calibrating (model = quant.quantize(model, "
+                         "config); the amax come from the state_dict), then load_pruned(model, state_dict)")
     config = config or SparsityConfig()
     cands = {c.name: c for c in find_candidates(model, config.replace(allowed_layer_names=None, disallowed_layer_names=()))}
     unknown = sorted(masked - set(cands))

@@ -59,8 +59,11 @@ def onnx_weight_sparsity(path: str | Path, handle: SparseHandle | None = None) -
     dimension (Gemm weights (out, in) and Conv weights (O, I, *k), grouped as sparsity.masks does).
     With ``handle``, only the pruned layers' weights, in handle order. A weight the file does not hold by name is
     found by value: ``torch.onnx.export``'s constant folding (its default, both exporters) stores a Linear's weight
-    transposed, (in, out), under a generated name (``onnx::MatMul_12``, ``val_37``). A pruned weight found neither
-    way (changed by the export, or by training after it) is an error.
+    transposed, (in, out), under a generated name (``onnx::MatMul_12``, ``val_37``); a file whose weights were folded
+    to their quantized integer (or fp8) codes, as ONNX Runtime's optimizer writes them for its integer kernels
+    (``MatMulIntegerToFloat``, ``ConvInteger``), is matched by those codes against the layer's weight quantizer
+    (within one step, for ties rounded the other way) and checked on the codes themselves. A pruned weight found
+    none of these ways (changed by the export, or by training after it) is an error.
 
     Example:
         >>> # rows = sparsity.onnx_weight_sparsity("digits_int8.onnx", handle); all(r["is_2to4"] for r in rows)
@@ -117,12 +120,12 @@ def _by_value(inits: dict[str, Any], layers: list[Any], taken: set[str]) -> dict
     out: dict[str, tuple[str, bool]] = {}
     for layer in layers:
         w = layer.as_gemm(layer.weight).detach().float().cpu().numpy()  # (out, in, *k)
-        views = [(w, False)] + ([(w.T, True)] if w.ndim == 2 else [])
+        quantized = _quantized_views(layer)  # (fake-quantized weight, its integer / fp8 codes), or None
         for k, a in inits.items():
             if k in taken:
                 continue
-            hit = next((flip for v, flip in views if a.shape == v.shape and np.array_equal(a.astype(np.float32), v)),
-                       None)
+            hit = next((flip for flip in (False, True) if (not flip or a.ndim == 2) and _same_weight(
+                a.T if flip else a, w, quantized)), None)
             if hit is not None:
                 out[layer.name] = (k, hit)
                 taken.add(k)
@@ -130,18 +133,66 @@ def _by_value(inits: dict[str, Any], layers: list[Any], taken: set[str]) -> dict
     return out
 
 
+def _quantized_views(layer: Any) -> tuple[Any, Any] | None:
+    """The layer's weight as its enabled, calibrated weight quantizer sees it, as GEMM views (out, in, *k): the
+    fake-quantized weight and its codes (fake-quantized / scale: the int8 integers or fp8 values that an exporter or
+    ONNX Runtime folds ``QuantizeLinear(W)`` into). None for a layer without such a quantizer."""
+    import torch
+
+    q = getattr(layer.module, f"{layer.param_name}_quantizer", None)
+    if q is None or not getattr(q, "enabled", False) or getattr(q, "amax", None) is None:
+        return None
+    with torch.no_grad():
+        w = layer.weight.detach().float()
+        fq = q(w).float()
+        scale = (q.export_amax() / q.maxbound).float().to(w.device)
+        if q.axis is not None and scale.numel() > 1:
+            shape = [1] * w.dim()
+            shape[q.axis] = -1
+            scale = scale.reshape(shape)
+        codes = fq / scale
+    return layer.as_gemm(fq).cpu().numpy(), layer.as_gemm(codes).cpu().numpy()
+
+
+def _same_weight(a: Any, w: Any, quantized: tuple[Any, Any] | None) -> bool:
+    """Whether the initializer ``a`` holds the weight ``w`` (both (out, in, *k)): equal in float, or, for a quantized
+    layer, its folded codes (integer: within 1, a tie rounded the other way; fp8: within one e4m3 step) or its
+    dequantized fake-quantized values."""
+    import numpy as np
+
+    if a.shape != w.shape:
+        return False
+    if a.dtype.kind == "f" and a.dtype.itemsize >= 2 and np.array_equal(a.astype(np.float32), w):
+        return True
+    if quantized is None:
+        return False
+    fq, codes = quantized
+    if a.dtype.kind in "iu":  # int8 / uint8 codes (symmetric: zero point 0)
+        return bool(np.abs(a.astype(np.float32) - np.round(codes)).max(initial=0.0) <= 1.0)
+    if a.dtype.itemsize == 1:  # fp8 codes (ml_dtypes float8_e4m3fn from onnx.numpy_helper)
+        return bool(np.allclose(a.astype(np.float32), codes, rtol=0.125, atol=2.0 ** -9))
+    return bool(np.allclose(a.astype(np.float32), fq, rtol=1e-5, atol=1e-7))  # stored dequantized
+
+
+# Operators whose B input is stored (K, N) = (in, out) unless a transB attribute says otherwise: ONNX's own and the
+# fused / integer ones ONNX Runtime's optimizer writes (com.microsoft), with the index of B among their inputs.
+_B_INPUT = {"MatMul": 1, "Gemm": 1, "MatMulInteger": 1, "MatMulIntegerToFloat": 1, "DynamicQuantizeMatMul": 1,
+            "FusedMatMul": 1, "FusedGemm": 1, "QLinearMatMul": 3}
+
+
 def _matmul_b_weights(graph: Any) -> set[str]:
-    """Initializers a MatMul reads as its second input (or a Gemm with transB 0), directly or through Quantize /
-    DequantizeLinear: stored (in, out), so their 2:4 groups run along dim 0 (a Linear on a 3-D input exports so,
-    and a Hugging Face Conv1D). An empty set when the graph has no such reader."""
+    """Initializers a MatMul-like operator reads as its B input without transB (``_B_INPUT``: MatMul, Gemm, and ONNX
+    Runtime's MatMulIntegerToFloat, QLinearMatMul, ...), directly or through Quantize / DequantizeLinear: stored
+    (in, out), so their 2:4 groups run along dim 0 (a Linear on a 3-D input exports so, and a Hugging Face Conv1D).
+    An empty set when the graph has no such reader."""
     producer = {o: node for node in graph.node for o in node.output}
     out: set[str] = set()
     for node in graph.node:
-        if node.op_type == "MatMul" or (node.op_type == "Gemm" and not any(
-                a.name == "transB" and a.i for a in node.attribute)):
-            if len(node.input) < 2:
+        b = _B_INPUT.get(node.op_type)
+        if b is not None and not any(a.name == "transB" and a.i for a in node.attribute):
+            if len(node.input) <= b:
                 continue
-            name = node.input[1]
+            name = node.input[b]
             while name in producer and producer[name].op_type in ("QuantizeLinear", "DequantizeLinear"):
                 name = producer[name].input[0]
             out.add(name)
