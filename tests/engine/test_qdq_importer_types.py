@@ -110,3 +110,32 @@ def test_fnuz_float8_is_refused_naming_the_initializer() -> None:
     b = _model(nodes, inits, [4, 16], [4, 16], 21)
     with pytest.raises(UsageError, match=r"initializer 'z'.*float8_e4m3fnuz"):
         import_onnx(b)
+
+
+def _qdq_model(zp_type: int) -> bytes:
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    zp = h.make_tensor("zp", zp_type, [], [0])
+    s = h.make_tensor("s", T.FLOAT, [], [0.05])
+    g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+                      h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 4])], [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+                     [zp, s])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 19)]).SerializeToString()
+
+
+def test_an_fp8_qdq_model_is_not_built_as_int8() -> None:
+    """An fp8 Q/DQ model built with precision int8 ran its fp8 Q/DQ under the int8 name (header, --best table)."""
+    from onnx import TensorProto as T
+
+    from overdrive._utils.errors import UsageError
+    from overdrive.engine import Builder, BuildConfig
+    from overdrive.engine.backends.onnxruntime import qdq_formats
+
+    fp8, int8 = _qdq_model(T.FLOAT8E4M3FN), _qdq_model(T.INT8)
+    assert qdq_formats(fp8) == {"fp8"} and qdq_formats(int8) == {"int8"}
+    with pytest.raises(UsageError, match="Q/DQ nodes quantize to fp8, not int8: build it with --fp8"):
+        Builder(BuildConfig(precision="int8", backend="inductor")).build(fp8)
+    eng = Builder(BuildConfig(precision="int8", backend="onnxruntime")).build(int8)  # its own format builds
+    assert eng.header["precision"] == "int8"

@@ -51,6 +51,21 @@ def _has_qdq(onnx_bytes: bytes) -> bool:
     return has_qdq(onnx_bytes)
 
 
+def _check_qdq_format(src: ModelSource, precision: str) -> None:
+    """Refuse an int8 build of an fp8 Q/DQ model, or an fp8 build of an int8 one: the engine would compute in the
+    model's own format under the other's name (its header, ``--best``'s table and the engine file's name)."""
+    if precision not in ("int8", "fp8") or src.onnx_bytes is None or not _has_qdq(src.onnx_bytes):
+        return
+    from overdrive.engine.backends.onnxruntime import qdq_formats
+
+    found = qdq_formats(src.onnx_bytes)
+    other = "fp8" if precision == "int8" else "int8"
+    if other in found and precision not in found:
+        flag = f"--{other}"
+        raise UsageError(f"the ONNX model's Q/DQ nodes quantize to {other}, not {precision}: build it with {flag} "
+                         f"(precision={other!r}); a {precision} build would run {other} under the {precision} name")
+
+
 def _reference(src: ModelSource) -> tuple[accuracy.Reference, str]:
     """What an int8/fp8 engine built from ``src`` is compared with, and its label: the float model (``fp32``);
     for a model quantized already, that model as given (``qdq``: the Q/DQ ONNX model through ONNX Runtime,
@@ -274,6 +289,7 @@ class Builder:
             raise UsageError(f"model takes inputs {src.input_names} but {len(example)} example input(s) were given")
         precision = _resolve_precision(cfg.precision, device)
         cfg = cfg.replace(precision=precision)
+        _check_qdq_format(src, precision)
         needs = [f for f, on in (("--inputIOFormats", cfg.input_io_formats), ("--outputIOFormats", cfg.output_io_formats),
                                  ("--gemm-gelu", cfg.gemm_gelu is True), ("--conv-fusion", cfg.conv_fusion is True),
                                  ("--sibling-gemms", cfg.sibling_gemms is True),

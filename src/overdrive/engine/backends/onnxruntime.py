@@ -83,6 +83,45 @@ def has_qdq(onnx_bytes: bytes) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in onnx.load_from_string(onnx_bytes).graph.node)
 
 
+_QDQ_FORMATS = {2: "int8", 3: "int8", 17: "fp8", 18: "fp8", 19: "fp8", 20: "fp8", 21: "int4", 22: "int4", 4: "int16",
+                5: "int16"}  # ONNX TensorProto element types: (U)INT8, FLOAT8*, (U)INT4, (U)INT16
+
+
+def qdq_formats(onnx_bytes: bytes) -> set[str]:
+    """The integer / fp8 formats a Q/DQ model quantizes to (``{"int8"}``, ``{"fp8"}``, both), read from its
+    QuantizeLinear zero points and output_dtype and its DequantizeLinear inputs stored as initializers. A
+    QuantizeLinear with neither zero point nor output_dtype is uint8 (the ONNX default).
+
+    Example:
+        >>> import onnx
+        >>> from onnx import TensorProto as T, helper as h
+        >>> zp = h.make_tensor("zp", T.FLOAT8E4M3FN, [], [0.0])
+        >>> s = h.make_tensor("s", T.FLOAT, [], [0.1])
+        >>> g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+        ...                   h.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"])], "g",
+        ...                  [h.make_tensor_value_info("x", T.FLOAT, [2])], [h.make_tensor_value_info("y", T.FLOAT, [2])],
+        ...                  [zp, s])
+        >>> qdq_formats(h.make_model(g).SerializeToString())
+        {'fp8'}
+    """
+    import onnx
+
+    graph = onnx.load_from_string(onnx_bytes).graph
+    inits = {t.name: t.data_type for t in graph.initializer}
+    found = set()
+    for n in graph.node:
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        types = [inits[n.input[2]]] if len(n.input) > 2 and n.input[2] in inits else []
+        if n.op_type == "DequantizeLinear" and n.input[0] in inits:
+            types.append(inits[n.input[0]])
+        out = next((a.i for a in n.attribute if a.name == "output_dtype"), 0)
+        if n.op_type == "QuantizeLinear":
+            types += [out] if out else [] if types else [2]
+        found |= {_QDQ_FORMATS[t] for t in types if t in _QDQ_FORMATS}
+    return found
+
+
 class Runner:
     def __init__(self, session: Any, device: torch.device) -> None:
         self.session, self.device = session, device
