@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +35,10 @@ from overdrive._utils.device import supports_fp8
 from overdrive._utils.errors import UsageError
 from overdrive.quant import conv as qconv
 from overdrive.quant import triton_linear as qlinear
-from overdrive.quant.config import RealConfig, WeightOnlyConfig
+from overdrive.quant.config import RealConfig
 from overdrive.quant.modules import QuantAdd, QuantConv2d, QuantLinear, _QuantMixin, hf_conv1d_class
 from overdrive.quant.smoothquant import SmoothedLinear
+from overdrive.quant._swap import _config, _set  # noqa: F401 - _set is imported from here by the engine
 from overdrive.quant.tied import read_only_weight_error, retie, tied_embeddings
 
 
@@ -555,29 +556,3 @@ def _real_residual_add(m: QuantAdd) -> QuantizedResidualAdd | None:
     fmt = "fp8" if q.config.format == "fp8_e4m3" else "int8"
     new = QuantizedResidualAdd(q.amax, fmt, -127 if q.config.narrow_range else -128, m.residual_first)
     return new.to(q.amax.device)
-
-
-def _set(model: nn.Module, name: str, new: nn.Module) -> None:
-    """Put ``new`` in place of the submodule ``name`` wherever that module is registered: a layer shared under several
-    names (ALBERT-style ``nn.ModuleList([block] * n)``, an alias attribute) is listed once by ``named_modules``, and
-    replacing only that name left the other names on the old (fake-quant or float) layer, silently."""
-    parent, _, leaf = name.rpartition(".")
-    holder = model.get_submodule(parent) if parent else model
-    old = holder._modules.get(leaf)
-    setattr(holder, leaf, new)
-    if old is None:
-        return
-    for mod in list(model.modules()):
-        for key, child in list(mod._modules.items()):
-            if child is old:
-                setattr(mod, key, new)
-
-
-C = TypeVar("C", RealConfig, WeightOnlyConfig)
-
-
-def _config(cls: type[C], config: C | None, settings: dict[str, Any]) -> C:
-    """``config`` (or the defaults) with the keyword settings replaced; an unknown keyword is a UsageError."""
-    if config is not None and not isinstance(config, cls):
-        raise UsageError(f"config={config!r} must be an overdrive.quant.{cls.__name__}")
-    return (config if config is not None else cls()).replace(**settings)

@@ -19,7 +19,7 @@ from torch import nn
 from overdrive._utils.errors import UsageError
 from overdrive.quant.config import WeightOnlyConfig
 from overdrive.quant.modules import hf_conv1d_class
-from overdrive.quant.real import _config, _set
+from overdrive.quant._swap import _config, _set
 from overdrive.quant.tied import read_only_weight_error, retie, tied_embeddings
 
 
