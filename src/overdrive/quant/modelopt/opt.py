@@ -79,15 +79,50 @@ def save(model: nn.Module, f: str | os.PathLike[str]) -> None:
     atomic_torch_save({"modelopt_state": modelopt_state(model), "model_state_dict": model.state_dict()}, f)
 
 
+_MASK_SUFFIX = "_sparse_mask"  # the 2:4 mask buffers overdrive.sparsity adds (a package quant may not import)
+
+
+def _refuse_pruned(model: nn.Module, sd: dict[str, Any], f: str | os.PathLike[str]) -> None:
+    """A file saved from a 2:4-pruned model onto a model without its masks: say how to restore it. The masks are
+    overdrive.sparsity's, which this package sits below, so restore cannot re-apply them itself; loading only the
+    weights would compute the same outputs but drop the masks, and fine-tuning would then fill the pruned zeros."""
+    have = set(model.state_dict())
+    masks = [k for k in sd if isinstance(k, str) and k.endswith(_MASK_SUFFIX) and k not in have]
+    if masks:
+        more = f" and {len(masks) - 1} more" if len(masks) > 1 else ""
+        raise UsageError(
+            f"{os.fspath(f)} holds 2:4 sparsity masks ({masks[0]!r}{more}): it was saved from a model pruned with "
+            f"overdrive.sparsity, and {type(model).__name__} has no such mask buffers. mto.restore rebuilds the "
+            "quantization only; restore the pruning with it: ckpt = torch.load(path, weights_only=True); model = "
+            "mto.restore_from_modelopt_state(model, ckpt['modelopt_state']); handle = "
+            "overdrive.sparsity.api.load_pruned(model, ckpt['model_state_dict']); handle.attach(optimizer) keeps "
+            "the masks in training")
+
+
 def restore(model: nn.Module, f: str | os.PathLike[str]) -> nn.Module:
-    """Rebuild the saved quantization on the freshly built float ``model`` and load its weights and amax."""
+    """Rebuild the saved quantization on the freshly built float ``model`` and load its weights and amax.
+
+    A file saved from a 2:4-pruned model (``*_sparse_mask`` keys) is refused, before ``model`` is touched, with the
+    way to restore it: :func:`restore_from_modelopt_state`, then ``overdrive.sparsity.api.load_pruned``, which
+    registers the masks and returns the handle that keeps them in training.
+
+    Example:
+        >>> import os, tempfile, torch
+        >>> make = lambda: torch.nn.Sequential(torch.nn.Linear(8, 4))
+        >>> from overdrive.quant.modelopt import INT8_DEFAULT_CFG, quantize
+        >>> model = quantize(make(), INT8_DEFAULT_CFG, forward_loop=lambda m: m(torch.randn(16, 8)))
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.pth"); save(model, path)
+        >>> type(restore(make(), path)[0]).__name__
+        'QuantLinear'
+    """
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     ckpt = torch.load(f, map_location=device, weights_only=True)
     if not isinstance(ckpt, dict) or "modelopt_state" not in ckpt:
         raise UsageError(f"{os.fspath(f)} is not a file written by mto.save (no 'modelopt_state'); a plain "
                          "state_dict loads with model.load_state_dict(torch.load(path, weights_only=True))")
-    model = restore_from_modelopt_state(model, ckpt["modelopt_state"])
     sd = ckpt["model_state_dict"]
+    _refuse_pruned(model, sd, f)  # before the model is touched: it stays the float model the advice starts from
+    model = restore_from_modelopt_state(model, ckpt["modelopt_state"])
     for name, q in api.quantizers(model):  # uncalibrated when saved (a disabled quantizer): no amax to expect
         if q.amax is not None and f"{name}.amax" not in sd:
             q.amax = None
