@@ -312,7 +312,9 @@ def load_state_dict(state: dict[str, Any]) -> None:
     if len(keys) != n:
         raise UsageError(
             f"amp state has {len(keys)} loss scaler(s) but the {len(handles)} live amp.initialize call(s) have {n}; "
-            "call amp.initialize the same way as in the saved run (num_losses too) before amp.load_state_dict"
+            "call amp.initialize the same way as in the saved run (num_losses too) before amp.load_state_dict. Every "
+            "initialize call whose model or optimizer is still referenced counts, an earlier run's too (a notebook, "
+            "or a script that keeps the run it saved from): `del` that model and optimizer before resuming"
         )
     i = 0
     for h in handles:

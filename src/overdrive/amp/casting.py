@@ -30,12 +30,39 @@ if hasattr(nn, "RMSNorm"):
 _NATIVE_MIXED = (nn.modules.batchnorm._BatchNorm,)
 
 
-def cast_floating(obj: Any, dtype: torch.dtype) -> Any:
-    """Cast every floating-point tensor inside ``obj`` (nested tuples/lists/dicts) to ``dtype``."""
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, with finite values beyond ``dtype``'s range clamped to its largest finite value.
+
+    A plain cast turns them into inf: an additive attention mask filled with ``torch.finfo(torch.float32).min``
+    becomes -inf in bfloat16 (and a -1e9 mask -inf in float16), and a row with every key masked then gives
+    NaN in softmax (``-inf - -inf``) or in ``mask * 0``. Clamped, the row stays finite, as in float32.
+    inf and NaN stay what they are.
+
+    Example:
+        >>> saturating_cast(torch.tensor([torch.finfo(torch.float32).min, -1.0]), torch.bfloat16).isinf().tolist()
+        [False, False]
+    """
+    if not x.is_floating_point() or x.dtype == dtype:
+        return x
+    top = torch.finfo(dtype).max
+    if torch.finfo(x.dtype).max > top:
+        x = torch.where(torch.isinf(x), x, x.clamp(-top, top))
+    return x.to(dtype)
+
+
+def cast_floating(obj: Any, dtype: torch.dtype, saturate: bool = False) -> Any:
+    """Cast every floating-point tensor inside ``obj`` (nested tuples/lists/dicts) to ``dtype``; ``saturate``
+    clamps finite values out of ``dtype``'s range to its limits instead of letting them become inf
+    (:func:`saturating_cast`).
+
+    Example:
+        >>> cast_floating({"x": torch.ones(2), "ids": torch.ones(2, dtype=torch.long)}, torch.bfloat16)["x"].dtype
+        torch.bfloat16
+    """
 
     def cast(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-            return x.to(dtype)
+            return saturating_cast(x, dtype) if saturate else x.to(dtype)
         return x
 
     return tree_map(cast, obj)
@@ -100,7 +127,8 @@ class CastHook:
 
     def __call__(self, _m: nn.Module, args: Any, *rest: Any) -> Any:
         if self.where == "inputs":  # registered with_kwargs=True: (module, args, kwargs)
-            return cast_floating(args, self.dtype), cast_floating(rest[0], self.dtype)
+            # saturate: a model's inputs hold additive attention masks (float32's min, -1e9) that overflow half
+            return cast_floating(args, self.dtype, saturate=True), cast_floating(rest[0], self.dtype, saturate=True)
         if self.where == "args":  # a plain pre-hook: (module, args)
             return cast_floating(args, self.dtype)
         return cast_floating(rest[-1], self.dtype)  # a forward hook: (module, args, output)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
+from overdrive.amp.casting import saturating_cast
 from overdrive.amp.guard import StepGuard, found_nonfinite, read_flags
 from overdrive.amp.scaler import LossScaler
 from overdrive.apex.apex_C import flatten, unflatten
@@ -104,8 +105,15 @@ def _convert(val: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def fp32_to_fp16(val: Any, dtype: torch.dtype | None = None) -> Any:
-    """fp32 tensors in ``val`` (nested lists/tuples too) cast to half (``dtype`` or the device's); others as they are."""
-    return _convert(val, lambda t: t.to(dtype or half_dtype(t.device)) if t.dtype == torch.float32 else t)
+    """fp32 tensors in ``val`` (nested lists/tuples too) cast to half (``dtype`` or the device's); others as they are.
+    Finite values beyond the half range (an additive attention mask of float32's min) become its largest finite
+    value, not inf.
+
+    Example:
+        >>> fp32_to_fp16([torch.tensor([-1e9])], torch.float16)[0].tolist()
+        [-65504.0]
+    """
+    return _convert(val, lambda t: saturating_cast(t, dtype or half_dtype(t.device)) if t.dtype == torch.float32 else t)
 
 
 def fp16_to_fp32(val: Any) -> Any:
