@@ -69,6 +69,7 @@ RUN = [
     "overdrive quantize --model mypkg.models:tagger --calib-data tokens.npz --input-shape input_ids:1x32",
     "overdrive sparsify --model mypkg.models:tagger --allow-untrained --out tagger.sparse24.pt "
     "--input-shape input_ids:1x32,attention_mask:1x32",
+    "overdrive data tokenize corpus/ -t tokenizer.json --max-length 512 -o tokens.npz --json",
 ]
 # Examples that run here but take more than a few seconds on 2 cores (marked slow).
 RUN_SLOW = [
@@ -174,7 +175,8 @@ dist.destroy_process_group()
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files the examples name, small: mypkg/models.py, model.onnx (dynamic batch, input 'input'), its
-    copies, batch.npz, calib.pt, tabular.npy, tokens.npz and trained.pt (mypkg's weights), imgs/ (an empty folder: make-dataset fills it)."""
+    copies, batch.npz, calib.pt, tabular.npy, tokens.npz and trained.pt (mypkg's weights), imgs/ (an empty folder: make-dataset fills it),
+    corpus/ and tokenizer.json."""
     import numpy as np
 
     root = tmp_path_factory.mktemp("examples")
@@ -197,6 +199,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.save(root / "tabular.npy", np.random.default_rng(1).standard_normal((64, 16), dtype=np.float32))
     np.savez(root / "tokens.npz", input_ids=np.random.default_rng(2).integers(1, 100, (16, 32)))
     torch.save(model.state_dict(), root / "trained.pt")
+    (root / "corpus").mkdir()  # data tokenize: a folder of text files and a tokenizer.json
+    (root / "corpus" / "a.txt").write_text("the cat sat\non the mat\n")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "the", "cat", "sat", "on", "mat"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(root / "tokenizer.json"))
     return root
 
 

@@ -21,7 +21,7 @@ def test_lines_folders_jsonl_and_gzip(tmp_path: Path) -> None:
     with gzip.open(tmp_path / "sub" / "b.jsonl.gz", "wt", encoding="utf-8") as f:
         for row in [{"text": "row one", "id": 1}, {"text": "row\ntwo\u2028", "id": 2}]:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (tmp_path / "notes.csv").write_text("ignored,1\n")  # not a text file by its name
+    (tmp_path / "notes.dat").write_text("ignored,1\n")  # not a text file by its name (.csv is: a column)
     assert read_texts(tmp_path) == ["one", "two", "three\u2028still three", "four\x0cfour", "row one",
                                     "row\ntwo\u2028"]
     assert read_texts(tmp_path / "a.txt", skip_empty=False) == ["one", "two", "three\u2028still three", "", "  ",

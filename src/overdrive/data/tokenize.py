@@ -64,6 +64,26 @@ class TokenizedTexts:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the ids and offsets to ``path`` (``.npz``; ``np.load(path)["ids"]``, ``["offsets"]`` read them back,
+        text i being ``ids[offsets[i]:offsets[i+1]]``); returns the path.
+
+        Example:
+            >>> import tempfile
+            >>> t = TokenizedTexts(np.array([5, 6, 7], np.int32), np.array([0, 2, 3]))
+            >>> np.load(t.save(Path(tempfile.mkdtemp()) / "ids.npz"))["ids"].tolist()
+            [5, 6, 7]
+        """
+        out = Path(path).expanduser()
+        if out.suffix != ".npz":
+            raise UsageError(f"{str(path)!r}: expected a .npz path (numpy's archive of the ids and offsets), e.g. "
+                             "tokens.npz")
+        buf = io.BytesIO()
+        start, end = int(self.offsets[0]), int(self.offsets[-1])  # this object's texts only (a window of a buffer)
+        np.savez(buf, ids=self.ids[start:end], offsets=self.offsets - start)
+        atomic_write(out, buf.getvalue())
+        return out
+
     def padded(self, pad_id: int = 0, max_length: int | None = None,
                side: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, L) int64 ids padded with ``pad_id`` and the (N, L) attention mask (1 on tokens, 0 on padding); ``L`` is
@@ -305,7 +325,9 @@ def _as_texts(texts: Any) -> Sequence[str]:
             hint = (f"; a JSONL row? pass [row[{next(iter(t))!r}] for row in rows]" if isinstance(t, Mapping) and t
                     else "; decode it first: b.decode('utf-8')" if isinstance(t, (bytes, bytearray))
                     else "; drop or replace missing texts" if t is None
-                    else ("; text pairs are not supported: tokenize each side as its own list of texts"
+                    else ("; text pairs are not supported: for one encoding of both ([CLS] a [SEP] b [SEP], with "
+                          "token_type_ids) call the tokenizer itself, tokenizer(firsts, seconds, truncation="
+                          "'only_second'); or tokenize each side as its own list of texts"
                           if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(x, str) for x in t)
                           else ""))
             raise UsageError(f"texts[{i}] is a {type(t).__name__} ({str(t)[:40]!r}), expected str{hint}")
