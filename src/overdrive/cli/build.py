@@ -119,7 +119,9 @@ def _size(n: int) -> str:
                    "(its activation and the next quantize fused), cuBLAS's GEMM or float, whichever times fastest; "
                    "cublas leaves the Triton kernel out.")
 @click.option("--calib", default=None, metavar="FILE.pt", help="Calibration batches for int8/fp8 (the one format of quantize --calib-data): torch.save of a tensor "
-              "(N, ...), a list of batches, [(input_ids, attention_mask), ...] or a dict of name -> tensor; or a folder of "
+              "(N, ...), a list of batches, [(input_ids, attention_mask), ...], a dict of name -> tensor (N, ...) or a "
+              "list of such dicts (list(loader): keys that are no engine input, as labels, are left out with a warning); "
+              ".npy (one input) or .npz (inputs by name, np.savez(f, input_ids=ids, attention_mask=mask)); or a folder of "
               "images (class subfolders or flat; resized and center-cropped to the --shapes H and W), or a .txt file, "
               "one sample per line (the docstrings model only).")
 @click.option("--calib-samples", default=512, show_default=True, type=click.IntRange(min=1),

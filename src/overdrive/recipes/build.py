@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,91 @@ from overdrive.recipes.calib_formats import ImageOptions
 def _calibration(path: str | None, src: ModelSource, images: ImageOptions | None = None,
                  profiles: list[Any] | None = None) -> list[tuple[torch.Tensor, ...]] | None:
     """--calib batches in the order of the model's inputs (the format: :mod:`overdrive.recipes.calibration`); an
-    image folder is read at the first input's --shapes (opt shape) unless ``images`` gives a shape."""
+    image folder is read at the first input's --shapes (opt shape) unless ``images`` gives a shape. Keys the
+    engine's inputs lack (a tokenized dataset's ``labels``) are left out with a warning; float token ids and
+    batches outside the shape profiles are refused here, before the export."""
     if path is None:
         return None
     from overdrive.recipes.calibration import load_calibration
 
     first = src.input_names[0] if src.input_names else None
     shape = next((p.opt for p in profiles or [] if p.name == first), profiles[0].opt if profiles else None)
-    return load_calibration(path, "--calib", model=src.module, input_names=src.input_names, images=images,
-                            input_shape=shape).batches
+    names = list(src.input_names) if src.input_names else None
+    extra = _extra_keys(path, names)
+    batches = load_calibration(path, "--calib", model=src.module, input_names=[*names, *extra] if extra else names,
+                               images=images, input_shape=shape).batches
+    if extra and names:
+        how = "to calibrate with one, name it in --shapes too" if src.module is not None else "the ONNX model takes none"
+        warnings.warn(f"--calib {path}: left out {extra}, which are not inputs of the engine (its inputs: {names}); "
+                      f"{how}", UserWarning, stacklevel=3)
+        batches = [b[:len(names)] for b in batches]
+    if names:
+        if src.module is not None:  # an ONNX model declares its input types, and ONNX Runtime checks them
+            _check_index_dtypes(path, names, batches[0])
+        _check_in_profiles(path, profiles or [], names, batches)
+    return batches
+
+
+def _extra_keys(path: str, names: list[str] | None) -> list[str]:
+    """The keys of a calibration file of dicts (``torch.save(list(loader))``, an ``.npz``) that are no input of the
+    engine, when it holds every input the engine takes (an ``attention_mask`` may be derived from the ids); [] for
+    other files, which :func:`~overdrive.recipes.calibration.load_calibration` checks as they are."""
+    from overdrive.recipes.calib_formats import TEXT_SUFFIXES
+    from overdrive.recipes.calibration import load_calibration
+
+    if not names or not Path(path).is_file() or Path(path).suffix.lower() in TEXT_SUFFIXES:
+        return []
+    keys = load_calibration(path, "--calib", max_batches=1).names  # dict keys; None for tensors and tuples
+    if keys is None:
+        return []
+    extra = [k for k in keys if k not in names]
+    # a derived attention_mask only where no extra key could be a misnamed one ("mask": refused as unknown, not dropped)
+    derivable = "input_ids" in keys and not any("mask" in k for k in extra)
+    held = all(n in keys or (n == "attention_mask" and derivable) for n in names)
+    return extra if held else []
+
+
+def _check_index_dtypes(path: str, names: list[str], batch: tuple[torch.Tensor, ...]) -> None:
+    """Refuse float calibration data for a module's input that its name says indexes an embedding (token ids,
+    positions): the batches' dtypes become the engine's, and the export failed on float ids far from the cause.
+    Masks may be float (Hugging Face takes either)."""
+    from overdrive.engine.input_dtypes import INTEGER_INPUTS
+
+    for name, x in zip(names, batch):
+        ids = name in INTEGER_INPUTS and "mask" not in name and name != "labels"
+        if ids and x.is_floating_point():
+            raise UsageError(f"--calib {path}: input {name!r} is {str(x.dtype).removeprefix('torch.')}, but it holds "
+                             "token ids, which the model takes as integers (int64); save it as integers, e.g. "
+                             f"np.savez(..., {name}=ids.astype(np.int64)) or torch.save({{'{name}': ids.long()}}, ...)")
+
+
+def _check_in_profiles(path: str, profiles: list[Any], names: list[str], batches: list[tuple[torch.Tensor, ...]]) -> None:
+    """Refuse calibration batches whose rank, or a dim past the batch dim, lies outside the input's shape profile
+    (a static --shapes fixes every dim; the batch dim is free, as batches are joined and cut to the engine's)."""
+    by = {p.name: p for p in profiles}
+    for k, batch in enumerate(batches):
+        for name, x in zip(names, batch):
+            p = by.get(name)
+            if p is None:
+                continue
+            got = tuple(x.shape)
+            bad = len(got) != len(p.min) or any(not lo <= d <= hi for d, lo, hi in zip(got[1:], p.min[1:], p.max[1:]))
+            if not bad:
+                continue
+            if x.dim() == len(p.min) + 1:
+                fix = (f"batches of batches? give one array of samples (N, ...): {name}.reshape(-1, "
+                       f"*{name}.shape[2:]), or a list of per-batch dicts")
+                where = f"the profile gives it {len(p.min)} dims"
+            elif p.static:
+                fix = (f"give samples of (N, {', '.join(map(str, p.opt[1:]))}) (pad to the --shapes length, with an "
+                       "attention_mask marking the padding), or let the dims vary: --minShapes/--optShapes/--maxShapes")
+                where = f"--shapes {name}:{'x'.join(map(str, p.opt))} fixes it at (N, {', '.join(map(str, p.opt[1:]))})"
+            else:
+                fix = "give samples inside the profile, or widen --minShapes/--maxShapes"
+                where = (f"the profile takes {'x'.join(map(str, p.min[1:]))} to {'x'.join(map(str, p.max[1:]))} "
+                         "past the batch dim")
+            raise UsageError(f"--calib {path}: batch {k}'s input {name!r} is {'x'.join(map(str, got))}, but {where}; "
+                             f"{fix}")
 
 
 def _exported_example(path: str, src: ModelSource) -> tuple[torch.Tensor, ...]:
@@ -62,7 +139,9 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
     An int8/fp8 engine whose outputs on the calibration data fall below the accuracy tolerance raises
     :class:`~overdrive.OverdriveError` and is not saved, unless ``accept_low_accuracy``. ``calib`` may be a folder
     of images (``calib_samples`` of them, normalized as ``calib_normalize`` says, at the --shapes size) or a
-    ``.txt`` file (:mod:`overdrive.recipes.calib_formats`).
+    ``.txt`` file (:mod:`overdrive.recipes.calib_formats`). Calibration inputs go by the --shapes names (a T5's
+    ``input_ids`` and ``decoder_input_ids``); keys the engine does not take (``labels``) are left out with a
+    warning, and float token ids or samples outside the shape profiles are refused before the export.
 
     Example:
         >>> # build_engine(onnx="m.onnx", save_engine="m.engine", shapes="input:1x3x224x224")
@@ -103,6 +182,12 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
                       lowp_linears=lowp_linears, input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
+    if calib and profiles and src.module is not None:
+        # the --shapes names are the engine's inputs (a T5's input_ids and decoder_input_ids, not forward's first
+        # two): the batches are read and checked by them, and the builder resolves them again the same way
+        from overdrive.engine.inputs import resolve_profiles
+
+        resolve_profiles(profiles, src, None)
     batches = _calibration(calib, src, images, profiles)
     if batches and src.module is not None:
         # a module does not say its input dtypes: the calibration data does (int64 token ids, not random floats),
