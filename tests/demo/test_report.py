@@ -135,3 +135,15 @@ def test_missing_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(MissingDependencyError, match=r"\[plot\]"):
         write_report(_tables(), tmp_path)
     assert not (tmp_path / "report.md").exists()
+
+
+def test_accuracy_chart_keeps_accuracy_only_rows(tmp_path: Path) -> None:
+    """quant and sparsity record accuracy changes with no speed (a NaN ratio): no speed-up bar, an accuracy bar."""
+    pytest.importorskip("matplotlib")
+    sparse = Table("2:4", ["model", "vs dense (points)"], [["2:4 pruned", -89.7]], stage="sparsity")
+    sparse.add_speedup("2:4 pruned", float("nan"), "dense", accuracy_delta=-89.7)
+    write_report([*_tables()[:1], sparse], tmp_path)
+    charts = _info(tmp_path)["charts"]
+    assert charts["speedups.png"]["labels"] == ["amp: O2 vs O0", "amp: O3 vs O0"]
+    assert charts["accuracy.png"]["labels"] == ["amp: O2 vs O0", "sparsity: 2:4 pruned vs dense"]
+    assert charts["accuracy.png"]["values"] == pytest.approx([-0.1, -89.7])

@@ -64,6 +64,21 @@ def test_quick_cpu_rows_accuracy_and_ratios(table: Table) -> None:
     assert all(s["ratio"] > 0 for s in table.speedups)
 
 
+def test_build_cosine_note_says_what_each_check_ran_on(table: Table) -> None:
+    """fp32 engines fill the column too, checked on the example inputs, not calibration batches."""
+    note = next(n for n in table.notes if "build cosine:" in n)
+    assert "engine fp32 on example inputs" in note and "engine int8 on calibration data" in note
+    assert "int8/fp8, on calibration batches" not in note
+
+
+def test_check_note_names_the_worst_sample() -> None:
+    from overdrive.demo.transformer_stage import check_note
+
+    acc = {"passed": False, "cosine": 0.999, "min_cosine": 0.99, "worst_cosine": 0.42, "min_worst_cosine": 0.9}
+    assert check_note(acc) == "build check failed: worst sample's cosine 0.4200 below 0.9"
+    assert check_note({**acc, "cosine": 0.95}) == "below the build check's min cosine 0.99"
+
+
 def test_in_the_report(table: Table, tmp_path) -> None:
     pytest.importorskip("matplotlib")
     import json

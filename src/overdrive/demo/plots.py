@@ -60,7 +60,10 @@ def write_report(tables: list[Table], out_dir: str | Path, meta: dict[str, Any] 
     else:
         (out / "speedups.png").unlink(missing_ok=True)  # a stale chart of an earlier run in this folder
         md += ["No stage recorded a speed-up, so there is no speed-up chart.", ""]
-    deltas = [(st, lab, float(d)) for st, lab, _, d in ups if d is not None and math.isfinite(float(d))]
+    # every accuracy change, those of accuracy-only rows too (quant, sparsity: a NaN ratio, no speed-up bar)
+    deltas = [(_stage(t), f"{s['label']} vs {s.get('baseline', 'baseline')}", float(s["accuracy_delta"]))
+              for t in tables for s in t.speedups
+              if s.get("accuracy_delta") is not None and math.isfinite(float(s["accuracy_delta"]))]
     md += ["## Accuracy change", ""]
     if deltas:
         charts["accuracy.png"] = _accuracy(out / "accuracy.png", deltas)
