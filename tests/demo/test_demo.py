@@ -175,3 +175,40 @@ def test_demo_baseline_loader_starts_workers_as_overdrive_does(tmp_path, monkeyp
     batches = list(dl)
     assert [tuple(x.shape) for x, _ in batches] == [(2, 3, 8, 8)] * 2
     assert sorted(int(v) for _, y in batches for v in y) == [0, 0, 1, 1]
+
+
+def test_o0_alone_trains_no_hand_written_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--stage engine` trains the fp32 model first (amp at O0 only, its note says); it also trained the hand-written
+    autocast loop and an O2 + channels_last run, which O0 alone is not compared with."""
+    from overdrive.demo import amp_stage
+    from overdrive.demo.context import DemoContext
+    from overdrive.demo.workloads import Workload
+    from overdrive.recipes.data import load_digits
+
+    trained: list[str] = []
+
+    def fake_train(ctx, level, compile=False, channels_last=False):  # noqa: ANN001, ANN202
+        trained.append(level + (" channels_last" if channels_last else ""))
+        return _fake_result(ctx)
+
+    def fake_hand(ctx, compile):  # noqa: ANN001, ANN202
+        trained.append("hand-written")
+        return {"curve": [1.0], "accuracy": 0.5, "final_loss": 1.0, "samples_per_s": 100.0, "epoch_rates": [100.0]}
+
+    monkeypatch.setattr(amp_stage, "train_digits", fake_train)
+    monkeypatch.setattr(amp_stage, "handwritten", fake_hand)
+    small = Workload("ResNet (width 16)", 32, 64, 128, 1, width=16, depths=(1, 1, 1, 1), stem="small")
+    ctx = DemoContext(device=torch.device("cpu"), dtype=torch.bfloat16, digits=load_digits(seed=0), epochs=1,
+                      progress=False, opt_levels=("O0",), workload=small)
+    table = amp_stage.run(ctx)
+    assert trained == ["O0"], trained
+    assert [r[0] for r in table.rows] == ["O0"]
+
+
+def _fake_result(ctx):  # noqa: ANN001, ANN202
+    from types import SimpleNamespace
+
+    epoch = SimpleNamespace(eval_accuracy=0.5, samples_per_s=100.0, skipped_steps=0)
+    result = SimpleNamespace(diverged=None, history=[epoch], final_loss=1.0, samples_per_s=100.0, peak_memory_mib=None,
+                             curve=[1.0])
+    return torch.nn.Linear(1, 1), None, result
