@@ -33,8 +33,9 @@ except ImportError:  # a torch built without distributed
 class SyncBatchNorm(nn.SyncBatchNorm):
     """apex.parallel.SyncBatchNorm: torch's SyncBatchNorm (a subclass) with apex's ``channel_last`` (the input's
     last dimension holds the channels, ``(N, ..., C)``), ``fuse_relu`` and the residual ``z`` of
-    ``forward(input, z)``: ``relu(bn(input) + z)``. Without a process group (one process, or on the CPU) it
-    normalizes by the local batch, as a BatchNorm.
+    ``forward(input, z)``: ``relu(bn(input) + z)``. Without a process group (one process, CPU or GPU) it
+    normalizes by the local batch, as a BatchNorm; across ranks it needs CUDA tensors (torch's SyncBatchNorm refuses
+    CPU modules under DDP: on gloo/CPU ranks keep plain BatchNorm).
 
     Example:
         >>> bn = SyncBatchNorm(3, channel_last=True, fuse_relu=True)
