@@ -51,6 +51,23 @@ class DistEnv:
         return self.rank == 0
 
 
+# where launchers other than torchrun put a process's rank on its node (Open MPI, MPICH/Intel MPI, Slurm's srun)
+LOCAL_RANK_FALLBACKS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def _local_rank(world: int, cuda: bool) -> int:
+    """This process's rank on its node: torchrun's LOCAL_RANK, else an MPI or Slurm launcher's; a job of several ranks
+    on GPUs with none of them is refused (every rank would take cuda:0 and the GPUs past it would sit idle)."""
+    for var in ("LOCAL_RANK", *LOCAL_RANK_FALLBACKS):
+        if os.environ.get(var, "").strip().isdigit():
+            return int(os.environ[var])
+    if world > 1 and cuda:
+        raise UsageError(f"WORLD_SIZE={world} on CUDA but LOCAL_RANK is unset (nor {', '.join(LOCAL_RANK_FALLBACKS)}): "
+                         "every rank would take cuda:0; start the script with `overdrive launch` / torchrun, which set "
+                         "it, or set LOCAL_RANK to each process's rank on its node")
+    return 0
+
+
 def init(backend: str | None = None, device: str | torch.device | None = None) -> DistEnv:
     """Join the process group torchrun describes (or a group of one without torchrun).
 
@@ -66,8 +83,8 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
         raise UsageError("overdrive.distributed.init(): " + "; ".join(detail for _, detail in bad))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     want_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    local = _local_rank(world, want_cuda)
     dev = torch.device("cuda", local) if want_cuda else torch.device("cpu")
     if want_cuda:
         if local >= torch.cuda.device_count():
