@@ -357,17 +357,24 @@ _ROUND = {"round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil":
           "floor": np.floor, "ceil": np.ceil}
 
 
+def _axis_resize(x: torch.Tensor, ax: int, sizes: list | None, scales: list[float] | None, what: str
+                 ) -> tuple[int, int, np.float32]:
+    """(input size, output size, float32 scale) of Resize on axis ``ax``: the output size floor(n * scale) as ONNX
+    Runtime sizes it when only scales are given; a dynamic axis is refused (the indices are worked out on the host)."""
+    n = x.shape[ax]
+    m = sizes[ax] if sizes is not None else None
+    if isinstance(n, torch.SymInt) or isinstance(m, torch.SymInt):
+        raise UsageError(f"Resize {what} over a dynamic spatial axis is not supported; export with fixed spatial sizes")
+    s = np.float32(m) / np.float32(n) if m is not None else np.float32(scales[ax])
+    return n, (m if m is not None else int(np.float32(n) * s)), s
+
+
 def _resize_gather(x: torch.Tensor, sizes: list | None, scales: list[float] | None, ctm: str, near: str) -> torch.Tensor:
     """Nearest Resize for any coordinate mode and rounding, as one ``index_select`` per spatial axis; the input index
     of each output index is worked out on the host in float32, as ONNX Runtime does, so ties round alike."""
     for ax in range(2, x.dim()):
-        n = x.shape[ax]
-        m = sizes[ax] if sizes is not None else None
-        if isinstance(n, torch.SymInt) or isinstance(m, torch.SymInt):
-            raise UsageError(f"Resize nearest with coordinate_transformation_mode={ctm!r}, nearest_mode={near!r} "
-                             "over a dynamic spatial axis is not supported; export with fixed spatial sizes")
-        s = np.float32(m) / np.float32(n) if m is not None else np.float32(scales[ax])
-        m = m if m is not None else int(np.float32(n) * s)  # floor(n * scale), as ONNX Runtime sizes the output
+        n, m, s = _axis_resize(x, ax, sizes, scales, f"nearest with coordinate_transformation_mode={ctm!r}, "
+                                                    f"nearest_mode={near!r}")
         o = np.arange(m, dtype=np.float32)
         idx = np.clip(_ROUND[near](np.float32(_COORD[ctm](o, s, n, m))), 0, n - 1).astype(np.int64)
         x = x.index_select(ax, torch.from_numpy(idx).to(x.device))
@@ -384,13 +391,7 @@ def _resize_linear(x: torch.Tensor, sizes: list | None, scales: list[float] | No
         tensor([[[0.0000, 0.5000, 1.0000, 1.0000]]])
     """
     for ax in range(2, x.dim()):
-        n = x.shape[ax]
-        m = sizes[ax] if sizes is not None else None
-        if isinstance(n, torch.SymInt) or isinstance(m, torch.SymInt):
-            raise UsageError(f"Resize linear with coordinate_transformation_mode={ctm!r} over a dynamic spatial axis "
-                             "is not supported; export with fixed spatial sizes")
-        s = np.float32(m) / np.float32(n) if m is not None else np.float32(scales[ax])
-        m = m if m is not None else int(np.float32(n) * s)
+        n, m, s = _axis_resize(x, ax, sizes, scales, f"linear with coordinate_transformation_mode={ctm!r}")
         if m == n and s == 1:
             continue
         pos = np.clip(np.float32(_COORD[ctm](np.arange(m, dtype=np.float32), s, n, m)), 0, n - 1).astype(np.float32)
