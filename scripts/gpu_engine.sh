@@ -36,6 +36,8 @@
 #                                  # layer's verdict, in the JSON): engine_zoo_tf_kernels
 #   bash scripts/gpu_engine.sh 20  # ResNet-50 fp16/int8/fp8 engines with the GEMM form on its 1x1 layers, --kernel-time:
 #                                  # engine_zoo_resnet50_gemm
+#   bash scripts/gpu_engine.sh 21  # every gpu-marked test (-n 4); the CNNs' int8/fp8 engines at batch 1 beside their
+#                                  # fp16 engine (the zoo's "not run" rows): engine_zoo_cnn_bs1_lowp
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -128,6 +130,11 @@ elif [ "$part" = 20 ]; then
   step 560 "engine_zoo resnet50 fp16/int8/fp8 (GEMM form on 1x1 layers) with kernel groups" python3 \
       benchmarks/engine_zoo.py --models resnet50 --batches serving --configs compile_ro,engine_fp16,engine_fp8,engine_int8 \
       --kernel-time --max-build-s 170 --budget-s 500 --out engine_zoo_resnet50_gemm
+elif [ "$part" = 21 ]; then
+  step 280 "gpu tests: every gpu-marked test" python3 -m pytest -q -m gpu tests -p no:cacheprovider -p no:logging -n 4
+  step 300 "engine_zoo CNNs int8/fp8 at batch 1 beside the fp16 engine" python3 benchmarks/engine_zoo.py \
+      --models resnet50,efficientnet_b0,convnext_tiny --batches 1 --configs engine_fp16,engine_fp8,engine_int8 \
+      --max-build-s 100 --budget-s 230 --out engine_zoo_cnn_bs1_lowp
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \
