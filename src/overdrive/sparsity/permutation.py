@@ -6,6 +6,8 @@ A group is a producer (Linear or ungrouped Conv) whose output reaches only spars
 of the same kind through channel-wise ops (activations, dropout, pooling and BatchNorm for convs).
 Outputs that reach anything else (a residual add, a flatten, the model output) keep their order:
 permuting them would change what those users see.
+Layers whose weight is computed at every forward (weight_norm, spectral_norm, parametrizations) keep their order
+too: their parameters, not the computed tensor, would have to be reordered.
 """
 
 from __future__ import annotations
@@ -101,6 +103,12 @@ def search_permutation(matrix: torch.Tensor, budget_s: float = 2.0) -> torch.Ten
     return perm
 
 
+def _first_input(node: Any) -> Any:
+    """The tensor an element-wise call acts on: its first argument, or ``input=`` (``F.gelu(input=h)`` has no
+    positional arguments)."""
+    return node.args[0] if node.args else node.kwargs.get("input")
+
+
 def _users_closed(node: Any, modules: dict[str, nn.Module], kind: str, consumers: list[str], path: list[str]) -> bool:
     """True when every path from ``node`` ends in a consumer of ``kind`` through channel-wise ops."""
     for user in node.users:
@@ -113,7 +121,7 @@ def _users_closed(node: Any, modules: dict[str, nn.Module], kind: str, consumers
             if not chan:
                 return False
             path.append(user.target)
-        elif user.op == "call_function" and user.target in _ELEMENTWISE_FUNCS and user.args[0] is node:
+        elif user.op == "call_function" and user.target in _ELEMENTWISE_FUNCS and _first_input(user) is node:
             pass
         elif user.op == "call_method" and user.target in _ELEMENTWISE_METHODS:
             pass
@@ -156,6 +164,14 @@ def find_groups(model: nn.Module) -> tuple[list[dict[str, Any]], list[str]]:
     def _shared(name: str) -> bool:
         return any(len(holders.get(id(q), ())) > 1 for q in model.get_submodule(name)._parameters.values() if q is not None)
 
+    def _computed(name: str) -> bool:
+        # weight_norm / spectral_norm (the hook versions and the parametrizations) recompute ``weight`` from their own
+        # parameters at every forward: reordering the computed tensor does nothing, so a producer kept its channel
+        # order while its consumers' columns were reordered, and the "output-preserving" permutation changed outputs
+        mod = model.get_submodule(name)
+        return any(getattr(mod, t, None) is not None and not isinstance(mod._parameters.get(t), nn.Parameter)
+                   for t in ("weight", "bias"))
+
     groups = []
     for n in gm.graph.nodes:
         if n.op != "call_module" or _kind(modules[n.target]) is None:
@@ -170,6 +186,11 @@ def find_groups(model: nn.Module) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         if any(_shared(t) for t in [n.target, *consumers, *path]):
             notes.append(f"{n.target}: a weight on its path is shared with another module or read directly; not permuted")
+            continue
+        computed = [t for t in [n.target, *consumers, *path] if _computed(t)]
+        if computed:
+            notes.append(f"{n.target}: {computed[0]} computes its weight from other parameters (weight_norm or a "
+                         "parametrization); not permuted")
             continue
         groups.append({"producer": n.target, "consumers": sorted(set(consumers)), "channelwise": path})
     _ = operator  # (kept for readers: residual adds are operator.add nodes, which stop a group)
