@@ -34,6 +34,16 @@ def clip_divisor(grads: list[torch.Tensor], max_norm: float, scale: Any = 1.0) -
     return torch.where(norm > max_norm, norm / max_norm, torch.ones_like(norm))
 
 
+def _saved_state_by_param(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """Each parameter of ``optimizer`` with the state ``state_dict`` saved for it, before torch's
+    ``load_state_dict`` casts that state to the parameter's dtype (the saved ids map to the parameters in group
+    order, as torch maps them)."""
+    saved_ids = chain.from_iterable(g["params"] for g in state_dict.get("param_groups", []))
+    mine = chain.from_iterable(g["params"] for g in optimizer.param_groups)
+    state = state_dict.get("state", {})
+    return {p: state.get(i, {}) for i, p in zip(saved_ids, mine)}
+
+
 def lamb_update(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: Any, group: dict[str, Any],
                 adam_w_mode: bool, use_nvlamb: bool) -> torch.Tensor:
     """One LAMB step of one tensor: the new fp32 weight. ``w`` and ``g`` are fp32 (``g`` unscaled and clipped);
@@ -88,6 +98,25 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.adam_w_mode = adam_w_mode
         self.use_nvlamb = use_nvlamb
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's, keeping the moments fp32: torch casts the state to each parameter's dtype, which would round
+        a half model's fp32 moments at every resume (the resumed run drifting from the uninterrupted one); the
+        half moments of apex's checkpoints are widened to fp32.
+
+        Example:
+            >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16)); opt = Lamb([w])
+            >>> w.grad = torch.ones(2, dtype=torch.bfloat16); opt.step()
+            >>> opt.load_state_dict(opt.state_dict()); opt.state[w]["exp_avg"].dtype
+            torch.float32
+        """
+        saved = _saved_state_by_param(self, state_dict)
+        super().load_state_dict(state_dict)
+        for q, st in saved.items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = st.get(key)
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    self.state[q][key] = value.detach().to(q.device, torch.float32, copy=True)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -169,9 +198,7 @@ class MixedPrecisionLamb(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's, keeping the fp32 moments and masters fp32 (torch casts state to each parameter's dtype) and
         the groups' ``lr`` / ``step`` tensors on the parameters' device."""
-        saved_ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        mine = chain.from_iterable(g["params"] for g in self.param_groups)
-        by_param = {p: state_dict["state"].get(i, {}) for i, p in zip(saved_ids, mine)}
+        by_param = _saved_state_by_param(self, state_dict)
         super().load_state_dict(state_dict)
         for p, saved in by_param.items():
             for key, value in saved.items():

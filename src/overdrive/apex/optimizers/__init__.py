@@ -180,7 +180,14 @@ class FusedAdam(torch.optim.Adam):
             lists = buckets.setdefault((q.device, q.dtype), [[], [], [], [], []])
             for dst, t in zip(lists, (q, grad, st["exp_avg"], st["exp_avg_sq"], st.get("max_exp_avg_sq", st["exp_avg_sq"]))):
                 dst.append(t)
-        for qs, grads, m1, m2, mx in buckets.values():
+        for (_, dtype), (qs_out, grads, m1_out, m2_out, mx_out) in buckets.items():
+            # the math in fp32 for half parameters, as apex's kernel: in fp16, eps=1e-8 is 0 and a zero
+            # gradient's update is 0/0
+            half = dtype in (torch.float16, torch.bfloat16)
+            qs, m1, m2 = ([t.float() for t in ts] if half else ts for ts in (qs_out, m1_out, m2_out))
+            mx = [t.float() for t in mx_out] if half and group["amsgrad"] else mx_out
+            if half:
+                grads = [g.float() for g in grads]
             if wd:
                 if group["decoupled_weight_decay"]:
                     torch._foreach_mul_(qs, 1 - lr * wd)
@@ -196,6 +203,10 @@ class FusedAdam(torch.optim.Adam):
                 denom = torch._foreach_sqrt(m2)
             torch._foreach_add_(denom, eps)
             torch._foreach_addcdiv_(qs, m1, denom, value=-lr)
+            if half:  # written back in the parameters' dtype
+                outs = (qs_out, m1_out, m2_out) + ((mx_out,) if group["amsgrad"] else ())
+                for out, new in zip(outs, (qs, m1, m2, mx)):
+                    torch._foreach_copy_(out, new)
 
 
 class FusedSGD(torch.optim.SGD):
@@ -279,10 +290,49 @@ class FusedAdagrad(torch.optim.Adagrad):
                     self.state[q]["sum"] = torch.zeros_like(q, memory_format=torch.preserve_format)
 
     def _torch_step(self) -> None:
-        # torch wraps the step of each optimizer class it builds with the step hooks; once a plain Adagrad exists
-        # its step is wrapped too, and calling it through super() would run this optimizer's hooks a second time
-        step = torch.optim.Adagrad.step
-        getattr(step, "__wrapped__", step)(self)
+        """torch's Adagrad step for the fp32/fp64 parameters; the fp16/bf16 ones step in fp32 math, as apex's kernel
+        did (torch's kernels work in the half dtype, where eps=1e-10 is 0: a zero gradient on a zero sum, an unused
+        embedding row, becomes 0/0 = NaN)."""
+        half = {q: q.grad for g in self.param_groups for q in g["params"]
+                if q.grad is not None and q.dtype in (torch.float16, torch.bfloat16)}
+        for q in half:
+            q.grad = None  # torch's step skips parameters without a gradient
+        try:
+            # torch wraps the step of each optimizer class it builds with the step hooks; once a plain Adagrad
+            # exists its step is wrapped too, and calling it through super() would run this optimizer's hooks a
+            # second time
+            step = torch.optim.Adagrad.step
+            getattr(step, "__wrapped__", step)(self)
+        finally:
+            for q, grad in half.items():
+                q.grad = grad
+        if half:
+            self._half_step(half)
+
+    def _half_step(self, half: dict[torch.Tensor, torch.Tensor]) -> None:
+        """torch's Adagrad update (L2 ``weight_decay``, ``lr_decay``) of the half parameters in ``half`` in fp32,
+        state kept in their dtype; honours a GradScaler's ``grad_scale`` / ``found_inf`` as torch's fused step does."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and bool(found_inf.reshape(-1).any()):
+            return
+        grad_scale = getattr(self, "grad_scale", None)
+        for group in self.param_groups:
+            for q in (q for q in group["params"] if q in half):
+                st = self.state[q]
+                st["step"] += 1
+                g = half[q].float()
+                if grad_scale is not None:
+                    g = g / grad_scale.to(g.device)
+                if group["maximize"]:
+                    g = -g
+                w = q.float()
+                if group["weight_decay"]:
+                    g = g + group["weight_decay"] * w
+                clr = group["lr"] / (1 + (float(st["step"]) - 1) * group["lr_decay"])
+                total = st["sum"].float().addcmul_(g, g)
+                w.addcdiv_(g, total.sqrt().add_(group["eps"]), value=-clr)
+                st["sum"].copy_(total)
+                q.copy_(w)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
