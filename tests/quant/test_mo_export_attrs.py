@@ -88,3 +88,66 @@ def test_calibrate_takes_the_weights_as_they_are_now(with_data: bool) -> None:
     mtq.calibrate(model, "max", forward_loop=(lambda m: m(2 * x)) if with_data else None)
     assert torch.equal(model[0].weight_quantizer.amax, model[0].weight.detach().abs().amax(dim=1))
     assert float(model[0].input_quantizer.amax) == (float(2 * x.abs().max()) if with_data else act)
+
+
+class _QuantMatMul(torch.nn.Module):
+    """A hand-placed pair of quantizers around ``a @ b`` built with ModelOpt's constructor (what export scripts
+    write for attention's matmuls, which mtq.quantize leaves alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from overdrive.quant.modelopt.config import QuantizerAttributeConfig
+
+        self.input1_quantizer = mtq.nn.TensorQuantizer(QuantizerAttributeConfig(num_bits=(4, 3)))
+        self.input2_quantizer = mtq.nn.TensorQuantizer(quant_attribute_cfg={"num_bits": 8, "axis": None},
+                                                       if_quant=False, if_calib=True)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.input1_quantizer(a) @ self.input2_quantizer(b)
+
+
+def test_modelopt_constructor_takes_attribute_config_amax_and_mode_flags() -> None:
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 8, generator=g), torch.randn(8, 3, generator=g)
+    mm = _QuantMatMul()
+    q1, q2 = mm.input1_quantizer, mm.input2_quantizer
+    assert q1.num_bits == (4, 3) and q1.axis is None and q2.num_bits == 8 and q2._if_calib and not q2._if_quant
+    assert isinstance(q1, mtq.nn.TensorQuantizer) and isinstance(q1, mtq.TensorQuantizer)
+    q1.enable_calib(); q1.disable_quant()
+    assert torch.equal(mm(a, b), a @ b)  # observing: both pass through
+    for q in (q1, q2):
+        q.load_calib_amax(); q.disable_calib(); q.enable_quant()
+    ref1 = mtq.nn.TensorQuantizer(QuantizerConfig(format="fp8_e4m3")); ref1.amax = a.abs().max()
+    ref2 = mtq.nn.TensorQuantizer(QuantizerConfig()); ref2.amax = b.abs().max()
+    assert torch.equal(q1.amax, a.abs().max()) and torch.equal(q2.amax, b.abs().max())
+    assert torch.equal(mm(a, b), ref1(a) @ ref2(b)) and not torch.equal(mm(a, b), a @ b)
+    fixed = mtq.nn.TensorQuantizer(amax=2.0)  # scale 2/127: 1.0 -> 64 steps, 3.0 clipped to 2.0
+    assert torch.allclose(fixed(torch.tensor([1.0, 3.0])), torch.tensor([64 * 2 / 127, 2.0]), rtol=0, atol=1e-6)
+    # every quantizer mtq.quantize placed is an mtq.nn.TensorQuantizer too
+    model, x = _model_and_data()
+    model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    assert all(isinstance(q, mtq.nn.TensorQuantizer) for q in (model[0].input_quantizer, model[2].weight_quantizer))
+    with pytest.raises(TypeError):
+        mtq.nn.TensorQuantizer(None, if_quant=True, if_calibrate=True)  # a misspelt argument is not swallowed
+
+
+def test_set_from_attribute_config_changes_only_the_given_attributes() -> None:
+    model, x = _model_and_data()
+    model = mtq.quantize(model, mtq.INT8_DEFAULT_CFG, lambda m: m(x))
+    wq, iq = model[0].weight_quantizer, model[0].input_quantizer
+    amax = iq.amax.clone()
+    iq.set_from_attribute_config({"enable": False})  # on / off only: amax kept
+    assert not iq.enabled and torch.equal(iq.amax, amax)
+    iq.set_from_attribute_config({"enable": True})
+    assert torch.equal(iq.amax, amax)
+    wq.set_from_attribute_config({"num_bits": (4, 3), "axis": None})  # per-tensor fp8 weights: recalibrated below
+    assert wq.num_bits == (4, 3) and wq.axis is None and wq.amax is None and wq.enabled
+    mtq.calibrate(model, "max", lambda m: m(x))
+    w = model[0].weight.detach()
+    assert torch.equal(wq.amax, w.abs().max())
+    ref = mtq.nn.TensorQuantizer(QuantizerConfig(format="fp8_e4m3")); ref.amax = w.abs().max()
+    assert torch.equal(wq(w), ref(w))
+    with pytest.raises(UsageError, match="block_sizes"):
+        wq.set_from_attribute_config({"num_bits": 4, "block_sizes": {-1: 128}})
+    with pytest.raises(UsageError, match="dict of quantizer attributes"):
+        wq.set_from_attribute_config(8)

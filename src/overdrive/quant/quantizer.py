@@ -342,6 +342,14 @@ class TensorQuantizer(nn.Module):
         amax = amax.clamp(torch.finfo(amax.dtype).tiny, torch.finfo(amax.dtype).max)
         return amax.reshape(1) if self.axis is None else amax.squeeze()
 
+    def set_from_attribute_config(self, attribute_cfg: Any) -> None:
+        """ModelOpt's: set the attributes given (a dict such as ``{"num_bits": (4, 3), "axis": None}``, or a
+        ``mtq.QuantizerAttributeConfig``), keeping the others; see
+        :func:`overdrive.quant.modelopt.conversion.set_from_attribute_config`."""
+        from overdrive.quant.modelopt.conversion import set_from_attribute_config
+
+        set_from_attribute_config(self, attribute_cfg)
+
     def reset_amax(self) -> None:
         """Forget amax and the calibration statistics (ModelOpt's ``reset_amax``): the quantizer is uncalibrated
         until the next calibration (``mtq.calibrate``)."""
@@ -366,6 +374,27 @@ class TensorQuantizer(nn.Module):
     @_disabled.setter
     def _disabled(self, value: bool) -> None:
         self.enabled = not value
+
+    # pytorch-quantization's (and ModelOpt's) mode flags, which scripts read and set directly: ``_if_quant`` is
+    # quantization on (enable_quant / disable_quant), ``_if_calib`` observing (enable_calib / disable_calib)
+    @property
+    def _if_quant(self) -> bool:
+        return bool(self.quant_enabled)
+
+    @_if_quant.setter
+    def _if_quant(self, value: bool) -> None:
+        self.quant_enabled = bool(value)
+
+    @property
+    def _if_calib(self) -> bool:
+        return bool(self.calibrating)
+
+    @_if_calib.setter
+    def _if_calib(self, value: bool) -> None:
+        if value:
+            self.enable_calib()  # a calibrator to collect into, as enable_calib makes one
+        else:
+            self.disable_calib()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs) -> None:  # noqa: ANN001

@@ -34,7 +34,6 @@ from overdrive.quant.modelopt.conversion import (register, set_quantizer_attribu
 from overdrive.quant.modelopt.model_quant import (ForwardLoop, calibrate, disable_quantizer, enable_quantizer,
                                                   fold_weight, postprocess_amax, print_quant_summary, quantize)
 from overdrive.quant.modelopt.quant_cfg import QuantCfgList, find_quant_cfg_entry_by_path, normalize_quant_cfg_list
-from overdrive.quant.quantizer import TensorQuantizer
 
 
 def __getattr__(name: str) -> Any:
@@ -55,4 +54,4 @@ __all__ = ["INT8_DEFAULT_CFG", "FP8_DEFAULT_CFG", "INT8_SMOOTHQUANT_CFG", "INT8_
 from overdrive.quant.modelopt import nn  # noqa: E402  (mtq.nn.TensorQuantizer; imported last: it needs nothing above)
 from overdrive.quant.modelopt import model_calib  # noqa: E402, F401  (mtq.model_calib.finish_stats_collection)
 from overdrive.quant.modelopt import utils  # noqa: E402  (mtq.utils.is_quantized, as ModelOpt's package has it)
-from overdrive.quant.modelopt.nn import QuantModuleRegistry  # noqa: E402  (mtq.QuantModuleRegistry, as ModelOpt)
+from overdrive.quant.modelopt.nn import QuantModuleRegistry, TensorQuantizer  # noqa: E402  (mtq.QuantModuleRegistry, as ModelOpt)

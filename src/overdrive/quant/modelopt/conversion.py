@@ -36,12 +36,14 @@ _DEFAULT_ONLY = {"type": "static", "bias": None, "learn_amax": False, "rotate": 
 
 
 
-def _check_entry(pattern: str, attrs: Any) -> dict[str, Any]:
-    """The supported attributes of one entry (num_bits as 8 or (4, 3)); a UsageError names any other."""
+def _check_entry(pattern: str, attrs: Any, where: str | None = None) -> dict[str, Any]:
+    """The supported attributes of one entry (num_bits as 8 or (4, 3)); a UsageError names any other (and
+    ``where`` it came from: quant_cfg[pattern] unless given)."""
     if not isinstance(attrs, Mapping):
         raise UsageError(f"quant_cfg[{pattern!r}] = {attrs!r} must be a dict of quantizer attributes, e.g. "
                          '{"num_bits": 8, "axis": None} or {"enable": False}')
-    where = pattern if pattern.startswith("quant_cfg[") else f"quant_cfg[{pattern!r}]"
+    if where is None:
+        where = pattern if pattern.startswith("quant_cfg[") else f"quant_cfg[{pattern!r}]"
     if attrs.get("block_sizes") is not None:
         raise UsageError(f"{where} has block_sizes (block-wise / int4 quantization), which "
                          "overdrive.quant does not fake-quantize; for grouped 4- or 8-bit weights use "
@@ -247,6 +249,36 @@ def set_quantizer_attribute(model: torch.nn.Module, wildcard_or_filter_func: str
             continue
         cfg, per_channel = _quantizer_config(name, attrs, named_axis)
         _reconfigure(q, cfg, weight_axis if per_channel else None, attrs.get("calibrator") == "histogram")
+
+
+def set_from_attribute_config(q: TensorQuantizer, attribute_cfg: Mapping[str, Any]) -> None:
+    """ModelOpt's ``TensorQuantizer.set_from_attribute_config``: the attributes given (a dict, or a
+    ``QuantizerAttributeConfig``, which gives all of them) set on the quantizer ``q``, the others kept. ``axis`` is
+    the axis of the tensor ``q`` quantizes (0: per row of a Linear weight), as ModelOpt applies it. A change of
+    format or axis leaves ``q`` uncalibrated; switching ``enable`` alone keeps its amax.
+
+    Example:
+        >>> import torch, overdrive.quant.modelopt as mtq
+        >>> q = mtq.nn.TensorQuantizer()
+        >>> set_from_attribute_config(q, {"num_bits": (4, 3), "axis": 0})
+        >>> q.num_bits, q.axis, q.config.per_channel
+        ((4, 3), 0, True)
+    """
+    where = f"{q.name or 'TensorQuantizer'}.set_from_attribute_config"
+    if not isinstance(attribute_cfg, Mapping):
+        raise UsageError(f"{where}({attribute_cfg!r}): expected a dict of quantizer attributes or a "
+                         "QuantizerAttributeConfig, e.g. {'num_bits': 8, 'axis': None}")
+    now = _current(q, None if q.axis is None else int(q.axis))
+    attrs = {**now, **_check_entry(where, attribute_cfg, where=where)}
+    axis = attrs["axis"]
+    axis = axis[0] if isinstance(axis, (tuple, list)) and len(axis) == 1 else axis
+    if axis is not None and not isinstance(axis, int):
+        raise UsageError(f"{where}: axis={attrs['axis']!r} is not supported; use None (per tensor) or one axis (0)")
+    if {k: v for k, v in attrs.items() if k != "enable"} == {k: v for k, v in now.items() if k != "enable"}:
+        q.enabled = bool(attrs["enable"])
+        return
+    cfg, per_channel = _quantizer_config(where, {**attrs, "axis": axis}, axis)
+    _reconfigure(q, cfg, axis if per_channel else None, attrs.get("calibrator") == "histogram")
 
 
 def _reconfigure(q: TensorQuantizer, cfg: QuantizerConfig, axis: int | None, histogram: bool = False) -> None:

@@ -1,8 +1,8 @@
-"""ModelOpt's ``modelopt.torch.quantization.nn``: the quantizer and quantized layer classes, which are
-overdrive.quant's own (``from overdrive.quant.modelopt.nn import TensorQuantizer`` in place of
-``from modelopt.torch.quantization.nn import TensorQuantizer``), so ``isinstance(module, TensorQuantizer)`` loops
-over a model that ``mtq.quantize`` quantized find every quantizer; and ``QuantModuleRegistry``, where custom
-quantized classes are registered (``mtq.register``).
+"""ModelOpt's ``modelopt.torch.quantization.nn``: the quantized layer classes, which are overdrive.quant's own, and
+``TensorQuantizer`` (``from overdrive.quant.modelopt.nn import TensorQuantizer`` in place of
+``from modelopt.torch.quantization.nn import TensorQuantizer``): overdrive.quant's quantizer built with ModelOpt's
+arguments, and ``isinstance(module, TensorQuantizer)`` loops over a model that ``mtq.quantize`` quantized find every
+quantizer; and ``QuantModuleRegistry``, where custom quantized classes are registered (``mtq.register``).
 
 Example:
     >>> import torch
@@ -24,7 +24,54 @@ from overdrive._utils.errors import UsageError
 from overdrive.quant.config import QuantConfig
 from overdrive.quant.modules import (QuantConv1d, QuantConv2d, QuantConv3d, QuantConvTranspose1d, QuantConvTranspose2d,
                                      QuantConvTranspose3d, QuantLinear)
-from overdrive.quant.quantizer import TensorQuantizer
+from overdrive.quant import quantizer as _quantizer
+from overdrive.quant.config import QuantizerConfig
+
+
+class _AnyTensorQuantizer(type(nn.Module)):
+    """``isinstance(q, mtq.nn.TensorQuantizer)`` holds for every overdrive quantizer, also those that
+    ``mtq.quantize`` placed, so ModelOpt scripts' loops over ``model.named_modules()`` reach all of them."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        if cls is TensorQuantizer:
+            return isinstance(obj, _quantizer.TensorQuantizer)
+        return super().__instancecheck__(obj)
+
+
+class TensorQuantizer(_quantizer.TensorQuantizer, metaclass=_AnyTensorQuantizer):
+    """ModelOpt's ``TensorQuantizer(quant_attribute_cfg=None, if_quant=True, if_calib=False, amax=None)``: int8 per
+    tensor by default; ``quant_attribute_cfg`` a ``QuantizerAttributeConfig`` or a dict of attributes
+    (``num_bits`` 8 or (4, 3), ``axis`` of the tensor it quantizes, ``narrow_range``, ``enable``,
+    ``calibrator``); ``amax`` a fixed amax; ``if_calib=True`` starts observing (``if_quant=False``: values pass
+    through). overdrive's own form, ``TensorQuantizer(QuantizerConfig(...), axis=0)``, is taken too.
+
+    Example:
+        >>> import torch
+        >>> from overdrive.quant.modelopt.config import QuantizerAttributeConfig
+        >>> q = TensorQuantizer(QuantizerAttributeConfig(num_bits=(4, 3)), amax=448.0)
+        >>> q.num_bits, q(torch.tensor([17.0])).item()  # fp8 e4m3 with scale 1: 17 rounds to 16
+        ((4, 3), 16.0)
+    """
+
+    def __init__(self, quant_attribute_cfg: Any = None, *args: Any, **kwargs: Any) -> None:
+        if isinstance(quant_attribute_cfg, QuantizerConfig):  # overdrive's own constructor
+            super().__init__(quant_attribute_cfg, *args, **kwargs)
+            return
+        if_quant, if_calib, amax = _modelopt_args(*args, **kwargs)
+        super().__init__()
+        if quant_attribute_cfg is not None:
+            self.set_from_attribute_config(quant_attribute_cfg)
+        if amax is not None:
+            self.amax = amax
+        if not if_quant:
+            self.disable_quant()
+        if if_calib:
+            self.enable_calib()
+
+
+def _modelopt_args(if_quant: bool = True, if_calib: bool = False, amax: Any = None) -> tuple[bool, bool, Any]:
+    """ModelOpt's TensorQuantizer arguments after ``quant_attribute_cfg`` (a TypeError names any other)."""
+    return if_quant, if_calib, amax
 
 
 class QuantModuleRegistryCls:

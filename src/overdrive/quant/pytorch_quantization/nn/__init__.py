@@ -289,12 +289,22 @@ QuantAvgPool1d, QuantAvgPool2d, QuantAvgPool3d = (_pool(f"AvgPool{d}d") for d in
 QuantAdaptiveAvgPool1d, QuantAdaptiveAvgPool2d, QuantAdaptiveAvgPool3d = (_pool(f"AdaptiveAvgPool{d}d")
                                                                           for d in (1, 2, 3))
 
+# pytorch-quantization's aliases without the Quant prefix (its docs build layers as ``quant_nn.Conv2d(...)``,
+# ``quant_nn.Linear(...)``, ``quant_nn.MaxPool2d(...)``): the same classes
+Linear = QuantLinear
+Conv1d, Conv2d, Conv3d = QuantConv1d, QuantConv2d, QuantConv3d
+ConvTranspose1d, ConvTranspose2d, ConvTranspose3d = QuantConvTranspose1d, QuantConvTranspose2d, QuantConvTranspose3d
+MaxPool1d, MaxPool2d, MaxPool3d = QuantMaxPool1d, QuantMaxPool2d, QuantMaxPool3d
+AvgPool1d, AvgPool2d, AvgPool3d = QuantAvgPool1d, QuantAvgPool2d, QuantAvgPool3d
+AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d = QuantAdaptiveAvgPool1d, QuantAdaptiveAvgPool2d, QuantAdaptiveAvgPool3d
+
 _MISSING = {
     **{n: "recurrent layers are not quantized by overdrive.quant; keep the LSTM in float (build it with "
           "quant_modules.initialize(float_module_list=...) not covering it, or before initialize())"
-       for n in ("QuantLSTM", "QuantLSTMCell", "QuantRNN", "QuantGRU")},
+       for n in ("QuantLSTM", "QuantLSTMCell", "QuantRNN", "QuantGRU", "LSTM", "LSTMCell")},
     **{n: "quantized instance norm is not in overdrive.quant; keep the norm in float"
-       for n in ("QuantInstanceNorm1d", "QuantInstanceNorm2d", "QuantInstanceNorm3d")},
+       for n in ("QuantInstanceNorm1d", "QuantInstanceNorm2d", "QuantInstanceNorm3d", "InstanceNorm1d",
+                 "InstanceNorm2d", "InstanceNorm3d")},
     "Clip": "learned clipping (learn_amax) is not supported: amax stays fixed in QAT",
 }
 
@@ -309,7 +319,10 @@ def __getattr__(name: str) -> Any:
 __all__ = ["TensorQuantizer", "QuantLinear", "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d",
            "QuantConvTranspose2d", "QuantConvTranspose3d", "modules",
            "QuantMaxPool1d", "QuantMaxPool2d", "QuantMaxPool3d", "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d",
-           "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d"]
+           "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d", "QuantAdaptiveAvgPool3d",
+           "Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+           "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d"]
 
 from overdrive.quant.pytorch_quantization.nn import modules  # noqa: E402  (quant_nn.modules._utils; needs the classes above)
 from overdrive.quant.pytorch_quantization.nn.modules import _utils  # noqa: E402, F401
