@@ -133,8 +133,9 @@ def test_launch_preflight_stops_on_fault(tmp_path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(OverdriveError, match="NCCL_SOCKET_IFNAME"):
         launch(LaunchConfig(nproc_per_node=1), str(script), env={"NCCL_SOCKET_IFNAME": "nope9", "PATH": "/usr/bin"})
     monkeypatch.undo()
-    with pytest.raises(OverdriveError, match="not reachable"):
-        preflight(LaunchConfig(nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=_closed_port()), env={})
+    with pytest.raises(OverdriveError, match="nothing listens"):
+        preflight(LaunchConfig(nnodes=2, node_rank=1, master_addr="127.0.0.1", master_port=_closed_port()), env={},
+                  master_wait_s=0)
     with pytest.raises(UsageError, match="does not exist"):
         launch(LaunchConfig(), str(tmp_path / "missing.py"))
 

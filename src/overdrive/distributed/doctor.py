@@ -14,6 +14,8 @@ import os
 import shutil
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -301,8 +303,18 @@ def _is_local(addr: str) -> bool:
     return any(i["ipv4"] == ip for i in interfaces())
 
 
-def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0) -> list[Finding]:
-    """Node 0 must be able to bind the master port (free); other nodes must reach it over TCP."""
+def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0, wait_s: float = 0.0,
+                 on_wait: Callable[[], None] | None = None) -> list[Finding]:
+    """Node 0 must be able to bind the master port (free); other nodes must reach it over TCP.
+
+    ``wait_s``: how long another node keeps trying while nothing listens there yet (connection refused: the host
+    answers, node 0's launch has not opened its store), as torchrun's ranks wait for node 0; ``on_wait`` is called
+    once before the first retry. An address that does not answer at all (a timeout, no route) is an error at once.
+
+    Example:
+        >>> check_master("no-such-host.invalid", 29500)[0].what
+        'MASTER_ADDR'
+    """
     try:
         ip = socket.gethostbyname(addr)
     except OSError as exc:
@@ -315,19 +327,35 @@ def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0)
                 return [Finding("error", "MASTER_PORT", f"{addr}:{port} cannot be bound on the master node ({exc.strerror}): "
                                 "another job holds it; pick another --master-port")]
         return [Finding("info", "MASTER_PORT", f"{addr}:{port} is free on this (master) node")]
-    try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return [Finding("info", "MASTER_PORT", f"{addr}:{port} is reachable")]
-    except OSError as exc:
-        return [Finding("error", "MASTER_PORT", f"{addr}:{port} is not reachable from this node ({exc.strerror or exc}): "
-                        "start node 0 first, check the address, the port and firewalls")]
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=timeout):
+                return [Finding("info", "MASTER_PORT", f"{addr}:{port} is reachable")]
+        except ConnectionRefusedError as exc:
+            # the host is there and nothing listens yet: node 0 may simply start later (torchrun's ranks wait for it)
+            if time.monotonic() < deadline:
+                if not waited and on_wait is not None:
+                    on_wait()
+                waited = True
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                continue
+            after = f", after waiting {wait_s:g} s" if wait_s > 0 else ""
+            return [Finding("error", "MASTER_PORT", f"nothing listens on {addr}:{port} ({exc.strerror or exc}{after}): "
+                            "start node 0's launch (it opens the port), or check --master-port")]
+        except OSError as exc:
+            return [Finding("error", "MASTER_PORT", f"{addr}:{port} is not reachable from this node ({exc.strerror or exc}): "
+                            "start node 0 first, check the address, the port and firewalls")]
 
 
 def diagnose(master_addr: str | None = None, master_port: int | None = None, node_rank: int = 0,
-             env: dict[str, str] | None = None, topology: bool = True) -> dict[str, Any]:
+             env: dict[str, str] | None = None, topology: bool = True, master_wait_s: float = 0.0,
+             on_wait: Callable[[], None] | None = None) -> dict[str, Any]:
     """Versions, GPUs (+ ``nvidia-smi topo -m``), NCCL variables with findings, interfaces, master check.
 
-    ``master_addr``/``master_port`` default to MASTER_ADDR / MASTER_PORT from ``env``.
+    ``master_addr``/``master_port`` default to MASTER_ADDR / MASTER_PORT from ``env``; ``master_wait_s`` and
+    ``on_wait`` are :func:`check_master`'s (a node other than 0 waits that long for node 0 to listen).
     """
     env = dict(os.environ if env is None else env)
     ifaces = interfaces()
@@ -338,7 +366,7 @@ def diagnose(master_addr: str | None = None, master_port: int | None = None, nod
     port = master_port or (int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit()
                            and not any(k == "MASTER_PORT" for k, _ in bad_env) else None)
     if addr is not None and port is not None:
-        findings += check_master(addr, port, node_rank)
+        findings += check_master(addr, port, node_rank, wait_s=master_wait_s, on_wait=on_wait)
     g = gpus()
     if not g:  # what a user checking an NCCL set-up on a CPU machine needs to know first
         findings.append(Finding("info", "backend", "no CUDA GPU is visible: ranks started here join with gloo over TCP "

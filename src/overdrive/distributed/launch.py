@@ -54,8 +54,16 @@ def _gpus_for_ranks(env: dict[str, str]) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The doctor's quick checks for this launch (no bandwidth test); raises on an error finding."""
+MASTER_WAIT_S = 300.0  # how long a node other than 0 waits for node 0's port before the launch stops
+
+
+def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None, master_wait_s: float = MASTER_WAIT_S) -> dict[str, Any]:
+    """The doctor's quick checks for this launch (no bandwidth test); raises on an error finding.
+
+    On a node other than 0, a master port nothing listens on yet is waited for, up to ``master_wait_s``: nodes of one
+    job start in any order (``srun``, ``pdsh``), and torchrun's ranks wait for node 0 too. Refused at once, a node
+    that came up a second before node 0 stopped the whole job.
+    """
     env = dict(os.environ if env is None else env)
     import torch
 
@@ -73,7 +81,16 @@ def preflight(cfg: LaunchConfig, env: dict[str, str] | None = None) -> dict[str,
     if cfg.standalone:  # torchrun picks its own free port; a stale MASTER_ADDR does not matter either
         addr = prt = None
         env = {k: v for k, v in env.items() if k != "MASTER_ADDR"}
-    report = doctor.diagnose(master_addr=addr, master_port=prt, node_rank=cfg.node_rank, env=env, topology=False)
+    # only a node other than 0 waits: node 0 opens the port itself (with c10d rendezvous, whichever node comes first
+    # hosts the store, and node 0's port findings are dropped below)
+    wait = master_wait_s if cfg.node_rank > 0 else 0.0
+
+    def say_waiting() -> None:
+        print(f"overdrive launch: nothing listens on {addr}:{prt} yet; waiting up to {wait:g} s for node 0's launch",
+              file=sys.stderr, flush=True)
+
+    report = doctor.diagnose(master_addr=addr, master_port=prt, node_rank=cfg.node_rank, env=env, topology=False,
+                             master_wait_s=wait, on_wait=say_waiting)
     if cfg.rdzv_endpoint is not None:
         # c10d rendezvous: whichever node comes first hosts the store; a busy port on us is fine.
         report["findings"] = [f for f in report["findings"] if not (f["what"] == "MASTER_PORT" and cfg.node_rank == 0)]

@@ -55,6 +55,32 @@ class DistEnv:
 LOCAL_RANK_FALLBACKS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 
 
+# where MPI launchers put a process's rank and the job's process count: (rank, size, launcher)
+MPI_RANK_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"),
+                 ("PMI_RANK", "PMI_SIZE", "mpiexec (MPICH / Intel MPI)"),
+                 ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "mpirun (MVAPICH)"))
+
+
+def rank_env(environ: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """``environ`` with torchrun's RANK / WORLD_SIZE, taken from an MPI launcher's variables where torchrun's are unset
+    (a job of several processes only), and which launcher gave them (None: torchrun's, or a group of one). Under
+    ``mpirun -np 4 python train.py`` without them every process joined a group of one and trained alone, each
+    writing the same checkpoint files.
+
+    Example:
+        >>> env, who = rank_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"})
+        >>> env["RANK"], env["WORLD_SIZE"], who
+        ('1', '4', 'mpirun (Open MPI)')
+    """
+    if "WORLD_SIZE" in environ or "RANK" in environ:
+        return environ, None
+    for rank, size, who in MPI_RANK_VARS:
+        n = environ.get(size, "").strip()
+        if rank in environ and n.isdigit() and int(n) > 1:
+            return {**environ, "RANK": environ[rank].strip(), "WORLD_SIZE": n}, who
+    return environ, None
+
+
 def _local_rank(world: int, cuda: bool) -> int:
     """This process's rank on its node: torchrun's LOCAL_RANK, else an MPI or Slurm launcher's; a job of several ranks
     on GPUs with none of them is refused (every rank would take cuda:0 and the GPUs past it would sit idle)."""
@@ -71,6 +97,10 @@ def _local_rank(world: int, cuda: bool) -> int:
 def init(backend: str | None = None, device: str | torch.device | None = None) -> DistEnv:
     """Join the process group torchrun describes (or a group of one without torchrun).
 
+    Started by ``mpirun`` / ``mpiexec`` instead (Open MPI, MPICH, Intel MPI, MVAPICH: no RANK / WORLD_SIZE), the rank
+    and the process count are the launcher's (:func:`rank_env`); MASTER_ADDR and MASTER_PORT must then be given to
+    every process (``mpirun -x MASTER_ADDR=node0 -x MASTER_PORT=29500``), as torchrun would set them.
+
     ``backend`` defaults to nccl when CUDA is available and the device is not 'cpu', else gloo.
 
     Example:
@@ -78,11 +108,12 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     """
     from overdrive.distributed.doctor import rank_env_problems
 
-    bad = rank_env_problems(dict(os.environ))
+    environ, launcher = rank_env(dict(os.environ))  # torchrun's RANK / WORLD_SIZE, else an MPI launcher's
+    bad = rank_env_problems(environ)
     if bad:  # a RANK past WORLD_SIZE would wait out the store's timeout; a non-number is a bare ValueError
         raise UsageError("overdrive.distributed.init(): " + "; ".join(detail for _, detail in bad))
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(environ.get("RANK", "0"))
+    world = int(environ.get("WORLD_SIZE", "1"))
     want_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     local = _local_rank(world, want_cuda)
     dev = torch.device("cuda", local) if want_cuda else torch.device("cpu")
@@ -99,6 +130,11 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world}
         if "MASTER_PORT" not in os.environ:
+            if world > 1 and launcher is not None:
+                raise UsageError(f"{launcher} started {world} processes, but MASTER_PORT is unset, so they cannot find "
+                                 "each other; give every process node 0's address and a free port (e.g. mpirun -x "
+                                 "MASTER_ADDR=<node 0> -x MASTER_PORT=29500 ...), or start the script with "
+                                 "`overdrive launch`")
             if world > 1:
                 raise UsageError("WORLD_SIZE > 1 but MASTER_PORT is unset; start the script with `overdrive launch`")
             kwargs["init_method"] = f"tcp://127.0.0.1:{free_port()}"  # a group of one, without torchrun
