@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from overdrive.cli.common import (check_device, check_distinct, check_json_target, check_output, check_torchscript,
+from overdrive.cli.common import (check_calib_cache, check_device, check_distinct, check_json_target, check_output,
+                                  check_torchscript,
                                   join_repeated, json_option, progress_option, spec_file, trtexec_noops, write_json)
 
 
@@ -164,7 +165,12 @@ def _size(n: int) -> str:
 @trtexec_noops(("--workspace", False, "overdrive sets no builder memory limit"),
                ("--memPoolSize", False, "overdrive sets no builder memory pools"),
                ("--skipInference", True, "overdrive build runs no inference after building; time it with overdrive exec"),
-               ("--explicitBatch", True, "every engine's batch dim is explicit"))
+               ("--explicitBatch", True, "every engine's batch dim is explicit"),
+               # the run flags of trtexec's build-and-run lines: the build runs nothing, exec takes them
+               *((f, True, f"overdrive build runs no inference; give {f} to overdrive exec") for f in
+                 ("--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun", "--dumpProfile")),
+               ("--profilingVerbosity", False, "an engine keeps no per-layer build profile; overdrive exec "
+                "--dumpProfile / --exportProfile name every kernel the run records"))
 @json_option("the engine info")
 @progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
@@ -211,6 +217,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         from overdrive._utils.errors import UsageError
 
         raise UsageError(f"--precision {precision} and --{chosen} ask for different precisions; give one of them")
+    check_calib_cache("--calib", calib)  # trtexec's --calib file, pasted
     if calib and chosen not in ("int8", "fp8", "best"):  # before the build: what the user meant may be --int8
         click.echo(f"[I] --calib has no effect here: only int8/fp8 builds calibrate, and this one is {chosen} "
                    "(add --int8 or --fp8 to use it)", err=True)

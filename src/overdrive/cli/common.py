@@ -348,3 +348,28 @@ def check_torchscript(flag: str, path: str | None) -> None:
                      f"TorchScript; build from its code with --model file.py:factory (a function returning the model; "
                      f"weights via --checkpoint, saved with torch.save(model.state_dict(), path)), or save TorchScript "
                      f"with {save}")
+
+
+def check_calib_cache(flag: str, path: str | None) -> None:
+    """Refuse, before any work, a TensorRT calibration cache given as calibration data: trtexec's ``--calib`` reads
+    one (a text file opening ``TRT-8601-EntropyCalibration2``, then ``tensor: hex scale`` lines), so a pasted
+    ``--int8 --calib=model.cache`` gave it here, and the calibration loader only said it was no tensor file.
+
+    Example:
+        >>> check_calib_cache("--calib", None)  # nothing given: nothing to check
+    """
+    import re
+
+    if not path or not Path(path).is_file():
+        return
+    with open(path, "rb") as f:
+        first = f.read(64).split(b"\n", 1)[0].strip()
+    m = re.fullmatch(rb"TRT-\d+-(\w*Calibration\w*)", first)
+    if m is None:
+        return
+    from overdrive._utils.errors import UsageError
+
+    raise UsageError(f"{flag} {path} is a TensorRT calibration cache ({m.group(1).decode()} scales that TensorRT wrote, "
+                     "as trtexec's --calib reads), not calibration data: overdrive calibrates from the model's inputs; "
+                     "give them as a torch.save of a tensor (N, ...) or a list of batches, an .npy / .npz file, or a "
+                     "folder of images (see --help)")

@@ -16,18 +16,40 @@ from overdrive.cli.common import (FiniteFloat, check_device, check_distinct, che
 
 
 @contextlib.contextmanager
-def _outputs_file(export_output: str | None, dump_output: bool) -> Iterator[str | None]:
-    """Where the benchmark writes one inference's outputs: --export-output's file, or for --dump-output alone a
-    temporary one, removed after."""
-    if export_output or not dump_output:
-        yield export_output
+def _dump_file(export: str | None, dump: bool, name: str) -> Iterator[str | None]:
+    """Where the benchmark writes what a --dump flag prints (one inference's outputs, the profile): the matching
+    --export flag's file, or for the --dump flag alone a temporary one, removed after."""
+    if export or not dump:
+        yield export
         return
     with tempfile.TemporaryDirectory(prefix="overdrive-dump-") as d:
-        yield str(Path(d) / "outputs.json")
+        yield str(Path(d) / name)
 
 
 def _read_outputs(path: str | None) -> list[dict[str, Any]]:
     return json.loads(Path(path).read_text()) if path else []
+
+
+def format_profile(rows: list[dict[str, Any]]) -> str:
+    """trtexec's ``--dumpProfile`` block from ``--exportProfile``'s rows (the first one the run count): total and
+    per-run time and share of each layer (a kernel or operator; an ONNX Runtime node), slowest first, then the total.
+
+    Example:
+        >>> print(format_profile([{"count": 10}, {"name": "conv", "timeMs": 2.0, "averageMs": 0.2, "count": 10,
+        ...                                        "percentage": 100.0}]))
+        [I] === Profile (10 iterations) ===
+        [I]    Time(ms)     Avg.(ms)   Time(%)   Layer
+        [I]        2.00       0.2000     100.0   conv
+        [I]        2.00       0.2000     100.0   Total
+    """
+    runs = rows[0].get("count", 0) if rows else 0
+    layers = rows[1:]
+    lines = [f"[I] === Profile ({runs} iterations) ===", f"[I] {'Time(ms)':>11}  {'Avg.(ms)':>11}  {'Time(%)':>8}   Layer"]
+    for r in layers:
+        lines.append(f"[I] {r['timeMs']:>11.2f}  {r['averageMs']:>11.4f}  {r['percentage']:>8.1f}   {r['name']}")
+    total = sum(r["timeMs"] for r in layers)
+    lines.append(f"[I] {total:>11.2f}  {total / max(runs, 1):>11.4f}  {100.0 if layers else 0.0:>8.1f}   Total")
+    return "\n".join(lines)
 
 
 def format_outputs(rows: list[dict[str, Any]]) -> str:
@@ -46,7 +68,27 @@ def format_outputs(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@click.command("exec")
+class _ExecCommand(click.Command):
+    """exec's command: a trtexec build-and-run line (``--onnx=model.onnx --fp16 --shapes=...``) is two commands
+    here, build then exec; such a line is answered with both, not with click's "No such option '--onnx'. Did you mean
+    '--json'?"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        onnx = next((a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "model.onnx")
+                     for i, a in enumerate(args) if a == "--onnx" or a.startswith("--onnx=")), None)
+        if onnx is not None and not ({"-h", "--help"} & set(args)):
+            from overdrive._utils.errors import UsageError
+
+            engine = f"{Path(onnx).with_suffix('.engine').name}"
+            raise UsageError(f"exec loads an engine (trtexec's --loadEngine); trtexec's --onnx line builds and runs in "
+                             f"one, which is two commands here: `overdrive build --onnx {onnx} --saveEngine {engine}` "
+                             f"with the line's build flags (--fp16/--int8/--best, --shapes or --minShapes/--optShapes/"
+                             f"--maxShapes), then `overdrive exec --loadEngine {engine}` with its run flags (--shapes, "
+                             f"--iterations, --duration, --warmUp, ...)")
+        return super().parse_args(ctx, args)
+
+
+@click.command("exec", cls=_ExecCommand)
 @click.option("--load-engine", "--loadEngine", "load_engine", required=True, metavar="FILE", help="Engine built by `overdrive build`.")
 @click.option("--shapes", multiple=True, callback=join_repeated, help="Input shapes to run (inside the engine's profile); default: the opt shapes.")
 @click.option("--iterations", default=10, show_default=True, type=click.IntRange(min=1), help="Run at least this many iterations.")
@@ -65,17 +107,25 @@ def format_outputs(rows: list[dict[str, Any]]) -> str:
               help="The outputs of one inference as JSON (name, dimensions, values), as trtexec's.")
 @click.option("--dump-output", "--dumpOutput", "dump_output", is_flag=True,
               help="Print the outputs of one inference after the summary, as trtexec's (name, dimensions, values).")
+@click.option("--dump-profile", "--dumpProfile", "dump_profile", is_flag=True,
+              help="Print the per-kernel profile (timed on a separate run, as --exportProfile's) after the summary, "
+                   "as trtexec's.")
 @click.option("--load-inputs", "--loadInputs", "load_inputs", default=None, metavar="NAME:FILE,...|FILE",
               help="Run on these inputs instead of random ones: name:file.bin raw files in each input's dtype at "
                    "--shapes (default the opt shapes), as trtexec's; or one .pt / .npz file (as compare --inputs).")
 @click.option("--trust", is_flag=True, help="Load an engine not signed with your key whole (its native library and "
               "compile cache run): only for engines from a source you trust.")
 @trtexec_noops(("--avgRuns", False, "the summary gives the median and percentiles over every timed run"),
-               ("--separateProfileRun", True, "--exportProfile always profiles on a separate run"))
+               ("--separateProfileRun", True, "--exportProfile and --dumpProfile always profile on a separate run"),
+               ("--useSpinWait", True, "the host already spins on each iteration's end (a CUDA event without blocking "
+                "sync; CPU calls are synchronous)"),
+               ("--profilingVerbosity", False, "--exportProfile and --dumpProfile name every kernel (or ONNX Runtime "
+                "node) the run records"))
 @json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
-            export_profile: str | None, export_output: str | None, dump_output: bool, load_inputs: str | None,
+            export_profile: str | None, export_output: str | None, dump_output: bool, dump_profile: bool,
+            load_inputs: str | None,
             trust: bool, json_path: str | None) -> None:
     """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
 
@@ -115,11 +165,13 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         check_cuda_graph(engine.device.type, engine.header["backend"])
     given = parse_shapes(shapes) or None
     xs = read_inputs(engine, load_inputs, given) if load_inputs else None
-    with _outputs_file(export_output, dump_output) as out_path:
+    with _dump_file(export_output, dump_output, "outputs.json") as out_path, \
+            _dump_file(export_profile, dump_profile, "profile.json") as prof_path:
         summary = engine.benchmark(inputs=xs, shapes=given, iterations=iterations, warmup_ms=warm_up,
                                    duration_s=duration, percentiles=pct, no_data_transfers=no_data_transfers,
-                                   export_times=export_times, export_profile=export_profile, export_output=out_path)
+                                   export_times=export_times, export_profile=prof_path, export_output=out_path)
         dumped = _read_outputs(out_path) if dump_output else None
+        profiled = _read_outputs(prof_path) if dump_profile else None
     summary["load_s"] = engine.load_s
     summary["load_compile"] = engine.load_compile
     if json_path is not None:
@@ -136,3 +188,5 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         click.echo(format_summary(summary))
     if dumped is not None:  # after the summary, as trtexec prints it; on stderr when stdout carries --json -
         click.echo(format_outputs(dumped), err=json_path == "-")
+    if profiled is not None:
+        click.echo(format_profile(profiled), err=json_path == "-")

@@ -12,6 +12,7 @@ import torch
 
 from overdrive._utils.errors import UsageError
 from overdrive.engine.config import shapes_arg
+from overdrive.engine.format import model_file_kind
 
 
 class _OrtReference:
@@ -71,12 +72,25 @@ def _runnable(x: Any) -> tuple[Any, str]:
         data = bytes(x) if isinstance(x, (bytes, bytearray)) else x.SerializeToString()
         return _OrtReference(data), "onnxruntime(<in-memory model>)"
     p = str(x)
-    if p.endswith(".onnx"):
+    kind = model_file_kind(p) if Path(p).is_file() else None
+    if p.endswith(".onnx") or kind == "onnx":
         return _OrtReference(p), f"onnxruntime({Path(p).name})"
-    if p.endswith((".pt", ".pth")) and Path(p).is_file():  # a torch.save file: a model pickle or weights
-        raise UsageError(f"cannot compare {p!r}: a .pt file is not an engine, and overdrive does not unpickle models "
-                         "(loading a pickle runs code); compare 'file.py:factory' (build it with its weights there), "
-                         "an engine built with `overdrive build --model file.py:factory --checkpoint ...`, or an .onnx file")
+    if kind == "torchscript":  # torch.jit.save's archive (what `build --torchscript` reads): TorchScript, no pickle
+        try:
+            return torch.jit.load(p, map_location="cpu").eval(), f"torchscript({Path(p).name})"
+        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError with the archive's C++ trace
+            raise UsageError(f"cannot compare {p!r}: not a loadable TorchScript file "
+                             f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                             "save it with torch.jit.save(torch.jit.trace(model, example), path)") from exc
+    if kind == "exported":
+        from overdrive.engine.sources import from_exported
+
+        return from_exported(p).module, f"exported({Path(p).name})"
+    if kind == "torch.save" or (p.endswith((".pt", ".pth")) and Path(p).is_file()):  # a model pickle or weights
+        raise UsageError(f"cannot compare {p!r}: a torch.save file is not an engine, and overdrive does not unpickle "
+                         "models (loading a pickle runs code); compare 'file.py:factory' (build it with its weights "
+                         "there), an engine built with `overdrive build --model file.py:factory --checkpoint ...`, a "
+                         "TorchScript file (torch.jit.save) or an .onnx file")
     if Path(p).is_file():
         return Engine.load(p), f"engine({Path(p).name})"
     if ":" in p:

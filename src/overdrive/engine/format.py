@@ -226,6 +226,66 @@ def validate_header(h: dict[str, Any], source: str = "engine") -> None:
         raise bad("signature", f"is not a {ALGORITHM} signature record")
 
 
+def model_file_kind(path: str | Path) -> str | None:
+    """What a model file that is no engine holds, from its first bytes and (for a zip) its member names, nothing
+    unpickled: ``onnx``, ``torchscript`` (torch.jit.save), ``exported`` (torch.export.save), ``torch.save`` (a
+    state_dict or a pickled module), or None.
+
+    Example:
+        >>> import tempfile, torch
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     torch.jit.save(torch.jit.script(torch.nn.ReLU()), f"{d}/m.pt")
+        ...     model_file_kind(f"{d}/m.pt")
+        'torchscript'
+    """
+    import zipfile
+
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    if head.startswith(b"PK\x03\x04") and zipfile.is_zipfile(p):
+        try:
+            with zipfile.ZipFile(p) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return None
+        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+            return "torchscript"
+        if any(n.endswith("/archive_format") or "/models/" in n for n in names):
+            return "exported"
+        if any(n.endswith("/data.pkl") for n in names):
+            return "torch.save"
+        return None
+    # an ONNX ModelProto opens with field 1 (ir_version, a varint) and then one of its other fields' tags
+    if p.suffix == ".onnx" or (len(head) > 2 and head[0] == 0x08):
+        i = 1
+        while i < len(head) and head[i] & 0x80:
+            i += 1
+        if p.suffix == ".onnx" or (i + 1 < len(head) and head[i + 1] in (0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42)):
+            return "onnx"
+    return None
+
+
+def _refuse_model_file(path: Path) -> None:
+    """A model given where an engine goes (``--loadEngine model.onnx``, as trtexec's ``--onnx``): say which model
+    file it is and the build line that makes an engine from it."""
+    kind = model_file_kind(path)
+    if kind is None:
+        return
+    out = f"{path.with_suffix('.engine').name}"
+    how = {"onnx": f"overdrive build --onnx {path} --saveEngine {out}",
+           "torchscript": f"overdrive build --torchscript {path} --shapes NAME:AxBx... --saveEngine {out}",
+           "exported": f"overdrive build --exported {path} --saveEngine {out}",
+           "torch.save": f"overdrive build --model file.py:factory --checkpoint {path} --shapes NAME:AxBx... "
+                         f"--saveEngine {out}"}[kind]
+    what = {"onnx": "an ONNX model", "torchscript": "a TorchScript module (torch.jit.save)",
+            "exported": "a torch.export archive", "torch.save": "a torch.save file (weights or a pickled model)"}[kind]
+    raise UsageError(f"{path} is {what}, not an overdrive engine; build an engine from it first: `{how}`, then load {out}")
+
+
 def read(path: str | Path) -> EngineFile:
     """Read and verify an engine file: magic, version, header checksum, length and section checksums.
 
@@ -236,6 +296,7 @@ def read(path: str | Path) -> EngineFile:
     with open(p, "rb") as f:  # the 8-byte magic first: a large file that is no engine is refused unread
         head = f.read(_PRE.size)
         if len(head) >= len(MAGIC) and head[:len(MAGIC)] != MAGIC:
+            _refuse_model_file(p)
             read_header(head.ljust(_PRE.size, b"\0"), str(path))  # raises the wrong-magic error
         data = head + f.read()
     header, start = read_header(data, str(path))
