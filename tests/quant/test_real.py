@@ -158,8 +158,16 @@ def test_int8_real_cuda(dtype: torch.dtype) -> None:
         real = quant.to_real(copy.deepcopy(model))
         out = real(x.to(dtype)).float()
         small = real(x[:5].to(dtype)).float()  # M <= 16 is padded for _int_mm
-    if dtype == torch.float32:  # exact integer GEMM: equal to fake quant up to fp32 rounding
-        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    if dtype == torch.float32:
+        # exact integer GEMMs: equal to fake quant up to fp32 rounding, except where that rounding (another
+        # summation order than cuBLAS's fp32 GEMM) moves a hidden activation across a rounding boundary of the
+        # next layer's input quantizer: one step there moves its row's outputs by at most step x max|W2|
+        # (an H100 run had 1 row of 256 so, by 1.5e-3 with a bound of 1.6e-3)
+        step = model[2].input_quantizer.amax.item() / 127
+        bound = step * model[2].weight.abs().max().item()
+        diff = (out - ref).abs()
+        assert (diff > 1e-4).any(1).float().mean().item() <= 0.02  # rare rows
+        assert diff.max().item() <= 2 * bound + 1e-4, (diff.max().item(), bound)
     else:  # bf16 input/output rounding: SQNR > 30 dB
         sqnr = 10 * torch.log10(ref.pow(2).mean() / (out - ref).pow(2).mean())
         assert sqnr > 30, float(sqnr)
