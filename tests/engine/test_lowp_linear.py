@@ -342,3 +342,54 @@ def test_a_cast_of_the_model_changes_the_dtype_weight_reads_back_in() -> None:
     h = copy.deepcopy(q).half()
     assert h.weight.dtype == torch.float16 and h.w_q.dtype == torch.int8 and h.scale.dtype == torch.float32
     assert h.float().weight.dtype == torch.float32
+
+
+class _TimmMlp(nn.Module):
+    """timm's ``Mlp`` as a ViT builds it: fc1, GELU, Dropout, Identity norm, fc2, Dropout."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.fc1, self.act, self.drop1 = nn.Linear(d, 4 * d), nn.GELU(), nn.Dropout(0.1)
+        self.norm, self.fc2, self.drop2 = nn.Identity(), nn.Linear(4 * d, d), nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+class _TimmBlock(nn.Module):
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.norm, self.mlp = nn.LayerNorm(d), _TimmMlp(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+@pytest.mark.parametrize("cls", [Int8TritonLinear, Fp8TritonLinear])
+def test_eval_dropout_between_gelu_and_the_next_layer_does_not_stop_the_8_bit_output(cls: type) -> None:
+    """export keeps an eval-mode ``aten.dropout(x, p, False)``: between fc1's GELU and fc2's quantize it left fc1
+    writing float (and its timing judged that slower form, erf GELU and all; a ViT's 12 fc1 layers stayed fp16 and
+    fc2's input took a quantize pass of its own). The identity dropout is dropped; the program is still exact."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_TimmBlock(), _TimmBlock()).eval()
+    x = torch.randn(2, 7, 64)
+    q = _triton(model, cls, x)
+    want, ep, counts, got = _fused(q, x)
+    assert counts["quantized_out"] == 2, counts
+    plan = conv_epilogues(ep)
+    assert plan["0.mlp.fc1"] == {"residual": None, "relu": False, "out": "8-bit", "act": "gelu"}
+    assert not any(n.target is torch.ops.aten.dropout.default for n in ep.graph.nodes)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_dropout_of_a_model_exported_training_stays() -> None:
+    from overdrive.engine.passes import drop_inference_dropout
+
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Dropout(0.0))
+    ep = torch.export.export(m.train(), (torch.randn(2, 4),))
+    assert drop_inference_dropout(ep) == 1  # p 0 goes; the training dropout of p 0.5 stays
+    assert sum(n.target is torch.ops.aten.dropout.default for n in ep.graph.nodes) == 1
+    ep = torch.export.export(m.eval(), (torch.randn(2, 4),))
+    assert drop_inference_dropout(ep) == 2
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(ep.module()(x), m(x), rtol=0, atol=0)

@@ -45,7 +45,7 @@ import torch
 from torch.fx.node import Node
 
 from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
-from overdrive.engine.passes import constant_inputs, rename_output
+from overdrive.engine.passes import constant_inputs, drop_inference_dropout, rename_output
 from overdrive.engine.passes import refresh_values
 from overdrive.engine.passes import node_value as _val
 from overdrive.quant import conv as _qconv  # also registers overdrive::quantize, dequantize and conv2d_q
@@ -434,6 +434,7 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     graph = gm.graph
     if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE, _DEQUANT) for n in graph.nodes):
         return {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0, "quantized_residuals": 0}
+    drop_inference_dropout(ep)  # an eval-mode dropout between an epilogue and its reader's quantize: the identity
     consts = constant_inputs(ep)
     _sink_views(ep, graph)
     folded = _fold_epilogues(ep, graph)

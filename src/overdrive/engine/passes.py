@@ -213,6 +213,43 @@ def _drop_dead(graph: torch.fx.Graph) -> None:
                 changed = True
 
 
+# dropout ops as export leaves them in an eval-mode model: (input, p, train); identities when not training or p == 0
+_DROPOUTS = {getattr(aten, name).default for name in ("dropout", "feature_dropout", "alpha_dropout",
+                                                      "feature_alpha_dropout") if hasattr(aten, name)}
+
+
+def drop_inference_dropout(ep: Any) -> int:
+    """Remove the dropout nodes that compute the identity (``train`` False or ``p`` 0), in place; returns how many.
+
+    ``torch.export`` of an eval-mode model keeps ``aten.dropout(x, p, False)`` (timm's ``Mlp`` has one between its
+    GELU and ``fc2``, Hugging Face models after attention and every MLP). Inductor drops it when it compiles, but the
+    pattern passes before it saw a node between a GEMM's epilogue and the next layer's quantize, so a ViT's fc1 could
+    not write fc2's 8-bit input and the layer timing judged it in the slower float-output form. Dropout in a model
+    exported in training mode (``train`` True, ``p`` > 0) is left as it is.
+
+    Example:
+        >>> m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1)).eval()
+        >>> drop_inference_dropout(torch.export.export(m, (torch.randn(2, 4),)))
+        1
+    """
+    graph = ep.graph_module.graph
+    done = 0
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target not in _DROPOUTS:
+            continue
+        p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+        train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
+        if not isinstance(p, (int, float)) or not isinstance(train, bool) or (train and p != 0):
+            continue
+        n.replace_all_uses_with(n.args[0])
+        graph.erase_node(n)
+        done += 1
+    if done:
+        graph.lint()
+        ep.graph_module.recompile()
+    return done
+
+
 def fuse_gemm_gelu(ep: Any) -> list[str]:
     """Fold ``gelu(linear(x, w, b))`` into one GEMM with a GELU epilogue (``aten._addmm_activation``), in place.
 

@@ -30,7 +30,7 @@ from overdrive.engine.config import BuildConfig
 from overdrive.engine.conv_fusion import TimedChoice, TimedStemPad, fuse_conv_relu, pad_stem_channels
 from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_flags
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
-from overdrive.engine.passes import drop_constant_attention_masks, fuse_gemm_gelu
+from overdrive.engine.passes import drop_constant_attention_masks, drop_inference_dropout, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
 from overdrive.engine.export_dims import check_exported_dims, dynamic_shapes
 from overdrive.engine.sources import ModelSource, load_exported, save_exported
@@ -324,6 +324,7 @@ def _fuse(ep: Any, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: 
           dynamic: bool) -> dict[str, Any]:
     """The graph passes on ``ep`` (in place), with the fusions they time on the GPU; returns what they did."""
     shared = check_exported_dims(ep, list(cfg.profiles), src.input_names) if dynamic else []
+    drop_inference_dropout(ep)  # eval-mode dropout is the identity; left in, it hides patterns from the passes below
     dropped = (drop_constant_attention_masks(ep, _corner_inputs(example, cfg.profiles, src.input_names))
                if cfg.drop_constant_masks else [])
     gelus = fuse_gemm_gelu(ep) if use_gemm_gelu(cfg, device) else []
