@@ -334,10 +334,19 @@ class MixedPrecision(StepChecks, AmpState):
             return [], [], 0
         new = [(h, m) for h, m in pairs if m.grad is None]
         acc = [(h, m) for h, m in pairs if m.grad is not None]
-        for _, m in new:
-            m.grad = torch.empty_like(m)
-        bufs = [m.grad for _, m in new] + [torch.empty_like(m) for _, m in acc]
-        torch._foreach_copy_(bufs, [h.grad for h, _ in new + acc])
+        bufs: list[torch.Tensor] = []
+        dense: list[tuple[torch.Tensor, torch.Tensor]] = []  # (fp32 buffer, half grad), copied in one foreach
+        for h, m in new + acc:
+            if h.grad.is_sparse:  # nn.Embedding(sparse=True): a sparse fp32 copy (a dense buffer cannot take it)
+                buf = h.grad.to(m.dtype, copy=True)
+            else:
+                buf = torch.empty_like(m)
+                dense.append((buf, h.grad))
+            bufs.append(buf)
+        for (_, m), buf in zip(new, bufs):
+            m.grad = buf
+        if dense:
+            torch._foreach_copy_([b for b, _ in dense], [g for _, g in dense])
         return new + acc, bufs, len(new)
 
     def _accumulate_masters(self, pairs: list[tuple[nn.Parameter, nn.Parameter]], bufs: list[torch.Tensor], n_new: int) -> None:

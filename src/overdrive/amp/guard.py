@@ -41,6 +41,8 @@ def found_nonfinite(tensors: Sequence[torch.Tensor], inv_scale: float = 1.0) -> 
             t = t.to_local()
             sharded = True
         t = t._values() if t.is_sparse else t  # the stored values are what can be inf
+        if t.is_complex():  # (spectral layers' complex weights) the fused kernel takes real dtypes: check and unscale
+            t = torch.view_as_real(t)  # the real and imaginary parts in place, through a real view
         groups.setdefault((t.device, t.dtype), []).append(t)
     found = None
     for (device, dtype), group in groups.items():

@@ -127,7 +127,21 @@ class StepChecks:
         return True
 
     # --- optimizer step hooks ---------------------------------------------------------------
-    def _before_step(self, optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        self._check_step(optimizer)
+        if not self.policy.master_weights:
+            return None
+        # A closure (LBFGS, SAM-style optimizers) runs forward and backward inside the step, between updates of the
+        # fp32 masters: the model's half copies must show the masters' current values to each call, and the half
+        # gradients each call leaves must reach the masters the optimizer reads. Without this, LBFGS at O2 evaluated
+        # the unchanged half model and saw no gradients: it trained nothing, silently.
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], _MasterClosure(self, optimizer, args[1]), *args[2:]), kwargs
+        if callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": _MasterClosure(self, optimizer, kwargs["closure"])}
+        return None
+
+    def _check_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.close_autocast()
         self._finish_delayed()  # delay_unscale's gradients, still scaled: unscaled and checked before they are applied
         self._adopt_added_groups()
@@ -207,10 +221,17 @@ class StepChecks:
             mine = casting.ids(self.master_params(optimizer))
             pairs = [(h, m) for h, m in self._pairs if id(m) in mine]
             if pairs and not skipped:
-                with torch.no_grad():
-                    torch._foreach_copy_([h for h, _ in pairs], [m for _, m in pairs])
+                self._sync_halves(optimizer)
             for _, m in pairs:  # masters' grads were consumed by this step
                 m.grad = None
+
+    def _sync_halves(self, optimizer: torch.optim.Optimizer) -> None:
+        """O2: copy ``optimizer``'s fp32 masters to the model's half parameters."""
+        mine = casting.ids(self.master_params(optimizer))
+        pairs = [(h, m) for h, m in self._pairs if id(m) in mine]
+        if pairs:
+            with torch.no_grad():
+                torch._foreach_copy_([h for h, _ in pairs], [m for _, m in pairs])
 
     @property
     def skipped_steps(self) -> int:
@@ -227,3 +248,17 @@ class StepChecks:
     def set_pending_skips(self, ids: set[int]) -> None:
         """Restore what :meth:`pending_skips` returned."""
         self._skip = set(ids)
+
+
+class _MasterClosure:
+    """An O2 optimizer's closure, run on the half model: the masters' values go to the half parameters before each
+    call, and the half gradients it leaves go to the masters after it (accumulated, as ``backward`` does)."""
+
+    def __init__(self, owner: StepChecks, optimizer: torch.optim.Optimizer, closure: Any) -> None:
+        self.owner, self.optimizer, self.closure = owner, optimizer, closure
+
+    def __call__(self) -> Any:
+        self.owner._sync_halves(self.optimizer)
+        loss = self.closure()
+        self.owner._flush_pending()
+        return loss
