@@ -98,9 +98,11 @@ def _clip(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x = _tensor(ins[0])
     if lo is None and hi is None:  # both bounds optional: no clipping (torch.clamp refuses two Nones)
         return [x]
-    # integer tensors take integer bounds: float ones promoted int64 ids to float32 (2**24 + 1 came out 2**24)
+    # integer tensors take integer bounds: float ones promoted int64 ids to float32 (2**24 + 1 came out 2**24);
+    # a host bound (0-d, or the 1-element [v] some exporters write) is a number, a run-time one a tensor of x's dtype
     num = float if x.is_floating_point() else int
-    f = (lambda v: None if v is None else num(np.asarray(v)) if not isinstance(v, torch.Tensor) else num(v))
+    f = (lambda v: None if v is None else num(np.asarray(v).reshape(-1)[0]) if not isinstance(v, torch.Tensor)
+         else v.reshape(()).to(x.dtype))
     return [x.clamp(f(lo), f(hi))]
 
 

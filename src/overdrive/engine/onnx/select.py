@@ -1,12 +1,13 @@
 """The ONNX ops of overdrive's importer that reduce, pick or move elements by index: TopK (a detection head's best
-boxes, beam search) and ArgMax / ArgMin (a classifier's label), as ``torch.topk`` / ``torch.argmax`` /
-``torch.argmin``; the Reduce family (ReduceMean/Sum/Max/Min, and the norm-like ReduceL1, ReduceL2, ReduceSumSquare,
-ReduceLogSum, ReduceLogSumExp, ReduceProd: ``torch.linalg.vector_norm`` and ``F.normalize`` export to ReduceL2,
-``logsumexp`` to ReduceLogSumExp); Einsum, a sum over its contracted labels (``torch.einsum`` exports to it); the
-gathers and scatters (GatherElements, GatherND, ScatterElements, ScatterND: detection heads, in-place index
-assignment in exported code), OneHot, Size, NonZero of a constant; and DepthToSpace / SpaceToDepth
-(super-resolution models, ``nn.PixelShuffle``, TensorFlow's ``depth_to_space``); and Resize, as ``F.interpolate``
-or, for nearest in the other coordinate modes, a gather of the input indices ONNX Runtime computes.
+boxes, beam search; a stable ``torch.sort``, so ties come lowest index first as ONNX orders them) and ArgMax /
+ArgMin (a classifier's label, ``torch.argmax`` / ``torch.argmin``); the Reduce family (ReduceMean/Sum/Max/Min, and
+the norm-like ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp, ReduceProd:
+``torch.linalg.vector_norm`` and ``F.normalize`` export to ReduceL2, ``logsumexp`` to ReduceLogSumExp); Einsum, a
+sum over its contracted labels (``torch.einsum`` exports to it); the gathers and scatters (GatherElements, GatherND,
+ScatterElements, ScatterND: detection heads, in-place index assignment in exported code), OneHot, Size, NonZero of a
+constant; and DepthToSpace / SpaceToDepth (super-resolution models, ``nn.PixelShuffle``, TensorFlow's
+``depth_to_space``); and Resize, as ``F.interpolate`` or, for nearest in the other coordinate modes, a gather of the
+input indices ONNX Runtime computes, with Upsample (opsets 7-9) and Resize-10 in their asymmetric coordinates.
 
 Reduce axes come from the second input (opset 18; ReduceSum from 13) or the ``axes`` attribute (before); no axes
 reduce over all of them, unless ``noop_with_empty_axes`` is set, which leaves the elementwise part alone (|x| for
@@ -37,13 +38,15 @@ from overdrive.engine.onnx.values import Op, OpModule, Value, _floats, _gemm_dty
 
 def _topk(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     """TopK(X, K) -> (Values, Indices int64) along ``axis`` (default -1), the largest first (``largest`` 1) or the
-    smallest; ``sorted`` 0 lets the order be any, which torch's sorted order satisfies. K is read on the host
-    (a constant, or a size computed from the input's shape)."""
+    smallest, equal values lowest index first; ``sorted`` 0 lets the order be any, which the sorted order
+    satisfies. K is read on the host (a constant, a size computed from the input's shape, or opset 1-9's ``k``)."""
     x = _tensor(ins[0])
-    k = _ints(ins[1])[0]
+    k = _ints(ins[1])[0] if len(ins) > 1 else int(a["k"])  # opset 1-9: K is an attribute
     axis = int(a.get("axis", -1))
-    values, idx = torch.topk(x, k, dim=axis, largest=bool(a.get("largest", 1)), sorted=True)
-    return [values, idx]
+    # equal values come lowest index first (the spec's tie-break, which ONNX Runtime keeps); torch.topk orders ties
+    # arbitrarily, so a stable sort picks them (quantized scores tie often)
+    values, idx = torch.sort(x, dim=axis, descending=bool(a.get("largest", 1)), stable=True)
+    return [values.narrow(axis, 0, k), idx.narrow(axis, 0, k)]
 
 
 def _arg(largest: bool) -> Op:
@@ -68,6 +71,12 @@ def _reduce_axes(x: torch.Tensor, ins: list[Value], a: dict) -> list[int] | None
     return sorted({ax % x.dim() for ax in axes})
 
 
+def _keep_dtype(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A reduction's output in its input's type, as ONNX defines it: torch sums and multiplies int8-int32 into
+    int64 (an int32 ReduceSum came out int64, and a later Concat or Add with int32 data failed)."""
+    return y if y.dtype == x.dtype or x.is_floating_point() else y.to(x.dtype)
+
+
 def _norm_reduce(elementwise: Callable[[torch.Tensor], torch.Tensor], after: Callable[[torch.Tensor], torch.Tensor]
                  ) -> Op:
     """A reduction as ``after(sum(elementwise(x)))`` over the axes (ReduceL2: sqrt of the sum of squares)."""
@@ -75,8 +84,8 @@ def _norm_reduce(elementwise: Callable[[torch.Tensor], torch.Tensor], after: Cal
         x = _tensor(ins[0])
         axes, keep = _reduce_axes(x, ins, a), bool(a.get("keepdims", 1))
         if axes == []:
-            return [after(elementwise(x))]
-        return [after(elementwise(x).sum(dim=axes if axes is not None else None, keepdim=keep))]
+            return [_keep_dtype(after(elementwise(x)), x)]
+        return [_keep_dtype(after(elementwise(x).sum(dim=axes if axes is not None else None, keepdim=keep)), x)]
     return run
 
 
@@ -94,9 +103,10 @@ def _prod(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     axes, keep = _reduce_axes(x, ins, a), bool(a.get("keepdims", 1))
     if axes is None:
         axes = list(range(x.dim()))
+    y = x
     for ax in reversed(axes):  # torch.prod takes one dim at a time; the highest first keeps the others' indices
-        x = x.prod(dim=ax, keepdim=keep)
-    return [x]
+        y = y.prod(dim=ax, keepdim=keep)
+    return [_keep_dtype(y, x)]
 
 
 def _einsum(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
@@ -128,7 +138,7 @@ def _reduce(fn: str) -> Op:
         if fn == "mean":
             return [x.mean(dim=axes, keepdim=keep)]
         if fn == "sum":
-            return [x.sum(dim=axes, keepdim=keep)]
+            return [_keep_dtype(x.sum(dim=axes, keepdim=keep), x)]
         for ax in reversed(axes):  # amax/amin one axis at a time, the highest first, as the others keep their index
             x = (x.amax if fn == "max" else x.amin)(dim=ax, keepdim=keep)
         return [x]
@@ -285,6 +295,8 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     raises, naming it."""
     x = _tensor(ins[0])
     attr = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
+    if getattr(m, "opset", 18) < 11 and len(ins) == 2:  # Resize-10 (X, scales): Upsample's meaning
+        return _upsample(m, ins, a)
     mode, ctm = attr.get("mode", "nearest"), attr.get("coordinate_transformation_mode", "half_pixel")
     near = attr.get("nearest_mode", "round_prefer_floor")
     scales = _floats(ins[2]) if len(ins) > 2 and ins[2] is not None and np.asarray(ins[2]).size else None
@@ -347,6 +359,34 @@ def _resize(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [F.interpolate(x, scale_factor=[float(v) for v in scales[2:]], mode=tmode, align_corners=align)]
 
 
+def _upsample(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """Upsample (opsets 7-9: ``torch.onnx.export`` at opset 9 writes it for ``F.interpolate``) and Resize-10: scales
+    as an attribute (opset 7) or the second input, coordinates asymmetric (output o reads input o / scale); nearest
+    rounds down on an axis scaled up and up on one scaled down, as ONNX Runtime does; linear interpolates between
+    the two neighbours, clamped at the edge.
+
+    Example:
+        >>> _upsample(None, [torch.tensor([[[0.0, 1.0]]]), np.array([1, 1, 2], np.float32)], {"mode": b"nearest"})[0]
+        tensor([[[0., 0., 1., 1.]]])
+    """
+    x = _tensor(ins[0])
+    mode = a.get("mode", "nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    scales = _floats(ins[1]) if len(ins) > 1 and ins[1] is not None else [float(v) for v in a.get("scales", [])]
+    if len(scales) != x.dim():
+        raise UsageError(f"Upsample/Resize-10 has {len(scales)} scales for a {x.dim()}-D input; expected one per axis "
+                         "(the ONNX model is malformed, re-export it)")
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise UsageError(f"Upsample/Resize-10 mode={mode!r} is not supported by the ONNX importer; expected nearest "
+                         "or linear (re-export at opset 11 or later for other modes)")
+    if x.dim() < 3 or any(float(v) != 1.0 for v in scales[:2]):
+        raise UsageError(f"Upsample/Resize-10 with scales {scales} is not supported by the ONNX importer; expected "
+                         "scale 1 on the batch and channel axes of an (N, C, ...) input")
+    if mode == "nearest":
+        return [_resize_gather(x, None, scales, "asymmetric", "simple")]
+    return [_resize_linear(x, None, scales, "asymmetric")]
+
+
 # output coordinate o -> input coordinate, ONNX's coordinate_transformation_mode (s: scale, n / m: in / out length)
 _COORD = {"half_pixel": lambda o, s, n, m: (o + 0.5) / s - 0.5,
           "pytorch_half_pixel": lambda o, s, n, m: (o + 0.5) / s - 0.5 if m > 1 else 0 * o,
@@ -376,7 +416,9 @@ def _resize_gather(x: torch.Tensor, sizes: list | None, scales: list[float] | No
         n, m, s = _axis_resize(x, ax, sizes, scales, f"nearest with coordinate_transformation_mode={ctm!r}, "
                                                     f"nearest_mode={near!r}")
         o = np.arange(m, dtype=np.float32)
-        idx = np.clip(_ROUND[near](np.float32(_COORD[ctm](o, s, n, m))), 0, n - 1).astype(np.int64)
+        # "simple" (Upsample, Resize-10): down on an axis scaled up, up on one scaled down
+        rnd = _ROUND[near] if near != "simple" else (np.floor if s >= 1 else np.ceil)
+        idx = np.clip(rnd(np.float32(_COORD[ctm](o, s, n, m))), 0, n - 1).astype(np.int64)
         x = x.index_select(ax, torch.from_numpy(idx).to(x.device))
     return x
 
@@ -423,7 +465,7 @@ def _single_outputs(x: torch.Tensor, sizes: list | None, scales: list[float] | N
 
 
 OPS: dict[str, Op] = {
-    "Resize": _resize,
+    "Resize": _resize, "Upsample": _upsample,
     "TopK": _topk, "ArgMax": _arg(True), "ArgMin": _arg(False),
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"),
     "ReduceMax": _reduce("max"), "ReduceMin": _reduce("min"),
@@ -439,4 +481,4 @@ OPS: dict[str, Op] = {
     "Size": _size, "DepthToSpace": _depth_to_space, "SpaceToDepth": _space_to_depth,
 }
 # read as Python numbers, by position: TopK's K, OneHot's depth and values
-HOST_INPUTS: dict[str, tuple[int, ...]] = {"TopK": (1,), "OneHot": (1, 2)}
+HOST_INPUTS: dict[str, tuple[int, ...]] = {"TopK": (1,), "OneHot": (1, 2), "Upsample": (1,)}

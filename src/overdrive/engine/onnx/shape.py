@@ -1,8 +1,9 @@
 """The shape and tensor-manipulation ONNX operators of overdrive's importer (``OPS``): Reshape, Shape, Gather,
-Slice, (Un)Squeeze, Concat, Split, Cast, Expand, Transpose, Flatten, ConstantOfShape, Range, Pad, Tile, Trilu,
-ReverseSequence. Shape arithmetic (Shape -> Gather -> Concat -> Reshape) runs on numpy arrays on the host (object
-arrays of SymInts under dynamic export), so no data-dependent ``.tolist()`` reaches the traced graph; device data
-goes through torch. Split is run by ``importer.py`` itself (it needs the node's output count).
+Slice, (Un)Squeeze, Concat, Split, Cast, CastLike, Expand, Transpose, Flatten, ConstantOfShape, Range, Pad (constant,
+reflect, edge, wrap), Tile, Trilu, ReverseSequence; Slice and Pad also in their attribute forms (opsets before 10
+and 11). Shape arithmetic (Shape -> Gather -> Concat -> Reshape) runs on numpy arrays on the host (object arrays of
+SymInts under dynamic export), so no data-dependent ``.tolist()`` reaches the traced graph; device data goes through
+torch. Split is run by ``importer.py`` itself (it needs the node's output count).
 
 Example:
     >>> OPS["Reshape"](None, [np.arange(6), np.array([2, -1])], {})[0].shape
@@ -61,8 +62,13 @@ def _gather(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 
 def _slice(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     x = ins[0]
-    starts, ends = _ints(ins[1]), _ints(ins[2])
-    axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    if len(ins) == 1:  # opset 1-9: starts, ends and axes are attributes, steps are 1
+        starts, ends = list(a["starts"]), list(a["ends"])
+        axes = list(a.get("axes", range(len(starts))))
+    else:
+        starts, ends = _ints(ins[1]), _ints(ins[2])
+        axes = _ints(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    axes = [ax % len(x.shape) for ax in axes]
     steps = _ints(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
     if isinstance(x, np.ndarray) and x.dtype != object and any(isinstance(v, torch.SymInt) for v in starts + ends):
         # a host constant (position ids) cut at a symbolic length: numpy would read the SymInt as an int and fix
@@ -130,6 +136,19 @@ def _cast(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [_tensor(ins[0]).to(dt)]
 
 
+def _cast_like(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """CastLike(x, target) (opset 15; ``torch.onnx.export(dynamo=True)`` writes it): x in the target's type."""
+    x, like = ins
+    if isinstance(like, np.ndarray) and like.dtype != object:
+        if isinstance(x, np.ndarray):
+            return [x if x.dtype == object else x.astype(like.dtype)]
+        return [_tensor(x).to(_from_numpy(np.zeros(0, like.dtype)).dtype)]
+    dt = _tensor(like).dtype if isinstance(like, torch.Tensor) else torch.int64  # an object array: symbolic sizes
+    if isinstance(x, np.ndarray) and dt in _NP:
+        return [x if x.dtype == object else x.astype(_NP[dt])]
+    return [_tensor(x).to(dt)]
+
+
 def _split(m: OpModule, ins: list[Value], a: dict, n_out: int) -> list[Value]:
     x, axis = _tensor(ins[0]), int(a.get("axis", 0))
     sizes = _ints(ins[1]) if len(ins) > 1 and ins[1] is not None else list(a.get("split", []))
@@ -169,16 +188,55 @@ def _range(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 
 
 def _pad(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
-    x, pads = _tensor(ins[0]), _ints(ins[1])
-    mode = a.get("mode", b"constant")
-    if mode not in (b"constant", "constant") or (len(ins) > 3 and ins[3] is not None):
-        raise UsageError(f"Pad mode {mode!r} with axes is not supported by the ONNX importer; only constant pads over all axes")
-    value = float(np.asarray(ins[2]).reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else 0.0
+    """Pad, all its forms: pads (and the constant ``value``) as attributes before opset 11, as inputs after, for the
+    axes in the opset 18 ``axes`` input only; modes constant, reflect (``nn.ReflectionPad2d``), edge
+    (``nn.ReplicationPad2d``) and wrap (opset 19, circular). Negative pads crop, in every mode.
+
+    Example:
+        >>> _pad(None, [torch.arange(3.0), np.array([2, 1])], {"mode": b"reflect"})[0].tolist()
+        [2.0, 1.0, 0.0, 1.0, 2.0, 1.0]
+    """
+    x = _tensor(ins[0])
+    mode = a.get("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise UsageError(f"Pad mode={mode!r} is not an ONNX pad mode; expected constant, reflect, edge or wrap")
     n = x.dim()
-    fp: list[int] = []
-    for d in reversed(range(n)):
-        fp += [pads[d], pads[d + n]]
-    return [F.pad(x, fp, value=value)]
+    if len(ins) > 1 and ins[1] is not None:
+        pads = _ints(ins[1])
+        value = float(np.asarray(ins[2]).reshape(-1)[0]) if len(ins) > 2 and ins[2] is not None else 0.0
+    else:  # opset 2-10: pads and value are attributes
+        pads, value = list(a.get("pads", [0] * 2 * n)), float(a.get("value", 0.0))
+    axes = [ax % n for ax in _ints(ins[3])] if len(ins) > 3 and ins[3] is not None else list(range(n))
+    if len(pads) != 2 * len(axes):
+        raise UsageError(f"Pad has {len(pads)} pads for {len(axes)} axes of a {n}-D input; expected {2 * len(axes)} "
+                         "(all begins, then all ends); the ONNX model is malformed, re-export it")
+    begin, end = [0] * n, [0] * n
+    for k, ax in enumerate(axes):
+        begin[ax], end[ax] = pads[k], pads[k + len(axes)]
+    if mode == "constant":
+        fp: list[int] = []
+        for d in reversed(range(n)):
+            fp += [begin[d], end[d]]
+        return [F.pad(x, fp, value=value)]
+    for ax in range(n):  # reflect / edge / wrap: one gather of computed source indices per padded axis
+        b, e = begin[ax], end[ax]
+        if (isinstance(b, int) and b == 0) and (isinstance(e, int) and e == 0):
+            continue
+        if b < 0 or e < 0:  # negative pads crop first; the rest pads what is left (wrap then wraps the cropped axis)
+            x = x.narrow(ax, -min(b, 0), x.shape[ax] + min(b, 0) + min(e, 0))
+            b, e = max(b, 0), max(e, 0)
+        size = x.shape[ax]
+        i = torch.arange(-b, size + e, device=x.device)  # output position -> input position before folding
+        if mode == "edge":
+            i = i.clamp(0, size - 1)
+        elif mode == "wrap":
+            i = torch.remainder(i, size)
+        else:  # reflect about the first and last elements (not repeating them): period 2 * (size - 1)
+            i = torch.remainder(i, 2 * size - 2) if not (isinstance(size, int) and size == 1) else torch.zeros_like(i)
+            i = torch.where(i >= size, 2 * size - 2 - i, i)
+        x = x.index_select(ax, i)
+    return [x]
 
 
 def _tile(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
@@ -211,7 +269,7 @@ def _reverse_sequence(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 OPS: dict[str, Op] = {
     "Identity": lambda m, ins, a: [ins[0]], "Dropout": lambda m, ins, a: [ins[0]], "Reshape": _reshape,
     "Shape": _shape, "Gather": _gather, "Slice": _slice, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Concat": _concat, "Cast": _cast, "Expand": _expand,
+    "Concat": _concat, "Cast": _cast, "CastLike": _cast_like, "Expand": _expand,
     "Transpose": lambda m, ins, a: [np.transpose(ins[0], a.get("perm")) if isinstance(ins[0], np.ndarray) else _tensor(ins[0]).permute(*(a.get("perm") or reversed(range(ins[0].dim()))))],
     "Flatten": lambda m, ins, a: [_flatten(_tensor(ins[0]), int(a.get("axis", 1)))],
     "ConstantOfShape": _const_of_shape, "Range": _range, "Pad": _pad, "Tile": _tile, "Trilu": _trilu,
