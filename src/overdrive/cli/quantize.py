@@ -20,8 +20,9 @@ from overdrive.cli.common import (check_distinct, check_json_target, check_outpu
               help="'digits' or a calibration file (the one format of build --calib): torch.save of a tensor (N, ...), "
                    "a list of batches, [(input_ids, attention_mask), ...] or {'input_ids': ..., 'attention_mask': ...}; "
                    "or a folder of images (class subfolders or flat; --calib-batches x --batch-size of them, evenly "
-                   "spaced in sorted order, resized and center-cropped to --input-shape), or a .txt file, one sample "
-                   "per line (the docstrings model only: others need their tokenizer's ids saved).")
+                   "spaced in sorted order, resized and center-cropped to --input-shape), the .npz that overdrive "
+                   "data tokenize -o writes (padded to --input-shape's length, else the longest text), or a .txt file, "
+                   "one sample per line (the docstrings model only: others need their tokenizer's ids saved).")
 @click.option("--input-shape", default=None, metavar="SHAPE|NAME:AxB,...",
               help="The model's input shape in any rank, e.g. 1,16 (an MLP), 1,80,3000 (audio) or 1,3,224,224, or "
                    "its inputs by name as build --shapes takes them, e.g. input_ids:1x128,attention_mask:1x128: "

@@ -18,6 +18,12 @@ name, like the dict below) read with ``allow_pickle=False``. It holds the model'
 A folder of images (class subfolders or flat) and a ``.txt`` file of one sample per line are read too, as
 :mod:`overdrive.recipes.calib_formats` describes: resized, center-cropped and normalized to the model's input.
 
+The ``.npz`` that ``overdrive data tokenize -o tokens.npz`` writes (``ids`` flat, ``offsets`` (N + 1,): text i is
+``ids[offsets[i]:offsets[i+1]]``) is read as ``input_ids`` (N, T), right-padded with the model's
+``config.pad_token_id`` (0 without one), plus the ``attention_mask`` of the texts' lengths where the model takes
+one. T is the sequence length of the input shape given (``--input-shape input_ids:1x128``, a build's
+``--shapes``; longer texts keep their first T tokens), else the longest text's.
+
 Inputs by name are passed to the model by keyword and must be parameters of its forward (for an engine
 built from ONNX, the model's input names). A top-level tuple of tensors is a list of batches, not one
 batch of several inputs: save ``[(ids, mask)]`` or a dict for that.
@@ -243,6 +249,8 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
         data = read_text_lines(path, flag, model, opts.samples)
     else:
         data = _read(path, flag)
+        if _is_tokenized(data):
+            data = _from_tokenized(path, flag, data, model, input_names, input_shape)
     records = _records(path, flag, data, batch_size)
     if max_batches is not None:
         records = records[:max_batches]
@@ -320,6 +328,49 @@ def _read(path: str, flag: str) -> Any:
     except Exception as exc:  # noqa: BLE001 - a pickle of objects weights_only refuses, or not a torch file
         raise UsageError(f"{flag} {path!r} is not a tensor file overdrive can read safely ({type(exc).__name__}); "
                          f"{FORMAT} (or an .npy / .npz file)") from exc
+
+
+TOKENIZED_KEYS = ("ids", "offsets")
+"""The arrays of ``overdrive data tokenize -o FILE.npz`` (:meth:`overdrive.data.TokenizedTexts.save`)."""
+
+
+def _is_tokenized(data: Any) -> bool:
+    return (isinstance(data, Mapping) and sorted(data) == sorted(TOKENIZED_KEYS)
+            and all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in data.values()))
+
+
+def _from_tokenized(path: str, flag: str, data: Mapping[str, torch.Tensor], model: nn.Module | None,
+                    input_names: Sequence[str] | None, input_shape: Sequence[int] | None) -> dict[str, torch.Tensor]:
+    """``{"ids", "offsets"}`` (texts stored flat) -> ``{"input_ids": (N, T), "attention_mask": (N, T)}``, padded on
+    the right with the model's pad id; the mask only where the model (or the engine's ``input_names``) takes one."""
+    import numpy as np
+
+    from overdrive.data import TokenizedTexts
+
+    ids, offsets = data["ids"], data["offsets"]
+    off = offsets.to(torch.int64)
+    if (ids.is_floating_point() or len(off) < 2 or int(off[0]) != 0 or int(off[-1]) != len(ids)
+            or bool((off[1:] < off[:-1]).any())):
+        raise UsageError(f"{flag} {path!r} holds 'ids' {tuple(ids.shape)} and 'offsets' {tuple(offsets.shape)} but "
+                         "they are not a tokenized corpus (integer ids; offsets from 0 to len(ids), non-decreasing, "
+                         "text i = ids[offsets[i]:offsets[i+1]]); write it with overdrive data tokenize -o FILE.npz, "
+                         f"or {FORMAT}")
+    texts = TokenizedTexts(ids.numpy().astype(np.int32, copy=False), off.numpy())
+    lens = texts.lengths()
+    if int(lens.max()) == 0:
+        raise UsageError(f"{flag} {path!r}: its {len(texts)} tokenized text(s) are all empty; tokenize texts that "
+                         "hold words")
+    # the sequence length the model is given: (N, T) from --input-shape / --shapes, else the longest text
+    seq = int(input_shape[-1]) if input_shape is not None and len(input_shape) == 2 else None
+    pad = pad_token_id(model) if model is not None else None
+    input_ids, mask = texts.padded(pad_id=pad if pad is not None else 0, max_length=seq, side="right")
+    nonempty = torch.from_numpy(lens > 0)  # an empty text is a row of padding only: nothing to attend to
+    input_ids, mask = input_ids[nonempty], mask[nonempty]
+    if input_names is not None:
+        keep_mask = "attention_mask" in input_names
+    else:
+        keep_mask = model is None or takes_names(model, ["attention_mask"])
+    return {"input_ids": input_ids, "attention_mask": mask} if keep_mask else {"input_ids": input_ids}
 
 
 def _from_numpy(path: str, flag: str, what: str, a: Any) -> torch.Tensor:

@@ -49,14 +49,20 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
     Example:
         >>> # load_checkpoint(load_model("mypkg.models:build"), "model.sparse24.pt")
     """
-    if not Path(path).is_file():
-        raise UsageError(f"{flag} {str(path)!r} does not exist")
+    check_checkpoint_path(path, flag)
+    kind = _other_format(path)
+    if kind is not None:  # named before torch.load, which says only what it could not unpickle
+        raise UsageError(f"{flag} {str(path)!r} is {kind}, not weights; give a file written by "
+                         "torch.save(model.state_dict(), path) (or a .safetensors file)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # objects a weights-only load refuses: a whole model, a custom class
-        raise UsageError(f"{flag} {str(path)!r} holds pickled Python objects (a whole model saved with "
-                         "torch.save(model), or a class of your own inside the dict); overdrive reads weights only "
-                         "(loading a pickle runs code): re-save it with torch.save(model.state_dict(), path)") from exc
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" in str(exc):  # objects a weights-only load refuses: a whole model, a custom class
+            raise UsageError(f"{flag} {str(path)!r} holds pickled Python objects (a whole model saved with "
+                             "torch.save(model), or a class of your own inside the dict); overdrive reads weights only "
+                             "(loading a pickle runs code): re-save it with torch.save(model.state_dict(), path)") from exc
+        raise UsageError(f"{flag} {str(path)!r} is not a torch.save file of weights; give a file written by "
+                         "torch.save(model.state_dict(), path) (or a .safetensors file)") from exc
     except Exception as exc:  # not a torch.save file, truncated
         why = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
         why = why.splitlines()[0] if why else ""
@@ -88,6 +94,45 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = 
         detail = "; ".join(lines)
         raise UsageError(f"{flag} {path} does not fit the model: "
                          f"{detail[:400] + ' ...' if len(detail) > 400 else detail}") from exc
+
+
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+def check_checkpoint_path(path: str | os.PathLike[str], flag: str = "--checkpoint") -> None:
+    """Refuse a checkpoint path that is not a file: missing, or a folder (a ``save_pretrained`` or run directory),
+    naming the weight files the folder holds."""
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(f.name for f in p.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES))
+        hint = (f"it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}: give one, e.g. "
+                f"{flag} {str(p / found[0])!r}" if found else
+                f"it holds no weight file ({', '.join(WEIGHT_SUFFIXES)})")
+        raise UsageError(f"{flag} {str(path)!r} is a folder, not a weights file; {hint}")
+    if not p.is_file():
+        raise UsageError(f"{flag} {str(path)!r} does not exist")
+
+
+def _other_format(path: str | os.PathLike[str]) -> str | None:
+    """What a file in a format other than torch.save's or safetensors' is (NumPy, TorchScript), from its first
+    bytes and its layout; None for any other file (torch.load says what is wrong with it)."""
+    import zipfile
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy array file (np.save)"
+    if head.startswith(b"PK") and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+        if any(n.endswith(".npy") for n in names) and not any(n.endswith("data.pkl") for n in names):
+            return "a NumPy archive (np.savez)"
+        if any(n.endswith("constants.pkl") or "/code/" in n for n in names):
+            return "a TorchScript archive (torch.jit.save; its weights: torch.save(torch.jit.load(path).state_dict(), 'w.pt'))"
+    return None
 
 
 # What wrappers put before every key: DistributedDataParallel / DataParallel ('module.'), torch.compile ('_orig_mod.')

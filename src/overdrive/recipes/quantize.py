@@ -41,11 +41,12 @@ def load_model(spec: str) -> tuple[nn.Module, Any]:
 
 
 def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module | None = None,
-               images: ImageOptions | None = None) -> Calibration:
+               images: ImageOptions | None = None, seq_shape: tuple[int, ...] | None = None) -> Calibration:
     """'digits' (the dataset's training images), or a calibration file (any format
     :mod:`overdrive.recipes.calibration` describes; weights_only: a data file never runs code) -> up to ``n``
     batches, named after ``model``'s inputs where it has names for them. A folder of images or a ``.txt`` file
-    gives up to ``n * batch_size`` samples, read as ``images`` says (:mod:`overdrive.recipes.calib_formats`)."""
+    gives up to ``n * batch_size`` samples, read as ``images`` says (:mod:`overdrive.recipes.calib_formats`);
+    the texts of ``overdrive data tokenize -o FILE.npz`` are padded to ``seq_shape`` (N, T) where given."""
     if spec == "digits":
         if digits is None:
             from overdrive.recipes.data import load_digits
@@ -54,7 +55,8 @@ def load_calib(spec: str, digits: Any, n: int, batch_size: int, model: nn.Module
         return Calibration("digits", None, [(b,) for b in digits.calibration_batches(n=n, batch_size=batch_size)])
     opts = images or ImageOptions()
     opts = ImageOptions(opts.input_shape, opts.normalize, n * batch_size, opts.crop_fraction)
-    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n, model=model, images=opts)
+    return load_calibration(spec, "--calib-data", batch_size=batch_size, max_batches=n, model=model, images=opts,
+                            input_shape=seq_shape)
 
 
 def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str, percentile: float,
@@ -87,8 +89,10 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
                              "--export and --save the model for quant.to_real")
 
         check_opset(opset, cfg.input.format)
-    if checkpoint and not Path(checkpoint).is_file():  # before the model is built (digits trains) and calibrated
-        raise UsageError(f"--checkpoint {checkpoint!r} does not exist")
+    if checkpoint:  # before the model is built (digits trains) and calibrated
+        from overdrive.recipes.model_spec import check_checkpoint_path
+
+        check_checkpoint_path(checkpoint)
     model, digits = load_model(model_spec)
     from overdrive.recipes.models import DigitsCNN
 
@@ -102,7 +106,9 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
 
         load_checkpoint(model, checkpoint)
         model.eval()
-    calib = load_calib(calib_data, digits, calib_batches, batch_size, model, images)
+    seq_shape = (shapes.get("input_ids") or shapes.get(None)) if shapes else None  # a tokenized corpus's (N, T)
+    calib = load_calib(calib_data, digits, calib_batches, batch_size, model, images,
+                       seq_shape if seq_shape is not None and len(seq_shape) == 2 else None)
     if shapes and not Path(calib_data).is_dir():  # a folder's images are read at the shape; a file's are checked
         # before calibrating: inputs of another shape fail in some layer, far from the cause
         from overdrive.recipes.input_shapes import check_batches
