@@ -104,3 +104,30 @@ def test_quantize_verb_takes_data_tokenize_output(tmp_path: Path, tokens: Path) 
     result = json.loads(out.read_text())
     assert {r["name"] for r in result["layers"]} >= {"fc"}
     assert result["fidelity"]["cosine"] > 0.99
+
+
+class _TokenModel(nn.Module):
+    """A token model with a 50-token vocabulary (an embedding and a head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, 8), nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.emb(input_ids).mean(1))
+
+
+@pytest.mark.parametrize("bad", [50, 999, -3])
+def test_token_ids_outside_the_vocabulary_are_named_before_the_model_runs(tmp_path, bad: int) -> None:
+    """Data tokenized with another tokenizer: the model failed mid-calibration with a bare IndexError."""
+    ids = torch.randint(0, 50, (8, 6))
+    ids[3, 2] = bad
+    path = tmp_path / "calib.pt"
+    torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, path)
+    with pytest.raises(UsageError, match=rf"input_ids holds token id {bad}, but _TokenModel's vocabulary has 50 "
+                                         r"tokens \(ids 0\.\.49\).*tokenize it with the model's own"):
+        load_calibration(str(path), "--calib-data", model=_TokenModel())
+    ids[3, 2] = 49  # the last id is in range
+    torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, path)
+    calib = load_calibration(str(path), "--calib-data", model=_TokenModel())
+    assert calib.names == ("input_ids", "attention_mask") and int(calib.batches[0][0].max()) == 49

@@ -171,6 +171,34 @@ def _records(path: str, flag: str, data: Any, batch_size: int) -> list[Batch]:
     raise bad
 
 
+TOKEN_ID_INPUTS = ("input_ids", "decoder_input_ids")
+"""Inputs that index the model's vocabulary: checked against it before the model runs."""
+
+
+def _check_token_range(path: str, flag: str, records: list[Batch], model: nn.Module) -> None:
+    """Refuse token ids outside the model's vocabulary (data tokenized with another tokenizer): the model's
+    embedding lookup failed mid-calibration with a bare ``IndexError: index out of range in self``."""
+    from overdrive.recipes.input_shapes import _vocab_size
+
+    vocab = _vocab_size(model)
+    if vocab is None:
+        return
+    first = next((n for n in (forward_parameters(model) or {}) if n not in ("self", "args", "kwargs")), None)
+    for name in TOKEN_ID_INPUTS:
+        xs = [r.get(name) if isinstance(r, dict) else (r[0] if name == first == "input_ids" else None)
+              for r in records]
+        xs = [x for x in xs if isinstance(x, torch.Tensor) and x.numel() and not x.is_floating_point()]
+        if not xs:
+            continue
+        hi, lo = max(int(x.max()) for x in xs), min(int(x.min()) for x in xs)
+        if hi >= vocab or lo < 0:
+            bad = hi if hi >= vocab else lo
+            raise UsageError(f"{flag} {path!r}: {name} holds token id {bad}, but {type(model).__name__}'s vocabulary "
+                             f"has {vocab} tokens (ids 0..{vocab - 1}); the data was tokenized with another "
+                             "tokenizer: tokenize it with the model's own (overdrive data tokenize -t "
+                             "<the model's tokenizer.json>)")
+
+
 def _order(path: str, flag: str, names: list[str], wanted: list[str]) -> list[str]:
     """Check that the file's input names are the model's (a lone input may carry any name)."""
     if len(names) == 1 == len(wanted):
@@ -254,6 +282,8 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
     records = _records(path, flag, data, batch_size)
     if max_batches is not None:
         records = records[:max_batches]
+    if model is not None:
+        _check_token_range(path, flag, records, model)
     wanted = list(input_names) if input_names is not None else None
     if isinstance(records[0], dict):
         names = list(records[0])
