@@ -30,7 +30,6 @@ def command(model_spec: str, checkpoint: str | None, allow_untrained: bool, out:
     """Prune a model to 2:4 structured sparsity and save it compressed (values + 2-bit indices).
 
     \b
-    \b
     Examples:
       overdrive sparsify --model digits --allow-untrained --out digits.sparse24.pt --input-shape 1,1,8,8
       overdrive sparsify --model mypkg.models:build --checkpoint trained.pt --out model.sparse24.pt
