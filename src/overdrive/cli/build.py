@@ -12,14 +12,14 @@ from overdrive.cli.common import (check_calib_cache, check_device, check_distinc
                                   join_repeated, json_option, progress_option, spec_file, trtexec_noops, write_json)
 
 
-def _scripted_backend(backend: str, device: str, precision: str) -> str:
-    """The backend that builds --torchscript with a dynamic profile: the TorchScript->ONNX export fixes shapes, so
-    the module itself goes to ONNX Runtime (CPU, fp32/tf32/int8), which takes a TorchScript module as the Python
-    API does (``Builder().build(torch.jit.load(path))``); Inductor's torch.export cannot take one.
+def _check_scripted_backend(backend: str, device: str, precision: str) -> None:
+    """Refuse, before any work, a --torchscript build with a dynamic profile that ONNX Runtime cannot make: the
+    TorchScript->ONNX export fixes shapes, so the module itself goes to ONNX Runtime (CPU, fp32/tf32/int8), which
+    takes a TorchScript module as the Python API does (``Builder().build(torch.jit.load(path))``, where ``auto``
+    picks it and says why); Inductor's torch.export cannot take one.
 
     Example:
-        >>> _scripted_backend("auto", "cpu", "fp32")
-        'onnxruntime'
+        >>> _check_scripted_backend("auto", "cpu", "fp32")  # auto: the build picks onnxruntime
     """
     from overdrive._utils.device import resolve_device
     from overdrive._utils.errors import UsageError
@@ -33,7 +33,6 @@ def _scripted_backend(backend: str, device: str, precision: str) -> str:
     if where.type != "cpu" or precision not in ("fp32", "tf32", "int8"):
         raise UsageError(f"--torchscript with --min/--opt/--max-shapes builds on the onnxruntime backend (CPU, "
                          f"fp32/tf32/int8 only), not {precision} on {where.type}; {fix}")
-    return "onnxruntime"
 
 
 def _build_scripted(path: str, save_engine: str, calib: str | None, profiles: list[Any], **options: Any) -> Any:
@@ -65,6 +64,54 @@ def _build_scripted(path: str, save_engine: str, calib: str | None, profiles: li
         src, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
     return engine
+
+
+def _no_tf32_note(precision: str, device: str) -> str:
+    """The line that answers trtexec's ``--noTF32`` (TensorRT's fp32 layers may use TF32 unless it is given): here
+    fp32 builds run IEEE fp32 always; a tf32 build with it asks for two things at once and is refused.
+
+    Example:
+        >>> _no_tf32_note("fp32", "cpu")[:60]
+        '--noTF32 has no effect here: fp32 builds already run IEEE fp'
+    """
+    from overdrive._utils.device import resolve_device
+    from overdrive._utils.errors import UsageError
+
+    if precision == "tf32":
+        raise UsageError("--noTF32 and --precision tf32 ask for opposite fp32 math; give --precision fp32 (IEEE fp32, "
+                         "which --noTF32 asks for) or drop --noTF32")
+    if precision == "fp32":
+        return ("--noTF32 has no effect here: fp32 builds already run IEEE fp32 (no TF32) on cuBLAS, cuDNN and "
+                "oneDNN; TF32 is --precision tf32")
+    if resolve_device(device).type == "cpu":
+        return f"--noTF32 has no effect here: a CPU {precision} engine's fp32 layers run IEEE fp32 (oneDNN) already"
+    return (f"--noTF32 has no effect here: the fp32 layers of a CUDA {precision} engine run TF32 (cuBLAS, cuDNN); "
+            "build --precision fp32 for IEEE fp32 throughout")
+
+
+def _optimization_level(level: int | None, max_autotune: bool) -> bool:
+    """Whether the build tunes as --max-autotune, given trtexec's ``--builderOptimizationLevel`` (0-5, default 3:
+    above it, TensorRT spends build time on more tactics, which is what Inductor's max-autotune does) and
+    ``--max-autotune``; a level of 3 or below beside --max-autotune asks for both and is refused.
+
+    Example:
+        >>> _optimization_level(5, False), _optimization_level(3, False), _optimization_level(None, True)
+        (True, False, True)
+    """
+    if level is None:
+        return max_autotune
+    if level <= 3 and max_autotune:
+        from overdrive._utils.errors import UsageError
+
+        raise UsageError(f"--builderOptimizationLevel {level} and --max-autotune disagree (levels 4 and 5 are "
+                         "max-autotune); give one of them")
+    if level > 3:
+        click.echo(f"[I] --builderOptimizationLevel {level}: tunes as --max-autotune (Inductor times more kernel "
+                   "choices at build; minutes)", err=True)
+        return True
+    click.echo(f"[I] --builderOptimizationLevel {level}: the default build (levels 4 and 5 tune as --max-autotune)",
+               err=True)
+    return False
 
 
 def _size(n: int) -> str:
@@ -162,6 +209,19 @@ def _size(n: int) -> str:
                    "calibration has them, and then residuals are read in 8 bits anyway): a residual add whose input "
                    "is also quantized for a convolution reads that 8-bit tensor, which adds 8-bit rounding to the "
                    "residual (inductor backend).")
+@click.option("--builder-optimization-level", "--builderOptimizationLevel", "optimization_level", default=None,
+              type=click.IntRange(0, 5), metavar="0-5",
+              help="trtexec's (default 3): 4 and 5 spend build time on more kernel choices as --max-autotune does "
+                   "(inductor backend); 0-3 build as the default. onnxruntime builds apply every graph optimization "
+                   "at any level.")
+@click.option("--no-tf32", "--noTF32", "no_tf32", is_flag=True,
+              help="trtexec's: IEEE fp32 math, no TF32. fp32 builds here always run IEEE fp32 (TF32 is --precision "
+                   "tf32, with which this is refused); the fp32 layers of fp16/bf16/int8/fp8 engines run TF32 on CUDA.")
+@click.option("--dump-layer-info", "--dumpLayerInfo", "dump_layer_info", is_flag=True,
+              help="Print the engine's layers after the build, as trtexec's: each layer's type, inputs and outputs, "
+                   "where an int8/fp8 build placed it, then the bindings and the build's fusions.")
+@click.option("--export-layer-info", "--exportLayerInfo", "export_layer_info", default=None, metavar="FILE",
+              help="Write the engine's layers as JSON, as trtexec's (Layers, Bindings; Fusions where the build made any).")
 @trtexec_noops(("--workspace", False, "overdrive sets no builder memory limit"),
                ("--memPoolSize", False, "overdrive sets no builder memory pools"),
                ("--skipInference", True, "overdrive build runs no inference after building; time it with overdrive exec"),
@@ -169,8 +229,18 @@ def _size(n: int) -> str:
                # the run flags of trtexec's build-and-run lines: the build runs nothing, exec takes them
                *((f, True, f"overdrive build runs no inference; give {f} to overdrive exec") for f in
                  ("--useCudaGraph", "--noDataTransfers", "--useSpinWait", "--separateProfileRun", "--dumpProfile")),
-               ("--profilingVerbosity", False, "an engine keeps no per-layer build profile; overdrive exec "
-                "--dumpProfile / --exportProfile name every kernel the run records"))
+               *((f, False, f"overdrive build runs no inference; give {f} to overdrive exec") for f in
+                 ("--iterations", "--duration", "--warmUp")),
+               *((f, False, "overdrive build runs no inference, and overdrive exec times one stream from one thread")
+                 for f in ("--streams", "--infStreams")),
+               ("--threads", True, "overdrive build runs no inference, and overdrive exec times one stream from one "
+                "thread"),
+               ("--stronglyTyped", True, "layers compute in the --precision given (default fp32; a model of half "
+                "weights is cast to it, with a warning): give --fp16 or --bf16 to build a half model in its own type"),
+               ("--versionCompatible", True, "an inductor engine loads only under the torch version that built it (an "
+                "onnxruntime engine is an ONNX graph); rebuild it after a torch upgrade"),
+               ("--profilingVerbosity", False, "--dumpLayerInfo / --exportLayerInfo give every layer in detail; "
+                "overdrive exec --dumpProfile / --exportProfile name every kernel the run records"))
 @json_option("the engine info")
 @progress_option()
 def command(onnx: str | None, model: str | None, torchscript: str | None, exported: str | None, save_engine: str,
@@ -180,7 +250,8 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             calib: str | None, calib_samples: int, calib_normalize: str | None, checkpoint: str | None, accept_low_accuracy: bool, timing_cache: str | None,
             trust_timing_cache: bool, input_io_formats: str | None, output_io_formats: str | None, freezing: bool | None,
             gemm_gelu: bool | None, conv_fusion: bool | None,
-            sibling_gemms: bool | None, quantize_residuals: bool, lowp_linears: str, json_path: str | None,
+            sibling_gemms: bool | None, quantize_residuals: bool, lowp_linears: str, optimization_level: int | None,
+            no_tf32: bool, dump_layer_info: bool, export_layer_info: str | None, json_path: str | None,
             no_progress: bool) -> None:
     """Build an engine from ONNX, TorchScript, a torch.export archive or a PyTorch factory, and save it.
 
@@ -201,7 +272,9 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     check_device("--device", device)
     check_output("--save-engine", save_engine)  # refuse now, not after the build
     check_output("--timing-cache", timing_cache)
-    check_distinct([("--save-engine", save_engine), ("--timing-cache", timing_cache), ("--json", json_path)],
+    check_output("--export-layer-info", export_layer_info)
+    check_distinct([("--save-engine", save_engine), ("--timing-cache", timing_cache), ("--json", json_path),
+                    ("--export-layer-info", export_layer_info)],
                    [("--onnx", onnx), ("--torchscript", torchscript), ("--exported", exported),
                     ("--model", spec_file(model)), ("--checkpoint", checkpoint), ("--calib", calib)])
     from overdrive._utils.signing import signing_key
@@ -217,6 +290,9 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         from overdrive._utils.errors import UsageError
 
         raise UsageError(f"--precision {precision} and --{chosen} ask for different precisions; give one of them")
+    if no_tf32:
+        click.echo(f"[I] {_no_tf32_note(chosen, device)}", err=True)
+    max_autotune = _optimization_level(optimization_level, max_autotune)
     check_calib_cache("--calib", calib)  # trtexec's --calib file, pasted
     if calib and chosen not in ("int8", "fp8", "best"):  # before the build: what the user meant may be --int8
         click.echo(f"[I] --calib has no effect here: only int8/fp8 builds calibrate, and this one is {chosen} "
@@ -227,7 +303,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
     dynamic_ts = bool(torchscript) and not (onnx or model or exported or checkpoint) and any(not p.static for p in profiles)
     if dynamic_ts:
-        backend = _scripted_backend(backend, device, chosen)
+        _check_scripted_backend(backend, device, chosen)
     source = onnx or model or torchscript or exported
     with status(f"building {save_engine} from {source} (export, compile, check)", enabled=not no_progress and json_path != "-"):
         if dynamic_ts:
@@ -291,3 +367,16 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
             loaded = f"loaded {tc['loaded_bytes']:,} bytes" if tc["loaded"] else "not found, started a new one"
             reused = f", reused {tc['reused_layer_timings']} layer timing(s)" if tc.get("reused_layer_timings") else ""
             click.echo(f"[I] timing cache {tc['path']}: {loaded}{reused}, saved {tc.get('saved_bytes', 0):,} bytes")
+    if max_autotune and info["backend"] != "inductor":
+        flag = "--max-autotune" if optimization_level is None else f"--builderOptimizationLevel {optimization_level}"
+        click.echo(f"[I] {flag} had no effect: it tunes Inductor's kernels, and this engine is {info['backend']}'s "
+                   "(its graph optimizations run at their highest level always); add --backend inductor to tune",
+                   err=True)
+    if dump_layer_info or export_layer_info:
+        from overdrive.cli.common import format_layer_info, layer_info
+
+        layers = layer_info(engine)
+        if export_layer_info:
+            write_json(layers, export_layer_info)
+        if dump_layer_info:  # on stderr when stdout carries --json -
+            click.echo(format_layer_info(layers, info["backend"]), err=json_path == "-")

@@ -110,6 +110,11 @@ class _ExecCommand(click.Command):
 @click.option("--dump-profile", "--dumpProfile", "dump_profile", is_flag=True,
               help="Print the per-kernel profile (timed on a separate run, as --exportProfile's) after the summary, "
                    "as trtexec's.")
+@click.option("--dump-layer-info", "--dumpLayerInfo", "dump_layer_info", is_flag=True,
+              help="Print the engine's layers before the run, as trtexec's: each layer's type, inputs and outputs, "
+                   "where an int8/fp8 build placed it, then the bindings and the build's fusions.")
+@click.option("--export-layer-info", "--exportLayerInfo", "export_layer_info", default=None, metavar="FILE",
+              help="Write the engine's layers as JSON, as trtexec's (Layers, Bindings; Fusions where the build made any).")
 @click.option("--load-inputs", "--loadInputs", "load_inputs", default=None, metavar="NAME:FILE,...|FILE",
               help="Run on these inputs instead of random ones: name:file.bin raw files in each input's dtype at "
                    "--shapes (default the opt shapes), as trtexec's; or one .pt / .npz file (as compare --inputs).")
@@ -119,13 +124,16 @@ class _ExecCommand(click.Command):
                ("--separateProfileRun", True, "--exportProfile and --dumpProfile always profile on a separate run"),
                ("--useSpinWait", True, "the host already spins on each iteration's end (a CUDA event without blocking "
                 "sync; CPU calls are synchronous)"),
+               *((f, False, "overdrive exec times one inference stream (trtexec's default, 1)") for f in
+                 ("--streams", "--infStreams")),
+               ("--threads", True, "overdrive exec drives its one inference stream from one thread"),
                ("--profilingVerbosity", False, "--exportProfile and --dumpProfile name every kernel (or ONNX Runtime "
-                "node) the run records"))
+                "node) the run records; --dumpLayerInfo / --exportLayerInfo give every layer in detail"))
 @json_option("the summary")
 def command(load_engine: str, shapes: str | None, iterations: int, warm_up: float, duration: float, use_cuda_graph: bool,
             no_data_transfers: bool, percentile: str, device: str | None, precision: str | None, export_times: str | None,
             export_profile: str | None, export_output: str | None, dump_output: bool, dump_profile: bool,
-            load_inputs: str | None,
+            dump_layer_info: bool, export_layer_info: str | None, load_inputs: str | None,
             trust: bool, json_path: str | None) -> None:
     """Load an engine and report throughput, latency, enqueue, H2D, compute and D2H times.
 
@@ -151,9 +159,11 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     check_output("--export-times", export_times)  # before the load, which can take a compile
     check_output("--export-profile", export_profile)
     check_output("--export-output", export_output)
+    check_output("--export-layer-info", export_layer_info)
     check_load_inputs(load_inputs)
     check_distinct([("--export-times", export_times), ("--export-profile", export_profile),
-                    ("--export-output", export_output), ("--json", json_path)],
+                    ("--export-output", export_output), ("--export-layer-info", export_layer_info),
+                    ("--json", json_path)],
                    [("--load-engine", load_engine), *(("--load-inputs", f) for f in input_files(load_inputs))])
     try:
         pct = tuple(float(p) for p in percentile.split(",") if p.strip())
@@ -163,6 +173,13 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     engine = Engine.load(load_engine, device=device, precision=precision, trust=trust)
     if use_cuda_graph:
         check_cuda_graph(engine.device.type, engine.header["backend"])
+    layers = None
+    if dump_layer_info or export_layer_info:  # before the run, as trtexec gives it
+        from overdrive.cli.common import format_layer_info, layer_info
+
+        layers = layer_info(engine)
+        if export_layer_info:
+            write_json(layers, export_layer_info)
     given = parse_shapes(shapes) or None
     xs = read_inputs(engine, load_inputs, given) if load_inputs else None
     with _dump_file(export_output, dump_output, "outputs.json") as out_path, \
@@ -185,7 +202,11 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
                    f"signature: {tr['signature']}, {tr['mode']} load")
         if use_cuda_graph:
             click.echo("[I] CUDA graphs: on (inductor engines on CUDA replay one recorded graph per input shape)")
+        if dump_layer_info:
+            click.echo(format_layer_info(layers, engine.header["backend"]))
         click.echo(format_summary(summary))
+    if dump_layer_info and json_path == "-":  # stdout carries the JSON
+        click.echo(format_layer_info(layers, engine.header["backend"]), err=True)
     if dumped is not None:  # after the summary, as trtexec prints it; on stderr when stdout carries --json -
         click.echo(format_outputs(dumped), err=json_path == "-")
     if profiled is not None:

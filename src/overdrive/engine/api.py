@@ -30,16 +30,21 @@ from overdrive.engine.sources import (ModelSource, by_name, fit_input_names, flo
 __all__ = ["Builder", "best_candidates", "choose_backend"]
 
 
-def choose_backend(requested: str, device: torch.device, precision: str, src: ModelSource) -> tuple[str, str]:
-    """``auto`` -> the fastest backend usable here for this device and precision, with the reason."""
+def choose_backend(requested: str, device: torch.device, precision: str, src: ModelSource,
+                   dynamic: bool = False) -> tuple[str, str]:
+    """``auto`` -> the fastest backend usable here for this device and precision, with the reason; ``dynamic``: the
+    build's profile has a dynamic dim (a TorchScript module then goes to ONNX Runtime, the one backend taking it)."""
     if requested != "auto":
         why = backends.get(requested).unavailable(device)
         if why and requested != "tensorrt":
             raise UsageError(f"--backend {requested} is not usable on {device.type}: {why}")
         return requested, "asked for"
+    ort_ok = backends.get("onnxruntime").unavailable(device) is None and precision in ("fp32", "tf32", "int8")
+    if dynamic and ort_ok and isinstance(src.module, torch.jit.ScriptModule):
+        return "onnxruntime", ("TorchScript with a dynamic profile: ONNX Runtime takes the module itself; "
+                               "torch.export (inductor) cannot take TorchScript")
     if device.type == "cuda":
         return "inductor", "CUDA: Inductor kernels + CUDA graphs (ONNX Runtime here has no GPU provider)"
-    ort_ok = backends.get("onnxruntime").unavailable(device) is None and precision in ("fp32", "tf32", "int8")
     if ort_ok:
         return "onnxruntime", "CPU fp32/int8: ONNX Runtime builds in seconds and runs small models faster than Inductor's C++"
     return "inductor", f"CPU {precision}: ONNX Runtime here runs fp32/int8 only"
@@ -298,7 +303,8 @@ class Builder:
         forced = needs and cfg.backend == "auto"
         if forced:
             cfg = cfg.replace(backend="inductor")  # the onnxruntime backend takes the ONNX model's own I/O types and graph
-        name, reason = choose_backend(cfg.backend, device, precision, src)
+        name, reason = choose_backend(cfg.backend, device, precision, src,
+                                      dynamic=any(not p.static for p in cfg.profiles))
         if forced:
             reason = f"auto: {', '.join(needs)} need(s) the inductor backend"
         backend = backends.get(name)
