@@ -43,6 +43,31 @@ HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS, **dyn
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 
 
+# operator domains other exporters write, with what each holds and the fix
+_DOMAINS = {
+    "ai.onnx.ml": "the ai.onnx.ml domain holds classical-ML operators (skl2onnx, onnxmltools: tree ensembles, "
+                  "linear models, scalers), which the importer, built for neural-network graphs, does not run; "
+                  "use --backend onnxruntime",
+    "com.microsoft": "com.microsoft operators are ONNX Runtime's own fusions, written by its graph optimizer (a model "
+                     "saved with SessionOptions.optimized_model_filepath at level EXTENDED or ALL) or by "
+                     "onnxruntime.transformers.optimizer; build from the model as exported, before those "
+                     "optimizations (Inductor fuses the same patterns itself), or use --backend onnxruntime",
+}
+
+
+def _sparse_to_numpy(sp: Any) -> np.ndarray:
+    """A SparseTensorProto (a Constant's ``sparse_value``) as a dense array: its indices are [NNZ] linear
+    positions or [NNZ, rank] coordinates into ``dims``; elements not listed are zero."""
+    from onnx import numpy_helper
+
+    vals, idx = numpy_helper.to_array(sp.values), numpy_helper.to_array(sp.indices).astype(np.int64)
+    dense = np.zeros(tuple(sp.dims), vals.dtype)
+    if idx.ndim == 2:
+        idx = np.ravel_multi_index(tuple(idx.T), dense.shape)
+    dense.reshape(-1)[idx] = vals
+    return dense
+
+
 class ONNXModule(nn.Module):
     """An ONNX graph as a module: ``forward(*inputs)`` in the graph's input order.
 
@@ -52,18 +77,37 @@ class ONNXModule(nn.Module):
 
     def __init__(self, model: Any) -> None:
         super().__init__()
-        from onnx import helper, numpy_helper
+        from onnx import defs, helper, numpy_helper
 
+        # model-local functions (export_modules_as_functions, onnxscript) are made of standard operators: inlined,
+        # the graph is one the importer runs
+        if len(model.functions):
+            from onnx import inliner
+
+            model = inliner.inline_local_functions(model)
         g = model.graph
         for node in g.node:
             if node.domain in ("", "ai.onnx") and node.op_type in dynamic.REFUSED:
                 raise UsageError(f"ONNX operator {node.op_type} (node {node.name or '<unnamed>'!r}) is not supported by "
                                  f"overdrive's ONNX importer: {dynamic.REFUSED[node.op_type]}")
+            if node.domain in _DOMAINS:
+                raise UsageError(f"ONNX operator {node.domain}::{node.op_type} (node {node.name or '<unnamed>'!r}) is "
+                                 f"not supported by overdrive's ONNX importer: {_DOMAINS[node.domain]}")
+            if node.domain in ("", "ai.onnx") and not defs.has(node.op_type):
+                raise UsageError(f"ONNX operator {node.op_type} (node {node.name or '<unnamed>'!r}) is not an operator "
+                                 "of the ONNX standard but a runtime's own extension in the default domain (ONNX "
+                                 "Runtime's optimizer writes SimplifiedLayerNormalization there); build from the model "
+                                 "as exported, before a runtime's optimizations, or use --backend onnxruntime")
             if node.domain not in ("", "ai.onnx") or (node.op_type not in _OPS and node.op_type not in ("Constant", "Split")):
                 raise UsageError(
                     f"ONNX operator {node.domain + '::' if node.domain else ''}{node.op_type} (node {node.name or '<unnamed>'!r}) "
                     "is not supported by overdrive's ONNX importer; use --backend onnxruntime on CPU, re-export the model "
                     "without it, or build from the PyTorch model (--model pkg.module:factory)")
+        external = [t.name for t in g.initializer if t.data_location == 1]  # TensorProto.EXTERNAL, not yet read
+        if external:
+            raise UsageError(f"ONNX initializers {external[:3]} are stored in external data files that were not loaded "
+                             "(ONNX bytes, or a model loaded with load_external_data=False); pass the model's path to "
+                             "import_onnx (its data is read from the model's own folder), or onnx.load(path) it first")
         self.input_names = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
         # the default-domain opset: a few ops (Softmax before 13) changed meaning between opsets
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
@@ -105,10 +149,17 @@ class ONNXModule(nn.Module):
                     arr = np.array(attrs.get("value_float", attrs.get("value_int")))
                 elif "value_floats" in attrs or "value_ints" in attrs:
                     arr = np.array(attrs.get("value_floats", attrs.get("value_ints")))
+                elif "sparse_value" in attrs:
+                    arr = _sparse_to_numpy(attrs["sparse_value"])
                 else:
-                    raise UsageError(f"Constant node {node.name!r}: unsupported attribute {list(attrs)}")
+                    raise UsageError(f"Constant node {node.name!r}: attribute {list(attrs)} is not supported by the "
+                                     "importer (string constants have no tensor form); expected value, value_float(s), "
+                                     "value_int(s) or sparse_value; remove the string constant from the model, or "
+                                     "use --backend onnxruntime")
                 self._host[node.output[0]] = arr
                 continue
+            if node.op_type == "LayerNormalization" and any(node.output[1:]):  # Mean / InvStdDev listed
+                attrs["_stats"] = True
             if "value" in attrs and hasattr(attrs["value"], "dims"):  # ConstantOfShape's tensor attribute
                 attrs["value"] = numpy_helper.to_array(attrs["value"])
             self._nodes.append((node.op_type, list(node.input), list(node.output), attrs, node.name))

@@ -17,14 +17,36 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx.values import Op, OpModule, Value, _flatten, _gemm_dtype, _like, _tensor
+from overdrive.engine.onnx.values import _DTYPES, Op, OpModule, Value, _flatten, _gemm_dtype, _like, _tensor
 
 
-def _pads2d(a: dict, n: int) -> tuple[list[int], list[int] | None]:
-    """ONNX pads [b1, b2, ..., e1, e2, ...] -> symmetric padding or (None, F.pad list)."""
-    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
-        raise UsageError(f"auto_pad={a['auto_pad']!r} is not supported by the ONNX importer; re-export with explicit pads")
-    pads = list(a.get("pads", [0] * (2 * n)))
+def _auto_pad(a: dict) -> str:
+    ap = a.get("auto_pad", "NOTSET")
+    ap = ap.decode() if isinstance(ap, bytes) else str(ap)
+    if ap not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise UsageError(f"auto_pad={ap!r} is not an ONNX auto_pad; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    return ap
+
+
+def _pads2d(a: dict, n: int, spatial: list | None = None, kernel: list | None = None
+            ) -> tuple[list[int], list[int] | None]:
+    """ONNX pads [b1, b2, ..., e1, e2, ...] -> symmetric padding or (None, F.pad list).
+
+    auto_pad SAME_UPPER / SAME_LOWER (TensorFlow's "same", as tf2onnx and keras2onnx write it) pads each spatial
+    axis so the output has ceil(in / stride) elements, the odd element at the end (UPPER) or the start (LOWER);
+    VALID pads nothing. ``spatial`` (the input's spatial sizes) and ``kernel`` are needed for SAME."""
+    ap = _auto_pad(a)
+    if ap == "VALID":
+        pads = [0] * (2 * n)
+    elif ap.startswith("SAME"):
+        strides, dil = list(a.get("strides", [1] * n)), list(a.get("dilations", [1] * n))
+        total = [max((-(-i // s) - 1) * s + (k - 1) * d + 1 - i, 0)
+                 for i, s, k, d in zip(spatial, strides, kernel, dil)]
+        small = [t // 2 for t in total]
+        big = [t - h for t, h in zip(total, small)]
+        pads = small + big if ap == "SAME_UPPER" else big + small
+    else:
+        pads = list(a.get("pads", [0] * (2 * n)))
     begin, end = pads[:n], pads[n:]
     if begin == end:
         return begin, None
@@ -39,7 +61,7 @@ def _conv(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
     x, w, b = _gemm_dtype(x, w, b)
     n = w.dim() - 2
-    pad, fpad = _pads2d(a, n)
+    pad, fpad = _pads2d(a, n, list(x.shape[2:]), list(w.shape[2:]))
     if fpad:
         x = F.pad(x, fpad)
     conv = (F.conv1d, F.conv2d, F.conv3d)[n - 1]
@@ -53,13 +75,14 @@ def _conv_transpose(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     b = _tensor(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
     x, w, b = _gemm_dtype(x, w, b)
     n = w.dim() - 2
-    if "output_shape" in a or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
-        raise UsageError("ConvTranspose with output_shape or auto_pad SAME is not supported by the ONNX importer; "
-                         "re-export with explicit pads")
-    pads = list(a.get("pads", [0] * (2 * n)))
-    begin, end = pads[:n], pads[n:]
+    ap = _auto_pad(a)
     strides, dil = list(a.get("strides", [1] * n)), list(a.get("dilations", [1] * n))
     out_pad, group = list(a.get("output_padding", [0] * n)), int(a.get("group", 1))
+    if "output_shape" in a or ap.startswith("SAME"):
+        begin, end = _transpose_pads(a, ap, list(x.shape[2:]), list(w.shape[2:]), strides, dil, out_pad)
+    else:
+        pads = list(a.get("pads", [0] * (2 * n))) if ap == "NOTSET" else [0] * (2 * n)
+        begin, end = pads[:n], pads[n:]
     conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[n - 1]
     if begin == end:
         return [conv(x, w, b, strides, begin, out_pad, group, dil)]
@@ -68,11 +91,28 @@ def _conv_transpose(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [y[tuple(index)]]
 
 
+def _transpose_pads(a: dict, ap: str, spatial: list, kernel: list, strides: list, dil: list, out_pad: list
+                    ) -> tuple[list, list]:
+    """ConvTranspose's pads from ``output_shape`` (the last spatial sizes) or auto_pad SAME (in * stride): the full
+    output cropped to that size, an odd element cropped at the end for SAME_UPPER, at the start for SAME_LOWER and
+    for an explicit output_shape (the ONNX rule, as ONNX Runtime computes it)."""
+    n = len(spatial)
+    full = [(i - 1) * s + p + (k - 1) * d + 1 for i, s, p, k, d in zip(spatial, strides, out_pad, kernel, dil)]
+    want = list(a["output_shape"])[-n:] if "output_shape" in a else [i * s for i, s in zip(spatial, strides)]
+    total = [f - o for f, o in zip(full, want)]
+    if any(t < 0 for t in total):
+        raise UsageError(f"ConvTranspose output_shape {want} is larger than the full transposed convolution's output "
+                         f"{full}; expected at most {full}; re-export the model with output_padding instead")
+    small = [t // 2 for t in total]
+    big = [t - h for t, h in zip(total, small)]
+    return (small, big) if ap == "SAME_UPPER" else (big, small)
+
+
 def _pool(kind: str) -> Callable:
     def run(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
         x, k = _tensor(ins[0]), list(a["kernel_shape"])
         n = len(k)
-        pad, fpad = _pads2d(a, n)
+        pad, fpad = _pads2d(a, n, list(x.shape[2:]), k)
         if fpad:
             x = F.pad(x, fpad, value=-math.inf if kind == "max" else 0.0)
         strides, ceil = list(a.get("strides", [1] * n)), bool(a.get("ceil_mode", 0))
@@ -108,12 +148,32 @@ def _follow(v: Value, x: torch.Tensor) -> torch.Tensor:
 
 
 def _layernorm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """LayerNormalization over the axes from ``axis`` on. Scale and bias broadcast against the input (numpy rules:
+    a (C,) scale under axis=1, a (1, D) one under axis=-1); where they have the normalized shape, ``F.layer_norm``
+    runs fused. Mean and InvStdDev (shape x.shape[:axis] + ones, in ``stash_type``, float32 by default) are
+    computed where the node lists them (the importer sets ``_stats``)."""
     x = _tensor(ins[0])
     axis = int(a.get("axis", -1)) % x.dim()
-    shape = list(x.shape[axis:])
+    shape, eps = list(x.shape[axis:]), float(a.get("epsilon", 1e-5))
     w = _follow(ins[1], x)
     b = _follow(ins[2], x) if len(ins) > 2 and ins[2] is not None else None
-    return [F.layer_norm(x, shape, w, b, float(a.get("epsilon", 1e-5)))]
+    fused = list(w.shape) == shape and (b is None or list(b.shape) == shape)
+    if fused and not a.get("_stats"):
+        return [F.layer_norm(x, shape, w, b, eps)]
+    stash = _DTYPES.get(int(a.get("stash_type", 1)), torch.float32)
+    if not (stash.is_floating_point and x.is_floating_point()):
+        raise UsageError(f"LayerNormalization stash_type={a.get('stash_type')} or input dtype {x.dtype} is not a "
+                         "floating type; expected float inputs and stash_type 1 (float32); re-export the model")
+    dims = list(range(axis, x.dim()))
+    xs = x.to(stash)
+    mean = xs.mean(dim=dims, keepdim=True)  # (x.shape[:axis], 1, ...)
+    inv = torch.rsqrt(xs.var(dim=dims, unbiased=False, keepdim=True) + eps)
+    if fused:
+        y = F.layer_norm(x, shape, w, b, eps)
+    else:
+        y = (xs - mean) * inv * w.to(stash)  # in the stash type, rounded to x's once, as ONNX Runtime does
+        y = (y + b.to(stash) if b is not None else y).to(x.dtype)
+    return [y, mean, inv]
 
 
 def _batchnorm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:

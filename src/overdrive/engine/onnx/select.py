@@ -135,6 +135,9 @@ def _reduce(fn: str) -> Op:
             return [x]
         if axes is None:
             axes = list(range(x.dim()))
+        if fn == "mean" and not x.is_floating_point():  # integers: the sum divided by the count, truncated (ONNX
+            count = math.prod(x.shape[ax] for ax in axes)  # Runtime's int32 mean of [-7, 2, 3] is 0, not -1)
+            return [torch.div(x.sum(dim=axes, keepdim=keep), count, rounding_mode="trunc").to(x.dtype)]
         if fn == "mean":
             return [x.mean(dim=axes, keepdim=keep)]
         if fn == "sum":
