@@ -188,19 +188,24 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     for name, q in quantizers(model):
         q.name = name
     model._overdrive_quant = {"config": config, "skipped": skipped, "untraced": untraced}  # read by print_summary
-    with fid.capture(model) if fidelity and forward_loop is not None else contextlib.nullcontext([]) as calls:
-        if config.smoothquant is not None and forward_loop is not None:
-            from overdrive.quant.smoothquant import smooth
+    # the inputs of ONE pass over forward_loop are kept for the fidelity record: SmoothQuant's statistics pass when
+    # there is one (a second capture during calibration would keep every batch twice), else the calibration pass
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    capturing = fidelity and forward_loop is not None
+    if config.smoothquant is not None and forward_loop is not None:
+        from overdrive.quant.smoothquant import smooth
 
+        with fid.capture(model) if capturing else contextlib.nullcontext([]) as calls:
             model._overdrive_quant["smoothed"] = smooth(model, forward_loop, config.smoothquant)
-        _calibrate_weights(model)
+    _calibrate_weights(model)
+    with fid.capture(model) if capturing and not calls else contextlib.nullcontext(calls) as calls:
         if forward_loop is not None:
             if not _activation_quantizers(model):  # calibrate() would say "call quant.quantize first"
                 found = "; ".join(f"{n}: {why}" for n, why in skipped.items()) or f"no layer of types {config.layer_types}"
                 raise UsageError(f"quantize() found no layer to quantize ({found[:500]}); check the model and "
                                  "QuantConfig's layer_types / include / exclude")
             calibrate(model, forward_loop, method=config.method, percentile=config.percentile)
-        if fidelity and forward_loop is not None and not calls:  # dynamic / weight-only: calibration ran no batch
+        if capturing and not calls:  # dynamic / weight-only: calibration ran no batch
             fid.run_until_captured(model, forward_loop)
     if calls:
         model._overdrive_quant["fidelity"] = fid.measure(model, calls)
@@ -263,7 +268,6 @@ def _activation_quantizers(model: nn.Module) -> list[TensorQuantizer]:
     return [q for _, q in quantizers(model) if id(q) not in weights]
 
 
-@torch.no_grad()
 def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", percentile: float | None = 99.99) -> nn.Module:
     """Run ``forward_loop(model)`` once with every enabled activation quantizer observing, then set amax.
 
@@ -275,6 +279,17 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
     forward) are calibrated too: unnamed ones get their module name, and uncalibrated weight quantizers of
     quantized layers get max |weight|.
     """
+    _calibrate(model, forward_loop, method, percentile, strict=True)
+    return model
+
+
+@torch.no_grad()
+def _calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str, percentile: float | None,
+               strict: bool) -> list[str]:
+    """:func:`calibrate`; returns the names of the activation quantizers ``forward_loop`` never reached. ``strict``
+    raises for them (before any amax changes); otherwise, unless it reached none, they keep their amax and
+    statistics (uncalibrated ones stay so) and the others are calibrated, as ModelOpt's calibration skips a
+    quantizer that saw no data."""
     _check_forward_loop(forward_loop)
     for name, q in quantizers(model):
         q.name = q.name or name
@@ -284,7 +299,7 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
         raise UsageError("the model has no activation quantizers; call quant.quantize(model, config) first")
     acts = [q for q in acts if q.enabled and not q.dynamic]  # dynamic ones bring their scales with each input
     if not acts:
-        return model
+        return []
     previous = [q.calibrator for q in acts]
     # the activations are observed in the float network, as ModelOpt, pytorch-quantization and TensorRT calibrate:
     # the weight quantizers pass values through meanwhile (they quantized the weights the activations saw)
@@ -308,20 +323,24 @@ def calibrate(model: nn.Module, forward_loop: ForwardLoop, method: str = "max", 
                 q.calibrating = False
             for q in weights:
                 q.quant_enabled = True
-    missing = [q.name for q in acts if q.calibrator is None or
-               (getattr(q.calibrator, "hist", None) is None and not getattr(q.calibrator, "_zeros", 0)
-                and getattr(q.calibrator, "amax", None) is None)]
-    if missing:
+    unseen = [(q, cal) for q, cal in zip(acts, previous) if q.calibrator is None or
+              (getattr(q.calibrator, "hist", None) is None and not getattr(q.calibrator, "_zeros", 0)
+               and getattr(q.calibrator, "amax", None) is None)]
+    missing = [q.name for q, _ in unseen]
+    if missing and (strict or len(missing) == len(acts)):  # reaching none is a forward_loop that runs no batch
         layers = sorted({n.rsplit(".", 1)[0] for n in missing[:5] if "." in n})
         raise UsageError(f"forward_loop never reached quantizer(s) {missing[:5]}; it must call the model on "
                          "calibration batches, e.g. forward_loop=lambda m: [m(x) for x in batches]; layers that "
                          f"forward does not use (an auxiliary head) can be left in float with "
                          f"QuantConfig(exclude={tuple(layers)!r})")
-    load_calib_amax(model, method, percentile)
+    for q, cal in unseen:  # their earlier statistics (if any) stay: an empty pass is no calibration
+        q.calibrator = cal
+    skip = frozenset(id(q) for q, _ in unseen)
+    _load_calib_amax(model, method, percentile, skip)
     for q in _activation_quantizers(model):  # all-zero inputs, outliers that leave int8 no range: say so
-        if q.enabled and q.is_calibrated:
+        if q.enabled and q.is_calibrated and id(q) not in skip:
             q.warn_if_degenerate()
-    return model
+    return missing
 
 
 def load_calib_amax(model: nn.Module, method: str = "max", percentile: float | None = 99.99) -> None:
@@ -329,12 +348,17 @@ def load_calib_amax(model: nn.Module, method: str = "max", percentile: float | N
 
     Disabled quantizers are skipped: they need no statistics and keep their amax.
     """
+    _load_calib_amax(model, method, percentile, skip=frozenset())
+
+
+def _load_calib_amax(model: nn.Module, method: str, percentile: float | None, skip: frozenset[int]) -> None:
+    """:func:`load_calib_amax`, leaving out the quantizers whose id is in ``skip``."""
     if method not in ("max", "percentile", "entropy", "mse"):
         raise UsageError(f"calibration method {method!r} is not one of max, percentile, entropy, mse")
     if method == "percentile" and percentile is not None:
         check_percentile(percentile)  # before any quantizer is changed
     for q in _activation_quantizers(model):
-        if q.enabled:
+        if q.enabled and id(q) not in skip:
             q.load_calib_amax(method, percentile)
 
 

@@ -288,8 +288,29 @@ class TensorQuantizer(nn.Module):
 
     @property
     def num_bits(self) -> int | tuple[int, int]:
-        """8 (int8) or (4, 3) (fp8 e4m3), as pytorch-quantization and ModelOpt name the format."""
+        """8 (int8) or (4, 3) (fp8 e4m3), as pytorch-quantization and ModelOpt name the format.
+
+        Settable, as in ModelOpt (``q.num_bits = (4, 3)``): the format changes and amax is kept (the scale
+        becomes amax / 448 instead of amax / 127), as ModelOpt's setter keeps it.
+
+        Example:
+            >>> q = TensorQuantizer(); q.amax = 448.0; q.num_bits = (4, 3)
+            >>> q.config.format, q.maxbound, float(q.scale())
+            ('fp8_e4m3', 448.0, 1.0)
+        """
         return (4, 3) if self.config.format == "fp8_e4m3" else 8
+
+    @num_bits.setter
+    def num_bits(self, value: Any) -> None:
+        bits = tuple(value) if isinstance(value, list) else value
+        if isinstance(bits, str) and bits.lower() == "e4m3":
+            bits = (4, 3)
+        fmt = {8: "int8", (4, 3): "fp8_e4m3"}.get(bits) if isinstance(bits, (int, tuple)) and not isinstance(
+            bits, bool) else None
+        if fmt is None:
+            raise UsageError(f"quantizer {self.name or '?'}: num_bits = {value!r} is not supported; use 8 (int8) or "
+                             "(4, 3) (fp8 e4m3); for 4-bit weights use quant.weight_only(model, bits=4)")
+        self.config = self.config.replace(format=fmt)
 
     @property
     def unsigned(self) -> bool:

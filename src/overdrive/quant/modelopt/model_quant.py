@@ -93,11 +93,7 @@ def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: Fo
     method = _method(config.get("algorithm", "max"))
     forward_loop = _takes_model(forward_loop)
     quant_rules = _checked_rules(config["quant_cfg"])  # refuse bad entries before the model is touched
-    if any(True for _ in api.quantizers(model)):
-        raise UsageError("this model already has quantizers (from an earlier mtq.quantize); to calibrate again call "
-                         "mtq.calibrate(model, algorithm='max', forward_loop=forward_loop), to change formats or "
-                         "switch quantizers call mtq.set_quantizer_by_cfg(model, cfg['quant_cfg']) and then "
-                         "mtq.calibrate; mtq.quantize takes the float model")
+    _refuse_quantized(model)
     alpha = _smoothquant_alpha(config.get("algorithm", "max"))
     model = _insert_quantizers(model, QuantConfig(residual_add=False, smoothquant=alpha))
     _apply(model, quant_rules, fresh=True)
@@ -107,8 +103,45 @@ def quantize(model: torch.nn.Module, config: Mapping[str, Any], forward_loop: Fo
         model._overdrive_quant["smoothed"] = smooth(model, forward_loop, alpha)
     api._calibrate_weights(model)
     if forward_loop is not None and method is not None and any(q.enabled for q in api._activation_quantizers(model)):
-        api.calibrate(model, forward_loop, method=method)
+        _calibrate_activations(model, forward_loop, method)
     return model
+
+
+def _refuse_quantized(model: torch.nn.Module) -> None:
+    """A UsageError when ``model`` has quantizers already; ModelOpt refuses such a model too ("Model must not be
+    quantized!"). The message names the quantizers found and where they came from: an earlier quantize (its
+    record is on the model) or built by hand (TensorQuantizers or quantized layers in the model's own code)."""
+    found = [n for n, _ in api.quantizers(model)]
+    if not found:
+        return
+    shown = ", ".join(found[:4]) + (f" (and {len(found) - 4} more)" if len(found) > 4 else "")
+    if hasattr(model, "_overdrive_quant"):
+        raise UsageError(f"this model already has quantizers ({shown}) from an earlier mtq.quantize / quant.quantize; "
+                         "mtq.quantize takes the float model (ModelOpt refuses a quantized one too); to calibrate "
+                         "again call mtq.calibrate(model, algorithm='max', forward_loop=forward_loop), to change "
+                         "formats or switch quantizers call mtq.set_quantizer_by_cfg(model, cfg['quant_cfg']) and "
+                         "then mtq.calibrate")
+    raise UsageError(f"this model has quantizers built by hand ({shown}: TensorQuantizer modules or quantized layers "
+                     "in the model's own code); mtq.quantize takes a model without quantizers (ModelOpt refuses this "
+                     "one too: 'Model must not be quantized!'). Either create them in a quantized class: "
+                     "mtq.register(original_cls=MyBlock, quantized_cls=QuantMyBlock), whose _setup() makes the "
+                     "TensorQuantizers its forward calls, and mtq.quantize then inserts, configures (quant_cfg) and "
+                     "calibrates them; or keep them, set them with mtq.set_quantizer_by_cfg(model, cfg['quant_cfg']) "
+                     "and calibrate them with mtq.calibrate(model, 'max', forward_loop)")
+
+
+def _calibrate_activations(model: torch.nn.Module, forward_loop: ForwardLoop, method: str) -> None:
+    """api.calibrate as ModelOpt calibrates: a quantizer the forward loop never reached (a layer its forward
+    skips: a pooler, an unused head) is left as it was, with a warning, instead of stopping the calibration."""
+    missing = api._calibrate(model, forward_loop, method, 99.99, strict=False)
+    if missing:
+        layers = sorted({n.rsplit(".", 1)[0] for n in missing if "." in n})
+        entries = ", ".join(f"{{'quantizer_name': '{lay}.*', 'enable': False}}" for lay in layers[:3])
+        warnings.warn(f"forward_loop never reached {len(missing)} quantizer(s) ({', '.join(missing[:5])}"
+                      f"{', ...' if len(missing) > 5 else ''}); they keep the amax they had (none: uncalibrated, as ModelOpt "
+                      "leaves them, and running those layers raises until they are calibrated); to keep them in float add "
+                      f"{entries or '{...: enable False}'} to cfg['quant_cfg'] (or mtq.disable_quantizer)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _takes_model(forward_loop: ForwardLoop | None) -> ForwardLoop | None:
@@ -146,7 +179,7 @@ def calibrate(model: torch.nn.Module, algorithm: Any = "max", forward_loop: Forw
         return model
     api._calibrate_weights(model)  # as ModelOpt's max_calibrate: weights are observed afresh, not kept
     if forward_loop is not None and any(q.enabled for q in api._activation_quantizers(model)):
-        api.calibrate(model, forward_loop, method=method)
+        _calibrate_activations(model, forward_loop, method)
     return model
 
 
