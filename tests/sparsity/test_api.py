@@ -438,3 +438,22 @@ def test_a_layer_name_that_is_no_module_is_refused() -> None:
         with pytest.raises(UsageError, match=f"names {bad}, which is not a module of Sequential.*did you mean"):
             sparsify(model, cfg)
     assert bool((model.head.weight != 0).all())  # refused before any pruning
+
+
+def test_a_whole_model_pickled_before_the_hooks_moved_still_loads() -> None:
+    """``torch.save(model)`` of a pruned model pickles its state-dict hooks by module path; files written when the
+    hooks lived in ``overdrive.sparsity.api`` name them there, and must load (and keep checking masks at load)."""
+    import pickle
+
+    model = _mlp()
+    sparsify(model)
+    # protocol 0 writes each class as text ("c<module>\n<name>\n"): point the hooks at their old module
+    blob = pickle.dumps(model, protocol=0).replace(b"coverdrive.sparsity.pruned\n", b"coverdrive.sparsity.api\n")
+    assert b"coverdrive.sparsity.api\n_LoadCheck" in blob and b"coverdrive.sparsity.api\n_CheckpointNames" in blob
+    loaded = pickle.loads(blob)
+    x = torch.randn(3, 32)
+    assert torch.equal(loaded(x), model(x))  # tolerance 0: same weights, same masks
+    bad = {k: v.clone() for k, v in model.state_dict().items()}
+    bad["0.weight"].fill_(1.0)
+    with pytest.raises(UsageError, match="nonzero where its mask prunes"):
+        loaded.load_state_dict(bad)

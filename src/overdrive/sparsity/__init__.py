@@ -15,13 +15,15 @@ apex surface: ``from overdrive.sparsity import ASP; ASP.prune_trained_model(mode
 
 from typing import Any
 
-from overdrive.sparsity.api import PrunedLayer, SparseHandle, from_pruned, sparsify
+from overdrive.sparsity.api import from_pruned, sparsify
 from overdrive.sparsity.asp import ASP
 from overdrive.sparsity.config import (ASP_DEFAULT, MASK_CALCULATORS, PERMUTED, PRESETS, TRANSPOSABLE, SparsityConfig,
                                        _deprecated_config)
 from overdrive.sparsity.export import compress, decompress, load_compressed, save_compressed, to_semi_structured
+from overdrive.sparsity.handle import SparseHandle
 from overdrive.sparsity.layers import shape_rule
 from overdrive.sparsity.masks import compute_mask, is_2to4, m4n2_1d, m4n2_2d_best, m4n2_2d_greedy, retained_magnitude
+from overdrive.sparsity.pruned import PrunedLayer
 from overdrive.sparsity.quantized import onnx_weight_sparsity, sparse_quantize
 from overdrive.sparsity.report import SparsityReport
 

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.sparsity.api import MASK_SUFFIX, SparseHandle, from_pruned, sparsify
+from overdrive.sparsity.api import from_pruned, sparsify
 from overdrive.sparsity.config import SparsityConfig
+from overdrive.sparsity.handle import SparseHandle
 from overdrive.sparsity.layers import _TYPES
+from overdrive.sparsity.pruned import MASK_SUFFIX
 
 _HANDLES: weakref.WeakKeyDictionary[nn.Module, SparseHandle] = weakref.WeakKeyDictionary()
 # The optimizers ASP attached to each handle, held weakly: under amp an optimizer's step hooks hold the

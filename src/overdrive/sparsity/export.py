@@ -18,9 +18,12 @@ from torch import nn
 
 from overdrive._utils.errors import UsageError
 from overdrive.sparsity import masks as M
+from overdrive.sparsity.api import from_pruned, sparsify
+from overdrive.sparsity.config import SparsityConfig
+from overdrive.sparsity.pruned import MASK_SUFFIX
 
 if TYPE_CHECKING:
-    from overdrive.sparsity.api import SparseHandle
+    from overdrive.sparsity.handle import SparseHandle
 
 FORMAT = "overdrive.sparse24"
 VERSION = 1
@@ -72,8 +75,6 @@ def save_compressed(handle: SparseHandle, path: str | os.PathLike[str]) -> dict[
     Example:
         >>> # stats = save_compressed(handle, "model.sparse24.pt")
     """
-    from overdrive.sparsity.api import MASK_SUFFIX
-
     handle.verify()
     sparse, dense_bytes, comp_bytes = {}, 0, 0
     skip = set()
@@ -103,9 +104,6 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
     Example:
         >>> # handle = load_compressed(MyModel(), "model.sparse24.pt")
     """
-    from overdrive.sparsity.api import MASK_SUFFIX, sparsify
-    from overdrive.sparsity.config import SparsityConfig
-
     from overdrive._utils.files import require_file
 
     require_file(path, "compressed checkpoint", "write one with save_compressed / overdrive sparsify --out")
@@ -119,8 +117,6 @@ def load_compressed(model: nn.Module, path: str | os.PathLike[str]) -> SparseHan
     names = list(payload["sparse"])
     have = {n for n, _ in model.named_buffers() if n.endswith(MASK_SUFFIX)}
     if have:
-        from overdrive.sparsity.api import from_pruned
-
         handle = from_pruned(model, SparsityConfig.from_json(payload["config"]))
     else:
         cfg = SparsityConfig.from_json(payload["config"]).replace(
@@ -164,8 +160,6 @@ def _without_wrapper_prefix(payload: dict[str, Any], model: nn.Module) -> dict[s
 
 def _load_into(model: nn.Module, handle: SparseHandle, payload: dict[str, Any], names: list[str],
                path: str | os.PathLike[str]) -> None:
-    from overdrive.sparsity.api import MASK_SUFFIX
-
     got = {layer.name for layer in handle.layers}
     if got != set(names):
         raise UsageError(f"{path} holds pruned weights {sorted(set(names) - got)[:3]} this model does not prune, or this "
@@ -195,5 +189,5 @@ def _mask_from_meta(entry: dict[str, Any]) -> torch.Tensor:
 # --- cuSPARSELt export ------------------------------------------------------------------------
 
 
-# the cuSPARSELt half lives in sparsity/kernels.py (SparseHandle.export calls it; api must not import this module)
+# the cuSPARSELt half lives in sparsity/kernels.py (SparseHandle.export calls it; handle.py must not import this module)
 from overdrive.sparsity.kernels import check_sparse_gpu, semi_structured_weight, to_semi_structured  # noqa: E402,F401

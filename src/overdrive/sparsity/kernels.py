@@ -19,7 +19,7 @@ from overdrive._utils.timing import time_fn
 
 if TYPE_CHECKING:
     from overdrive._utils.table import Table
-    from overdrive.sparsity.api import SparseHandle
+    from overdrive.sparsity.handle import SparseHandle
 
 
 def check_sparse_gpu(device: torch.device) -> None:

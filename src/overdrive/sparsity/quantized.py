@@ -27,7 +27,7 @@ from typing import Any
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.sparsity.api import SparseHandle
+from overdrive.sparsity.handle import SparseHandle
 
 
 def sparse_quantize(handle: SparseHandle, config: Any, forward_loop: Callable[[nn.Module], Any] | None) -> nn.Module:
