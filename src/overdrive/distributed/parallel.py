@@ -33,6 +33,7 @@ from torch import nn
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive.amp import Policy
+from overdrive.distributed import slurm
 from overdrive.distributed.config import Strategy
 
 
@@ -63,9 +64,10 @@ MPI_RANK_VARS = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open 
 
 def rank_env(environ: dict[str, str]) -> tuple[dict[str, str], str | None]:
     """``environ`` with torchrun's RANK / WORLD_SIZE, taken from an MPI launcher's variables where torchrun's are unset
-    (a job of several processes only), and which launcher gave them (None: torchrun's, or a group of one). Under
-    ``mpirun -np 4 python train.py`` without them every process joined a group of one and trained alone, each
-    writing the same checkpoint files.
+    (a job of several processes only), else from ``srun``'s tasks of one Slurm step (:func:`slurm.step_env`, which
+    also fills an unset MASTER_ADDR / MASTER_PORT), and which launcher gave them (None: torchrun's, or a group of
+    one). Under ``mpirun -np 4 python train.py`` or ``srun -n 4 python train.py`` without them every process joined
+    a group of one and trained alone, each writing the same checkpoint files.
 
     Example:
         >>> env, who = rank_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"})
@@ -74,10 +76,15 @@ def rank_env(environ: dict[str, str]) -> tuple[dict[str, str], str | None]:
     """
     if "WORLD_SIZE" in environ or "RANK" in environ:
         return environ, None
+    # MPI's first: mpirun inside a Slurm allocation starts its daemons with srun, one task per node, so its
+    # processes also carry that step's SLURM_PROCID (the node's index) and SLURM_STEP_NUM_TASKS (the node count)
     for rank, size, who in MPI_RANK_VARS:
         n = environ.get(size, "").strip()
         if rank in environ and n.isdigit() and int(n) > 1:
             return {**environ, "RANK": environ[rank].strip(), "WORLD_SIZE": n}, who
+    step = slurm.step_env(environ)  # srun's tasks of one step; never the sbatch script, which has no step size
+    if step is not None:
+        return {**environ, **step}, slurm.LAUNCHER
     return environ, None
 
 
@@ -99,7 +106,10 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
 
     Started by ``mpirun`` / ``mpiexec`` instead (Open MPI, MPICH, Intel MPI, MVAPICH: no RANK / WORLD_SIZE), the rank
     and the process count are the launcher's (:func:`rank_env`); MASTER_ADDR and MASTER_PORT must then be given to
-    every process (``mpirun -x MASTER_ADDR=node0 -x MASTER_PORT=29500``), as torchrun would set them.
+    every process (``mpirun -x MASTER_ADDR=node0 -x MASTER_PORT=29500``), as torchrun would set them. Started by
+    Slurm's ``srun`` with several tasks, they are the step's (SLURM_PROCID, SLURM_STEP_NUM_TASKS); an unset
+    MASTER_ADDR is the step's first node and an unset MASTER_PORT is derived from the job and step ids
+    (:func:`slurm.default_port`). The batch script itself (``python train.py`` under ``sbatch``) is a group of one.
 
     ``backend`` defaults to nccl when CUDA is available and the device is not 'cpu', else gloo.
 
@@ -108,7 +118,7 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     """
     from overdrive.distributed.doctor import rank_env_problems
 
-    environ, launcher = rank_env(dict(os.environ))  # torchrun's RANK / WORLD_SIZE, else an MPI launcher's
+    environ, launcher = rank_env(dict(os.environ))  # torchrun's RANK / WORLD_SIZE, else an MPI launcher's or srun's
     bad = rank_env_problems(environ)
     if bad:  # a RANK past WORLD_SIZE would wait out the store's timeout; a non-number is a bare ValueError
         raise UsageError("overdrive.distributed.init(): " + "; ".join(detail for _, detail in bad))
@@ -129,12 +139,13 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
         raise UsageError(f"backend={backend!r}: use 'nccl' (GPUs) or 'gloo' (CPU)")
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world}
-        if "MASTER_PORT" not in os.environ:
+        if "MASTER_PORT" not in environ:
             if world > 1 and launcher is not None:
+                example = ("export MASTER_ADDR=<node 0> MASTER_PORT=29500 before srun" if launcher == slurm.LAUNCHER
+                           else "mpirun -x MASTER_ADDR=<node 0> -x MASTER_PORT=29500 ...")
                 raise UsageError(f"{launcher} started {world} processes, but MASTER_PORT is unset, so they cannot find "
-                                 "each other; give every process node 0's address and a free port (e.g. mpirun -x "
-                                 "MASTER_ADDR=<node 0> -x MASTER_PORT=29500 ...), or start the script with "
-                                 "`overdrive launch`")
+                                 f"each other; give every process node 0's address and a free port (e.g. {example}), "
+                                 "or start the script with `overdrive launch`")
             if world > 1:
                 raise UsageError("WORLD_SIZE > 1 but MASTER_PORT is unset; start the script with `overdrive launch`")
             kwargs["init_method"] = f"tcp://127.0.0.1:{free_port()}"  # a group of one, without torchrun
@@ -142,8 +153,19 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
             # One key space per torchrun attempt: after a restart, gloo could otherwise read the dead
             # round's addresses from the shared store and fail with "Connection refused".
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world,
-                                  is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True", timeout=datetime.timedelta(seconds=300))
+            derived = launcher == slurm.LAUNCHER and "MASTER_PORT" not in os.environ  # srun: the port from the job id
+            if launcher == slurm.LAUNCHER and "MASTER_ADDR" not in os.environ and "MASTER_ADDR" in environ:
+                slurm.check_master_host(environ)  # the address from the node list: task 0 must run there
+            try:
+                store = dist.TCPStore(environ.get("MASTER_ADDR", "127.0.0.1"), int(environ["MASTER_PORT"]), world,
+                                      is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+                                      timeout=datetime.timedelta(seconds=300))
+            except RuntimeError as exc:
+                if not (derived and rank == 0):
+                    raise
+                raise UsageError(f"MASTER_PORT={environ['MASTER_PORT']} (derived from SLURM_JOB_ID / SLURM_STEP_ID) "
+                                 f"cannot be opened on {environ.get('MASTER_ADDR')}: {(str(exc).splitlines() or [''])[0]}; "
+                                 "export MASTER_PORT=<a free port> before srun") from exc
             kwargs["store"] = dist.PrefixStore(f"overdrive/attempt_{attempt}", store)
         if backend == "nccl":
             kwargs["device_id"] = dev
