@@ -17,8 +17,8 @@ PKG = "overdrive.engine.onnx"
 DIR = pathlib.Path(onnx_pkg.__file__).parent
 MODULES = sorted(p.stem for p in DIR.glob("*.py"))
 # lowest first: a module may import only modules before it (the package's __init__, the facade, comes last)
-LAYERS = ["values", "ops", "shape", "layers", "qdq", "rnn", "select", "vision", "dynamic", "quantize", "importer",
-          "__init__"]
+LAYERS = ["values", "ops", "shape", "layers", "qdq", "rnn", "select", "vision", "dynamic", "contrib", "quantize",
+          "importer", "__init__"]
 OPERATOR_MODULES = ("ops", "shape", "layers", "qdq", "rnn", "select", "vision", "dynamic")
 # the old flat modules, now shims that re-export from the package, and a name each must still give
 SHIMS = {"onnx_import": "import_onnx", "onnx_ops": "_OPS", "onnx_qdq": "_quantize", "onnx_values": "_tensor",

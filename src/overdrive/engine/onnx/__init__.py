@@ -5,7 +5,8 @@ Imports point one way: ``values`` (host/device values, the operator types) <- th
 imports another: ``ops`` (elementwise and math), ``shape`` (shape and tensor manipulation), ``layers`` (MatMul,
 Gemm, Conv, pools, norms, Softmax), ``qdq`` (QuantizeLinear, DequantizeLinear), ``rnn`` (LSTM, GRU, RNN),
 ``select`` (TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace, Resize), ``vision``
-(GridSample, RoiAlign), ``dynamic`` (Compress, Unique) <- ``importer`` (the op table, ``ONNXModule``,
+(GridSample, RoiAlign), ``dynamic`` (Compress, Unique) <- ``contrib`` (ONNX Runtime's com.microsoft Gelu family,
+Skip/SimplifiedLayerNormalization, FusedConv; it reuses ``layers``' Conv) <- ``importer`` (the op table, ``ONNXModule``,
 ``import_onnx``); ``quantize`` (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports
 ``onnx`` or ``onnxruntime`` until a model is loaded or calibrated.
 
@@ -16,9 +17,9 @@ Example:
     >>> # mod = import_onnx("model.onnx"); y = mod(torch.randn(1, 3, 224, 224))
 """
 
-from overdrive.engine.onnx.importer import SUPPORTED_OPS, ONNXModule, import_onnx
+from overdrive.engine.onnx.importer import SUPPORTED_CONTRIB_OPS, SUPPORTED_OPS, ONNXModule, import_onnx
 from overdrive.engine.onnx.quantize import (calibration_feeds, quantizable_nodes, quantize_onnx, quantize_onnx_dynamic,
                                             quantize_onnx_integer)
 
-__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "quantize_onnx", "quantize_onnx_dynamic", "quantize_onnx_integer",
+__all__ = ["import_onnx", "ONNXModule", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS", "quantize_onnx", "quantize_onnx_dynamic", "quantize_onnx_integer",
            "quantizable_nodes", "calibration_feeds"]

@@ -11,8 +11,9 @@ data-dependent ``.tolist()`` reaches the traced graph.
 
 The operators are in ``ops.py`` (elementwise and math), ``shape.py`` (shape and tensor manipulation, Split
 included), ``layers.py`` (MatMul, Gemm, Conv, pools, norms, Softmax), ``qdq.py`` (Q/DQ), ``rnn.py``
-(LSTM/GRU/RNN), ``select.py`` (TopK/ArgMax/ArgMin, the Reduce family, Einsum, the gathers and scatters, OneHot,
-DepthToSpace, Resize), ``vision.py`` (GridSample, RoiAlign) and ``dynamic.py`` (Compress, Unique), the value
+(LSTM/GRU/RNN), ``contrib.py`` (ONNX Runtime's own Gelu family, Skip/SimplifiedLayerNormalization and
+FusedConv, which its transformer optimizer writes), ``select.py`` (TopK/ArgMax/ArgMin, the Reduce family, Einsum,
+the gathers and scatters, OneHot, DepthToSpace, Resize), ``vision.py`` (GridSample, RoiAlign) and ``dynamic.py`` (Compress, Unique), the value
 conversions in ``values.py``; the operator table is assembled here from them all, so no operator module imports
 another or this one.
 
@@ -30,17 +31,22 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import dynamic, layers, ops, qdq, rnn, select, shape, vision
+from overdrive.engine.onnx import contrib, dynamic, layers, ops, qdq, rnn, select, shape, vision
 from overdrive.engine.onnx.shape import _split
 from overdrive.engine.onnx.values import _ML_DTYPES, FOUR_BIT, Op, Value, _as_value, _from_numpy, _tensor
 
-__all__ = ["ONNXModule", "SUPPORTED_OPS", "import_onnx"]
+__all__ = ["ONNXModule", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS", "import_onnx"]
 
 # op name -> function; Constant and Split are handled below
 _OPS: dict[str, Op] = {**ops.OPS, **shape.OPS, **layers.OPS, **qdq.OPS, **rnn.OPS, **select.OPS, **vision.OPS,
                        **dynamic.OPS}
 HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS, **dynamic.HOST_INPUTS}  # inputs read as Python numbers, by op and position
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
+# ONNX Runtime's own operators the importer runs (contrib.py), keyed "domain::op" in the run table
+MS = "com.microsoft"
+_RUN: dict[str, Op] = {**_OPS, **{f"{MS}::{k}": f for k, f in contrib.OPS.items()},
+                       **contrib.DEFAULT_DOMAIN_OPS}
+SUPPORTED_CONTRIB_OPS = tuple(sorted(f"{MS}::{k}" for k in contrib.OPS))
 
 
 # operator domains other exporters write, with what each holds and the fix
@@ -50,8 +56,9 @@ _DOMAINS = {
                   "use --backend onnxruntime",
     "com.microsoft": "com.microsoft operators are ONNX Runtime's own fusions, written by its graph optimizer (a model "
                      "saved with SessionOptions.optimized_model_filepath at level EXTENDED or ALL) or by "
-                     "onnxruntime.transformers.optimizer; build from the model as exported, before those "
-                     "optimizations (Inductor fuses the same patterns itself), or use --backend onnxruntime",
+                     "onnxruntime.transformers.optimizer; " + contrib.REFUSED_HINT + "; build from the model as "
+                     "exported, before those optimizations (Inductor fuses the same patterns itself), or use "
+                     "--backend onnxruntime",
 }
 
 
@@ -66,6 +73,16 @@ def _sparse_to_numpy(sp: Any) -> np.ndarray:
         idx = np.ravel_multi_index(tuple(idx.T), dense.shape)
     dense.reshape(-1)[idx] = vals
     return dense
+
+
+def _run_key(node: Any) -> str | None:
+    """The run-table key of an ONNX Runtime operator the importer runs ("com.microsoft::Gelu"; the op's own name for
+    the ones ONNX Runtime writes in the default domain, SimplifiedLayerNormalization), else None."""
+    if node.domain == MS and node.op_type in contrib.OPS:
+        return f"{MS}::{node.op_type}"
+    if node.domain in ("", "ai.onnx") and node.op_type in contrib.DEFAULT_DOMAIN_OPS and node.op_type not in _OPS:
+        return node.op_type
+    return None
 
 
 class ONNXModule(nn.Module):
@@ -90,13 +107,21 @@ class ONNXModule(nn.Module):
             if node.domain in ("", "ai.onnx") and node.op_type in dynamic.REFUSED:
                 raise UsageError(f"ONNX operator {node.op_type} (node {node.name or '<unnamed>'!r}) is not supported by "
                                  f"overdrive's ONNX importer: {dynamic.REFUSED[node.op_type]}")
+            key = _run_key(node)
+            if key is not None:
+                lo, hi, names = contrib.ARITY[node.op_type]
+                if not lo <= len(node.input) <= hi:
+                    raise UsageError(f"ONNX node {node.name or '<unnamed>'!r} ({key}) has "
+                                     f"{len(node.input)} inputs; expected {lo} to {hi} ({names}); the model is "
+                                     "malformed: re-run the optimizer that wrote it, or use --backend onnxruntime")
+                continue
             if node.domain in _DOMAINS:
                 raise UsageError(f"ONNX operator {node.domain}::{node.op_type} (node {node.name or '<unnamed>'!r}) is "
                                  f"not supported by overdrive's ONNX importer: {_DOMAINS[node.domain]}")
             if node.domain in ("", "ai.onnx") and not defs.has(node.op_type):
                 raise UsageError(f"ONNX operator {node.op_type} (node {node.name or '<unnamed>'!r}) is not an operator "
                                  "of the ONNX standard but a runtime's own extension in the default domain (ONNX "
-                                 "Runtime's optimizer writes SimplifiedLayerNormalization there); build from the model "
+                                 "Runtime's optimizer writes its own operators there); build from the model "
                                  "as exported, before a runtime's optimizations, or use --backend onnxruntime")
             if node.domain not in ("", "ai.onnx") or (node.op_type not in _OPS and node.op_type not in ("Constant", "Split")):
                 raise UsageError(
@@ -162,7 +187,7 @@ class ONNXModule(nn.Module):
                 attrs["_stats"] = True
             if "value" in attrs and hasattr(attrs["value"], "dims"):  # ConstantOfShape's tensor attribute
                 attrs["value"] = numpy_helper.to_array(attrs["value"])
-            self._nodes.append((node.op_type, list(node.input), list(node.output), attrs, node.name))
+            self._nodes.append((_run_key(node) or node.op_type, list(node.input), list(node.output), attrs, node.name))
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.input_names):
@@ -174,7 +199,7 @@ class ONNXModule(nn.Module):
         for op, ins, outs, attrs, name in self._nodes:
             args = [env[i] for i in ins]
             try:
-                res = _split(self, args, attrs, len(outs)) if op == "Split" else _OPS[op](self, args, attrs)
+                res = _split(self, args, attrs, len(outs)) if op == "Split" else _RUN[op](self, args, attrs)
             except UsageError as exc:
                 if name and repr(name) in str(exc):
                     raise
