@@ -85,8 +85,8 @@ def _no_tf32_note(precision: str, device: str) -> str:
                 "oneDNN; TF32 is --precision tf32")
     if resolve_device(device).type == "cpu":
         return f"--noTF32 has no effect here: a CPU {precision} engine's fp32 layers run IEEE fp32 (oneDNN) already"
-    return (f"--noTF32 has no effect here: the fp32 layers of a CUDA {precision} engine run TF32 (cuBLAS, cuDNN); "
-            "build --precision fp32 for IEEE fp32 throughout")
+    return (f"--noTF32: the fp32 layers of this CUDA {precision} engine run IEEE fp32 (no TF32 in cuBLAS or cuDNN; "
+            "BuildConfig(allow_tf32=False))")
 
 
 def _optimization_level(level: int | None, max_autotune: bool) -> bool:
@@ -292,6 +292,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
         raise UsageError(f"--precision {precision} and --{chosen} ask for different precisions; give one of them")
     if no_tf32:
         click.echo(f"[I] {_no_tf32_note(chosen, device)}", err=True)
+    allow_tf32 = not no_tf32 or chosen == "fp32"  # fp32 builds are IEEE already; the others honour it on CUDA
     max_autotune = _optimization_level(optimization_level, max_autotune)
     check_calib_cache("--calib", calib)  # trtexec's --calib file, pasted
     if calib and chosen not in ("int8", "fp8", "best"):  # before the build: what the user meant may be --int8
@@ -305,7 +306,11 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     if dynamic_ts:
         _check_scripted_backend(backend, device, chosen)
     source = onnx or model or torchscript or exported
-    with status(f"building {save_engine} from {source} (export, compile, check)", enabled=not no_progress and json_path != "-"):
+    import warnings
+
+    with warnings.catch_warnings(), status(f"building {save_engine} from {source} (export, compile, check)", enabled=not no_progress and json_path != "-"):
+        # the library's warning for compile_mode off Inductor: said below, by the flag given
+        warnings.filterwarnings("ignore", message=r"BuildConfig\(compile_mode=", category=UserWarning)
         if dynamic_ts:
             engine = _build_scripted(
                 torchscript, save_engine, calib, profiles, precision=chosen, backend=backend, device=device,
@@ -324,6 +329,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                                   trust_timing_cache=trust_timing_cache, freezing=freezing, input_io_formats=input_io_formats, output_io_formats=output_io_formats, gemm_gelu=gemm_gelu,
                                   conv_fusion=conv_fusion, sibling_gemms=sibling_gemms,
                                   quantize_residuals=quantize_residuals, lowp_linears=lowp_linears,
+                                  allow_tf32=allow_tf32,
                                   calib_samples=calib_samples, calib_normalize=calib_normalize)
     info = engine.info
     from overdrive.engine.runtime import fusions_summary
@@ -373,7 +379,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
                    "(its graph optimizations run at their highest level always); add --backend inductor to tune",
                    err=True)
     if dump_layer_info or export_layer_info:
-        from overdrive.cli.common import format_layer_info, layer_info
+        from overdrive.engine.layers import format_layer_info, layer_info
 
         layers = layer_info(engine)
         if export_layer_info:

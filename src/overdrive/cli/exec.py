@@ -175,7 +175,7 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
         check_cuda_graph(engine.device.type, engine.header["backend"])
     layers = None
     if dump_layer_info or export_layer_info:  # before the run, as trtexec gives it
-        from overdrive.cli.common import format_layer_info, layer_info
+        from overdrive.engine.layers import format_layer_info, layer_info
 
         layers = layer_info(engine)
         if export_layer_info:

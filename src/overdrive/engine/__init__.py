@@ -20,7 +20,9 @@ from overdrive.engine.config import (
     parse_shapes,
     profiles_from_shapes,
 )
+from overdrive.engine.layers import format_layer_info, layer_info
 from overdrive.engine.runtime import Engine
 
 __all__ = ["Builder", "Engine", "BuildConfig", "ShapeProfile", "compare", "format_compare", "parse_shapes",
-           "profiles_from_shapes", "choose_backend", "FP32_DEFAULT", "FP16_CUDA", "BF16_CUDA", "PRESETS", "get_preset"]
+           "profiles_from_shapes", "choose_backend", "FP32_DEFAULT", "FP16_CUDA", "BF16_CUDA", "PRESETS", "get_preset",
+           "layer_info", "format_layer_info"]

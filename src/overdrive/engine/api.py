@@ -27,7 +27,7 @@ from overdrive.engine.runtime import Engine, device_facts
 from overdrive.engine.sources import (ModelSource, by_name, fit_input_names, float32_source, to_source,
                                      with_forward_dtypes)
 
-__all__ = ["Builder", "best_candidates", "choose_backend"]
+__all__ = ["Builder", "best_candidates", "choose_backend", "compile_mode_warning"]
 
 
 def choose_backend(requested: str, device: torch.device, precision: str, src: ModelSource,
@@ -333,6 +333,8 @@ class Builder:
             if on is True and name != "inductor":
                 raise UsageError(f"{flag} rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                                  f"use --backend inductor, or drop {flag}")
+        if cfg.compile_mode not in (None, "default") and name != "inductor":
+            warnings.warn(compile_mode_warning(cfg.compile_mode, name), UserWarning, stacklevel=3)
         if cfg.timing_cache and name != "inductor":
             warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
                           "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)
@@ -463,6 +465,18 @@ class Builder:
                                  "not_tried": {p: "no calibration data (--calib)" for p in skipped}, "rejected": rejected}
         engine.header["build_s"] = time.perf_counter() - t0
         return engine
+
+
+def compile_mode_warning(mode: str, backend: str) -> str:
+    """The warning for a ``compile_mode`` (Inductor's) given to a build on another backend, which compiles nothing.
+
+    Example:
+        >>> compile_mode_warning("max-autotune", "onnxruntime")[:73]
+        "BuildConfig(compile_mode='max-autotune') has no effect with the onnxrunti"
+    """
+    return (f"BuildConfig(compile_mode={mode!r}) has no effect with the {backend} backend: it is a mode of Inductor's "
+            f"compile, and {backend} runs the ONNX graph with its own optimizations (at their highest level always); "
+            "give backend='inductor' to use it, or drop compile_mode")
 
 
 def _unused_path(path: Path, data: bytes) -> Path:

@@ -215,6 +215,10 @@ class BuildConfig(ConfigBase):
     ``lowp_linears`` (int8/fp8 Linear layers on CUDA, with ``layer_precision="timed"``): ``"timed"`` times each one
     on the Triton kernel with its activation and the next quantize fused, on cuBLAS's GEMM and in float, and keeps
     the fastest; ``"cublas"`` leaves the Triton kernel out (cuBLAS or float, as builds did before it).
+    ``allow_tf32`` (trtexec's ``--noTF32`` when False): the layers an fp16/bf16/int8/fp8 CUDA engine leaves in fp32
+    run TF32 on cuBLAS and cuDNN by default, as TensorRT's do; False keeps them IEEE fp32 (the engine header's
+    ``backend_meta["fp32_precision"]`` records the flags). fp32 engines run IEEE fp32 always, CPU engines too
+    (oneDNN); 'tf32' with False is refused.
     ``timing_cache`` (trtexec's ``--timingCacheFile``) is a file that carries Inductor's compile cache from
     one build to the next: loaded before compiling when it exists, rewritten after the build. It has no
     effect on the onnxruntime backend (a warning says so). A cache unpickles when loaded, so one not signed
@@ -248,8 +252,10 @@ class BuildConfig(ConfigBase):
     layer_precision: str = "timed"  # int8/fp8: "timed" (a layer whose low-precision GEMM loses stays float) or "all"
     quantize_residuals: bool = False  # int8/fp8 CNNs on CUDA: residual adds read the block input's 8-bit tensor
     lowp_linears: str = "timed"  # int8/fp8 Linears on CUDA: "timed" (Triton, cuBLAS or float) or "cublas" (no Triton)
+    allow_tf32: bool = True  # fp16/bf16/int8/fp8 on CUDA: the fp32 layers may run TF32; False: IEEE fp32 (--noTF32)
     _ADDED_FIELDS: ClassVar[tuple[str, ...]] = ("trust_timing_cache", "int8_activations", "layer_precision",
-                                                 "conv_fusion", "sibling_gemms", "quantize_residuals", "lowp_linears")
+                                                 "conv_fusion", "sibling_gemms", "quantize_residuals", "lowp_linears",
+                                                 "allow_tf32")
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -277,6 +283,12 @@ class BuildConfig(ConfigBase):
                 raise UsageError(f"int8_activations={self.int8_activations!r} (--int8-activations) applies to int8 "
                                  f"engines, but the precision is {self.precision}; give --precision int8 (or best), or "
                                  "drop the flag")
+        if not isinstance(self.allow_tf32, bool):
+            raise UsageError(f"allow_tf32 {self.allow_tf32!r} is not a bool: True lets the fp32 layers of a "
+                             "fp16/bf16/int8/fp8 CUDA engine run TF32, False keeps them IEEE fp32 (trtexec's --noTF32)")
+        if self.precision == "tf32" and not self.allow_tf32:
+            raise UsageError("allow_tf32=False (--noTF32) and precision 'tf32' ask for opposite fp32 math; give "
+                             "precision 'fp32' (IEEE fp32, which allow_tf32=False asks for) or drop allow_tf32=False")
         if self.quantize_residuals and self.precision not in ("int8", "fp8", "best"):
             raise UsageError(f"quantize_residuals (--quantize-residuals) applies to int8 / fp8 engines, but the "
                              f"precision is {self.precision}; give --int8 or --fp8, or drop the flag")

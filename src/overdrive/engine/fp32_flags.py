@@ -27,17 +27,23 @@ _CONV_RNN = (("cuda", "conv"), ("cuda", "rnn"))
 _get_fp32, _set_fp32 = torch._C._get_fp32_precision_getter, torch._C._set_fp32_precision_setter
 
 
-def fp32_flags(precision: str) -> dict[str, str]:
+def fp32_flags(precision: str, allow_tf32: bool = True) -> dict[str, str]:
     """The fp32 math an engine of ``precision`` runs, recorded in its header (``backend_meta["fp32_precision"]``):
-    TF32 on cuBLAS and cuDNN for 'tf32' and for the fp32 leftovers of fp16/bf16/int8/fp8, IEEE fp32 for 'fp32';
+    TF32 on cuBLAS and cuDNN for 'tf32' and for the fp32 leftovers of fp16/bf16/int8/fp8, IEEE fp32 for 'fp32' and,
+    with ``allow_tf32`` False (``BuildConfig.allow_tf32``, trtexec's ``--noTF32``), for those leftovers too;
     IEEE on the CPU (oneDNN) for all, so a caller's ``set_float32_matmul_precision("medium")`` cannot turn an fp32
     CPU engine's matmuls into bf16 ones.
 
     Example:
         >>> fp32_flags("fp32")["cuda.matmul"], fp32_flags("fp16")["cudnn.conv"], fp32_flags("tf32")["mkldnn.matmul"]
         ('ieee', 'tf32', 'ieee')
+        >>> fp32_flags("fp16", allow_tf32=False) == fp32_flags("fp32")
+        True
     """
-    gpu = "ieee" if precision == "fp32" else "tf32"
+    if precision == "tf32" and not allow_tf32:
+        raise UsageError("precision 'tf32' with allow_tf32=False (--noTF32) asks for opposite fp32 math; give "
+                         "precision 'fp32' for IEEE fp32, or drop allow_tf32=False")
+    gpu = "ieee" if precision == "fp32" or not allow_tf32 else "tf32"
     return {k: gpu if b == "cuda" else "ieee" for k, (b, _) in _FP32_KEYS.items()}
 
 

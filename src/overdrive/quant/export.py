@@ -13,9 +13,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,33 @@ def _check_ready(model: nn.Module) -> str:
         raise UsageError(f"quantizer(s) {dynamic[:5]} have dynamic per-token scales, which have no ONNX Q/DQ form "
                          "(QuantizeLinear takes a fixed scale); quantize with a static config (quant.INT8_DEFAULT, "
                          "calibrated) to export, or run the dynamic model through quant.to_real or an engine")
-    missing = [n for n, q in qs if not q.is_calibrated]
-    if missing:
-        raise UsageError(f"cannot export before calibration: quantizer(s) {missing[:5]} have no amax; run "
-                         "quant.quantize(model, config, forward_loop=...) or quant.calibrate(model, forward_loop)")
     formats = {q.config.format for _, q in qs}
     return "fp8_e4m3" if "fp8_e4m3" in formats else "int8"
+
+
+def _refuse_uncalibrated(names: list[str]) -> UsageError:
+    return UsageError(f"cannot export before calibration: quantizer(s) {names[:5]} have no amax; run "
+                      "quant.quantize(model, config, forward_loop=...) or quant.calibrate(model, forward_loop)")
+
+
+@contextlib.contextmanager
+def _uncalibrated_reached(model: nn.Module) -> Iterator[list[str]]:
+    """The enabled quantizers without an amax that the block's forward calls reach, in call order. Only those can
+    stop the export: one the example forward never reaches (an auxiliary or training-only head) is not in the
+    exported graph, so it needs no amax (as ModelOpt exports such a model)."""
+    uncalibrated = {q: n for n, q in quantizers(model) if q.enabled and not q.is_calibrated}
+    hit: list[str] = []
+
+    def seen(q: nn.Module, _args: Any) -> None:
+        if uncalibrated[q] not in hit:
+            hit.append(uncalibrated[q])
+
+    handles = [q.register_forward_pre_hook(seen) for q in uncalibrated]
+    try:
+        yield hit
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _max_opset() -> int | None:
@@ -212,12 +234,17 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
     extra = {"use_cache": False} if "use_cache" in params and "use_cache" not in names else {}
     traced: nn.Module = ByName(model, names, extra) if takes_names(model, names) else model
     with eval_mode(model), torch.no_grad():
-        try:
-            out = traced(*xs)
-        except Exception as exc:  # noqa: BLE001 - name the call that failed before the exporter hides it
-            who = type(model.module if isinstance(model, ByName) else model).__name__
-            raise UsageError(f"{who} does not run on the example inputs {names}: "
-                             f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+        with _uncalibrated_reached(model) as uncalibrated:
+            try:
+                out = traced(*xs)
+            except Exception as exc:  # noqa: BLE001 - name the call that failed before the exporter hides it
+                if uncalibrated:  # it failed past a quantizer without amax: that is the cause
+                    raise _refuse_uncalibrated(uncalibrated) from exc
+                who = type(model.module if isinstance(model, ByName) else model).__name__
+                raise UsageError(f"{who} does not run on the example inputs {names}: "
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+        if uncalibrated:
+            raise _refuse_uncalibrated(uncalibrated)
     named = _outputs(out)
     flat = [t for _, t in named]
     outs = list(output_names) if output_names is not None else [n for n, _ in named]

@@ -133,7 +133,7 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                  output_io_formats: str | None = None, gemm_gelu: bool | None = None,
                  conv_fusion: bool | None = None, sibling_gemms: bool | None = None,
                  quantize_residuals: bool = False, lowp_linears: str = "timed", calib_samples: int = 512,
-                 calib_normalize: str | None = None) -> Engine:
+                 calib_normalize: str | None = None, allow_tf32: bool = True) -> Engine:
     """Build and save an engine from CLI-style arguments.
 
     An int8/fp8 engine whose outputs on the calibration data fall below the accuracy tolerance raises
@@ -181,7 +181,8 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
                       layer_precision=layer_precision,
                       timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
                       conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
-                      lowp_linears=lowp_linears, input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats))
+                      lowp_linears=lowp_linears, input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats),
+                      allow_tf32=allow_tf32)
     if calib and profiles and src.module is not None:
         # the --shapes names are the engine's inputs (a T5's input_ids and decoder_input_ids, not forward's first
         # two): the batches are read and checked by them, and the builder resolves them again the same way

@@ -400,7 +400,7 @@ def build(src: ModelSource, example: tuple[torch.Tensor, ...], cfg: BuildConfig,
     if float_build is not None:  # every layer timed faster in float one by one: the model's own float build
         module = float_build
     dyn = dynamic_shapes(cfg.profiles, src.input_names)
-    fp32 = fp32_flags(cfg.precision)
+    fp32 = fp32_flags(cfg.precision, cfg.allow_tf32)
     t0 = time.perf_counter()
     ep = _export(module, example, cfg, src, dyn, fp32)
     t_export = time.perf_counter() - t0
