@@ -5,28 +5,16 @@ mpirun's (no MPI here)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from overdrive._utils.errors import UsageError
 from overdrive.distributed import parallel
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from ._ranks import SRC, run_ranks
 
-_RANK = """
-import json, sys, torch, torch.distributed as dist
-from overdrive import distributed as odist
-env = odist.init(device="cpu")
-t = torch.tensor([float(env.rank + 1)])
-dist.all_reduce(t)
-print(json.dumps({"rank": env.rank, "world": env.world_size, "sum": float(t)}), flush=True)
-odist.leave()
-"""
+
 
 _TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
              "TORCHELASTIC_USE_AGENT_STORE", *[v for trio in parallel.MPI_RANK_VARS for v in trio[:2]])
@@ -38,18 +26,7 @@ def test_processes_started_by_mpirun_join_one_group(rank_var: str, size_var: str
     base = {k: v for k, v in os.environ.items() if k not in _TORCHRUN}
     base.update(PYTHONPATH=str(SRC), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(parallel.free_port()),
                 **{size_var: "2"})
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK], env={**base, rank_var: str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-2000:]
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = run_ranks([{**base, rank_var: str(r)} for r in range(2)])
     assert sorted(o["rank"] for o in outs) == [0, 1]
     assert all(o["world"] == 2 and o["sum"] == 3.0 for o in outs), outs  # 1 + 2: one group, not two of one
 

@@ -6,29 +6,17 @@ faked Slurm variables stand in for srun's tasks (no Slurm here)."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from overdrive._utils.errors import UsageError
 from overdrive.distributed import parallel, slurm
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from ._ranks import SRC, run_ranks
 
-_RANK = """
-import json, torch, torch.distributed as dist
-from overdrive import distributed as odist
-env = odist.init(device="cpu")
-t = torch.tensor([float(env.rank + 1)])
-dist.all_reduce(t)
-print(json.dumps({"rank": env.rank, "world": env.world_size, "local": env.local_rank, "sum": float(t)}), flush=True)
-odist.leave()
-"""
+
 
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
                 "TORCHELASTIC_USE_AGENT_STORE", *[v for trio in parallel.MPI_RANK_VARS for v in trio[:2]])
@@ -50,19 +38,7 @@ def _free(port: int) -> bool:
 
 
 def _run(envs: list[dict[str, str]]) -> list[dict[str, float]]:
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for e in envs]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err[-2000:]
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return outs
+    return run_ranks(envs)
 
 
 @pytest.mark.parametrize("expr,hosts", [

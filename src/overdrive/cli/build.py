@@ -9,7 +9,8 @@ import click
 
 from overdrive.cli.common import (check_calib_cache, check_device, check_distinct, check_json_target, check_output,
                                   check_torchscript,
-                                  join_repeated, json_option, progress_option, spec_file, trtexec_noops, write_json)
+                                  join_repeated, json_option, layer_info_options, progress_option, spec_file,
+                                  trtexec_noops, write_json)
 
 
 def _check_scripted_backend(backend: str, device: str, precision: str) -> None:
@@ -216,12 +217,9 @@ def _size(n: int) -> str:
                    "at any level.")
 @click.option("--no-tf32", "--noTF32", "no_tf32", is_flag=True,
               help="trtexec's: IEEE fp32 math, no TF32. fp32 builds here always run IEEE fp32 (TF32 is --precision "
-                   "tf32, with which this is refused); the fp32 layers of fp16/bf16/int8/fp8 engines run TF32 on CUDA.")
-@click.option("--dump-layer-info", "--dumpLayerInfo", "dump_layer_info", is_flag=True,
-              help="Print the engine's layers after the build, as trtexec's: each layer's type, inputs and outputs, "
-                   "where an int8/fp8 build placed it, then the bindings and the build's fusions.")
-@click.option("--export-layer-info", "--exportLayerInfo", "export_layer_info", default=None, metavar="FILE",
-              help="Write the engine's layers as JSON, as trtexec's (Layers, Bindings; Fusions where the build made any).")
+                   "tf32, with which this is refused); with it, the fp32 layers of fp16/bf16/int8/fp8 engines run IEEE "
+                   "fp32 on CUDA too (TF32 without it).")
+@layer_info_options("after the build")
 @trtexec_noops(("--workspace", False, "overdrive sets no builder memory limit"),
                ("--memPoolSize", False, "overdrive sets no builder memory pools"),
                ("--skipInference", True, "overdrive build runs no inference after building; time it with overdrive exec"),

@@ -76,6 +76,27 @@ def join_repeated(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
 PIPED_WIDTH = 200  # columns of a table printed to a pipe or file (rich's 80 cut the demo's tables mid-column)
 
 
+def layer_info_options(when: str) -> Any:
+    """trtexec's ``--dumpLayerInfo`` and ``--exportLayerInfo=FILE``, as build and exec both take them (``when``: where
+    the dump is printed).
+
+    Example:
+        >>> @click.command()
+        ... @layer_info_options("after the build")
+        ... def cmd(dump_layer_info, export_layer_info): click.echo(f"{dump_layer_info} {export_layer_info}")
+        >>> from click.testing import CliRunner
+        >>> CliRunner().invoke(cmd, ["--dumpLayerInfo", "--exportLayerInfo=l.json"]).output.strip()
+        'True l.json'
+    """
+    dump = click.option("--dump-layer-info", "--dumpLayerInfo", "dump_layer_info", is_flag=True,
+                        help=f"Print the engine's layers {when}, as trtexec's: each layer's type, inputs and outputs, "
+                             "where an int8/fp8 build placed it, then the bindings and the build's fusions.")
+    export = click.option("--export-layer-info", "--exportLayerInfo", "export_layer_info", default=None,
+                          metavar="FILE", help="Write the engine's layers as JSON, as trtexec's (Layers, Bindings; "
+                                               "Fusions where the build made any).")
+    return lambda f: dump(export(f))
+
+
 def trtexec_noops(*specs: tuple[str, bool, str]) -> Any:
     """Options a pasted trtexec line carries that mean nothing here, each ``(flag, is_flag, why)``: accepted (so
     the line runs), with one ``[I] <flag> has no effect here: <why>`` line on stderr when given.

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from overdrive.cli.common import (FiniteFloat, check_device, check_distinct, check_json_target, check_output, input_files,
-                                  join_repeated, json_option, trtexec_noops, write_json)
+                                  join_repeated, json_option, layer_info_options, trtexec_noops, write_json)
 
 
 @contextlib.contextmanager
@@ -110,11 +110,7 @@ class _ExecCommand(click.Command):
 @click.option("--dump-profile", "--dumpProfile", "dump_profile", is_flag=True,
               help="Print the per-kernel profile (timed on a separate run, as --exportProfile's) after the summary, "
                    "as trtexec's.")
-@click.option("--dump-layer-info", "--dumpLayerInfo", "dump_layer_info", is_flag=True,
-              help="Print the engine's layers before the run, as trtexec's: each layer's type, inputs and outputs, "
-                   "where an int8/fp8 build placed it, then the bindings and the build's fusions.")
-@click.option("--export-layer-info", "--exportLayerInfo", "export_layer_info", default=None, metavar="FILE",
-              help="Write the engine's layers as JSON, as trtexec's (Layers, Bindings; Fusions where the build made any).")
+@layer_info_options("before the run")
 @click.option("--load-inputs", "--loadInputs", "load_inputs", default=None, metavar="NAME:FILE,...|FILE",
               help="Run on these inputs instead of random ones: name:file.bin raw files in each input's dtype at "
                    "--shapes (default the opt shapes), as trtexec's; or one .pt / .npz file (as compare --inputs).")
