@@ -288,6 +288,11 @@ class ImageLoader:
         self.decision: str | None = None  # why `auto` picked what it picked
         self._persistent: tuple[torch.utils.data.DataLoader, _EpochKeys] | None = None  # persistent_workers
         self._persistent_user: object | None = None  # the iteration running on the kept workers, if any
+        self._epoch_done = False  # a pass over self.epoch ran to its end, and set_epoch() was not called since
+        self._repeat_warned = False
+        self._position = (0, 0)  # (epoch, batches taken) of the latest pass, for state_dict()
+        self._counting: object | None = None  # the pass that counts them
+        self._resume_at = 0  # load_state_dict(): the batch the next pass starts at
         if len(self) == 0:  # a loop over it would end at once, every epoch (torch's DataLoader says nothing)
             n = len(self._indices())
             warnings.warn(f"overdrive.data: batch_size={self.config.batch_size} with drop_last=True leaves no batch: "
@@ -324,7 +329,7 @@ class ImageLoader:
     def __getstate__(self) -> dict[str, Any]:
         # the kept worker processes belong to this process: a copy (pickle, deepcopy) starts its own
         state = dict(self.__dict__)
-        state["_persistent"] = state["_persistent_user"] = None
+        state["_persistent"] = state["_persistent_user"] = state["_counting"] = None
         return state
 
     # --- DataLoader-like surface --------------------------------------------------------------
@@ -333,6 +338,7 @@ class ImageLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):  # int(1.5) picked epoch 1's order
             raise UsageError(f"set_epoch({epoch!r}): expected the epoch number as an int, e.g. loader.set_epoch(3)")
         self.epoch = int(epoch)
+        self._epoch_done = False
 
     def _indices(self) -> list[int]:
         c = self.config
@@ -352,8 +358,78 @@ class ImageLoader:
         # the epoch is read now, with the batch order: a set_epoch() before the first next() must not give
         # this epoch's order with the next epoch's augmentations (the generators start lazily)
         epoch = self.epoch
-        it = self._iter_gpu(batches, epoch) if self.pipeline == "gpu" else self._iter_cpu(batches, epoch=epoch)
-        return it
+        if getattr(self, "_epoch_done", False) and (self.shuffle or self.config.train) and not self._repeat_warned:
+            # The epoch keys the order and the random crops (DistributedSampler's contract), so a loop written for
+            # DataLoader(shuffle=True), which reshuffles and redraws on every pass, trained on one fixed crop of each
+            # image in one fixed order, every epoch, silently.
+            self._repeat_warned = True
+            warnings.warn(f"overdrive.data: a new pass over the loader at epoch {epoch}, the epoch whose pass already "
+                          "ran to its end: it repeats that pass's order and random crops and flips exactly (the epoch, "
+                          "not the pass, keys them, as with DistributedSampler); call loader.set_epoch(epoch) before "
+                          "each epoch", RuntimeWarning, stacklevel=2)
+        start, self._resume_at = self._resume_at, 0
+        if self.pipeline == "gpu":
+            it = self._iter_gpu(batches, epoch, start)
+        else:
+            it = self._iter_cpu(batches, epoch=epoch, start=start)
+        return self._track(it, epoch, start)
+
+    def _track(self, it: Iterator[tuple[torch.Tensor, torch.Tensor]], epoch: int,
+               start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``it``, counting the batches taken (for state_dict) and noting when it runs to its end (an early break is
+        not a finished epoch)."""
+        # a pass started inside another (a batch taken for logging within the epoch's loop) leaves the count alone
+        token = object()
+        own = getattr(self, "_counting", None) is None
+        if own:
+            self._counting, self._position = token, (epoch, start)
+        try:
+            for batch in it:
+                if own:
+                    self._position = (epoch, self._position[1] + 1)
+                yield batch
+        finally:
+            if own:
+                self._counting = None
+        if self.epoch == epoch:
+            self._epoch_done = True
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the epoch stands: the epoch and the batches taken from its latest pass. Saved with a mid-epoch
+        checkpoint, :meth:`load_state_dict` makes the next pass yield exactly the batches not yet taken, with the
+        same images, crops and flips they would have had (as torchdata's StatefulDataLoader).
+
+        Example:
+            >>> # for i, (x, y) in enumerate(loader):
+            >>> #     ...; if i == 99: torch.save({"model": ..., "data": loader.state_dict()}, "ckpt.pt")
+            >>> # loader.load_state_dict(torch.load("ckpt.pt")["data"]); for x, y in loader: ...  # batch 100 on
+        """
+        epoch, taken = self._position
+        if epoch != self.epoch:  # set_epoch() since that pass: the new epoch has not started
+            epoch, taken = self.epoch, 0
+        c = self.config
+        return {"epoch": epoch, "batches_taken": taken, "num_batches": len(self), "num_samples": len(self.samples),
+                "batch_size": c.batch_size, "seed": c.seed, "shard_id": c.shard_id, "num_shards": c.num_shards}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from :meth:`state_dict`: the next pass starts at its epoch's first batch not yet taken (a
+        finished epoch: the next pass is empty; call ``set_epoch(epoch + 1)`` for the next one). The dataset,
+        batch size, seed and sharding must be those of the saved loader, or the remaining batches would be others."""
+        c = self.config
+        now = {"num_samples": len(self.samples), "batch_size": c.batch_size, "seed": c.seed, "shard_id": c.shard_id,
+               "num_shards": c.num_shards, "num_batches": len(self)}
+        if not isinstance(state, dict) or not {"epoch", "batches_taken", *now} <= set(state):
+            raise UsageError(f"load_state_dict() takes what ImageLoader.state_dict() returned; got {state!r}")
+        differ = {k: (state[k], v) for k, v in now.items() if state[k] != v}
+        if differ:
+            raise UsageError("load_state_dict(): the saved loader differs from this one in " + ", ".join(
+                f"{k} (saved {a}, here {b})" for k, (a, b) in differ.items()) + "; build the loader as it was "
+                "saved, or start the epoch afresh with set_epoch(epoch)")
+        taken = state["batches_taken"]
+        if not 0 <= taken <= len(self):
+            raise UsageError(f"load_state_dict(): batches_taken={taken} must be in [0, {len(self)}]")
+        self.set_epoch(state["epoch"])
+        self._resume_at = taken
 
     def __repr__(self) -> str:
         return (f"ImageLoader({len(self.samples)} images, {len(self)} batches of {self.config.batch_size}, "
@@ -361,7 +437,7 @@ class ImageLoader:
 
     # --- the CPU pipeline -----------------------------------------------------------------------
     def _iter_cpu(self, batches: list[list[int]], config: LoaderConfig | None = None,
-                  epoch: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                  epoch: int | None = None, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cfg = config or self.config
         epoch = self.epoch if epoch is None else epoch
         keep = config is None and cfg.persistent_workers and cfg.num_workers > 0  # the epoch's own batches only
@@ -373,12 +449,14 @@ class ImageLoader:
         owner = object()
         if keep:
             self._persistent_user = owner
-            dl = self._persistent_loader(epoch, len(batches))
+            dl = self._persistent_loader(epoch, len(batches), start)
         else:
             ds = _BatchDataset(self.samples, batches, cfg, epoch)
             kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch,
                                   "multiprocessing_context": reader_context()} if cfg.num_workers > 0 else {}
-            dl = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=cfg.num_workers,
+            # batches from `start` on (a resumed epoch), each under its own index k: the same draws as in full
+            dl = torch.utils.data.DataLoader(ds, batch_size=None, sampler=range(start, len(batches)),
+                                             num_workers=cfg.num_workers,
                                              pin_memory=self.device.type == "cuda", **kw)
         dl_iter = iter(dl)
         done = False
@@ -401,7 +479,7 @@ class ImageLoader:
                     self._persistent = None  # the next epoch starts new workers
             del dl_iter
 
-    def _persistent_loader(self, epoch: int, n_batches: int) -> torch.utils.data.DataLoader:
+    def _persistent_loader(self, epoch: int, n_batches: int, start: int = 0) -> torch.utils.data.DataLoader:
         """The DataLoader whose workers this loader keeps across epochs (``persistent_workers``), made on first use;
         its sampler set to this epoch's batch keys."""
         if getattr(self, "_persistent", None) is None:
@@ -413,7 +491,7 @@ class ImageLoader:
                                              multiprocessing_context=reader_context(), persistent_workers=True)
             self._persistent = (dl, keys)
         dl, keys = self._persistent
-        keys.keys = [(epoch, k) for k in range(n_batches)]
+        keys.keys = [(epoch, k) for k in range(start, n_batches)]
         return dl
 
     def close(self) -> None:
@@ -434,7 +512,8 @@ class ImageLoader:
             warnings.warn(f"overdrive.data: skipped an undecodable image: {b}", RuntimeWarning, stacklevel=3)
 
     # --- the GPU pipeline -----------------------------------------------------------------------
-    def _iter_gpu(self, batches: list[list[int]], epoch: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _iter_gpu(self, batches: list[list[int]], epoch: int | None = None,
+                  start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``gpu_threads`` producers (batch k goes to producer k % T, each with its own CUDA stream, bounded
         queue and reader: a DataLoader whose ``read_workers`` processes read and pack the bytes); this
         consumer takes batches back in order."""
@@ -447,7 +526,7 @@ class ImageLoader:
         workers = max(1, readers_total // T) if readers_total > 0 else 0
         readers = []
         for t in range(T):  # workers fork here, in the calling thread, before any producer thread starts
-            ds = _BytesDataset(self.samples, batches, list(range(t, len(batches), T)), cfg.apply_exif_orientation)
+            ds = _BytesDataset(self.samples, batches, [k for k in range(t, len(batches), T) if k >= start], cfg.apply_exif_orientation)
             kw: dict[str, Any] = {"prefetch_factor": cfg.prefetch + 1,
                                   "multiprocessing_context": reader_context()} if workers else {}
             readers.append(iter(torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=workers, **kw)))
@@ -494,7 +573,7 @@ class ImageLoader:
         for th in threads:
             th.start()
         try:
-            for k in range(len(batches)):
+            for k in range(start, len(batches)):
                 item = queues[k % T].get()
                 if isinstance(item, BaseException):
                     raise item

@@ -194,7 +194,9 @@ def speed_rows(ctx: DemoContext, table: Table) -> None:
 
         def epoch_rate(loader) -> float:  # img/s of the best of 3 epochs after a warm-up epoch
             best = 0.0
-            for _ in range(4):
+            for epoch in range(4):
+                if callable(getattr(loader, "set_epoch", None)):
+                    loader.set_epoch(epoch)  # new crops each epoch, as the DataLoader's
                 n, t0 = 0, time.perf_counter()
                 for xb, _ in loader:
                     xb = xb.to(ctx.device, non_blocking=True)
