@@ -78,7 +78,14 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(small: Path, work
     assert resumed.state_dict()["batches_taken"] == len(full)
     resumed.set_epoch(4)
     assert len(list(resumed)) == len(full)  # the next pass is a whole one again
-    run.close(), resumed.close(), ref.close()
+    other = ImageLoader(small, **opts)
+    other.load_state_dict(state)
+    other.set_epoch(3)  # what fit does on resume: the same epoch keeps the position
+    assert len(list(other)) == len(full) - 2
+    other.load_state_dict(state)
+    other.set_epoch(5)  # another epoch starts whole: the loaded position was epoch 3's
+    assert len(list(other)) == len(full)
+    run.close(), resumed.close(), ref.close(), other.close()
 
 
 def test_a_state_from_another_loader_is_refused(small: Path) -> None:

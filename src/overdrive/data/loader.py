@@ -337,6 +337,8 @@ class ImageLoader:
         """Reshuffle (and redraw the augmentations) for ``epoch``, identically on every rank."""
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):  # int(1.5) picked epoch 1's order
             raise UsageError(f"set_epoch({epoch!r}): expected the epoch number as an int, e.g. loader.set_epoch(3)")
+        if int(epoch) != self.epoch:  # another epoch: a position loaded for the old one does not carry over
+            self._resume_at = 0
         self.epoch = int(epoch)
         self._epoch_done = False
 
