@@ -53,7 +53,8 @@ def run_demo(
 
     Stages run in :data:`STAGES`' order, each once. No stage ends the demo: one that cannot run here
     (:class:`StageSkipped`, a missing optional package) gives a table with status "skipped", one that breaks
-    gives a table with status "failed" and the error; the stages after it still run. Ctrl-C does end it:
+    gives a table with status "failed" and the error; the stages after it still run (those that start from the amp
+    stage's O0 model, when amp failed, are skipped and say so). Ctrl-C does end it:
     ``on_table`` then gets an "interrupted" table for the stage it stopped, and KeyboardInterrupt goes on up. ``quick`` trains the tiny digits CNN (seconds); otherwise the workload
     is sized for the device (:func:`overdrive.demo.workloads.choose_workload`).
     """
@@ -82,13 +83,22 @@ def run_demo(
         chosen = ["amp", *chosen]
         opt_levels = ("O0",)
     workload = choose_workload(dev, quick, batch_size, epochs)
-    ctx = DemoContext(device=dev, dtype=half, digits=load_digits(seed=seed), epochs=workload.epochs,
+    digits = load_digits(seed=seed)
+    n_train = len(digits.y_train)
+    if workload.batch_size > n_train:  # every training batch is a full one (drop_last): none would be left
+        raise UsageError(f"--batch-size {workload.batch_size} is more than the {n_train} training images; "
+                         f"use at most {n_train}")
+    ctx = DemoContext(device=dev, dtype=half, digits=digits, epochs=workload.epochs,
                       batch_size=workload.batch_size, seed=seed, opt_levels=tuple(opt_levels), progress=progress,
                       workload=workload)
     tables: list[Table] = []
+    amp_failed = False
     for name in chosen:
         t0 = time.perf_counter()
         try:
+            if amp_failed and name not in STANDALONE:  # it starts from amp's O0 model: there is none to start from
+                raise StageSkipped("the 'amp' stage, whose O0-trained fp32 model this stage starts from, failed "
+                                   "(its table says why); fix that and run again")
             out = importlib.import_module(STAGES[name]).run(ctx)
             produced = out if isinstance(out, list) else [out]
         except (StageSkipped, MissingDependencyError) as exc:
@@ -101,6 +111,7 @@ def run_demo(
             if verbose:
                 traceback.print_exc()
             produced = [_status_table(name, "failed", f"{type(exc).__name__}: {exc}")]
+            amp_failed = amp_failed or name == "amp"
         for k, table in enumerate(produced):
             table.stage = table.stage or name
             if prerequisite and name == "amp":

@@ -81,9 +81,7 @@ def write_report(tables: list[Table], out_dir: str | Path, meta: dict[str, Any] 
             charts[name] = _losses(out / name, t.curves, _stage(t))
             md += [f"![Loss per epoch: {_stage(t)}]({name})", ""]
 
-    not_ok: dict[str, list[str]] = {}  # status -> stages, e.g. {"skipped": ["distributed"]}
-    for t in (t for t in tables if t.status != "ok"):
-        not_ok.setdefault(t.status, []).append(_stage(t))
+    not_ok = _not_ok(tables)
     summary = "; ".join(f"{s}: {', '.join(v)}" for s, v in not_ok.items()) or "every stage ran"
     md += ["## Summary", "", f"**Summary:** {summary}."]
     path = out / "report.md"
@@ -93,6 +91,25 @@ def write_report(tables: list[Table], out_dir: str | Path, meta: dict[str, Any] 
     for name in earlier - set(charts):  # an earlier run's loss_quant.png beside a report without that stage
         (out / name).unlink(missing_ok=True)
     return path
+
+
+def _not_ok(tables: list[Table]) -> dict[str, list[str]]:
+    """status -> the stages with a table of that status, each stage once and under its worst status (failed, then
+    interrupted, then skipped), as the demo's summary line names them: the data stage's two tables are one stage.
+
+    Example:
+        >>> _not_ok([Table("img", [], stage="data", status="failed"), Table("tok", [], stage="data", status="skipped"),
+        ...          Table("t", [], stage="transformer", status="skipped"), Table("a", [], stage="amp")])
+        {'failed': ['data'], 'skipped': ['transformer']}
+    """
+    order = ["failed", "interrupted", "skipped"]
+    order += sorted({t.status for t in tables} - {"ok", *order})  # any other status, after these
+
+    worst: dict[str, str] = {}  # stage -> its worst status, stages in table order
+    for t in (t for t in tables if t.status != "ok"):
+        if _stage(t) not in worst or order.index(t.status) < order.index(worst[_stage(t)]):
+            worst[_stage(t)] = t.status
+    return {status: [st for st, s in worst.items() if s == status] for status in order if status in worst.values()}
 
 
 def _earlier_charts(out: Path) -> set[str]:
