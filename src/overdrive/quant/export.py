@@ -417,12 +417,23 @@ def _export_dynamo(model: nn.Module, traced: nn.Module, xs: tuple[torch.Tensor, 
     shapes = tuple({d: torch.export.Dim.DYNAMIC for d in (dyn or {}).get(n, {})} for n in names) if dyn else None
     if shapes is not None and isinstance(traced, ByName):  # forward(*xs): the inputs are one tuple argument
         shapes = (shapes,)
+    onnx = require("onnx", extra="onnx", feature="ONNX export")
     try:
-        with eval_mode(model), torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            prog = torch.onnx.export(traced, xs, dynamo=True, input_names=names, output_names=outs,
-                                     dynamic_shapes=shapes, opset_version=max(opset, 18), verbose=False)
-        proto = prog.model_proto
+        for optimize in (True, False):
+            with eval_mode(model), torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prog = torch.onnx.export(traced, xs, dynamo=True, input_names=names, output_names=outs,
+                                         dynamic_shapes=shapes, opset_version=max(opset, 18), verbose=False,
+                                         optimize=optimize)
+            proto = prog.model_proto
+            if proto.ByteSize() >= 2**31:  # past protobuf's limit the checker cannot take it whole
+                break
+            try:  # its optimizer can leave a Clip reading a tensor no node makes (a Relu that feeds two narrow-range
+                onnx.checker.check_model(proto)  # quantizers, folded into their clamps): then the graph unoptimized
+                break
+            except onnx.checker.ValidationError:
+                if not optimize:
+                    raise
         for inp in proto.graph.input:  # the dims by the names dynamic_axes gave them (batch, sequence), as before
             for d, label in (dyn or {}).get(inp.name, {}).items():
                 dims = inp.type.tensor_type.shape.dim

@@ -174,7 +174,12 @@ def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None =
     # int8_matmuls: a Q/DQ model with only its inputs quantized (overdrive.quant's layout) keeps each MatMul and
     # its bias Add apart, so DQ -> MatMul becomes MatMulIntegerToFloat (an int8 GEMM); fused into a Gemm first, it
     # ran in fp32 behind its Q/DQ pairs (a 2-layer BERT at batch 4: 0.43 ms against 0.16 ms here)
-    disabled = ["MatMulAddFusion"] if int8_matmuls else None
+    disabled = ["MatMulAddFusion"] if int8_matmuls else []
+    if "fp8" in qdq_formats(model_bytes):
+        # ONNX Runtime (1.32) drops a Relu before a float8 QuantizeLinear (ReluQuantRewrite), as if float8's zero
+        # point 0 were the lowest value as uint8's is: negative values then pass through Q/DQ, and a small fp8 CNN's
+        # output was off by half its range
+        disabled.append("ReluQuantRewrite")
     so = ort.SessionOptions()
     if profile_prefix:
         so.enable_profiling, so.profile_file_prefix = True, profile_prefix
@@ -186,7 +191,8 @@ def _session(model_bytes: bytes, device: torch.device, optimize_to: str | None =
     else:  # stored models are optimized already
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.log_severity_level = 4  # fatal only: errors reach the caller as exceptions (Runner words them), not log lines
-    return ort.InferenceSession(model_bytes, sess_options=so, providers=_providers(device), disabled_optimizers=disabled)
+    return ort.InferenceSession(model_bytes, sess_options=so, providers=_providers(device),
+                                disabled_optimizers=disabled or None)
 
 
 def _optimized(model_bytes: bytes, device: torch.device, unfused_qdq: bool = False, int8_matmuls: bool = False) -> bytes:
