@@ -199,7 +199,10 @@ class ONNXModule(nn.Module):
         for op, ins, outs, attrs, name in self._nodes:
             args = [env[i] for i in ins]
             try:
-                res = _split(self, args, attrs, len(outs)) if op == "Split" else _RUN[op](self, args, attrs)
+                if op == "Split":
+                    res = _split(self, args, attrs, len(outs))
+                else:  # the standard ops' table first: it is the one a test may patch
+                    res = (_OPS.get(op) or _RUN[op])(self, args, attrs)
             except UsageError as exc:
                 if name and repr(name) in str(exc):
                     raise
