@@ -156,7 +156,8 @@ def _resumable_sampler(data: Any) -> Any:
 
 
 def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
-    """Each batch with whether it is the last one (one batch of look-ahead: works without ``len``)."""
+    """Each batch with whether it is the last one (one batch of look-ahead: works without ``len``). Not for data
+    that records its position (:func:`_records_position`): the batch read ahead counts as taken."""
     it = iter(data)
     try:
         prev = next(it)
@@ -166,6 +167,13 @@ def _mark_last(data: Iterable[Batch]) -> Iterator[tuple[Batch, bool]]:
         yield prev, False
         prev = batch
     yield prev, True
+
+
+def _records_position(data: Any) -> bool:
+    """Whether ``data`` records its own position in the epoch (a ``state_dict()``: overdrive.data.ImageLoader,
+    torchdata's StatefulDataLoader, a Hugging Face IterableDataset). :func:`_mark_last`'s read-ahead would have it
+    count a batch more than was trained, and a resume from its ``state_dict`` skip that batch."""
+    return callable(getattr(data, "state_dict", None))
 
 
 def _len_or_none(data: Iterable[Any]) -> int | None:

@@ -18,8 +18,8 @@ from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
 from overdrive.amp import MixedPrecision, Policy, prepare
 from overdrive.train.batches import (  # noqa: F401  (_is_classification and the helpers: importable from here as before)
-    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _own_loss, _resumable_sampler, _rows, _set_epoch,
-    _split, _uses_own_loss,
+    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _own_loss, _records_position, _resumable_sampler,
+    _rows, _set_epoch, _split, _uses_own_loss,
 )
 from overdrive.train.config import TrainConfig
 from overdrive.train.early_stopping import EarlyStopping
@@ -247,30 +247,50 @@ class Trainer:
                 loss = torch.full((), math.nan, device=loss.device)
         self._micro += 1
         if last:
-            if self.parallel is not None:
-                self.parallel.finish_accumulation(self.mp.master_params())
-            if k < self.accumulate:
-                # A partial accumulation: each loss was divided by ``accumulate``; make the step's
-                # gradient the mean over the k micro-batches it holds, and start the next
-                # accumulation afresh (``_micro`` to the next multiple of ``accumulate``).
-                for q in self.mp.master_params():
-                    if q.grad is not None:
-                        q.grad.mul_(self.accumulate / k)
-                self._micro += self.accumulate - k
-            if self.grad_clip is not None:
-                self.mp.clip_grad_norm_(self.grad_clip)
-            # inf/NaN: not applied (warned or raised, a step late when the checks are deferred; skipped_steps counts it)
-            self.mp.step(number=self.step_count, wait=False)
-            if self.parallel is not None:
-                self.parallel.after_step()
-            self.mp.zero_grad()
-            if self.scheduler is not None and not self._plateau and self.scheduler_interval == "step":
-                self.scheduler.step()
-            self.step_count += 1
+            self._step(k)
         return loss.detach()
+
+    def _step(self, k: int) -> None:
+        """The optimizer step closing an accumulation of ``k`` micro-batches (their backward already run)."""
+        if self.parallel is not None:
+            self.parallel.finish_accumulation(self.mp.master_params())
+        if k < self.accumulate:
+            # A partial accumulation: each loss was divided by ``accumulate``; make the step's
+            # gradient the mean over the k micro-batches it holds, and start the next
+            # accumulation afresh (``_micro`` to the next multiple of ``accumulate``).
+            for q in self.mp.master_params():
+                if q.grad is not None:
+                    q.grad.mul_(self.accumulate / k)
+            self._micro += self.accumulate - k
+        if self.grad_clip is not None:
+            self.mp.clip_grad_norm_(self.grad_clip)
+        # inf/NaN: not applied (warned or raised, a step late when the checks are deferred; skipped_steps counts it)
+        self.mp.step(number=self.step_count, wait=False)
+        if self.parallel is not None:
+            self.parallel.after_step()
+        self.mp.zero_grad()
+        if self.scheduler is not None and not self._plateau and self.scheduler_interval == "step":
+            self.scheduler.step()
+        self.step_count += 1
 
     def _grad_sync(self, last: bool) -> Any:
         return self.parallel.accumulation(last) if self.parallel is not None else contextlib.nullcontext()
+
+    def _can_close_late(self) -> bool:
+        """Whether a partial accumulation can be stepped after its last micro-batch's backward (what fit does for
+        data that records its position, read without a batch of look-ahead). Not under FSDP with ``accumulate`` > 1:
+        the gradients of micro-batches run without sync are reduce-scattered only by a backward with it."""
+        return self.accumulate == 1 or self.parallel is None or self.parallel.strategy.kind != "fsdp"
+
+    def _close_accumulation(self) -> None:
+        """Step a partial accumulation left open by the epoch's last batch, as ``end_of_epoch=True`` on that batch
+        would have: the same gradients, scale, clip and step."""
+        k = self._micro % self.accumulate
+        if k == 0:
+            return
+        with self._grad_sync(True):  # DDP: marks the step's end (buffers broadcast at the next forward), no backward
+            pass
+        self._step(k)
 
     # --- the loop ---------------------------------------------------------------------------
     def fit(
@@ -304,11 +324,16 @@ class Trainer:
         checkpoint and loaded back continues where it stopped (fit's ``set_epoch`` with the same epoch keeps its
         position), and then the rest of that epoch equals the uninterrupted run's. fit advances such a sampler after
         each batch it trains on (each micro-batch under ``accumulate``), so a ``state_dict`` taken while fit runs
-        (a preemption handler's save) names exactly the samples already trained on.
+        (a preemption handler's save) names exactly the samples already trained on. Data that records its own position
+        (``overdrive.data.ImageLoader``, torchdata's ``StatefulDataLoader``: a ``state_dict``) is read without a batch
+        of look-ahead, so its ``state_dict`` taken between two steps counts exactly the batches trained on too, and
+        loading it back resumes the epoch with the next one (not under ``strategy="fsdp"`` with ``accumulate`` > 1,
+        which needs the last batch flagged before its backward, so reads one batch ahead).
 
         With ``accumulate`` > 1, an epoch whose batch count is not a multiple of it ends with a
         step on the mean gradient of its last k < ``accumulate`` micro-batches (as Lightning and the
-        HF Trainer do), so each epoch's gradients stay in that epoch.
+        HF Trainer do), so each epoch's gradients stay in that epoch (for data read without look-ahead, that step comes
+        after the epoch's last batch, on the same gradients).
 
         Schedulers step once per optimizer step (in :meth:`train_step`), or, with
         ``Trainer(..., scheduler_interval="epoch")``, once at the end of each epoch (after its evaluation),
@@ -357,6 +382,12 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device)
         total = _len_or_none(train_data)
         resumable = _resumable_sampler(train_data)  # advanced after each batch: a mid-epoch save resumes after it
+        # Data that records its own position (ImageLoader, StatefulDataLoader: a state_dict) is read without a batch of
+        # look-ahead, or its state_dict taken between steps counted one batch more than was trained and a resume from
+        # it skipped that batch; the epoch's partial accumulation is stepped after the loop instead of with its last
+        # batch. Other data is read a batch ahead to flag its last one (it needs no len).
+        late = _records_position(train_data) and self._can_close_late()
+        walk = (lambda d: ((b, False) for b in d)) if late else _mark_last
         with _progress(self.progress, description) as bar:
             task = bar.add_task(description, total=(total * epochs) if total else None, loss=float("nan"), tput=0.0) if bar else None
             for i in range(epochs):
@@ -371,7 +402,7 @@ class Trainer:
                 synchronize(self.device)
                 t0 = shown = time.perf_counter()
                 on_bar = 0  # this epoch's steps the bar has counted
-                for batch, end in _mark_last(train_data):
+                for batch, end in walk(train_data):
                     losses.append(self.train_step(batch, end_of_epoch=end))
                     if resumable is not None:
                         resumable.advance()
@@ -382,6 +413,8 @@ class Trainer:
                         shown = time.perf_counter()
                         bar.update(task, advance=len(losses) - on_bar, loss=float(losses[-1]), tput=samples / (shown - t0))
                         on_bar = len(losses)
+                if late:
+                    self._close_accumulation()
                 synchronize(self.device)
                 seconds = time.perf_counter() - t0
                 if not losses:
