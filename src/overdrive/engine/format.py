@@ -229,7 +229,7 @@ def validate_header(h: dict[str, Any], source: str = "engine") -> None:
 def model_file_kind(path: str | Path) -> str | None:
     """What a model file that is no engine holds, from its first bytes and (for a zip) its member names, nothing
     unpickled: ``onnx``, ``torchscript`` (torch.jit.save), ``exported`` (torch.export.save), ``torch.save`` (a
-    state_dict or a pickled module), or None.
+    state_dict or a pickled module), ``npy`` / ``npz`` (np.save / np.savez: arrays, no model), or None.
 
     Example:
         >>> import tempfile, torch
@@ -246,6 +246,8 @@ def model_file_kind(path: str | Path) -> str | None:
             head = f.read(16)
     except OSError:
         return None
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
     if head.startswith(b"PK\x03\x04") and zipfile.is_zipfile(p):
         try:
             with zipfile.ZipFile(p) as z:
@@ -258,7 +260,7 @@ def model_file_kind(path: str | Path) -> str | None:
             return "exported"
         if any(n.endswith("/data.pkl") for n in names):
             return "torch.save"
-        return None
+        return "npz" if names and all(n.endswith(".npy") for n in names) else None
     # an ONNX ModelProto opens with field 1 (ir_version, a varint) and then one of its other fields' tags
     if p.suffix == ".onnx" or (len(head) > 2 and head[0] == 0x08):
         i = 1
@@ -273,7 +275,7 @@ def _refuse_model_file(path: Path) -> None:
     """A model given where an engine goes (``--loadEngine model.onnx``, as trtexec's ``--onnx``): say which model
     file it is and the build line that makes an engine from it."""
     kind = model_file_kind(path)
-    if kind is None:
+    if kind not in ("onnx", "torchscript", "exported", "torch.save"):  # arrays or unknown: the wrong-magic error
         return
     out = f"{path.with_suffix('.engine').name}"
     how = {"onnx": f"overdrive build --onnx {path} --saveEngine {out}",

@@ -115,24 +115,13 @@ def check_checkpoint_path(path: str | os.PathLike[str], flag: str = "--checkpoin
 
 def _other_format(path: str | os.PathLike[str]) -> str | None:
     """What a file in a format other than torch.save's or safetensors' is (NumPy, TorchScript), from its first
-    bytes and its layout; None for any other file (torch.load says what is wrong with it)."""
-    import zipfile
+    bytes and its layout (:func:`overdrive.engine.format.model_file_kind`); None for any other file (torch.load says
+    what is wrong with it)."""
+    from overdrive.engine.format import model_file_kind
 
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return None
-    if head.startswith(b"\x93NUMPY"):
-        return "a NumPy array file (np.save)"
-    if head.startswith(b"PK") and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-        if any(n.endswith(".npy") for n in names) and not any(n.endswith("data.pkl") for n in names):
-            return "a NumPy archive (np.savez)"
-        if any(n.endswith("constants.pkl") or "/code/" in n for n in names):
-            return "a TorchScript archive (torch.jit.save; its weights: torch.save(torch.jit.load(path).state_dict(), 'w.pt'))"
-    return None
+    return {"npy": "a NumPy array file (np.save)", "npz": "a NumPy archive (np.savez)",
+            "torchscript": "a TorchScript archive (torch.jit.save; its weights: "
+                           "torch.save(torch.jit.load(path).state_dict(), 'w.pt'))"}.get(model_file_kind(path) or "")
 
 
 # What wrappers put before every key: DistributedDataParallel / DataParallel ('module.'), torch.compile ('_orig_mod.')
