@@ -10,7 +10,8 @@ from overdrive._utils.errors import UsageError
 from overdrive._utils.optional import is_available
 from overdrive.data.auto import measure
 from overdrive.data.config import IMAGENET_EVAL, IMAGENET_TRAIN, PRESETS, LoaderConfig
-from overdrive.data.loader import ImageLoader, LoaderStats, shard_indices
+from overdrive.data.loader import ImageLoader, LoaderStats
+from overdrive.data.order import shard_indices
 from overdrive.data.samples import make_sample_dataset
 from overdrive.data.texts import read_texts
 from overdrive.data.tokenize import TokenizedTexts, prune_token_cache, tokenize
