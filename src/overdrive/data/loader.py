@@ -355,7 +355,8 @@ class ImageLoader:
         Example:
             >>> # for i, (x, y) in enumerate(loader):
             >>> #     ...; if i == 99: torch.save({"model": ..., "data": loader.state_dict()}, "ckpt.pt")
-            >>> # loader.load_state_dict(torch.load("ckpt.pt")["data"]); for x, y in loader: ...  # batch 100 on
+            >>> # loader.load_state_dict(torch.load("ckpt.pt", weights_only=True)["data"])
+            >>> # for x, y in loader: ...  # batch 100 on
         """
         epoch, taken = self._position
         if epoch != self.epoch:  # set_epoch() since that pass: the new epoch has not started
