@@ -45,6 +45,7 @@ import torch
 from torch.fx.node import Node
 
 from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
+from overdrive.engine.lowp_siblings import group_lowp_siblings
 from overdrive.engine.passes import constant_inputs, drop_inference_dropout, rename_output
 from overdrive.engine.passes import refresh_values
 from overdrive.engine.passes import node_value as _val
@@ -421,11 +422,16 @@ def _inline_quantizes(graph: torch.fx.Graph) -> int:
     return n_done
 
 
-def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]:
+def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False, siblings: Any = None) -> dict[str, int]:
     """Fold epilogues into ``overdrive::conv2d_q`` nodes and quantize their outputs where every reader wants that, in
     place (module docstring: steps 1-4). Returns the counts: ``folded``, ``quantized_out``, ``dual_out``, ``inlined``
     and ``quantized_residuals`` (convolutions reading their residual in 8 bits: quantized by the model, or with
     ``quantize_residuals`` by :func:`_quantize_residuals`).
+
+    ``siblings``: also run the Linear layers that read one quantized input as one GEMM
+    (:func:`~overdrive.engine.lowp_siblings.group_lowp_siblings`, before step 4): True for every such group, or a
+    decider such as :class:`~overdrive.engine.lowp_siblings.TimedLowpGroups`; the counts then include
+    ``sibling_groups``.
 
     Example:
         >>> # fuse_lowp_convs(torch.export.export(quant.to_real(calibrated_cnn), (x,)))
@@ -433,7 +439,8 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     gm = ep.graph_module
     graph = gm.graph
     if not any(n.op == "call_function" and n.target in (_CONV_Q, _QUANTIZE, _DEQUANT) for n in graph.nodes):
-        return {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0, "quantized_residuals": 0}
+        none = {"folded": 0, "quantized_out": 0, "dual_out": 0, "inlined": 0, "quantized_residuals": 0}
+        return none if siblings is None or siblings is False else {**none, "sibling_groups": 0}
     drop_inference_dropout(ep)  # an eval-mode dropout between an epilogue and its reader's quantize: the identity
     consts = constant_inputs(ep)
     _sink_views(ep, graph)
@@ -447,6 +454,11 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     graph.eliminate_dead_code()
     _merge_equal_quantizes(graph, consts)
     graph.eliminate_dead_code()
+    grouped = None
+    if siblings is not None and siblings is not False:
+        grouped = group_lowp_siblings(ep, graph, lambda q: _quantize_key(q, consts),
+                                      None if siblings is True else siblings)
+        graph.eliminate_dead_code()
     inlined = _inline_quantizes(graph)
     graph.eliminate_dead_code()
     graph.lint()
@@ -456,8 +468,9 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False) -> dict[str, int]
     residuals = sum(1 for n in graph.nodes if n.op == "call_function" and (
         (n.target is _CONV_Q and _args(n)[RES_SCALE] is not None)
         or (n.target is _DUAL and _dual_args(n)[DUAL_RES_SCALE] is not None)))
-    return {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined,
-            "quantized_residuals": residuals}
+    counts = {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined,
+              "quantized_residuals": residuals}
+    return counts if grouped is None else {**counts, "sibling_groups": len(grouped)}
 
 
 def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:

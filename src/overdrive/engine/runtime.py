@@ -358,4 +358,6 @@ def fusions_summary(meta: dict[str, Any]) -> str | None:
         res = f", 8-bit residuals {lowp['quantized_residuals']}" if lowp.get("quantized_residuals") else ""
         parts.append(f"int8/fp8 conv epilogues {lowp.get('folded', 0)} (quantized outputs {lowp.get('quantized_out', 0)}, "
                      f"dual outputs {lowp.get('dual_out', 0)}{res})")
+    if lowp.get("sibling_groups"):
+        parts.append(f"int8/fp8 sibling GEMM groups {lowp['sibling_groups']}")
     return "fusions: " + ", ".join(parts) if parts else None

@@ -30,6 +30,7 @@ from overdrive.engine.config import BuildConfig
 from overdrive.engine.conv_fusion import TimedChoice, TimedStemPad, fuse_conv_relu, pad_stem_channels
 from overdrive.engine.fp32_flags import check_fp32_flags, fp32_flags, precision_flags
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
+from overdrive.engine.lowp_siblings import TimedLowpGroups
 from overdrive.engine.passes import drop_constant_attention_masks, drop_inference_dropout, fuse_gemm_gelu
 from overdrive.engine.sibling_gemms import TimedGroups, fuse_sibling_gemms
 from overdrive.engine.export_dims import check_exported_dims, dynamic_shapes
@@ -336,15 +337,20 @@ def _fuse(ep: Any, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: 
     stems = pad_stem_channels(ep, stem_timer) if conv_passes else []
     convs = fuse_conv_relu(ep, choice) if conv_passes else []
     # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
-    lowp = fuse_lowp_convs(ep, cfg.quantize_residuals) if cfg.precision in ("int8", "fp8") else {}
+    grouping = use_sibling_gemms(cfg, device, use_freezing(cfg, device))
+    # the int8/fp8 Linear layers that read one quantized input as one GEMM too, timed on CUDA like the float ones
+    lowp_groups = (TimedLowpGroups(device) if cuda else True) if grouping else None
+    lowp = fuse_lowp_convs(ep, cfg.quantize_residuals, lowp_groups) if cfg.precision in ("int8", "fp8") else {}
     groups = TimedGroups(device) if cuda else None
-    siblings = fuse_sibling_gemms(ep, groups) if use_sibling_gemms(cfg, device, use_freezing(cfg, device)) else []
+    siblings = fuse_sibling_gemms(ep, groups) if grouping else []
     return {"shared_dims": shared, "attention_masks_dropped": len(dropped), "gemm_gelu_fused": len(gelus),
             "conv_relu_fused": len(convs), "stem_channels_padded": len(stems), "lowp_conv": lowp,
             "conv_relu_timed": sorted({v[1] for v in choice.verdicts.values()}) if choice else [],
             "stem_pad_timed": sorted({v[1] for v in stem_timer.verdicts.values()}) if stem_timer else [],
             "sibling_gemms_fused": len(siblings),
-            "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else []}
+            "sibling_gemms_timed": sorted({v[1] for v in groups.verdicts.values()}) if groups else [],
+            "lowp_sibling_gemms_timed": sorted({v[2] for v in lowp_groups.verdicts.values()})
+            if isinstance(lowp_groups, TimedLowpGroups) else []}
 
 
 def _runner(ep: Any, cfg: BuildConfig, device: torch.device, mode: str, dynamic: bool, freezing: bool,

@@ -1,0 +1,157 @@
+"""Sibling int8/fp8 Linear layers as one GEMM (``engine/lowp_siblings.py``, inside ``fuse_lowp_convs``).
+
+Reference: on CPU ``overdrive::conv2d_q`` runs its fp32 reference, per output channel the same arithmetic in the one
+GEMM as in each layer's own, so the grouped program must equal the modules exactly (tolerance 0; a member's SiLU
+moved after the split is the same function on the same fp32 value)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
+from overdrive.quant.triton_linear import Fp8TritonLinear, Int8TritonLinear
+
+CONV_Q = torch.ops.overdrive.conv2d_q.default
+
+
+class _Decoder(nn.Module):
+    """A pre-norm decoder layer: attention with separate Q/K/V (K without a bias, as Whisper's) and a gated MLP."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = nn.Linear(d, d), nn.Linear(d, d, bias=False), nn.Linear(d, d), nn.Linear(d, d)
+        self.gate, self.up = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.n1(x)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (self.q(h), self.k(h), self.v(h)))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.o(a)
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def _lowp(model: nn.Module, cls: type, x: torch.Tensor, amax: dict[str, float] | None = None) -> nn.Module:
+    """``model`` with every Linear on the int8/fp8 kernel, each input amax calibrated on ``x`` (max) unless given."""
+    q = copy.deepcopy(model).eval()
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: seen.__setitem__(n, a[0].abs().amax()))
+             for n, m in q.named_modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        q(x)
+    for h in hooks:
+        h.remove()
+    for n, m in [(n, m) for n, m in q.named_modules() if isinstance(m, nn.Linear)]:
+        a = torch.tensor((amax or {}).get(n, seen[n].item()))
+        setattr(q, n, cls.from_linear(m, a))
+    return q
+
+
+def _run(q: nn.Module, x: torch.Tensor, siblings: object) -> tuple[torch.Tensor, torch.Tensor, dict, int]:
+    """(modules' output, grouped program's output, pass counts, conv2d_q nodes left)."""
+    with torch.no_grad():
+        want = q(x)
+        ep = torch.export.export(q, (x,))
+        counts = fuse_lowp_convs(ep, siblings=siblings)
+        got = ep.module()(x)
+    n = sum(1 for node in ep.graph_module.graph.nodes if node.target is CONV_Q)
+    return want, got, counts, n
+
+
+@pytest.mark.parametrize("cls", [Int8TritonLinear, Fp8TritonLinear])
+def test_qkv_and_gate_up_run_as_one_gemm_each_with_the_same_outputs(cls: type) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    q = _lowp(_Decoder(), cls, x)
+    want, got, counts, n = _run(q, x, True)
+    assert counts["sibling_groups"] == 2, counts  # Q/K/V, gate/up
+    assert n == 4, n  # QKV, O, gate+up, down (7 without the pass)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    _, _, plain, n_plain = _run(q, x, None)
+    assert "sibling_groups" not in plain and n_plain == 7
+
+
+def test_inputs_quantized_with_different_scales_stay_separate() -> None:
+    # Q and K calibrated differently see different 8-bit tensors: one GEMM would compute K from Q's codes
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    q = _lowp(_Decoder(), Int8TritonLinear, x, amax={"k": 9.0})
+    want, got, counts, n = _run(q, x, True)
+    assert counts["sibling_groups"] == 2 and n == 5, (counts, n)  # Q+V one GEMM, K alone; gate+up
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_layer_writing_the_next_layers_8_bit_input_is_not_grouped() -> None:
+    # fc1's only reader is fc2, so fc1 writes fc2's quantized input itself (one byte per element): it stays alone,
+    # while its sibling `side` (float output) has no partner left
+    class Branches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2, self.side = nn.Linear(32, 64), nn.Linear(64, 32), nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(self.fc1(x)) + self.side(x)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 32)
+    q = _lowp(Branches(), Int8TritonLinear, x, amax={"fc1": 3.0, "side": 3.0})
+    want, got, counts, n = _run(q, x, True)
+    assert counts["sibling_groups"] == 0 and counts["quantized_out"] == 1 and n == 3, (counts, n)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_the_decider_vetoes_a_group_or_picks_its_tile_config() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    q = _lowp(_Decoder(), Fp8TritonLinear, x)
+    calls: list[tuple] = []
+
+    def decide(xv: torch.Tensor, weights: list[torch.Tensor], configs: list[int], has_bias: bool,
+               out_dtype: torch.dtype) -> tuple[bool, int]:
+        calls.append((tuple(xv.shape), [tuple(w.shape) for w in weights], has_bias, out_dtype))
+        return len(weights) == 3, 27  # Q/K/V one GEMM on GEMM-form tile 27; gate/up vetoed
+
+    with torch.no_grad():
+        want = q(x)
+        ep = torch.export.export(q, (x,))
+        counts = fuse_lowp_convs(ep, siblings=decide)
+        got = ep.module()(x)
+    assert counts["sibling_groups"] == 1
+    assert calls == [((16, 64, 1, 1), [(64, 64, 1, 1)] * 3, True, torch.float32),
+                     ((16, 64, 1, 1), [(128, 64, 1, 1)] * 2, False, torch.float32)], calls
+    widths = {int(n.args[1].meta["val"].shape[0]): n.args[12] for n in ep.graph_module.graph.nodes
+              if n.target is CONV_Q}
+    assert widths[192] == 27, widths
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_engine_groups_timed_siblings_on_gpu(precision: str) -> None:
+    """An int8/fp8 engine (every layer low precision) of two decoder layers at 16x256 tokens: the Q/K/V and gate/up
+    groups are timed on the GPU, fused where one GEMM won, and the engine stays within 8-bit tolerance of fp32."""
+    from overdrive.engine import Builder, ShapeProfile
+
+    torch.manual_seed(0)
+    m = nn.Sequential(_Decoder(256, 4), _Decoder(256, 4)).eval()
+    x = torch.randn(16, 256, 256)
+    with torch.no_grad():
+        ref = m(x)
+    eng = Builder(precision=precision, device="cuda", profiles=[ShapeProfile.fixed("x", (16, 256, 256))],
+                  layer_precision="all").build(m, (x,), input_names=["x"], calib=[(x,)])
+    meta = eng.header["backend_meta"]
+    timed = meta["lowp_sibling_gemms_timed"]
+    assert timed, meta
+    assert (meta["lowp_conv"]["sibling_groups"] > 0) == any(v.startswith("one") for v in timed), meta
+    out = eng(x).float().cpu()
+    cos = F.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
+    assert cos > 0.99, cos
