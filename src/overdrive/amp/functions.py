@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 from overdrive._utils.errors import UsageError
-from overdrive.amp.casting import cast_floating
+from overdrive.amp.casting import cast_floating, tensor_leaves
 
 # torch functions that torch.autocast runs in the half dtype on CPU and CUDA alike
 AUTOCAST_HALF = frozenset({
@@ -45,7 +44,7 @@ TORCH_REGISTERED: dict[Callable[..., Any], str] = {}
 
 
 def _device_type(args: Any, kwargs: Any) -> str | None:
-    for x in tree_leaves((args, kwargs)):
+    for x in tensor_leaves((args, kwargs)):
         if isinstance(x, torch.Tensor) and x.is_floating_point():
             return x.device.type
     return None
@@ -56,7 +55,7 @@ def _cast_dtype(how: str, dev: str, args: Any, kwargs: Any) -> torch.dtype:
         return torch.get_autocast_dtype(dev)
     if how == "float":
         return torch.float32
-    floats = [x.dtype for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    floats = [x.dtype for x in tensor_leaves((args, kwargs)) if x.is_floating_point()]
     return functools.reduce(torch.promote_types, floats)  # promote: the widest floating argument dtype
 
 

@@ -30,12 +30,18 @@ try:  # apex.parallel re-exported torch.distributed's ReduceOp
 except ImportError:  # a torch built without distributed
     _ReduceOp = None
 
+# the devices torch's own SyncBatchNorm synchronizes on; on the others (CPU ranks of a gloo group) it raised
+_TORCH_SYNC_DEVICES = ("cuda", "hpu", "xpu")
+
+
 class SyncBatchNorm(nn.SyncBatchNorm):
     """apex.parallel.SyncBatchNorm: torch's SyncBatchNorm (a subclass) with apex's ``channel_last`` (the input's
     last dimension holds the channels, ``(N, ..., C)``), ``fuse_relu`` and the residual ``z`` of
     ``forward(input, z)``: ``relu(bn(input) + z)``. Without a process group (one process, CPU or GPU) it
-    normalizes by the local batch, as a BatchNorm; across ranks it needs CUDA tensors (torch's SyncBatchNorm refuses
-    CPU modules under DDP: on gloo/CPU ranks keep plain BatchNorm).
+    normalizes by the local batch, as a BatchNorm. On GPUs torch's kernels synchronize the statistics; on CPU
+    ranks (a gloo group, where torch's SyncBatchNorm refuses to run) the batch's sums are all-reduced here, with
+    gradients, so the layer normalizes by the global batch there too, and this package's
+    :class:`DistributedDataParallel` takes it on a CPU module.
 
     Example:
         >>> bn = SyncBatchNorm(3, channel_last=True, fuse_relu=True)
@@ -54,7 +60,8 @@ class SyncBatchNorm(nn.SyncBatchNorm):
     def forward(self, input: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002 - apex's
         """``bn(input)`` (channels at dim 1, or last with ``channel_last``), plus ``z``, then relu if fused."""
         moved = self.channel_last and input.dim() > 2
-        out = super().forward(input.movedim(-1, 1) if moved else input)
+        x = input.movedim(-1, 1) if moved else input
+        out = self._cpu_sync_forward(x) if self._syncs_here(x) else super().forward(x)
         if moved:
             out = out.movedim(1, -1)  # (N, C, ...) -> (N, ..., C)
         if z is not None:
@@ -63,6 +70,52 @@ class SyncBatchNorm(nn.SyncBatchNorm):
                                  "pass a residual of the input's shape")
             out = out + z
         return torch.relu(out) if self.fuse_relu else out
+
+    def _syncs_here(self, x: torch.Tensor) -> bool:
+        """Whether this forward synchronizes statistics that torch's kernels cannot: a training forward on a
+        device torch's SyncBatchNorm refuses, under an initialized process group."""
+        import torch.distributed as dist
+
+        return (self.training and x.device.type not in _TORCH_SYNC_DEVICES and dist.is_available()
+                and dist.is_initialized())
+
+    def _cpu_sync_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Batch norm of ``x`` ``(N, C, ...)`` by the statistics of every rank's batch: the per-channel mean, then
+        the sum of squared deviations from it, each all-reduced (autograd-aware: the backward all-reduces their
+        gradients, as torch's sync_batch_norm does), in fp32 whatever ``x``'s dtype."""
+        import torch.distributed as dist
+        from torch.distributed.nn.functional import all_reduce
+
+        self._check_input_dim(x)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked)
+        group = self.process_group or dist.group.WORLD
+        if dist.get_world_size(group) == 1:  # the local batch is the global one
+            return nn.functional.batch_norm(
+                x, self.running_mean if self.track_running_stats else None,
+                self.running_var if self.track_running_stats else None,
+                self.weight, self.bias, True, factor, self.eps)
+        dims = [0, *range(2, x.dim())]
+        shape = [1, -1] + [1] * (x.dim() - 2)  # (1, C, 1, ...)
+        xf = x.float()
+        local = torch.tensor([x.numel() // max(x.shape[1], 1)], dtype=torch.float32, device=x.device)
+        sums = all_reduce(torch.cat([xf.sum(dims), local]), group=group)
+        count = sums[-1]
+        mean = sums[:-1] / count  # (C,)
+        centered = xf - mean.reshape(shape)
+        var = all_reduce(centered.square().sum(dims), group=group) / count  # biased, as the normalization uses
+        out = centered * torch.rsqrt(var + self.eps).reshape(shape)
+        if self.weight is not None:
+            out = out * self.weight.float().reshape(shape) + self.bias.float().reshape(shape)
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                unbiased = var.detach() * count / (count - 1).clamp(min=1)
+                self.running_mean.mul_(1 - factor).add_(mean.detach().to(self.running_mean.dtype), alpha=factor)
+                self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype), alpha=factor)
+        return out.to(x.dtype)
 
 
 def convert_syncbn_model(module: nn.Module, process_group: Any = None, channel_last: bool = False) -> nn.Module:
@@ -156,6 +209,13 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
         if allreduce_always_fp32 and any(q.is_floating_point() and q.dtype != torch.float32
                                          for q in module.parameters()):
             self.register_comm_hook(torch_kwargs.get("process_group"), _fp32_allreduce_hook)
+
+    def _passing_sync_batchnorm_handle(self, module: nn.Module) -> None:
+        """torch's DDP refuses a CPU module holding SyncBatchNorm layers, since torch's cannot synchronize on CPU;
+        this package's :class:`SyncBatchNorm` can (a gloo group), so only other SyncBatchNorm layers are refused."""
+        if self.device_type != "cpu" or any(isinstance(m, nn.SyncBatchNorm) and not isinstance(m, SyncBatchNorm)
+                                            for m in module.modules()):
+            super()._passing_sync_batchnorm_handle(module)
 
     def disable_allreduce(self) -> None:
         """apex's: backward passes accumulate gradients locally until :meth:`enable_allreduce`."""
