@@ -16,16 +16,17 @@ from overdrive._utils.errors import UsageError
 
 PIPELINES = ("auto", "cpu", "gpu")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "uint8": torch.uint8}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def parse_out_dtype(value: torch.dtype | str) -> torch.dtype:
-    """float32 / float16 / bfloat16 (a torch dtype or its name)."""
+    """float32 / float16 / bfloat16, or uint8 (raw pixels, not normalized): a torch dtype or its name."""
     if isinstance(value, torch.dtype):
-        if value not in (torch.float32, torch.float16, torch.bfloat16):
-            raise UsageError(f"dtype={value} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
+        if value not in (torch.float32, torch.float16, torch.bfloat16, torch.uint8):
+            raise UsageError(f"dtype={value} is not supported; use torch.float32, torch.float16, torch.bfloat16, or "
+                             "torch.uint8 for the pixels unnormalized")
         return value
     key = str(value).lower().removeprefix("torch.")
     if key not in _DTYPES:
@@ -62,7 +63,10 @@ class LoaderConfig(ConfigBase):
 
     ``train=True``: per-sample RandomResizedCrop(``scale``, ``ratio``) + horizontal flip (probability
     ``flip``), each sample with its own draw. ``train=False``: resize the shorter side to
-    ``round(size / crop_fraction)`` and center-crop ``size``. Then ``(x/255 - mean) / std`` in ``dtype``.
+    ``round(size / crop_fraction)`` and center-crop ``size``. Then ``(x/255 - mean) / std`` in ``dtype``; with
+    ``dtype=torch.uint8`` the pixels themselves, rounded to 0-255 and not normalized (DALI's ``crop_mirror_normalize``
+    with ``dtype=types.UINT8`` and no mean/std): ``mean`` / ``std`` other than their defaults are then refused, and
+    the model normalizes on the device, e.g. ``(x.float() / 255 - mean) / std``.
 
     Example:
         >>> cfg = LoaderConfig(batch_size=128, size=160)
@@ -137,6 +141,12 @@ class LoaderConfig(ConfigBase):
             raise UsageError(f"crop_fraction={self.crop_fraction} must be in (0, 1], e.g. 0.875")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise UsageError(f"mean={self.mean} / std={self.std} must be 3 values each, std > 0")
+        if self.dtype == torch.uint8 and (self.mean, self.std) != (IMAGENET_MEAN, IMAGENET_STD):
+            # uint8 holds 0-255 pixels: a normalized value (about -2..2) would be clamped to 0, 1 or 2
+            raise UsageError(f"mean={self.mean} / std={self.std} cannot apply to dtype=torch.uint8, whose batches are "
+                             "the pixels unnormalized (0-255); leave mean and std at their defaults and normalize "
+                             "on the device, e.g. (x.float() / 255 - mean) / std, or use dtype=torch.float32, "
+                             "float16 or bfloat16 for normalized batches")
         if max(abs(m) for m in self.mean) > 1 or max(self.std) > 1:
             # DALI's crop_mirror_normalize takes 0-255 units (mean=[0.485*255, ...]); here they would be divided by
             # 255 once more, and every image would come out nearly constant
@@ -169,7 +179,7 @@ DALI_OPTIONS: dict[str, str] = {
     "random_area": "scale=(lo, hi)",
     "random_aspect_ratio": "ratio=(lo, hi)",
     "mirror": "flip=p (the probability of a horizontal flip)",
-    "output_dtype": "dtype=torch.float16 (or bfloat16, float32)",
+    "output_dtype": "dtype=torch.float16 (or bfloat16, float32; torch.uint8 for the pixels unnormalized)",
 }
 
 

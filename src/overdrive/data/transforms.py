@@ -82,11 +82,24 @@ def eval_geometry(hw: torch.Tensor, size: int, crop_fraction: float) -> tuple[in
     return R, torch.stack([rh, rw], 1), off
 
 
+def _mean_inv(cfg: LoaderConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(3,) mean and 1/std in [0, 255] units; for uint8 output (no normalization) 0 and 1."""
+    if cfg.dtype == torch.uint8:
+        return torch.zeros(3), torch.ones(3)
+    mean, std = torch.tensor(cfg.mean, dtype=torch.float32), torch.tensor(cfg.std, dtype=torch.float32)
+    return mean * 255.0, 1.0 / (std * 255.0)
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Normalized float values to the output dtype; uint8 rounds to the nearest level (a plain cast truncates: 254.9
+    became 254) and saturates to [0, 255], as DALI converts to uint8."""
+    return (x.round().clamp(0, 255) if dtype == torch.uint8 else x).to(dtype)
+
+
 def _normalize(x: torch.Tensor, cfg: LoaderConfig) -> torch.Tensor:
-    """(B, 3, S, S) float in [0, 255] -> normalized, in cfg.dtype and memory format."""
-    mean = torch.tensor(cfg.mean, device=x.device, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
-    inv = 1.0 / (torch.tensor(cfg.std, device=x.device, dtype=torch.float32).view(1, 3, 1, 1) * 255.0)
-    x = ((x - mean) * inv).to(cfg.dtype)
+    """(B, 3, S, S) float in [0, 255] -> normalized (uint8: rounded only), in cfg.dtype and memory format."""
+    mean, inv = (t.to(x.device).view(1, 3, 1, 1) for t in _mean_inv(cfg))
+    x = _cast((x - mean) * inv, cfg.dtype)
     return x.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x.contiguous()
 
 
@@ -165,7 +178,7 @@ def _blend(flat: torch.Tensor, base: torch.Tensor, rows: torch.Tensor, cols: tor
 
     top = torch.lerp(at(r0, c0), at(r0, c1), wx_)
     bottom = torch.lerp(at(r1, c0), at(r1, c1), wx_)
-    out = ((torch.lerp(top, bottom, wy_) - m) * v).to(dtype)
+    out = _cast((torch.lerp(top, bottom, wy_) - m) * v, dtype)
     return out.permute(0, 3, 1, 2) if channels_last else out
 
 
@@ -215,8 +228,7 @@ def transform_batch(images: list[torch.Tensor], u: torch.Tensor, flips: torch.Te
     base = (torch.cumsum(3 * plane, 0) - 3 * plane)[:, None] + torch.arange(3) * plane[:, None]  # (n, 3) channel starts
     small = torch.stack([y0.long() * W, y1 * W, x0.long(), x1]).to(device, non_blocking=True)  # (4, n, S)
     wts = torch.stack([ys - y0, xs - x0]).float().to(device, non_blocking=True)  # (2, n, S)
-    mean = torch.tensor(cfg.mean, dtype=torch.float32) * 255.0
-    inv = 1.0 / (torch.tensor(cfg.std, dtype=torch.float32) * 255.0)
+    mean, inv = _mean_inv(cfg)
     flat = torch.cat([im.reshape(-1) for im in images])  # one buffer, uint8
     args = (flat, base.to(device, non_blocking=True), small[0:2], small[2:4], wts[0], wts[1], mean.to(device),
             inv.to(device), cfg.dtype, cfg.channels_last)
