@@ -5,10 +5,12 @@ Imports point one way: ``values`` (host/device values, the operator types) <- th
 imports another: ``ops`` (elementwise and math), ``shape`` (shape and tensor manipulation), ``layers`` (MatMul,
 Gemm, Conv, pools, norms, Softmax), ``qdq`` (QuantizeLinear, DequantizeLinear), ``rnn`` (LSTM, GRU, RNN),
 ``select`` (TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace, Resize), ``vision``
-(GridSample, RoiAlign), ``dynamic`` (Compress, Unique) <- ``contrib`` (ONNX Runtime's com.microsoft Gelu family,
-Skip/SimplifiedLayerNormalization, FusedConv; it reuses ``layers``' Conv) <- ``importer`` (the op table, ``ONNXModule``,
-``import_onnx``); ``quantize`` (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports
-``onnx`` or ``onnxruntime`` until a model is loaded or calibrated.
+(GridSample, RoiAlign), ``dynamic`` (Compress, Unique) <- ``integer`` (MatMulInteger, ConvInteger, QLinearConv,
+QLinearMatMul, DynamicQuantizeLinear; it reuses ``layers``' Conv) <- ``qlinear`` (com.microsoft QLinearAdd, QGemm, ..)
+<- ``contrib`` (ONNX Runtime's com.microsoft Gelu family, Skip/SimplifiedLayerNormalization, FusedConv; it reuses
+``layers``' Conv and merges ``qlinear``) <- ``importer`` (the op table, ``ONNXModule``, ``import_onnx``); ``quantize``
+(ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports ``onnx`` or ``onnxruntime``
+until a model is loaded or calibrated.
 
 Example:
     >>> from overdrive.engine.onnx import SUPPORTED_OPS, import_onnx

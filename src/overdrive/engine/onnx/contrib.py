@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
+from overdrive.engine.onnx import qlinear
 from overdrive.engine.onnx.layers import OPS as LAYER_OPS
 from overdrive.engine.onnx.values import Op, OpModule, Value, _tensor
 
@@ -33,7 +34,7 @@ ARITY: dict[str, tuple[int, int, str]] = {
     "Gelu": (1, 1, "X"), "FastGelu": (1, 2, "X, bias?"), "BiasGelu": (2, 2, "A, B"), "QuickGelu": (1, 1, "X"),
     "SkipLayerNormalization": (3, 5, "input, skip, gamma, beta?, bias?"),
     "SkipSimplifiedLayerNormalization": (3, 4, "input, skip, gamma, bias?"),
-    "SimplifiedLayerNormalization": (2, 2, "X, scale"), "FusedConv": (2, 4, "X, W, B?, Z?"),
+    "SimplifiedLayerNormalization": (2, 2, "X, scale"), "FusedConv": (2, 4, "X, W, B?, Z?"), **qlinear.ARITY,
 }
 
 
@@ -137,7 +138,7 @@ def _fused_conv(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
 OPS: dict[str, Op] = {
     "Gelu": _gelu, "FastGelu": _fast_gelu, "BiasGelu": _bias_gelu, "QuickGelu": _quick_gelu,
     "SkipLayerNormalization": _skip_norm(False), "SkipSimplifiedLayerNormalization": _skip_norm(True),
-    "FusedConv": _fused_conv,
+    "FusedConv": _fused_conv, **qlinear.OPS,
 }
 # what ONNX Runtime writes in the default domain, though the ONNX standard has no operator of that name
 DEFAULT_DOMAIN_OPS: dict[str, Op] = {"SimplifiedLayerNormalization": _simplified_norm}

@@ -10,7 +10,8 @@ the outputs of Shape are numpy arrays (object arrays of SymInts under dynamic ex
 data-dependent ``.tolist()`` reaches the traced graph.
 
 The operators are in ``ops.py`` (elementwise and math), ``shape.py`` (shape and tensor manipulation, Split
-included), ``layers.py`` (MatMul, Gemm, Conv, pools, norms, Softmax), ``qdq.py`` (Q/DQ), ``rnn.py``
+included), ``layers.py`` (MatMul, Gemm, Conv, pools, norms, Softmax), ``qdq.py`` (Q/DQ), ``integer.py`` (the
+integer ops of ONNX Runtime's quantization tool; its com.microsoft QLinear* ones in ``qlinear.py``), ``rnn.py``
 (LSTM/GRU/RNN), ``contrib.py`` (ONNX Runtime's own Gelu family, Skip/SimplifiedLayerNormalization and
 FusedConv, which its transformer optimizer writes), ``select.py`` (TopK/ArgMax/ArgMin, the Reduce family, Einsum,
 the gathers and scatters, OneHot, DepthToSpace, Resize), ``vision.py`` (GridSample, RoiAlign) and ``dynamic.py`` (Compress, Unique), the value
@@ -31,15 +32,15 @@ import torch
 from torch import nn
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import contrib, dynamic, layers, ops, qdq, rnn, select, shape, vision
+from overdrive.engine.onnx import contrib, dynamic, integer, layers, ops, qdq, rnn, select, shape, vision
 from overdrive.engine.onnx.shape import _split
 from overdrive.engine.onnx.values import _ML_DTYPES, FOUR_BIT, Op, Value, _as_value, _from_numpy, _tensor
 
 __all__ = ["ONNXModule", "SUPPORTED_OPS", "SUPPORTED_CONTRIB_OPS", "import_onnx"]
 
 # op name -> function; Constant and Split are handled below
-_OPS: dict[str, Op] = {**ops.OPS, **shape.OPS, **layers.OPS, **qdq.OPS, **rnn.OPS, **select.OPS, **vision.OPS,
-                       **dynamic.OPS}
+_OPS: dict[str, Op] = {**ops.OPS, **shape.OPS, **layers.OPS, **qdq.OPS, **integer.OPS, **rnn.OPS, **select.OPS,
+                       **vision.OPS, **dynamic.OPS}
 HOST_INPUTS = {**ops.HOST_INPUTS, **rnn.HOST_INPUTS, **select.HOST_INPUTS, **dynamic.HOST_INPUTS}  # inputs read as Python numbers, by op and position
 SUPPORTED_OPS = tuple(sorted([*_OPS, "Constant", "Split"]))
 # ONNX Runtime's own operators the importer runs (contrib.py), keyed "domain::op" in the run table
