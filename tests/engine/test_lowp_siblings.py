@@ -155,3 +155,74 @@ def test_engine_groups_timed_siblings_on_gpu(precision: str) -> None:
     out = eng(x).float().cpu()
     cos = F.cosine_similarity(out.flatten(1), ref.flatten(1)).min().item()
     assert cos > 0.99, cos
+
+
+def _timing_setup(x: torch.Tensor) -> tuple[nn.Module, dict, dict, dict]:
+    """A decoder on the Triton kernel as the layer timing sees it: (model, originals, inputs, seen)."""
+    from overdrive.engine.layer_groups import input_key
+
+    q = _lowp(_Decoder(), Fp8TritonLinear, x)
+    originals = {n: m for n, m in q.named_modules() if isinstance(m, Fp8TritonLinear)}
+    inputs, seen = {}, {}
+    def record(n: str, t: torch.Tensor) -> None:  # as keep_float_where_faster records them
+        inputs.setdefault(n, input_key(t))
+        seen.setdefault(n, (torch.Size((t.numel() // t.shape[-1], t.shape[-1], 1, 1)), t.dtype, False))
+
+    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: record(n, a[0])) for n, m in originals.items()]
+    with torch.no_grad():
+        q(x)
+    for h in hooks:
+        h.remove()
+    return q, originals, inputs, seen
+
+
+@pytest.mark.parametrize("margin", [0.0, 1e9])
+def test_layer_timing_puts_a_group_back_on_the_kernel_where_its_one_gemm_wins(margin: float) -> None:
+    # the layers were judged alone: Q and K kept float, V moved to cuBLAS; gate/up stayed on the Triton kernel.
+    # Judged as one GEMM (margin 0: it wins; 1e9: it loses) Q/K/V go back to the kernel together, or stay as chosen
+    from overdrive.engine.layer_groups import choose_sibling_groups
+    from overdrive.engine.layer_choice import _float_twin
+    from overdrive.quant.real import _set
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    q, originals, inputs, seen = _timing_setup(x)
+    assert inputs["q"] == inputs["k"] == inputs["v"] != inputs["o"] and inputs["gate"] == inputs["up"]
+    kept = {n: "timed slower alone" for n in ("q", "k")}
+    for n in kept:
+        _set(q, n, _float_twin(originals[n], torch.float32))
+    _set(q, "v", originals["v"].library_twin())
+    swapped = {"v"}
+    verdicts = choose_sibling_groups(q, originals, inputs, seen, torch.device("cpu"), torch.float32, {}, kept,
+                                     swapped, margin=margin)
+    assert set(verdicts) == {"q", "k", "v"}, verdicts  # gate/up all on the kernel already: left to the graph pass
+    assert "sibling group q+k+v: one Triton GEMM" in verdicts["q"] and "at 16x64->64+64+64" in verdicts["q"]
+    if margin == 0.0:
+        assert all(q.get_submodule(n) is originals[n] for n in "qkv") and not kept and not swapped
+        assert verdicts["q"].endswith("(one GEMM)")
+    else:
+        assert type(q.q) is nn.Linear and type(q.v) is not Fp8TritonLinear and set(kept) == {"q", "k"}
+        assert swapped == {"v"} and verdicts["q"].endswith("(kept as chosen)")
+    with torch.no_grad():  # either way the model computes what its layers compute
+        ep = torch.export.export(q, (x,))
+        fuse_lowp_convs(ep, siblings=True)
+        torch.testing.assert_close(ep.module()(x), q(x), rtol=0, atol=0)
+
+
+def test_layers_with_their_own_epilogue_output_are_not_judged_as_a_group() -> None:
+    # a planned 8-bit output (the layer writes its reader's quantized input) or a residual is the layer's own
+    from overdrive.engine.layer_groups import choose_sibling_groups
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    q, originals, inputs, seen = _timing_setup(x)
+    from overdrive.engine.layer_choice import _float_twin
+    from overdrive.quant.real import _set
+
+    plan = {"q": {"out": "8-bit"}}
+    kept = {n: "slower" for n in ("q", "k", "v")}
+    for n in kept:
+        _set(q, n, _float_twin(originals[n], torch.float32))
+    verdicts = choose_sibling_groups(q, originals, inputs, seen, torch.device("cpu"), torch.float32, plan, kept,
+                                     set(), margin=0.0)
+    assert set(verdicts) == {"k", "v"} and "sibling group k+v" in verdicts["k"], verdicts

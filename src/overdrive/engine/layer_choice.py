@@ -39,7 +39,9 @@ import torch
 import torch.nn as nn
 
 from overdrive.engine.kernel_timing import median_ms as _ms
-from overdrive.engine.path_timing import _float_conv_ms, _float_linear_ms, _library_linear_ms, _quantize_ms
+from overdrive.engine.layer_groups import choose_sibling_groups, input_key
+from overdrive.engine.path_timing import _conv_input, _float_conv_ms, _float_linear_ms, _library_linear_ms
+from overdrive.engine.path_timing import _quantize_ms
 
 
 def _float_twin(m: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -201,10 +203,12 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
         return model, {}
     seen: dict[str, tuple[torch.Size, torch.dtype, bool]] = {}
     linears = {n for n, m in layers if isinstance(m, Int8TritonLinear)}
+    inputs: dict[str, tuple] = {}  # each Linear's input tensor on the example: sibling layers share one
 
     def record(n: str, x: torch.Tensor) -> None:
         if n in linears:  # the kernel's view of its input: (tokens, K, 1, 1)
             seen.setdefault(n, (torch.Size((x.numel() // x.shape[-1], x.shape[-1], 1, 1)), x.dtype, False))
+            inputs.setdefault(n, input_key(x))
             return
         seen.setdefault(n, (x.shape, x.dtype, x.dim() == 4 and not x.is_contiguous()
                             and x.is_contiguous(memory_format=torch.channels_last)))
@@ -241,6 +245,11 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
             kept.update(more)
             flipped = [*more, *(swapped - before)]
         model._overdrive_replanned = replanned
+        # sibling Linear layers (Q/K/V, gate/up) judged as the one GEMM the engine can run them as
+        with _timed("groups"):
+            grouped = choose_sibling_groups(model, dict(layers), inputs, seen, device, float_dtype, plan or {}, kept,
+                                            swapped)
+        model.__dict__.setdefault("_overdrive_layer_verdicts", {}).update(grouped)
     model._overdrive_layer_timing_s = dict(_SPLIT)  # where the timing went (tile tuning, 8-bit, float): the build meta
     return model, kept
 
@@ -374,18 +383,6 @@ def _choose(model: nn.Module, layers: list[tuple[str, nn.Module]], seen: dict[st
         if timings is not None:
             timings[_timing_key(key, device)] = list(verdict[key])
     return kept
-
-
-def _conv_input(m: nn.Module, shape: torch.Size, fdt: torch.dtype, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Generator]:
-    """The seeded float input of a convolution timing (channels_last), its quantized form, and the generator (on
-    ``device``: ResNet-50's batch-256 activations took 0.4-1.3 s each to draw on a 2-core CPU, and a build draws one
-    per layer several times)."""
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(shape, generator=g, device=device).to(fdt).contiguous(memory_format=torch.channels_last)
-    with torch.no_grad():
-        xq = torch.ops.overdrive.quantize(x, m.x_scale, m.x_qmin, m.fmt == "fp8")
-    return x, xq, g
 
 
 def _tune_conv(m: nn.Module, shape: torch.Size, fdt: torch.dtype, device: torch.device) -> int:
