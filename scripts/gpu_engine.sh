@@ -39,7 +39,7 @@
 #   bash scripts/gpu_engine.sh 21  # every gpu-marked test (-n 4); the CNNs' int8/fp8 engines at batch 1 beside their
 #                                  # fp16 engine (the zoo's "not run" rows): engine_zoo_cnn_bs1_lowp
 #   bash scripts/gpu_engine.sh 22  # sibling int8/fp8 GEMMs as one (Q/K/V, gate/up): their GPU tests; Llama and BERT
-#                                  # fp16/fp8/int8 with --kernel-time: engine_zoo_tf_siblings
+#                                  # fp16/fp8 with --kernel-time: engine_zoo_tf_siblings
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -138,12 +138,11 @@ elif [ "$part" = 21 ]; then
       --models resnet50,efficientnet_b0,convnext_tiny --batches 1 --configs engine_fp16,engine_fp8,engine_int8 \
       --max-build-s 100 --budget-s 230 --out engine_zoo_cnn_bs1_lowp
 elif [ "$part" = 22 ]; then
-  step 150 "gpu tests: sibling GEMMs, Linear layers, conv fusion" python3 -m pytest -q -m gpu \
-      tests/engine/test_lowp_siblings.py tests/engine/test_lowp_linear.py tests/engine/test_lowp_conv_fusion.py \
-      -p no:cacheprovider -p no:logging -n 4
-  step 430 "engine_zoo llama+bert fp16/fp8/int8 with sibling int8/fp8 GEMMs, kernel groups" python3 \
-      benchmarks/engine_zoo.py --models llama,bert --batches serving --configs engine_fp16,engine_fp8,engine_int8 \
-      --kernel-time --max-build-s 150 --budget-s 400 --out engine_zoo_tf_siblings
+  step 110 "gpu tests: sibling GEMMs, Linear layers" python3 -m pytest -q -m gpu \
+      tests/engine/test_lowp_siblings.py tests/engine/test_lowp_linear.py -p no:cacheprovider -p no:logging -n 4
+  step 330 "engine_zoo llama+bert fp16/fp8 with sibling int8/fp8 GEMMs, kernel groups" python3 \
+      benchmarks/engine_zoo.py --models llama,bert --batches serving --configs engine_fp16,engine_fp8 \
+      --kernel-time --max-build-s 150 --budget-s 280 --out engine_zoo_tf_siblings
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \
