@@ -138,11 +138,11 @@ elif [ "$part" = 21 ]; then
       --models resnet50,efficientnet_b0,convnext_tiny --batches 1 --configs engine_fp16,engine_fp8,engine_int8 \
       --max-build-s 100 --budget-s 230 --out engine_zoo_cnn_bs1_lowp
 elif [ "$part" = 22 ]; then
-  step 100 "gpu tests: sibling GEMMs" python3 -m pytest -q -m gpu tests/engine/test_lowp_siblings.py \
+  step 90 "gpu tests: sibling GEMMs" python3 -m pytest -q -m gpu tests/engine/test_lowp_siblings.py \
       -p no:cacheprovider -p no:logging -n 2
-  step 250 "engine_zoo llama+bert fp16/fp8 with sibling int8/fp8 GEMMs, kernel groups" python3 \
+  step 190 "engine_zoo llama+bert fp16/fp8 with sibling int8/fp8 GEMMs, kernel groups" python3 \
       benchmarks/engine_zoo.py --models llama,bert --batches serving --configs engine_fp16,engine_fp8 \
-      --kernel-time --max-build-s 120 --budget-s 200 --out engine_zoo_tf_siblings
+      --kernel-time --max-build-s 100 --budget-s 150 --out engine_zoo_tf_siblings
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \
