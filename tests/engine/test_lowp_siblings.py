@@ -226,3 +226,31 @@ def test_layers_with_their_own_epilogue_output_are_not_judged_as_a_group() -> No
     verdicts = choose_sibling_groups(q, originals, inputs, seen, torch.device("cpu"), torch.float32, plan, kept,
                                      set(), margin=0.0)
     assert set(verdicts) == {"k", "v"} and "sibling group k+v" in verdicts["k"], verdicts
+
+
+def test_a_group_whose_timing_fails_keeps_its_layers_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU where the one GEMM cannot run (a kernel that fails to compile at that width) must not fail the build
+    from overdrive.engine import layer_groups, lowp_siblings
+    from overdrive.engine.layer_choice import _float_twin
+    from overdrive.quant.real import _set
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no kernel")
+
+    timer = lowp_siblings.TimedLowpGroups(torch.device("cpu"))
+    monkeypatch.setattr(timer, "_time", broken)
+    xv = torch.empty(16, 64, 1, 1, dtype=torch.int8)
+    assert timer(xv, [torch.empty(64, 64, 1, 1)] * 3, [-1] * 3, True, torch.float32) == (False, -1)
+    assert "separate: the one GEMM failed to run (RuntimeError: no kernel)" in next(iter(timer.verdicts.values()))[2]
+
+    monkeypatch.setattr(layer_groups, "_time_group", broken)
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    q, originals, inputs, seen = _timing_setup(x)
+    kept = {n: "slower" for n in ("q", "k", "v")}
+    for n in kept:
+        _set(q, n, _float_twin(originals[n], torch.float32))
+    verdicts = layer_groups.choose_sibling_groups(q, originals, inputs, seen, torch.device("cpu"), torch.float32, {},
+                                                  kept, set(), margin=0.0)
+    assert "not timed as one GEMM (RuntimeError: no kernel); kept as chosen" in verdicts["q"], verdicts
+    assert set(kept) == {"q", "k", "v"} and type(q.q) is nn.Linear

@@ -57,6 +57,11 @@ def _groups(originals: dict[str, nn.Module], inputs: dict[str, tuple], plan: dic
     return [names for names in by_key.values() if len(names) >= 2]
 
 
+def _leaves(names: list[str]) -> str:
+    """A group by its layers' own names (``q_proj+k_proj+v_proj``), the same in every decoder layer."""
+    return "+".join(n.rpartition(".")[2] for n in names)
+
+
 def choose_sibling_groups(model: nn.Module, originals: dict[str, nn.Module], inputs: dict[str, tuple],
                           seen: dict[str, Any], device: torch.device, float_dtype: torch.dtype | None,
                           plan: dict[str, dict[str, Any]], kept: dict[str, str], swapped: set[str],
@@ -65,60 +70,83 @@ def choose_sibling_groups(model: nn.Module, originals: dict[str, nn.Module], inp
     place (``model``'s layers, and ``kept`` / ``swapped`` updated). ``originals``: each low-precision layer as
     built, by name; ``inputs``: each layer's :func:`input_key` on the example; ``seen``: the timing's (shape,
     dtype, nhwc) per layer. Returns the verdict of every group timed, by member name."""
-    from overdrive.quant import conv as qconv
     from overdrive.quant.real import _set
 
     verdicts: dict[str, str] = {}
+    timed: dict[tuple, tuple[bool, int, str]] = {}  # by group shape and the layers' current kinds: decoder layers repeat
     for names in _groups(originals, inputs, plan):
         current = {n: model.get_submodule(n) for n in names}
         if all(current[n] is originals[n] for n in names):
             continue  # all on the Triton kernel already: the graph pass times them as one
-        ms = [originals[n] for n in names]
-        shape, dtype, _ = seen[names[0]]
-        fdt = float_dtype or dtype
-        out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
-        x, xq, _ = _conv_input(ms[0], shape, fdt, device)
-        rows = shape[0]
-        x2, xq2 = x.reshape(rows, -1), xq.reshape(rows, -1)
-        acts = [qconv.ACTS.get((plan.get(n) or {}).get("act"), 0) for n in names]
-        relus = [bool((plan.get(n) or {}).get("relu")) for n in names]
-        with torch.no_grad():
-            t_now = 0.0
-            for n, m, act, relu in zip(names, ms, acts, relus):
-                mod = current[n]
-                if mod is m:
-                    t_now += _ms(lambda m=m, relu=relu, act=act: qconv.conv2d_q(
-                        xq, m.w_q, m.scale, m.bias, None, relu, None, out_dtype, -128, [1, 1], [0, 0], [1, 1],
-                        m.config, None, act), device)
-                elif n in swapped:
-                    t_now += _library_linear_ms(mod, xq2, relu, act, "float", None, out_dtype, device)
-                else:
-                    t_now += _float_linear_ms(x2.to(fdt), mod, relu, act, device)
-            wcat = torch.cat([m.w_q for m in ms]).contiguous(memory_format=torch.channels_last)
-            scat = torch.cat([m.scale.float() for m in ms])
-            has_bias = any(m.bias is not None for m in ms)
-            bcat = torch.cat([m.bias.float() if m.bias is not None else torch.zeros_like(m.scale.float())
-                              for m in ms]) if has_bias else None
-            if all(n in kept for n in names):  # the fp16 engine may run the float layers as one GEMM too
-                lin = [current[n] for n in names]
-                wf = torch.cat([m.weight for m in lin])
-                bf = torch.cat([m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in lin]) \
-                    if has_bias else None
-                t_now = min(t_now, _ms(lambda: F.linear(x2.to(wf.dtype), wf, bf), device))
-            config = -1
-            if device.type == "cuda":
-                config, _ = qconv.tune(xq, wcat, out_dtype=out_dtype)
-            t_one = _ms(lambda: qconv.conv2d_q(xq, wcat, scat, bcat, None, False, None, out_dtype, -128, [1, 1],
-                                               [0, 0], [1, 1], config), device)
-        one = t_now >= margin * t_one
-        outs = "+".join(str(m.out_channels) for m in ms)
-        why = (f"{ms[0].fmt} sibling group {'+'.join(names)}: one Triton GEMM {t_now / t_one:.2f}x the layers as "
-               f"chosen alone at {rows}x{ms[0].in_channels}->{outs} ({'one GEMM' if one else 'kept as chosen'})")
-        for n, m in zip(names, ms):
+        kinds = tuple("lowp" if current[n] is originals[n] else "cublas" if n in swapped else "float" for n in names)
+        key = (tuple(seen[names[0]][0]), seen[names[0]][1], tuple(originals[n].out_channels for n in names), kinds,
+               repr([sorted((plan.get(n) or {}).items()) for n in names]),
+               tuple(originals[n].bias is not None for n in names))
+        if key not in timed:
+            try:
+                timed[key] = _time_group(names, originals, current, seen, device, float_dtype, plan, kept, swapped,
+                                         margin)
+            except Exception as exc:  # noqa: BLE001 - a group that cannot be timed here keeps its layers as chosen
+                timed[key] = (False, -1, f"sibling group {_leaves(names)}: not timed as one GEMM "
+                                         f"({type(exc).__name__}: {str(exc)[:120]}); kept as chosen")
+        one, config, why = timed[key]
+        for n in names:
             verdicts[n] = why
             if one:
+                m = originals[n]
                 m.config = config
                 _set(model, n, m)
                 kept.pop(n, None)
                 swapped.discard(n)
     return verdicts
+
+
+def _time_group(names: list[str], originals: dict[str, nn.Module], current: dict[str, nn.Module],
+                seen: dict[str, Any], device: torch.device, float_dtype: torch.dtype | None,
+                plan: dict[str, dict[str, Any]], kept: dict[str, str], swapped: set[str], margin: float
+                ) -> tuple[bool, int, str]:
+    """(one GEMM wins, its tile config, the verdict) for one sibling group (:func:`choose_sibling_groups`)."""
+    from overdrive.quant import conv as qconv
+
+    ms = [originals[n] for n in names]
+    shape, dtype, _ = seen[names[0]]
+    fdt = float_dtype or dtype
+    out_dtype = fdt if fdt in (torch.float16, torch.bfloat16) else torch.float32
+    x, xq, _ = _conv_input(ms[0], shape, fdt, device)
+    rows = shape[0]
+    x2, xq2 = x.reshape(rows, -1), xq.reshape(rows, -1)
+    acts = [qconv.ACTS.get((plan.get(n) or {}).get("act"), 0) for n in names]
+    relus = [bool((plan.get(n) or {}).get("relu")) for n in names]
+    with torch.no_grad():
+        t_now = 0.0
+        for n, m, act, relu in zip(names, ms, acts, relus):
+            mod = current[n]
+            if mod is m:
+                t_now += _ms(lambda m=m, relu=relu, act=act: qconv.conv2d_q(
+                    xq, m.w_q, m.scale, m.bias, None, relu, None, out_dtype, -128, [1, 1], [0, 0], [1, 1],
+                    m.config, None, act), device)
+            elif n in swapped:
+                t_now += _library_linear_ms(mod, xq2, relu, act, "float", None, out_dtype, device)
+            else:
+                t_now += _float_linear_ms(x2.to(fdt), mod, relu, act, device)
+        wcat = torch.cat([m.w_q for m in ms]).contiguous(memory_format=torch.channels_last)
+        scat = torch.cat([m.scale.float() for m in ms])
+        has_bias = any(m.bias is not None for m in ms)
+        bcat = torch.cat([m.bias.float() if m.bias is not None else torch.zeros_like(m.scale.float())
+                          for m in ms]) if has_bias else None
+        if all(n in kept for n in names):  # the fp16 engine may run the float layers as one GEMM too
+            lin = [current[n] for n in names]
+            wf = torch.cat([m.weight for m in lin])
+            bf = torch.cat([m.bias if m.bias is not None else torch.zeros_like(m.weight[:, 0]) for m in lin]) \
+                if has_bias else None
+            t_now = min(t_now, _ms(lambda: F.linear(x2.to(wf.dtype), wf, bf), device))
+        config = -1
+        if device.type == "cuda":
+            config, _ = qconv.tune(xq, wcat, out_dtype=out_dtype)
+        t_one = _ms(lambda: qconv.conv2d_q(xq, wcat, scat, bcat, None, False, None, out_dtype, -128, [1, 1],
+                                           [0, 0], [1, 1], config), device)
+    one = t_now >= margin * t_one
+    outs = "+".join(str(m.out_channels) for m in ms)
+    why = (f"{ms[0].fmt} sibling group {_leaves(names)}: one Triton GEMM {t_now / t_one:.2f}x the layers as "
+           f"chosen alone at {rows}x{ms[0].in_channels}->{outs} ({'one GEMM' if one else 'kept as chosen'})")
+    return one, config, why

@@ -183,7 +183,11 @@ class TimedLowpGroups:
             return False, -1  # a dynamic profile: no one shape to time
         key = (tuple(x.shape), x.dtype, tuple(int(w.shape[0]) for w in weights), tuple(configs), has_bias, out_dtype)
         if key not in self.verdicts:
-            self.verdicts[key] = self._time(key)
+            try:
+                self.verdicts[key] = self._time(key)
+            except Exception as exc:  # noqa: BLE001 - a group that cannot be timed here runs as separate GEMMs
+                self.verdicts[key] = (False, -1, f"separate: the one GEMM failed to run ({type(exc).__name__}: "
+                                                 f"{str(exc)[:120]})")
         return self.verdicts[key][:2]
 
     def _time(self, key: tuple) -> tuple[bool, int, str]:
