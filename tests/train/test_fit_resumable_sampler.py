@@ -91,3 +91,49 @@ def test_a_used_up_sampler_at_the_trainers_epoch_says_so() -> None:
     _trainer().fit(dl, epochs=1)
     with pytest.raises(UsageError, match="no sample left in epoch 0"):
         _trainer().fit(dl, epochs=1)  # a fresh trainer (epoch 0) over the same, finished sampler
+
+
+class _PreemptedEval:
+    """Evaluation data whose ``preempt_at``-th pass is interrupted (a preemption arriving during an epoch's
+    evaluation: the epoch's batches all trained, the sampler used up, ``trainer.epoch`` not yet counted on)."""
+
+    def __init__(self, preempt_at: int | None = None) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.batches = [(torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g))]
+        self.preempt_at, self.passes = preempt_at, 0
+
+    def __iter__(self):
+        self.passes += 1
+        if self.passes == self.preempt_at:
+            raise _Preempted
+        return iter(self.batches)
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])  # 8 batches: with 3, the epoch ends on a partial accumulation
+@pytest.mark.parametrize("preempt_at", [1, 2])  # during epoch 0's evaluation; during the last epoch's
+def test_a_checkpoint_taken_at_the_epochs_end_resumes_with_the_next_epoch(tmp_path: Path, accumulate: int,
+                                                                           preempt_at: int) -> None:
+    whole_seen: list[int] = []
+    _, dl = _loader()
+    whole = _trainer(whole_seen, accumulate=accumulate)
+    whole_result = whole.fit(dl, epochs=2, eval_data=_PreemptedEval())
+
+    first_seen: list[int] = []
+    sampler, dl = _loader()
+    first = _trainer(first_seen, accumulate=accumulate)
+    with pytest.raises(_Preempted):
+        first.fit(dl, epochs=2, eval_data=_PreemptedEval(preempt_at))
+    save_checkpoint(tmp_path / "c.pt", first, extra={"sampler": sampler.state_dict()})
+    assert sampler.state_dict()["consumed"] == N and first.epoch == preempt_at - 1
+
+    resumed_seen: list[int] = []
+    sampler2, dl2 = _loader()
+    resumed = _trainer(resumed_seen, accumulate=accumulate)
+    sampler2.load_state_dict(load_checkpoint(tmp_path / "c.pt", resumed)["sampler"])
+    result = resumed.fit(dl2, max_epochs=2, eval_data=_PreemptedEval())  # before: "no sample left in epoch 0"
+    assert first_seen + resumed_seen == whole_seen  # the next epoch's samples, none twice
+    assert resumed.epoch == 2 and resumed.step_count == whole.step_count
+    # the resumed epoch trains nothing (no loss) and is evaluated as the uninterrupted run's was
+    assert result.history[0].samples == 0 and result.history[0].eval_loss == whole_result.history[preempt_at - 1].eval_loss
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

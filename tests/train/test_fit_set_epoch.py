@@ -61,3 +61,59 @@ def test_fit_sets_the_epoch_of_a_dataloaders_distributed_sampler() -> None:
     assert sampler.epoch == 1
     t.fit(DataLoader(ds, batch_size=4, sampler=sampler), epochs=1)  # the trainer's epoch counts on
     assert sampler.epoch == 2
+
+
+class _BucketBatches(torch.utils.data.Sampler):
+    """A batch sampler of its own (length-bucketing samplers are written so) whose batch order depends on the epoch."""
+
+    def __init__(self, n: int, batch: int) -> None:
+        self.n, self.batch, self.epoch = n, batch, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(100 + self.epoch)).tolist()
+        return iter([order[i:i + self.batch] for i in range(0, self.n, self.batch)])
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch)
+
+
+class _StreamingShuffle(torch.utils.data.IterableDataset):
+    """An iterable dataset whose shuffle is seeded by the epoch (a Hugging Face streaming dataset's ``set_epoch``)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y, self.epoch = x, y, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        for i in torch.randperm(len(self.x), generator=torch.Generator().manual_seed(200 + self.epoch)).tolist():
+            yield self.x[i], self.y[i]
+
+
+def test_fit_sets_the_epoch_of_a_batch_sampler_and_of_an_iterable_dataset() -> None:
+    """Before, only the DataLoader's sampler and its batch sampler's sampler were asked: a batch sampler of one's own
+    and a streaming dataset kept epoch 0's order in every epoch. Each epoch's order now equals the hand-written
+    loop's (``set_epoch`` on them, as accelerate's DataLoaderShard calls it)."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(12, 5, generator=g), torch.randint(0, 3, (12,), generator=g)
+    for make in (lambda: DataLoader(TensorDataset(x, y), batch_sampler=_BucketBatches(12, 4)),
+                 lambda: DataLoader(_StreamingShuffle(x, y), batch_size=4)):
+        seen: list[list[int]] = []
+
+        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            seen.append(target.tolist())
+            return nn.functional.cross_entropy(out, target)
+
+        m = _model()
+        Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), loss_fn=loss_fn, progress=False).fit(make(), epochs=3)
+        expected: list[list[int]] = []
+        loop = make()
+        for epoch in range(3):
+            (loop.batch_sampler if isinstance(loop.batch_sampler, _BucketBatches) else loop.dataset).set_epoch(epoch)
+            expected += [yb.tolist() for _, yb in loop]
+        assert seen == expected
+        assert seen[:3] != seen[3:6]  # the epochs' orders differ

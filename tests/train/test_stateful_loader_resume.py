@@ -72,8 +72,10 @@ def _loader(root: Path) -> ImageLoader:
 
 
 @pytest.mark.parametrize("accumulate", [1, 3])
-# epoch 0 mid-accumulation and at a step boundary before its partial one; epoch 1 at a boundary and mid-accumulation
-@pytest.mark.parametrize("stop_after", [2, 6, 10, 11])
+# epoch 0 mid-accumulation and at a step boundary before its partial one; epoch 1 at a boundary and mid-accumulation;
+# after the last batch of epoch 0 and of epoch 1 (the loader's state at the epoch's end: the resumed fit finishes that
+# epoch, its partial accumulation stepped, and goes on with the next; before, it refused "yielded no batch")
+@pytest.mark.parametrize("stop_after", [2, 6, 7, 10, 11, 14])
 def test_image_loader_state_taken_inside_fit_resumes_after_the_trained_batches(tmp_path: Path, accumulate: int,
                                                                                 stop_after: int) -> None:
     root = _images(tmp_path)
@@ -86,14 +88,15 @@ def test_image_loader_state_taken_inside_fit_resumes_after_the_trained_batches(t
     first = _trainer(first_seen, accumulate, data=loader, stop_after=stop_after)
     with pytest.raises(_Preempted):
         first.fit(loader, epochs=EPOCHS)
-    assert first.saved["data"]["batches_taken"] == stop_after % len(loader)  # the batches trained, not one more
+    assert first.saved["data"]["batches_taken"] == (stop_after - 1) % len(loader) + 1  # the batches trained, not one more
 
     resumed_seen: list[torch.Tensor] = []
     loader2 = _loader(root)
     resumed = _trainer(resumed_seen, accumulate)
     resumed.load_state_dict(first.saved["trainer"])
     loader2.load_state_dict(first.saved["data"])
-    resumed.fit(loader2, max_epochs=EPOCHS)
+    result = resumed.fit(loader2, max_epochs=EPOCHS)
+    assert [e.epoch for e in result.history] == list(range((stop_after - 1) // len(loader2), EPOCHS))
 
     # the resumed run's batches are the uninterrupted run's remaining ones (the outputs: same images, crops, weights)
     assert len(first_seen) + len(resumed_seen) == len(whole_seen) == EPOCHS * len(loader2)

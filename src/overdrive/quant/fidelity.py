@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch import nn
 
 from overdrive._utils.fidelity import compare_outputs
+from overdrive._utils.trees import map_tensors, tensor_leaves
 from overdrive.quant.modules import eval_mode
 from overdrive.quant.quantizer import TensorQuantizer
 
@@ -37,7 +37,9 @@ MAX_ELEMENTS = 2**25
 
 
 def _detached(tree: Any) -> Any:
-    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
+    """A copy of ``tree`` whose tensors are detached clones (in a user's ``@dataclass`` too: kept by reference, a batch
+    whose buffers the loader reuses was measured on the last batch's values)."""
+    return map_tensors(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
 @contextlib.contextmanager
@@ -47,7 +49,7 @@ def capture(model: nn.Module) -> Iterator[list[tuple[tuple[Any, ...], dict[str, 
     budget = [MAX_ELEMENTS]
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        n = sum(t.numel() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        n = sum(t.numel() for t in tensor_leaves(out))
         if len(calls) < MAX_BATCHES and n <= budget[0]:
             budget[0] -= n
             calls.append(_detached((args, kwargs)))
@@ -103,7 +105,7 @@ def measure(model: nn.Module, calls: list[tuple[tuple[Any, ...], dict[str, Any]]
         return None
 
     def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-        return [t for t in pytree.tree_leaves(model(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+        return tensor_leaves(model(*args, **kwargs))  # a tuple, dict, ModelOutput or a user's @dataclass output
 
     with eval_mode(model), torch.no_grad():
         with _quantizers_off(model):

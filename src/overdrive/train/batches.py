@@ -11,13 +11,15 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_is_leaf
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.trees import map_tensors, tensor_leaves
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -31,7 +33,8 @@ def _split(batch: Any, loss_fn_given: bool = False) -> tuple[Any, Any]:
     A dict with ``"labels"`` (what a Hugging Face DataCollator yields) is a batch too, as the HF Trainer reads it:
     without ``loss_fn`` the inputs are the whole dict (the model computes its loss from the labels; see
     :func:`_own_loss`); with one, the labels are taken out of the inputs and handed to it as the targets (the HF
-    Trainer's ``compute_loss_func``). A ``BatchEncoding`` becomes a plain dict, which the device move walks into.
+    Trainer's ``compute_loss_func``). A ``BatchEncoding`` becomes a plain dict, which the device move walks into,
+    also as the inputs of a pair (``(tokenizer(texts, return_tensors="pt"), labels)``).
 
     Example:
         >>> b = {"input_ids": torch.zeros(2, 3, dtype=torch.long), "labels": torch.zeros(2, dtype=torch.long)}
@@ -39,7 +42,7 @@ def _split(batch: Any, loss_fn_given: bool = False) -> tuple[Any, Any]:
         (['input_ids', 'labels'], ['input_ids'])
     """
     if isinstance(batch, (tuple, list)) and len(batch) == 2 and not isinstance(batch, str):
-        return batch[0], batch[1]
+        return _plain(batch[0]), _plain(batch[1])
     if isinstance(batch, Mapping) and LABELS in batch:
         inputs = {k: v for k, v in batch.items() if not (loss_fn_given and k == LABELS)}
         return inputs, batch[LABELS]
@@ -47,12 +50,25 @@ def _split(batch: Any, loss_fn_given: bool = False) -> tuple[Any, Any]:
         got = f"a dict with keys {sorted(map(str, batch))[:6]}"
     elif isinstance(batch, (tuple, list)):
         got = f"a {type(batch).__name__} of {len(batch)} items"
+        if len(batch) > 2:  # a Dataset's (image, label, path): keep the pair
+            got += " (for (inputs, targets, extra...) yield ((x, y) for x, y, *_ in loader))"
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = [f.name for f in dataclasses.fields(batch)]
+        got = (f"a {type(batch).__name__} dataclass with fields {fields[:6]} (yield it as (batch, batch.{fields[-1]}) "
+               "for a model that takes the whole batch)") if fields else f"a {type(batch).__name__} dataclass"
     else:
         got = type(batch).__name__
     raise UsageError(f"the Trainer takes batches (inputs, targets); the data yielded {got}: yield pairs, e.g. "
                      "((b['pixel_values'], b['label']) for b in loader), or a dict with the targets under 'labels' (a "
                      "Hugging Face DataCollator's batch: model(**batch) computes its own loss); inputs may be a "
                      "tensor, a tuple of tensors (model(*inputs)) or a dict of them (model(**inputs))")
+
+
+def _plain(x: Any) -> Any:
+    """A mapping torch's pytree does not walk (a Hugging Face ``BatchEncoding``, a ``UserDict``) as a plain dict: the
+    tokenizer's output handed over whole was one opaque leaf, never moved to the device nor counted (0 samples, and
+    fit's epoch loss a NaN read as "training diverged")."""
+    return dict(x) if isinstance(x, Mapping) and tree_is_leaf(x) else x
 
 
 def _uses_own_loss(batch: Any, loss_fn_given: bool) -> bool:
@@ -102,14 +118,50 @@ def _call(model: Any, x: Any) -> Any:
     return model(x)
 
 
-def _leaves(x: Any) -> list[Any]:
-    return [x] if isinstance(x, torch.Tensor) else tree_leaves(x)  # a tensor (the common batch): no pytree walk
+def _leaves(x: Any) -> list[torch.Tensor]:
+    """The tensors of a batch or an output: in tuples, dicts, namedtuples, ModelOutputs and a user's ``@dataclass``
+    (which torch's pytree hands over whole, so its tensors were never moved to the device nor counted)."""
+    return tensor_leaves(x)
 
 
-def _rows(x: Any) -> int:
-    """The batch size of inputs (the first dim of their first tensor; 0 for none or a 0-d one)."""
-    t = next((v for v in _leaves(x) if isinstance(v, torch.Tensor)), None)
-    return int(t.shape[0]) if t is not None and t.dim() > 0 else 0
+def _movable(x: Any) -> bool:
+    """Whether a leaf of a batch goes to the device: a tensor, or an object with its own ``to(device)`` that pytree
+    cannot walk (a torch_geometric ``Batch``, a DGL graph), which accelerate's ``send_to_device`` and Lightning's
+    ``move_data_to_device`` move too."""
+    if isinstance(x, torch.Tensor):
+        return True
+    return callable(getattr(x, "to", None)) and not isinstance(x, (type, str, bytes, torch.nn.Module))
+
+
+def _send(x: Any, device: torch.device, non_blocking: bool = True) -> Any:
+    """One leaf on ``device``: a tensor, or an object's own ``to`` (with ``non_blocking`` where it takes it)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=non_blocking)
+    try:
+        return x.to(device, non_blocking=non_blocking)
+    except TypeError:  # a to(device) without the keyword, as accelerate's send_to_device falls back
+        return x.to(device)
+
+
+def _to(x: Any, move: Any) -> Any:
+    """``move`` applied to every tensor and self-moving object inside ``x`` (dataclass instances included); other
+    leaves (strings, ints) as they are."""
+    return map_tensors(lambda t: move(t) if _movable(t) else t, x)
+
+
+def _rows(x: Any, y: Any = None) -> int:
+    """The batch size: the first dim of the inputs' first tensor of one dim or more, else of the targets' (inputs
+    that hold no tensor pytree can see: a graph batch's object), else 0.
+
+    Example:
+        >>> _rows({"step": torch.tensor(3), "x": torch.zeros(5, 2)}), _rows(object(), torch.zeros(4))
+        (5, 4)
+    """
+    for part in (x, y):
+        t = next((v for v in _leaves(part) if v.dim() > 0), None)
+        if t is not None:
+            return int(t.shape[0])
+    return 0
 
 
 def _float_output(out: Any, loss_fn_given: bool) -> Any:
@@ -125,12 +177,28 @@ def _float_output(out: Any, loss_fn_given: bool) -> Any:
 
 def _set_epoch(data: Any, epoch: int) -> None:
     """Tell the data which epoch starts, as a torch loop calls ``sampler.set_epoch(epoch)``: on the data itself
-    (overdrive.data.ImageLoader) or, for a DataLoader, on its sampler or its batch sampler's sampler
-    (DistributedSampler, ResumableSampler). Without it every epoch had the first one's order and crops."""
-    for obj in (data, getattr(data, "sampler", None), getattr(getattr(data, "batch_sampler", None), "sampler", None)):
-        if callable(getattr(obj, "set_epoch", None)):
+    (overdrive.data.ImageLoader) or, for a DataLoader, on each of its sampler, its batch sampler (a bucketing batch
+    sampler of its own), the batch sampler's sampler (DistributedSampler, ResumableSampler) and its dataset (a
+    Hugging Face streaming IterableDataset, whose shuffle buffer is seeded by the epoch) that has one, as accelerate's
+    DataLoaderShard does. Without it every epoch had the first one's order and crops.
+
+    Example:
+        >>> class Epochs:
+        ...     def set_epoch(self, epoch): self.epoch = epoch
+        >>> loader = torch.utils.data.DataLoader(Epochs(), batch_sampler=Epochs())
+        >>> _set_epoch(loader, 3); loader.dataset.epoch, loader.batch_sampler.epoch
+        (3, 3)
+    """
+    if callable(getattr(data, "set_epoch", None)):
+        data.set_epoch(epoch)
+        return
+    batch_sampler = getattr(data, "batch_sampler", None)
+    done: set[int] = set()
+    for obj in (getattr(data, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None),
+                getattr(data, "dataset", None)):
+        if obj is not None and id(obj) not in done and callable(getattr(obj, "set_epoch", None)):
+            done.add(id(obj))
             obj.set_epoch(epoch)
-            return
 
 
 def _resumable_sampler(data: Any) -> Any:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.trees import map_tensors
 from overdrive.amp import MixedPrecision
-from overdrive.train.batches import Batch, _call, _float_output, _own_loss, _rows, _scores, _split, _uses_own_loss
+from overdrive.train.batches import (
+    Batch, _call, _float_output, _movable, _own_loss, _rows, _scores, _send, _split, _uses_own_loss,
+)
 
 if TYPE_CHECKING:
     from overdrive.train.loop import Trainer
@@ -57,10 +60,10 @@ def evaluate(
     correct = torch.zeros((), device=device, dtype=torch.int64)
     n = 0
     classifies = True  # every batch so far is (N, C) scores against (N,) class indices
-    ctx = mp.autocast if mp is not None else None
+    region = mp.autocast if mp is not None else contextlib.nullcontext
     def move(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
-            return t
+            return _send(t, device, non_blocking=False) if _movable(t) else t  # a graph batch's own to(device)
         t = t.to(device)
         return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t
 
@@ -69,19 +72,16 @@ def evaluate(
     for batch in data:
         own = _uses_own_loss(batch, loss_fn is not None)
         x, y = _split(batch, loss_fn is not None)
-        x, y = tree_map(move, x), tree_map(move, y)
-        if ctx is not None:
-            with ctx():
-                out = _call(model, x)
-        else:
+        x, y = map_tensors(move, x), map_tensors(move, y)  # a user's @dataclass inputs too
+        with region():
             out = _call(model, x)
         out = _float_output(out, loss_fn is not None or own)
-        rows = _rows(x)
+        rows = _rows(x, y)
         if real is not None:
             keep = max(0, min(rows, real - seen))
             seen += rows
             if keep < rows:  # the padding is the tail of this rank's order: drop the repeated rows, (rows, ...) -> (keep, ...)
-                out, y = tree_map(lambda t: _head(t, rows, keep), out), tree_map(lambda t: _head(t, rows, keep), y)
+                out, y = map_tensors(lambda t: _head(t, rows, keep), out), map_tensors(lambda t: _head(t, rows, keep), y)
                 rows = keep
                 if rows == 0:
                     continue
@@ -90,8 +90,11 @@ def evaluate(
         elif loss_fn is None:
             total_loss += nn.functional.cross_entropy(out, y, reduction="sum").double()
         else:
-            # a user loss has no ``reduction`` argument: undo its batch mean
-            total_loss += loss_fn(out, y).double() * rows
+            # a user loss has no ``reduction`` argument: undo its batch mean. Under the autocast the training step
+            # computes it in (fp32 for cross-entropy and MSE): outside it, a structured output's half-precision
+            # logits gave a loss rounded to bf16 (2**-9 relative), unlike the training loss of the same weights
+            with region():
+                total_loss += loss_fn(out, y).double() * rows
         scores = _scores(out)  # a Hugging Face ModelOutput's logits
         if classifies and isinstance(scores, torch.Tensor) and isinstance(y, torch.Tensor) \
                 and _is_classification(scores, y):

@@ -12,14 +12,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.timing import synchronize
 from overdrive.amp import MixedPrecision, Policy, prepare
 from overdrive.train.batches import (  # noqa: F401  (_is_classification and the helpers: importable from here as before)
-    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _own_loss, _records_position, _resumable_sampler,
-    _rows, _set_epoch, _split, _uses_own_loss,
+    Batch, _call, _float_output, _len_or_none, _leaves, _mark_last, _movable, _own_loss, _records_position,
+    _resumable_sampler, _rows, _send, _set_epoch, _split, _to, _uses_own_loss,
 )
 from overdrive.train.config import TrainConfig
 from overdrive.train.early_stopping import EarlyStopping
@@ -40,7 +39,9 @@ class Trainer:
     "epoch" (at the end of each :meth:`fit` epoch: ``StepLR(opt, step_size=30)`` meaning 30 epochs).
 
     Batches are ``(inputs, targets)``: inputs a tensor, a tuple of tensors (``model(*inputs)``) or a dict of them
-    (``model(**inputs)``); a model that returns a dict or a Hugging Face ModelOutput hands it to ``loss_fn`` as it is.
+    (``model(**inputs)``), or any other object for ``model(inputs)``; tensors nested in tuples, dicts and a user's
+    ``@dataclass`` go to the device, as does an object with its own ``to(device)`` (a graph batch). A model that
+    returns a dict, a dataclass or a Hugging Face ModelOutput hands it to ``loss_fn`` as it is.
     A dict with ``"labels"`` (a Hugging Face DataCollator's batch) is read as the HF Trainer reads it: without
     ``loss_fn`` the loss is the model's own (``model(**batch).loss``); with one, ``loss_fn(model(**rest), labels)``.
     ``device`` moves the model there (batches follow); without it, the model's device is used.
@@ -188,13 +189,14 @@ class Trainer:
     # --- one step, in plain sight -----------------------------------------------------------
     def _move(self, t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
-            return t
+            return _send(t, self.device) if _movable(t) else t  # a graph batch's own to(device)
         t = t.to(self.device, non_blocking=True)
         return t.contiguous(memory_format=torch.channels_last) if self.channels_last and t.dim() == 4 else t
 
     def _to_device(self, x: Any) -> Any:
-        """Inputs (a tensor, or tensors in a tuple or dict) on the device; 4-D ones channels-last if asked."""
-        return self._move(x) if isinstance(x, torch.Tensor) else tree_map(self._move, x)  # a tensor: no pytree walk
+        """Inputs (a tensor, or tensors in a tuple, dict or a user's ``@dataclass``) on the device; 4-D ones
+        channels-last if asked."""
+        return _to(x, self._move)
 
     def train_step(self, batch: Batch, end_of_epoch: bool = False) -> torch.Tensor:
         """Forward, scaled backward, (every ``accumulate`` micro-batches) clip, step and step the
@@ -220,11 +222,10 @@ class Trainer:
         own = _uses_own_loss(batch, self._loss_fn_given)  # a Hugging Face dict batch: the model's own loss
         x, y = _split(batch, self._loss_fn_given)
         x = self._to_device(x)
-        y = (y.to(self.device, non_blocking=True) if isinstance(y, torch.Tensor)
-             else tree_map(lambda t: t.to(self.device, non_blocking=True) if isinstance(t, torch.Tensor) else t, y))
+        y = _to(y, lambda t: _send(t, self.device))
         k = self._micro % self.accumulate + 1  # micro-batches in this accumulation, this one included
         last = k == self.accumulate or end_of_epoch
-        first = next((t for t in _leaves(x) if isinstance(t, torch.Tensor)), None)
+        first = next((t for t in _leaves(x) if t.dim() > 0), None)  # as _rows: a 0-d tensor has no batch dim
         empty = first is not None and first.dim() > 0 and first.shape[0] == 0
         with self._grad_sync(last):
             with self.mp.autocast():
@@ -236,7 +237,7 @@ class Trainer:
                 # reports a NaN loss, which fit leaves out of the epoch's mean; loss_fn is not called on it.
                 out = _float_output(out, self._loss_fn_given or own)
                 if empty:
-                    loss = sum(t.float().sum() for t in _leaves(out) if isinstance(t, torch.Tensor)) * 0.0
+                    loss = sum(t.float().sum() for t in _leaves(out)) * 0.0
                 else:
                     loss = _own_loss(out) if own else self.loss_fn(out, y)
                     if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() != 1:
@@ -328,7 +329,9 @@ class Trainer:
         (``overdrive.data.ImageLoader``, torchdata's ``StatefulDataLoader``: a ``state_dict``) is read without a batch
         of look-ahead, so its ``state_dict`` taken between two steps counts exactly the batches trained on too, and
         loading it back resumes the epoch with the next one (not under ``strategy="fsdp"`` with ``accumulate`` > 1,
-        which needs the last batch flagged before its backward, so reads one batch ahead).
+        which needs the last batch flagged before its backward, so reads one batch ahead). Such a state saved after
+        the epoch's last batch (before fit closed the epoch) resumes with an empty pass: fit finishes that epoch as the
+        uninterrupted run did (pending accumulation, evaluation, schedulers; no training loss) and goes on.
 
         With ``accumulate`` > 1, an epoch whose batch count is not a multiple of it ends with a
         step on the mean gradient of its last k < ``accumulate`` micro-batches (as Lightning and the
@@ -345,8 +348,9 @@ class Trainer:
         number of batches (where it has a ``len``): uneven counts raise ``UsageError`` on every rank.
 
         Each epoch starts with ``set_epoch(trainer.epoch)`` on ``train_data`` when it has one (an
-        ``overdrive.data.ImageLoader``), else on its sampler (a DataLoader over a ``DistributedSampler`` or
-        ``ResumableSampler``), as a hand-written torch loop does: each epoch gets its own shuffle.
+        ``overdrive.data.ImageLoader``), else on each of a DataLoader's sampler (``DistributedSampler``,
+        ``ResumableSampler``), batch sampler, batch sampler's sampler and dataset (a streaming ``IterableDataset``)
+        that has one, as a hand-written torch loop (or accelerate) does: each epoch gets its own shuffle.
 
         A step with an inf/NaN loss or gradient is reported as it happens (see :meth:`train_step`); with
         ``on_nonfinite="skip"`` it is skipped and the epoch's mean loss is over its finite losses. An epoch
@@ -406,7 +410,7 @@ class Trainer:
                     losses.append(self.train_step(batch, end_of_epoch=end))
                     if resumable is not None:
                         resumable.advance()
-                    sizes.append(_rows(_split(batch, self._loss_fn_given)[0]))
+                    sizes.append(_rows(*_split(batch, self._loss_fn_given)))
                     samples += sizes[-1]
                     if bar is not None and time.perf_counter() - shown >= BAR_SECONDS:
                         # reading the loss waits for the device: at most once per BAR_SECONDS, not every few steps
@@ -417,23 +421,31 @@ class Trainer:
                     self._close_accumulation()
                 synchronize(self.device)
                 seconds = time.perf_counter() - t0
-                if not losses:
+                if not losses and not self._trained_to_epoch_end(train_data, resumable, total):
                     if resumable is not None and len(resumable) == 0:
                         raise UsageError(
                             f"the training data's ResumableSampler has no sample left in epoch {self.epoch} (its "
                             f"state_dict: {resumable.state_dict()}): it was used up, by an earlier fit at this epoch "
-                            "or a checkpoint saved at the epoch's end, while trainer.epoch is still "
-                            f"{self.epoch}; give this trainer a fresh sampler, or set trainer.epoch to the next epoch")
+                            "or a checkpoint saved at the epoch's end, while this trainer has trained nothing; give "
+                            "it a fresh sampler, or load the checkpoint saved with the sampler's state")
                     raise UsageError("the training data yielded no batch; check the dataset and batch size (or, for "
-                                     "an iterator or generator, that an earlier fit did not use it up)")
+                                     "an iterator or generator, that an earlier fit did not use it up; for data "
+                                     "resumed from a state_dict saved at an epoch's end, load the trainer's "
+                                     "checkpoint saved with it)")
+                if not losses and not late and self._can_close_late():
+                    self._close_accumulation()  # a hand-written loop's save after the epoch's last micro-batch
                 # (n,): the steps with an inf/NaN loss were not applied (amp's guard skipped them), so
                 # the mean is over the finite ones
-                stacked = torch.stack(losses).float()
+                stacked = torch.stack(losses).float() if losses else torch.zeros(0)
                 finite = torch.isfinite(stacked)
                 weights = torch.tensor(sizes, dtype=torch.float32, device=stacked.device)[finite]
+                if bool(finite.any()) and not bool(weights.any()):  # no batch size readable: each step weighs alike
+                    weights = torch.ones_like(weights)  # (a weight sum of 0 made the mean NaN: "training diverged")
                 mean_loss = (float((stacked[finite] * weights).sum() / weights.sum()) if bool(finite.any())
                              else math.nan)
-                if not math.isfinite(mean_loss):
+                # an epoch whose batches were all trained before a resume reports no loss (NaN) and finishes as the
+                # uninterrupted run's did: the pending accumulation stepped, evaluation, schedulers, epoch + 1
+                if losses and not math.isfinite(mean_loss):
                     raise OverdriveError(
                         f"training diverged: no finite loss in epoch {self.epoch}; lower the learning rate, check the "
                         "data, or use a dynamic loss scale"
@@ -449,7 +461,7 @@ class Trainer:
                         loss_fn=self.loss_fn if self._loss_fn_given else None,
                         over_ranks=self.parallel is not None,
                     )
-                if self._plateau:
+                if self._plateau and (losses or stats.eval_loss is not None):  # no metric: nothing to judge
                     if stats.eval_loss is not None:  # already the same on every rank
                         metric = stats.eval_loss
                     else:
@@ -463,7 +475,8 @@ class Trainer:
                     bar.update(task, completed=(i + 1) * total if total else None, loss=mean_loss, tput=stats.samples_per_s)
                 result.history.append(stats)
                 self.epoch += 1
-                if early_stopping is not None and self._early_stop(early_stopping, stats):
+                judged = losses or early_stopping is None or early_stopping.monitor.startswith("eval_")
+                if early_stopping is not None and judged and self._early_stop(early_stopping, stats):
                     self.should_stop = True
                 if on_epoch_end is not None and on_epoch_end(stats) is True:
                     self.should_stop = True
@@ -475,6 +488,18 @@ class Trainer:
                     break
         result.peak_memory_mib = memory_mib(self)
         return result
+
+    def _trained_to_epoch_end(self, data: Any, resumable: Any, total: int | None) -> bool:
+        """Whether a pass that yielded no batch means that this epoch's batches were all trained before: the data
+        resumed itself at the epoch's end (a checkpoint saved after its last batch, before fit closed the epoch) and
+        this trainer has trained (``micro_step`` > 0: a fresh trainer over used-up data is an error, not an epoch).
+        Such data has batches in an epoch: a ResumableSampler with steps per epoch, or data recording its position
+        (ImageLoader, StatefulDataLoader) whose ``len`` counts the whole epoch's."""
+        if self._micro == 0:
+            return False
+        if resumable is not None:
+            return len(resumable) == 0 and resumable.steps_per_epoch() > 0
+        return _records_position(data) and bool(total)
 
     def _early_stop(self, es: EarlyStopping, stats: EpochStats) -> bool:
         value = getattr(stats, es.monitor)
