@@ -67,6 +67,8 @@ def test_asp_errors() -> None:
         ASP.init_model_for_pruning(m, verbosity=0)
     with pytest.raises(UsageError, match="whitelist entry"):
         ASP.init_model_for_pruning(_mlp(), whitelist=[nn.LayerNorm])
+    with pytest.raises(UsageError, match=r"whitelist=.*Linear.* not a list .* whitelist=\[Linear\]"):
+        ASP.init_model_for_pruning(_mlp(), whitelist=nn.Linear)  # one class, not a list: was a bare TypeError
     with pytest.raises(UsageError, match="no prunable layer"):
         ASP.init_model_for_pruning(nn.Sequential(nn.Linear(4, 4)), verbosity=0)
 
@@ -227,3 +229,45 @@ def test_a_pruned_model_saved_whole_resumes_fine_tuning_through_asp() -> None:
     assert ASP.is_sparsity_enabled(m2)
     ASP._handle(m).remove()
     ASP._handle(m2).remove()
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda p: torch.optim.Adam(p, lr=1e-3),
+    lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=True),
+    lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=False),
+], ids=["adam", "adamw_foreach", "adamw_loop"])
+def test_a_half_model_trained_with_adam_keeps_exact_zeros_and_finite_outputs(make_opt) -> None:
+    # fp16 Adam: a pruned position's gradient is zeroed, its moments stay 0 and eps=1e-8 underflows to 0 in fp16,
+    # so the step writes 0 / 0 = NaN there; the masks must put 0 back (NaN * 0 stays NaN: every output was NaN)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32)).half()
+    x, target = torch.randn(8, 32).half(), torch.randn(8, 32).half()
+    dense = nn.Sequential(nn.Linear(32, 32)).half()
+    dense.load_state_dict(model.state_dict())
+    opt, dense_opt = make_opt(model.parameters()), make_opt(dense.parameters())
+    ASP.prune_trained_model(model, opt)
+    for m, o in ((model, opt), (dense, dense_opt)):
+        for _ in range(3):
+            o.zero_grad()
+            (m(x).float() - target.float()).square().sum().backward()
+            o.step()
+    assert bool(torch.isfinite(dense(x)).all())  # the reference: this fp16 Adam run is sound without pruning
+    w, mask = model[0].weight, model[0].weight_sparse_mask
+    assert bool((w[~mask] == 0).all()) and bool(torch.isfinite(w).all())
+    assert bool(torch.isfinite(model(x)).all())
+
+
+@pytest.mark.parametrize("wrap", [torch.compile, nn.DataParallel], ids=["compile", "data_parallel"])
+def test_calls_on_the_wrapped_model_find_the_one_initialized(wrap) -> None:
+    # init_model_for_pruning(model), then the script wraps it (DDP, DataParallel, torch.compile) and keeps calling ASP
+    # with what it trains: that said "not initialized"
+    model = _mlp()
+    ASP.init_model_for_pruning(model, verbosity=0, allow_permutation=False)
+    wrapped = wrap(model)
+    ASP.compute_sparse_masks(wrapped)
+    assert ASP.is_sparsity_enabled(wrapped) and ASP.already_init_asp_model(wrapped)
+    assert is_2to4(model[0].weight) and ASP.handle(wrapped) is ASP.handle(model)
+    with pytest.raises(UsageError, match="already"):
+        ASP.init_model_for_pruning(wrapped, verbosity=0)
+    with pytest.raises(UsageError, match="was not initialized"):
+        ASP.is_sparsity_enabled(wrap(_mlp()))

@@ -151,3 +151,50 @@ def test_permutation_search_is_deterministic() -> None:
     sparsify(model_b, SparsityConfig(permutation=True))
     for a, b in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(a, b)
+
+
+class _TwoHeads(nn.Module):
+    """One trunk layer feeding a pruned head and a wide dense head (one permutation group)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.head_a, self.head_b = nn.Linear(32, 64), nn.Linear(64, 32), nn.Linear(64, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        return self.head_a(h).sum(-1) + self.head_b(h).sum(-1)
+
+
+def test_recomputing_masks_after_a_resume_with_the_default_permutation_keeps_the_weights() -> None:
+    # the checkpointing script of apex's tests: part 1 prunes and saves; part 2 initializes a fresh model with ASP's
+    # defaults (allow_permutation=True), loads, and recomputes the masks. The permutation ran at that first recompute
+    # on the already-pruned weights: their columns moved, the masks and the values kept aside did not, so the
+    # recompute put the pruned values back in the wrong places (outputs off by units; restore_pruned_weights too)
+    kw = dict(verbosity=0, whitelist=[nn.Linear], allow_recompute_mask=True, disallowed_layer_names=["head_b"])
+    torch.manual_seed(0)
+    part1 = _TwoHeads()
+    opt = torch.optim.Adam(part1.parameters(), lr=1e-2)
+    ASP.init_model_for_pruning(part1, "m4n2_1d", allow_permutation=False, **kw)
+    ASP.init_optimizer_for_pruning(opt)
+    ASP.compute_sparse_masks(part1)
+    for i in range(3):
+        part1(torch.randn(8, 32, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    buf = io.BytesIO()
+    torch.save(part1.state_dict(), buf)
+    buf.seek(0)
+
+    part2 = _TwoHeads()
+    ASP.init_model_for_pruning(part2, "m4n2_1d", **kw)
+    ASP.init_optimizer_for_pruning(torch.optim.Adam(part2.parameters(), lr=1e-2))
+    part2.load_state_dict(torch.load(buf))
+    ASP.compute_sparse_masks(part1)
+    ASP.compute_sparse_masks(part2)
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(part2(x), part1(x), rtol=0, atol=1e-6)
+    assert torch.equal(part2.head_a.weight_sparse_mask, part1.head_a.weight_sparse_mask)
+    assert ASP.handle(part2).permutation["groups"] == 0
+    ASP.restore_pruned_weights(part1)
+    ASP.restore_pruned_weights(part2)
+    torch.testing.assert_close(part2(x), part1(x), rtol=0, atol=1e-6)

@@ -62,7 +62,26 @@ def _say_layers(handle: SparseHandle, verbosity: int) -> None:
                 print(f"[ASP] Not sparsifying {_where(prefix + p_name, p_name, p)}")
 
 
+def _registered(model: nn.Module) -> nn.Module | None:
+    """The model ASP registered, found through the wrappers users put around it after pruning (DDP, DataParallel,
+    ``torch.compile``): ``ASP.compute_sparse_masks(ddp_model)`` after ``init_model_for_pruning(model)`` said the
+    model was never initialized."""
+    seen: set[int] = set()
+    while isinstance(model, nn.Module) and id(model) not in seen:
+        if model in _HANDLES:
+            return model
+        seen.add(id(model))
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if inner is None and isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            inner = model.module
+        model = inner
+    return None
+
+
 def _type_names(whitelist: Sequence[type[nn.Module]]) -> tuple[str, ...]:
+    if isinstance(whitelist, (type, str)):  # whitelist=nn.Linear: iterating the class raised a bare TypeError
+        raise UsageError(f"whitelist={whitelist!r} is one entry, not a list of layer classes; pass a list, e.g. "
+                         f"whitelist=[{getattr(whitelist, '__name__', whitelist)}]")
     names = []
     for cls in whitelist:
         match = [k for k, base in _TYPES.items() if isinstance(cls, type) and issubclass(cls, base)]
@@ -106,8 +125,9 @@ class ASP:
         ``verbosity`` prints apex's ``[ASP]`` lines: 1+ the weights skipped for their shape or type, with the
         reason; 2+ (``compute_sparse_masks``, ``restore_pruned_weights``) the sparsity each weight got or lost;
         3+ (here) every weight sparsified and the parameters left dense."""
-        if model in _HANDLES:
-            raise UsageError("init_model_for_pruning was already called for this model; it is already pruned")
+        if _registered(model) is not None:
+            raise UsageError("init_model_for_pruning was already called for this model (or the model it wraps); it "
+                             "is already pruned")
         # SparsityConfig refuses a bare string (tuple("head") would be its characters), so pass the names as given
         mask_fn = mask_calculator if callable(mask_calculator) else None
         cfg = SparsityConfig(mask_calculator="m4n2_1d" if mask_fn else mask_calculator, layer_types=_type_names(whitelist),
@@ -195,7 +215,7 @@ class ASP:
         """Whether ``model`` (apex's form, no argument: any model in this process) was initialized for pruning."""
         if model is None:
             return len(_HANDLES) > 0
-        return model in _HANDLES
+        return _registered(model) is not None
 
     @staticmethod
     def set_permutation_saving_params(allow_permutation: bool = True, save_permutation_graph: bool = False,
@@ -225,9 +245,11 @@ class ASP:
     @staticmethod
     def _handle(model: nn.Module | None) -> SparseHandle:
         if model is not None:
-            if model not in _HANDLES:
-                raise UsageError("this model was not initialized with ASP.init_model_for_pruning(model)")
-            return _HANDLES[model]
+            registered = _registered(model)
+            if registered is None:
+                raise UsageError(f"this {type(model).__name__} was not initialized with "
+                                 "ASP.init_model_for_pruning(model); initialize it (or the model it wraps) first")
+            return _HANDLES[registered]
         handles = list(_HANDLES.values())
         if not handles:
             raise UsageError("no model initialized for pruning; call ASP.init_model_for_pruning(model) first")

@@ -68,10 +68,19 @@ class SparseHandle:
         With ``allow_recompute_mask`` (apex's semantics) the values a mask removes are kept aside;
         a recompute first puts them back into the pruned positions, then chooses the new mask from
         those weights, so weights trained since the last mask keep their trained values. The first
-        call runs the channel permutation search when the config asks for it."""
+        call runs the channel permutation search when the config asks for it, unless the masks already
+        prune (a pruned checkpoint loaded): its channels then keep their order."""
         if self._permutation_pending:
             self._permutation_pending = False
-            self._permute()
+            if any(not bool(layer.mask.all()) for layer in self.layers):
+                # masks already prune (loaded from a pruned checkpoint, or an adopted pruned copy): a permutation now
+                # moved the weights' columns but not the masks nor the values kept aside, so the recompute put those
+                # values back in the wrong places and pruned trained weights
+                self.permutation = {"groups": 0, "details": [], "notes": [
+                    "the model was already pruned when its masks were first computed here: channels keep their order "
+                    "(a permutation is searched before the first masks only)"]}
+            else:
+                self._permute()
         with torch.no_grad():
             for layer in self.layers:
                 self._put_back_pruned(layer)
@@ -136,14 +145,17 @@ class SparseHandle:
             self.config, self._masters, list(self._attached))
 
     def apply_masks(self) -> None:
-        """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2)."""
+        """Zero pruned weights in the model and in the optimizer's copies (fp32 masters under amp O2).
+        masked_fill, not a multiply: a pruned position holding NaN must become 0, and it does hold NaN after an
+        Adam step of a half-precision weight (its gradient is zeroed, so its moments are 0, and Adam's eps of 1e-8
+        underflows to 0 in fp16: 0 / 0); ``NaN * 0`` kept it there and the next forward was NaN everywhere."""
         with torch.no_grad():
             for layer in self.layers:
                 mask = layer.mask
                 if layer.weight.layout != torch.strided or _is_semi_structured(layer.weight):
                     continue  # exported to cuSPARSELt: inference only, already 2:4 by construction
                 for t in layer.copies():
-                    t.mul_(mask.to(t.device))
+                    t.masked_fill_(~mask.to(t.device), 0)
 
     def mask_grads(self) -> None:
         """Zero the gradients of pruned weights (the model's and the fp32 masters' under amp O2).
