@@ -55,3 +55,34 @@ def test_a_cpu_job_needs_no_local_rank(fake_cuda: list[torch.device]) -> None:
     with pytest.raises(_Stop):
         parallel.init(device="cpu")
     assert fake_cuda == []
+
+
+@pytest.mark.parametrize("var", ["SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"])
+def test_a_launcher_that_gives_each_process_its_own_gpu(fake_cuda: list[torch.device], monkeypatch: pytest.MonkeyPatch,
+                                                        var: str) -> None:
+    # `srun --gpus-per-task=1` (or an mpirun wrapper setting CUDA_VISIBLE_DEVICES per rank): task 3 of a node sees
+    # one GPU, its own, as cuda:0; it had been refused with "LOCAL_RANK=3 but only 1 GPU(s) are visible"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv(var, "3")
+    with pytest.raises(_Stop):
+        parallel.init()
+    assert fake_cuda == [torch.device("cuda", 0)]
+
+
+def test_a_pod_per_rank_with_one_gpu_needs_no_local_rank(fake_cuda: list[torch.device],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Kubernetes PyTorchJob running `python train.py` sets MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK only; each
+    # pod has its GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(_Stop):
+        parallel.init()
+    assert fake_cuda == [torch.device("cuda", 0)]
+
+
+def test_torchrun_local_rank_past_the_visible_gpus_is_still_refused(fake_cuda: list[torch.device],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # torchrun --nproc-per-node 2 on one GPU: a mistake, not a binding
+    with pytest.raises(parallel.OverdriveError, match="LOCAL_RANK=1 but only 1 GPU"):
+        parallel.init()
+    assert fake_cuda == []

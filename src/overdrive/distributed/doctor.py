@@ -183,13 +183,26 @@ def _ipv4(name: str) -> str | None:
 
 
 def check_socket_ifname(value: str, ifaces: list[dict[str, Any]]) -> list[Finding]:
-    """NCCL_SOCKET_IFNAME: comma list of prefixes; ``=name`` exact; ``^`` excludes."""
+    """NCCL_SOCKET_IFNAME: comma list of prefixes; ``=name`` exact; ``^`` excludes (``^=`` exact names).
+
+    Example:
+        >>> check_socket_ifname("^lo", [{"name": "lo", "state": "unknown", "ipv4": "127.0.0.1"}])[0].level
+        'error'
+    """
     value = value.strip()
-    if value.startswith("^"):
-        return []
-    exact = value.startswith("=")
     names = {i["name"]: i for i in ifaces}
     out: list[Finding] = []
+    if value.startswith("^"):
+        exact = value[1:].startswith("=")
+        drop = [w.strip() for w in value[1:].lstrip("=").split(",") if w.strip()]
+        left = [n for n, i in names.items() if i["state"] in ("up", "unknown")
+                and not any((n == w if exact else n.startswith(w)) for w in drop)]
+        if names and not left:  # NCCL then fails at init: "Bootstrap : no socket interface found"
+            out.append(Finding("error", "NCCL_SOCKET_IFNAME", f"{value!r} excludes every interface that is up here "
+                               f"(have: {', '.join(sorted(names))}); NCCL would find no socket interface: exclude "
+                               "fewer (e.g. ^docker,lo) or name the one to use (e.g. eth0)"))
+        return out
+    exact = value.startswith("=")
     for want in filter(None, (w.strip() for w in value.lstrip("=").split(","))):
         hits = [i for n, i in names.items() if (n == want if exact else n.startswith(want))]
         if not hits:
@@ -199,6 +212,50 @@ def check_socket_ifname(value: str, ifaces: list[dict[str, Any]]) -> list[Findin
             out.append(Finding("error", "NCCL_SOCKET_IFNAME", f"{want!r} matches only interfaces that are down: "
                                f"{', '.join(i['name'] for i in hits)}"))
     return out
+
+
+def check_ib_hca(value: str, hcas: list[str]) -> list[Finding]:
+    """NCCL_IB_HCA: comma list of adapter prefixes, each optionally ``:port`` (``mlx5_0:1``); ``=`` exact; ``^``
+    excludes. ``hcas``: the adapters here (/sys/class/infiniband). A list that selects none of them leaves NCCL
+    without InfiniBand/RoCE: inter-node traffic falls back to TCP sockets, silently.
+
+    Example:
+        >>> check_ib_hca("mlx5_9", ["mlx5_0", "mlx5_1"])[0].detail.startswith("'mlx5_9' matches no")
+        True
+    """
+    value = value.strip()
+    if not value:
+        return []
+    exclude = value.startswith("^")
+    body = value[1:] if exclude else value
+    exact = body.startswith("=")
+    wants = [w.strip().split(":")[0] for w in body.lstrip("=").split(",") if w.strip()]
+
+    def hit(name: str, want: str) -> bool:
+        return name == want if exact else name.startswith(want)
+
+    have = ", ".join(hcas) if hcas else "none: no /sys/class/infiniband"
+    fix = "set it to adapters listed by ibv_devices (e.g. mlx5_0,mlx5_1) or unset it"
+    if exclude:
+        if hcas and all(any(hit(h, w) for w in wants) for h in hcas):
+            return [Finding("warning", "NCCL_IB_HCA", f"{value!r} excludes every InfiniBand adapter here ({have}): "
+                            f"inter-node traffic falls back to TCP sockets; {fix}")]
+        return []
+    missing = [w for w in wants if not any(hit(h, w) for h in hcas)]
+    if missing and len(missing) == len(wants):
+        return [Finding("warning", "NCCL_IB_HCA", f"{', '.join(repr(w) for w in missing)} matches no InfiniBand adapter "
+                        f"here (have: {have}): NCCL uses no InfiniBand/RoCE and inter-node traffic falls back to TCP "
+                        f"sockets; {fix}")]
+    if missing:
+        return [Finding("warning", "NCCL_IB_HCA", f"{', '.join(repr(w) for w in missing)} matches no InfiniBand adapter "
+                        f"here (have: {have}); NCCL uses the others only: {fix}")]
+    return []
+
+
+def ib_adapters() -> list[str]:
+    """The InfiniBand / RoCE adapters of this host (/sys/class/infiniband), sorted; [] without any."""
+    root = Path("/sys/class/infiniband")
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
 
 def check_gloo_ifname(value: str, ifaces: list[dict[str, Any]]) -> list[Finding]:
@@ -247,6 +304,8 @@ def env_findings(env: dict[str, str], ifaces: list[dict[str, Any]]) -> tuple[lis
         findings += check_socket_ifname(env["NCCL_SOCKET_IFNAME"], ifaces)
     if "GLOO_SOCKET_IFNAME" in env:
         findings += check_gloo_ifname(env["GLOO_SOCKET_IFNAME"], ifaces)
+    if "NCCL_IB_HCA" in env and env.get("NCCL_IB_DISABLE", "").strip() != "1":
+        findings += check_ib_hca(env["NCCL_IB_HCA"], ib_adapters())
     return rows, findings
 
 
@@ -293,14 +352,29 @@ def rank_env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
     return out
 
 
-def _is_local(addr: str) -> bool:
-    try:
-        ip = socket.gethostbyname(addr)
-    except OSError:
-        return False
-    if ip.startswith("127.") or ip in ("0.0.0.0", socket.gethostbyname(socket.gethostname())):
-        return True
-    return any(i["ipv4"] == ip for i in interfaces())
+def _resolve(addr: str, port: int) -> tuple[int, Any]:
+    """(address family, socket address) of ``addr``: a name, an IPv4 address, or an IPv6 one, bare or bracketed as in
+    ``[fd00::1]:29400`` (``socket.gethostbyname`` reads IPv4 only: every IPv6 master was "does not resolve")."""
+    host = addr.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    return family, sockaddr
+
+
+def _show(addr: str, port: int) -> str:
+    """``host:port``, an IPv6 address bracketed: ``[fd00::1]:29500``."""
+    return f"[{addr}]:{port}" if ":" in addr and not addr.startswith("[") else f"{addr}:{port}"
+
+
+def _is_local(family: int, sockaddr: Any) -> bool:
+    """Whether the address belongs to this host: a socket can be bound to it (any port)."""
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((sockaddr[0], 0, *sockaddr[2:]))
+        except OSError:
+            return False
+    return True
 
 
 def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0, wait_s: float = 0.0,
@@ -316,23 +390,29 @@ def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0,
         'MASTER_ADDR'
     """
     try:
-        ip = socket.gethostbyname(addr)
-    except OSError as exc:
+        family, sockaddr = _resolve(addr, port)
+    except (OSError, UnicodeError) as exc:
         return [Finding("error", "MASTER_ADDR", f"{addr!r} does not resolve ({exc}); use an IP or a name in DNS/hosts")]
-    if node_rank == 0 and _is_local(addr):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    where = _show(addr, port)
+    if node_rank == 0 and _is_local(family, sockaddr):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            # as TCPStore binds: every address of the family, SO_REUSEADDR on. Without it the port of a run that
+            # just ended (killed, or Ctrl-C) stayed "in use" for a minute in TIME_WAIT, which the store binds over
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind((ip, port))
+                s.bind(("", port))
             except OSError as exc:
-                return [Finding("error", "MASTER_PORT", f"{addr}:{port} cannot be bound on the master node ({exc.strerror}): "
+                return [Finding("error", "MASTER_PORT", f"{where} cannot be bound on the master node ({exc.strerror}): "
                                 "another job holds it; pick another --master-port")]
-        return [Finding("info", "MASTER_PORT", f"{addr}:{port} is free on this (master) node")]
+        return [Finding("info", "MASTER_PORT", f"{where} is free on this (master) node")]
     deadline = time.monotonic() + wait_s
     waited = False
     while True:
         try:
-            with socket.create_connection((ip, port), timeout=timeout):
-                return [Finding("info", "MASTER_PORT", f"{addr}:{port} is reachable")]
+            with socket.socket(family, socket.SOCK_STREAM) as conn:
+                conn.settimeout(timeout)
+                conn.connect(sockaddr)
+                return [Finding("info", "MASTER_PORT", f"{where} is reachable")]
         except ConnectionRefusedError as exc:
             # the host is there and nothing listens yet: node 0 may simply start later (torchrun's ranks wait for it)
             if time.monotonic() < deadline:
@@ -342,10 +422,10 @@ def check_master(addr: str, port: int, node_rank: int = 0, timeout: float = 3.0,
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                 continue
             after = f", after waiting {wait_s:g} s" if wait_s > 0 else ""
-            return [Finding("error", "MASTER_PORT", f"nothing listens on {addr}:{port} ({exc.strerror or exc}{after}): "
+            return [Finding("error", "MASTER_PORT", f"nothing listens on {where} ({exc.strerror or exc}{after}): "
                             "start node 0's launch (it opens the port), or check --master-port")]
         except OSError as exc:
-            return [Finding("error", "MASTER_PORT", f"{addr}:{port} is not reachable from this node ({exc.strerror or exc}): "
+            return [Finding("error", "MASTER_PORT", f"{where} is not reachable from this node ({exc.strerror or exc}): "
                             "start node 0 first, check the address, the port and firewalls")]
 
 

@@ -88,17 +88,32 @@ def rank_env(environ: dict[str, str]) -> tuple[dict[str, str], str | None]:
     return environ, None
 
 
-def _local_rank(world: int, cuda: bool) -> int:
-    """This process's rank on its node: torchrun's LOCAL_RANK, else an MPI or Slurm launcher's; a job of several ranks
-    on GPUs with none of them is refused (every rank would take cuda:0 and the GPUs past it would sit idle)."""
+def _local_rank(world: int, cuda: bool) -> tuple[int, str | None]:
+    """This process's rank on its node and the variable it came from: torchrun's LOCAL_RANK, else an MPI or Slurm
+    launcher's. A job of several ranks on GPUs with none of them is refused (every rank would take cuda:0 and the GPUs
+    past it would sit idle), unless each process sees one GPU only: its own, given to it by the launcher (a
+    Kubernetes PyTorchJob pod per rank, ``srun --gpus-per-task=1``)."""
     for var in ("LOCAL_RANK", *LOCAL_RANK_FALLBACKS):
         if os.environ.get(var, "").strip().isdigit():
-            return int(os.environ[var])
-    if world > 1 and cuda:
+            return int(os.environ[var]), var
+    if world > 1 and cuda and torch.cuda.device_count() != 1:
         raise UsageError(f"WORLD_SIZE={world} on CUDA but LOCAL_RANK is unset (nor {', '.join(LOCAL_RANK_FALLBACKS)}): "
                          "every rank would take cuda:0; start the script with `overdrive launch` / torchrun, which set "
                          "it, or set LOCAL_RANK to each process's rank on its node")
-    return 0
+    return 0, None
+
+
+def _gpu_index(local: int, var: str | None) -> int:
+    """The CUDA device this rank takes: its local rank, or 0 where the process sees one GPU and its local rank comes
+    from an MPI or Slurm launcher, which gives each process its own GPU (``srun --gpus-per-task=1``, ``--gpu-bind``):
+    SLURM_LOCALID 3 with one visible GPU had been refused ("only 1 GPU(s) are visible")."""
+    count = torch.cuda.device_count()
+    if local < count:
+        return local
+    if count == 1 and var in LOCAL_RANK_FALLBACKS:
+        return 0
+    raise OverdriveError(f"{var or 'LOCAL_RANK'}={local} but only {count} GPU(s) are visible; lower --nproc-per-node "
+                         "or check CUDA_VISIBLE_DEVICES")
 
 
 def init(backend: str | None = None, device: str | torch.device | None = None) -> DistEnv:
@@ -125,14 +140,9 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     rank = int(environ.get("RANK", "0"))
     world = int(environ.get("WORLD_SIZE", "1"))
     want_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
-    local = _local_rank(world, want_cuda)
-    dev = torch.device("cuda", local) if want_cuda else torch.device("cpu")
+    local, local_var = _local_rank(world, want_cuda)
+    dev = torch.device("cuda", _gpu_index(local, local_var)) if want_cuda else torch.device("cpu")
     if want_cuda:
-        if local >= torch.cuda.device_count():
-            raise OverdriveError(
-                f"LOCAL_RANK={local} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                "lower --nproc-per-node or check CUDA_VISIBLE_DEVICES"
-            )
         torch.cuda.set_device(dev)
     backend = backend or ("nccl" if want_cuda else "gloo")
     if backend not in ("nccl", "gloo"):
@@ -380,8 +390,13 @@ class Parallel:
             for m in model.modules():
                 if isinstance(m, nn.modules.batchnorm._BatchNorm):
                     fully_shard(m, mp_policy=keep, reshard_after_forward=s.reshard_after_forward)
+        from torch.distributed.fsdp import FSDPModule
+
         for block in fsdp_blocks(model, s.fsdp_blocks):
-            fully_shard(block, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
+            # a BatchNorm that is itself a block (a child of nn.Sequential, or of the root) is sharded above already;
+            # sharding it twice failed inside torch ("can only be applied to a module once")
+            if not isinstance(block, FSDPModule):
+                fully_shard(block, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
         fully_shard(model, mp_policy=mpp, reshard_after_forward=s.reshard_after_forward)
         return model, _rebind_optimizer(optimizer, names, model), rest
 
@@ -399,9 +414,13 @@ class Parallel:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # broadcast_buffers only when changed: torch 2.13 deprecates the name, 2.11 lacks the new one.
             extra = {} if s.broadcast_buffers else {"broadcast_buffers": False}
+            # With accumulation every micro-batch runs in no_sync and finish_accumulation reduces the gradients, so
+            # DDP's reducer (what static_graph tunes) never runs; a static graph whose first backward is in no_sync
+            # fails inside torch ("expect_autograd_hooks_ INTERNAL ASSERT FAILED"), so it is left off there.
             self.wrapped = DDP(
                 model, device_ids=ids, bucket_cap_mb=s.bucket_cap_mb, gradient_as_bucket_view=s.gradient_as_bucket_view,
-                static_graph=s.static_graph, find_unused_parameters=s.find_unused_parameters, **extra,
+                static_graph=s.static_graph and self.accumulate == 1, find_unused_parameters=s.find_unused_parameters,
+                **extra,
             )
             return self.wrapped
         self.wrapped = model
