@@ -6,17 +6,15 @@ cast by forward hooks. No torch function, optimizer method or ``forward`` is pat
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_is_leaf, tree_map
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.trees import map_tensors, tensor_leaves
 
 # Normalization layers that O2 keeps in fp32 (apex: keep_batchnorm_fp32 covers every norm layer).
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -50,71 +48,6 @@ def saturating_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if torch.finfo(x.dtype).max > top:
         x = torch.where(torch.isinf(x), x, x.clamp(-top, top))
     return x.to(dtype)
-
-
-def _is_plain_dataclass(x: Any) -> bool:
-    """A dataclass instance that torch's pytree does not know (a user's ``@dataclass`` batch or output), which
-    pytree would hand over whole as one leaf. (A registered one, such as Hugging Face's ``ModelOutput``, is
-    walked by pytree itself.)"""
-    return dataclasses.is_dataclass(x) and not isinstance(x, type) and tree_is_leaf(x)
-
-
-def _map_dataclass(fn: Callable[[Any], Any], obj: Any) -> Any:
-    """``obj`` with ``fn`` applied to each field's value; ``obj`` itself when no value changed.
-
-    A shallow copy whose fields are set in place of the originals: frozen dataclasses, ``init=False`` fields and
-    attributes outside the fields survive, and neither ``__init__`` nor ``__post_init__`` runs again (they may
-    validate, move or allocate)."""
-    new = {}
-    for f in dataclasses.fields(obj):
-        if not hasattr(obj, f.name):  # an init=False field never set
-            continue
-        old = getattr(obj, f.name)
-        value = fn(old)
-        if value is not old:
-            new[f.name] = value
-    if not new:
-        return obj
-    out = copy.copy(obj)
-    for name, value in new.items():
-        try:
-            setattr(out, name, value)  # a class's own __setattr__ may keep other views in step
-        except dataclasses.FrozenInstanceError:
-            object.__setattr__(out, name, value)
-    return out
-
-
-def map_tensors(fn: Callable[[Any], Any], obj: Any) -> Any:
-    """``tree_map(fn, obj)`` that also walks dataclass instances pytree does not know (a user's ``@dataclass``
-    batch or model output, frozen or not, at any depth), without registering their types with pytree.
-
-    Example:
-        >>> @dataclasses.dataclass(frozen=True)
-        ... class Batch:
-        ...     x: torch.Tensor
-        >>> map_tensors(lambda t: t * 2 if isinstance(t, torch.Tensor) else t, [Batch(torch.ones(1))])[0].x.tolist()
-        [2.0]
-    """
-
-    def visit(x: Any) -> Any:
-        if _is_plain_dataclass(x):
-            return _map_dataclass(lambda v: map_tensors(fn, v), x)
-        return fn(x)
-
-    return tree_map(visit, obj, is_leaf=_is_plain_dataclass)
-
-
-def tensor_leaves(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside ``obj``: nested tuples/lists/dicts, namedtuples and dataclass instances."""
-    found: list[torch.Tensor] = []
-
-    def visit(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            found.append(x)
-        return x
-
-    map_tensors(visit, obj)
-    return found
 
 
 def cast_floating(obj: Any, dtype: torch.dtype, saturate: bool = False) -> Any:
