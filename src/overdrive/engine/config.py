@@ -257,6 +257,19 @@ class BuildConfig(ConfigBase):
                                                  "conv_fusion", "sibling_gemms", "quantize_residuals", "lowp_linears",
                                                  "allow_tf32")
 
+    def groups_siblings(self, device_type: str) -> bool:
+        """Whether this build runs sibling Linear layers (Q/K/V, gate/up) as one GEMM on ``device_type`` (``"cuda"``,
+        ``"cpu"``), in float and in int8/fp8: ``sibling_gemms`` (None: on for CUDA), and only with Inductor freezing
+        on (``freezing``; None: on for CUDA), which computes the concatenated weights once.
+
+        Example:
+            >>> BuildConfig().groups_siblings("cpu"), BuildConfig().groups_siblings("cuda")
+            (False, True)
+        """
+        cuda = device_type == "cuda"
+        freezing = self.freezing if self.freezing is not None else cuda
+        return freezing and (self.sibling_gemms if self.sibling_gemms is not None else cuda)
+
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise UsageError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")

@@ -168,8 +168,8 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
                             float_dtype: torch.dtype | None = None, margin: float = 1.1,
                             plan: dict[str, dict[str, Any]] | None = None, timings: dict[str, Any] | None = None,
                             conv_margin: float = CONV_MARGIN,
-                            replan: Callable[[nn.Module], dict[str, dict[str, Any]]] | None = None
-                            ) -> tuple[nn.Module, dict[str, str]]:
+                            replan: Callable[[nn.Module], dict[str, dict[str, Any]]] | None = None,
+                            groups: bool = True) -> tuple[nn.Module, dict[str, str]]:
     """Time every distinct low-precision GEMM layer of ``model`` against its float twin at the input shape it meets on
     ``example``; layers slower than ``margin`` x the float twin (convolutions: ``conv_margin``) are replaced by it.
     In place. Every timed layer's verdict, kept or not, is left in ``model._overdrive_layer_verdicts`` (name -> why).
@@ -181,6 +181,10 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
     float path would need for an 8-bit reader. ``timings`` (a ``--timing-cache``'s): verdicts measured before on
     this GPU with this torch and overdrive, by layer key; those found are reused instead of timed again
     (``model._overdrive_timings_reused`` counts them) and the new ones are added to it.
+
+    ``groups``: sibling Linear layers on the Triton kernel (Q/K/V, gate/up) are then judged together as the one GEMM
+    the engine's graph pass runs them as (:func:`~overdrive.engine.layer_groups.choose_sibling_groups`); pass False
+    when the build does not group them (:meth:`BuildConfig.groups_siblings`).
 
     ``replan`` (``model -> plan``, :func:`conv_plan` of the model as it stands): the plan assumes every convolution
     low precision, so once some go float their neighbours run in another form (a float output where an 8-bit one
@@ -245,11 +249,11 @@ def keep_float_where_faster(model: nn.Module, example: tuple[torch.Tensor, ...],
             kept.update(more)
             flipped = [*more, *(swapped - before)]
         model._overdrive_replanned = replanned
-        # sibling Linear layers (Q/K/V, gate/up) judged as the one GEMM the engine can run them as
-        with _timed("groups"):
-            grouped = choose_sibling_groups(model, dict(layers), inputs, seen, device, float_dtype, plan or {}, kept,
-                                            swapped)
-        model.__dict__.setdefault("_overdrive_layer_verdicts", {}).update(grouped)
+        if groups:  # sibling Linear layers (Q/K/V, gate/up) judged as the one GEMM the engine will run them as
+            with _timed("groups"):
+                grouped = choose_sibling_groups(model, dict(layers), inputs, seen, device, float_dtype, plan or {},
+                                                kept, swapped)
+            model.__dict__.setdefault("_overdrive_layer_verdicts", {}).update(grouped)
     model._overdrive_layer_timing_s = dict(_SPLIT)  # where the timing went (tile tuning, 8-bit, float): the build meta
     return model, kept
 
