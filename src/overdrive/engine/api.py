@@ -18,14 +18,16 @@ from overdrive import __version__
 from overdrive._utils.device import resolve_device
 from overdrive._utils.errors import OverdriveError, UsageError
 from overdrive._utils.files import atomic_write
+from overdrive._utils.inputs import forward_parameters
 from overdrive.engine import accuracy, backends
 from overdrive.engine import int8 as int8_mode
 from overdrive.engine.config import IO_DTYPES, BuildConfig
 from overdrive.engine.inputs import (apply_io_formats, build_inputs, check_example_in_profiles, check_onnx_dims,
-                                     onnx_shared_dims, ordered, random_inputs, resolve_profiles)
+                                     onnx_shared_dims, ordered, random_inputs, resolve_profiles, unpack_dataclasses)
 from overdrive.engine.runtime import Engine, device_facts
 from overdrive.engine.sources import (ModelSource, by_name, fit_input_names, float32_source, to_source,
                                      with_forward_dtypes)
+from overdrive.engine.structured import dataclass_inputs, dataclass_outputs
 
 __all__ = ["Builder", "best_candidates", "choose_backend", "compile_mode_warning"]
 
@@ -246,19 +248,44 @@ class Builder:
         ``example_inputs`` may be a dict by input name, as a Hugging Face model is called (``model(**batch)``): its
         keys name the engine's inputs, and ``calib`` batches may then be dicts too (keys the inputs lack are left
         out, as ``labels``).
+
+        A model may take and return its own ``@dataclass`` instances: an argument ``Batch(x, mask)`` makes the engine
+        take its tensors, named by field (``engine(x, mask)``, or ``engine(x=x, mask=mask)``; its other fields keep
+        the example's values), and ``calib`` batches may be such instances too; a returned dataclass comes back, as a
+        dict does, as an :class:`~overdrive.engine.runtime.EngineOutput` by field name (``out.logits``).
         """
+        params = [n for n, p in (forward_parameters(model) or {}).items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)] if isinstance(model, nn.Module) else []
+        example_inputs, names, calib, packing = unpack_dataclasses(example_inputs, calib, params)
+        if packing is not None:  # the engine takes the dataclasses' tensors, by field name
+            if input_names is not None and len(input_names) != len(names):
+                raise UsageError(f"input_names {list(input_names)} name {len(input_names)} inputs, but the example's "
+                                 f"dataclasses hold {len(names)} tensors {names}; leave input_names out (the fields "
+                                 "name them) or give one name per tensor")
+            input_names = list(input_names or names)
         example_inputs, input_names, calib = build_inputs(example_inputs, input_names, calib)
         if self.config.precision == "best":
-            return self._build_best(model, example_inputs, input_names, calib, onnx_path)
-        return self._build(model, example_inputs, input_names, calib, onnx_path, warn=True)
+            return self._build_best(model, example_inputs, input_names, calib, onnx_path, packing)
+        return self._build(model, example_inputs, input_names, calib, onnx_path, warn=True, packing=packing)
 
     def _build(self, model: Any, example_inputs: tuple[torch.Tensor, ...] | torch.Tensor | None,
                input_names: list[str] | None, calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None,
-               warn: bool) -> Engine:
+               warn: bool, packing: list[Any] | None = None) -> Engine:
+        src = to_source(model, input_names)
+        if packing is not None and (src.module is None or isinstance(src.module, torch.jit.ScriptModule)):
+            raise UsageError(f"the example inputs hold dataclasses, which only a Python model takes; this {src.kind} "
+                             "model takes tensors: give them as a tuple, or a dict by input name")
+        # a model returning its own @dataclass is built (and its engine returns) as if it returned a dict of its
+        # fields; one taking a dataclass is built from, and its engine takes, the dataclass's tensors
+        with dataclass_outputs(src.module), dataclass_inputs(src.module, packing):
+            return self._build_source(model, src, example_inputs, input_names, calib, onnx_path, warn)
+
+    def _build_source(self, model: Any, src: ModelSource, example_inputs: tuple[torch.Tensor, ...] | None,
+                      input_names: list[str] | None, calib: list[tuple[torch.Tensor, ...]] | None,
+                      onnx_path: str | None, warn: bool) -> Engine:
         cfg = self.config  # frozen: the build below works on replaced copies
         device = resolve_device(cfg.device)
         cfg = cfg.replace(device=str(device))
-        src = to_source(model, input_names)
         if isinstance(example_inputs, torch.Tensor):
             example_inputs = (example_inputs,)
         if input_names is None and isinstance(model, nn.Module) and example_inputs \
@@ -282,11 +309,11 @@ class Builder:
             warnings.warn(f"the model's weights are {str(was).removeprefix('torch.')}; the {cfg.precision} engine "
                           "computes from float32 copies of them (its float inputs and outputs are float32), so its "
                           f"outputs differ from the {str(was).removeprefix('torch.')} model's by float32 rounding",
-                          UserWarning, stacklevel=3)
+                          UserWarning, stacklevel=4)
         if warn and src.kind == "module" and any(m.training for m in src.module.modules()):
             warnings.warn("the model is in training mode (Dropout active, BatchNorm on batch statistics); the engine "
                           "runs it in eval mode, as inference does, so it will not match the model as it is now: call "
-                          "model.eval() before building", UserWarning, stacklevel=3)
+                          "model.eval() before building", UserWarning, stacklevel=4)
         example = tuple(x.to(device) for x in example_inputs) if example_inputs else random_inputs(cfg.profiles, src, device)
         if was is not None:  # the float32 copy takes float32 inputs (an fp64 example would not run through it)
             example = tuple(x.float() if x.is_floating_point() else x for x in example)
@@ -314,7 +341,7 @@ class Builder:
             cfg = cfg.replace(int8_activations=mode)
             int8 = {"activations": mode, "why": why}
         if precision in ("int8", "fp8") and cfg.int8_activations != "dynamic":  # dynamic scales need no calibration
-            _warn_uncalibrated(src, precision, calib, stacklevel=4)
+            _warn_uncalibrated(src, precision, calib, stacklevel=5)
             ort_int8 = name == "onnxruntime" and precision == "int8"  # that backend chooses its int8 layout itself
             if src.onnx_bytes is not None and not _has_qdq(src.onnx_bytes) and not ort_int8:
                 # float ONNX: calibrate it into Q/DQ
@@ -334,10 +361,10 @@ class Builder:
                 raise UsageError(f"{flag} rewrites the PyTorch graph for Inductor; the {name} backend cannot take it: "
                                  f"use --backend inductor, or drop {flag}")
         if cfg.compile_mode not in (None, "default") and name != "inductor":
-            warnings.warn(compile_mode_warning(cfg.compile_mode, name), UserWarning, stacklevel=3)
+            warnings.warn(compile_mode_warning(cfg.compile_mode, name), UserWarning, stacklevel=4)
         if cfg.timing_cache and name != "inductor":
             warnings.warn(f"--timing-cache {cfg.timing_cache} has no effect with the {name} backend (it caches "
-                          "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=2)
+                          "Inductor's compiled kernels only); the file is neither read nor written", UserWarning, stacklevel=3)
         if name == "tensorrt":
             data = src.as_onnx(tuple(x.cpu() for x in example), cfg.profiles, cfg.opset)
             path = _unused_path(Path(onnx_path or "model.onnx"), data)
@@ -392,7 +419,7 @@ class Builder:
         engine = Engine(header, sections, runner, device, build_s=build_s)
         kept = meta.get("layers_kept_float") or {}
         if warn and all_float(meta, precision) and src.onnx_bytes is None:
-            warnings.warn(_all_float_warning(precision, kept, device, meta.get("whole_engine")), UserWarning, stacklevel=3)
+            warnings.warn(_all_float_warning(precision, kept, device, meta.get("whole_engine")), UserWarning, stacklevel=4)
         if precision in ("int8", "fp8"):
             reference, vs = _reference(given)
             header["accuracy"] = record = accuracy.measure(engine, reference, vs, calib, example, self.min_cosine)
@@ -400,7 +427,7 @@ class Builder:
             if warn and record["passed"] is False:
                 if self.on_low_accuracy == "raise" and accuracy.meaningful(record, dynamic):
                     raise OverdriveError(accuracy.warning(record, precision) + accuracy.REFUSED)
-                warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=3)
+                warnings.warn(accuracy.warning(record, precision), UserWarning, stacklevel=4)
         elif warn:
             # a float build is checked too, on the example inputs: fp16 overflow (inf) shows here, and a fault in an
             # import or a graph rewrite at any precision
@@ -408,11 +435,12 @@ class Builder:
             if record is not None:
                 header["accuracy"] = record
                 if record["passed"] is False:
-                    warnings.warn(_float_accuracy_warning(record, precision), UserWarning, stacklevel=3)
+                    warnings.warn(_float_accuracy_warning(record, precision), UserWarning, stacklevel=4)
         return engine
 
     def _build_best(self, model: Any, example_inputs: Any, input_names: list[str] | None,
-                    calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None) -> Engine:
+                    calib: list[tuple[torch.Tensor, ...]] | None, onnx_path: str | None,
+                    packing: list[Any] | None = None) -> Engine:
         device = resolve_device(self.config.device)
         # dynamic int8 needs no calibration data: asked for, it is a candidate without --calib
         dynamic = self.config.int8_activations == "dynamic" and device.type == "cpu"
@@ -428,7 +456,7 @@ class Builder:
                 eng = Builder(self.config, precision=prec, int8_activations=acts, quantize_residuals=qres,
                               min_cosine=self.min_cosine,
                               on_low_accuracy=self.on_low_accuracy)._build(
-                    model, example_inputs, input_names, calib, onnx_path, warn=False)
+                    model, example_inputs, input_names, calib, onnx_path, warn=False, packing=packing)
             except UsageError as exc:  # e.g. an ONNX model without Q/DQ nodes cannot be int8: skip, say why
                 times[prec] = f"not built: {exc}"
                 continue

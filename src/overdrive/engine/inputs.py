@@ -4,11 +4,13 @@ warm-ups, timing and compare (integer inputs as their names say: masks of ones, 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from overdrive._utils.errors import UsageError
+from overdrive._utils.trees import is_plain_dataclass, tensor_leaves
 from overdrive._utils.inputs import forward_parameters, takes_names
 from overdrive.engine.config import IO_DTYPES, BuildConfig, ShapeProfile, shapes_arg
 from overdrive.engine.input_dtypes import integer_dtypes
@@ -217,6 +219,83 @@ def random_inputs(profiles: list[ShapeProfile], src: ModelSource, device: torch.
         x = random_input(p.name, tuple(shape), dt, g, vocab)
         out.append(x.to(dt).to(device))
     return tuple(out)
+
+
+def _field_names(obj: Any) -> list[str]:
+    """The names of a dataclass's tensors, in :func:`tensor_leaves` order: a tensor field by its name, the tensors
+    of a field holding several (a tuple, a dict, a dataclass) as ``field.i``.
+
+    Example:
+        >>> @dataclasses.dataclass
+        ... class Batch:
+        ...     x: torch.Tensor
+        ...     pair: tuple
+        ...     mask: torch.Tensor | None = None
+        >>> _field_names(Batch(torch.zeros(1), (torch.zeros(1), torch.zeros(1))))
+        ['x', 'pair.0', 'pair.1']
+    """
+    names = []
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name, None)
+        n = len(tensor_leaves(v))
+        names += [f.name] if isinstance(v, torch.Tensor) else [f"{f.name}.{i}" for i in range(n)]
+    return names
+
+
+def unpack_dataclasses(example: Any, calib: Any, params: list[str]
+                       ) -> tuple[Any, list[str] | None, Any, list[tuple[Any, int] | None] | None]:
+    """Example inputs (and calibration batches) in which a model's argument is its own ``@dataclass`` of tensors
+    (``model(Batch(x, mask))``), as the tensors an engine takes, and how to pack them back: the engine's inputs are
+    the dataclass's tensors by field name (``x``, ``mask``), a tensor argument takes its name from ``params`` (the
+    forward's positional parameters). ``layout`` holds per argument None (a tensor) or ``(dataclass, n)``: the
+    example's instance, whose other fields (None, numbers, strings) every call keeps, and how many tensors it takes.
+    Unchanged, with layout None, when no argument is such a dataclass.
+
+    Example:
+        >>> @dataclasses.dataclass
+        ... class Batch:
+        ...     x: torch.Tensor
+        ...     mask: torch.Tensor
+        >>> ex, names, cal, layout = unpack_dataclasses(Batch(torch.zeros(2, 3), torch.ones(2, 3)), None, ["batch"])
+        >>> names, len(ex), layout[0][1]
+        (['x', 'mask'], 2, 2)
+    """
+    args = (example,) if is_plain_dataclass(example) else example
+    if not isinstance(args, (tuple, list)) or not any(is_plain_dataclass(a) for a in args):
+        return example, None, calib, None
+    flat: list[Any] = []
+    names: list[str] = []
+    layout: list[tuple[Any, int] | None] = []
+    for i, a in enumerate(args):
+        if is_plain_dataclass(a):
+            own = _field_names(a)
+            if not own:
+                raise UsageError(f"example input {i} is a {type(a).__name__} that holds no tensor; an engine's inputs "
+                                 "are tensors: give the model's tensors in it, or fix that argument in a wrapper module")
+            flat += tensor_leaves(a)
+            taken = set(names) | set(params[:len(args)])  # a name clash: the argument's name before the field's
+            arg = params[i] if i < len(params) else type(a).__name__.lower()
+            names += [n if n not in taken else f"{arg}.{n}" for n in own]
+            layout.append((a, len(own)))
+        else:
+            flat.append(a)
+            names.append(params[i] if i < len(params) else f"input{i}")
+            layout.append(None)
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"two example inputs would both be named {dup!r}; give the dataclasses fields of distinct "
+                         "names, or pass the tensors themselves")
+    if calib is None or isinstance(calib, (torch.Tensor, dict)) or is_plain_dataclass(calib):
+        return tuple(flat), names, calib, layout  # one batch, not a list: build_inputs says so
+    batches = []
+    for k, b in enumerate(calib):
+        parts = (b,) if is_plain_dataclass(b) else b
+        xs = [t for part in parts for t in tensor_leaves(part)] if isinstance(parts, (tuple, list)) else None
+        if xs is None or len(xs) != len(flat):
+            raise UsageError(f"calibration batch {k} is a {type(b).__name__} holding {len(xs or [])} tensor(s); the "
+                             f"example holds {len(flat)} ({names}): give every batch in the example's form")
+        batches.append(tuple(xs))
+    return tuple(flat), names, batches, layout
 
 
 def build_inputs(example: Any, input_names: list[str] | None, calib: Any

@@ -24,6 +24,7 @@ from overdrive._utils.files import quiet_fds, require_file
 from overdrive._utils.inputs import ByName as _ByName
 from overdrive._utils.inputs import is_token_model, takes_names
 from overdrive._utils.optional import require
+from overdrive._utils.trees import tensor_leaves
 from overdrive.engine.config import ShapeProfile
 from overdrive.engine.export_dims import _dynamic_shapes
 from overdrive.engine.input_dtypes import INTEGER_INPUTS, integer_dtypes, module_input_dtypes, torchscript_inputs
@@ -53,6 +54,8 @@ def by_name(module: nn.Module, names: list[str]) -> nn.Module:
     w = _ByName(module, names, {"use_cache": False} if "use_cache" in params else None)
     w.train(module.training)  # the exporters put the wrapper's mode back on the module afterwards
     return w
+
+
 
 
 @dataclass
@@ -182,11 +185,10 @@ def _reproduces_at(onnx_bytes: bytes, module: nn.Module, example: tuple[torch.Te
     if not is_available("onnxruntime") or all(a.shape == b.shape for a, b in zip(xs, example)):
         return True
     import onnxruntime as ort
-    from torch.utils._pytree import tree_leaves
 
     try:
-        with torch.no_grad():
-            ref = [o for o in tree_leaves(module(*xs)) if isinstance(o, torch.Tensor)]
+        with torch.no_grad():  # a user's @dataclass output too, in field order (pytree's tree_leaves skipped it)
+            ref = tensor_leaves(module(*xs))
         so = ort.SessionOptions()
         so.log_severity_level = 4  # a failed run is an answer here, not an error for the terminal
         sess = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
