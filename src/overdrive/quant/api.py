@@ -84,6 +84,16 @@ def _subclass_reason(name: str, mod: nn.Module, config: QuantConfig) -> str | No
             "weight and bias before quant.quantize, or call TensorQuantizers on its input and weight in its forward")
 
 
+def _recurrent_reason(mod: nn.Module) -> str | None:
+    """Why an LSTM / GRU / RNN (or cell) stays in float, None for other modules. Its gate matmuls run inside torch's
+    fused recurrent kernel on ``weight_ih_l0`` / ``weight_hh_l0``, with no layer call for a swap to reach; it is
+    listed so that a model whose LSTM stays float does not look fully quantized."""
+    if not isinstance(mod, (nn.RNNBase, nn.RNNCellBase)):
+        return None
+    return (f"{type(mod).__name__}: recurrent layers are not quantized (their gate matmuls run inside torch's fused "
+            "kernel, which no layer swap reaches); it stays in float")
+
+
 def _swap(module: nn.Module, config: QuantConfig, prefix: str, skipped: dict[str, str],
           done: dict[int, tuple[nn.Module, nn.Module]]) -> None:
     """Swap the selected layers below ``module`` in place, recording the others in ``skipped``.
@@ -114,11 +124,41 @@ def _swap(module: nn.Module, config: QuantConfig, prefix: str, skipped: dict[str
             skipped[full] = reason
         elif isinstance(child, _QuantMixin):
             continue
+        elif _recurrent_reason(child) is not None:
+            skipped[full] = _recurrent_reason(child)  # type: ignore[assignment]
+            continue
         else:
             reason = _subclass_reason(full, child, config)
             if reason is not None:
                 skipped[full] = reason
         _swap(child, config, full + ".", skipped, done)
+
+
+def _run_submodules(module: nn.Module, args: tuple[Any, ...]) -> None:
+    """A forward pre-hook that changes nothing: its presence makes ``nn.TransformerEncoderLayer`` take its
+    module-by-module path (see :func:`_keep_layers_called`)."""
+    return None
+
+
+def _keep_layers_called(model: nn.Module) -> None:
+    """Make torch's fused Transformer encoder kernels call the quantized layers instead of reading their weights.
+
+    In eval mode without gradients (``torch.no_grad()``, ``inference_mode``: calibration and most inference),
+    ``nn.TransformerEncoderLayer`` runs ``torch._transformer_encoder_layer_fwd`` on ``linear1.weight`` /
+    ``linear2.weight`` and never calls those layers, so their quantizers are skipped: calibration never reaches
+    them, and the quantized model silently computes them in float. The layer keeps its own forward when a hook is
+    attached, so each encoder layer holding a quantized layer gets the no-op :func:`_run_submodules`; an
+    ``nn.TransformerEncoder`` over such layers stops packing a padded batch into a nested tensor
+    (``use_nested_tensor = False``, the value torch sets itself for layers its fast path cannot take), which the
+    quantizers' per-tensor ranges cannot read. The results are those of the layers' training-mode path.
+    """
+    for m in model.modules():
+        if not any(isinstance(c, (_QuantMixin, TensorQuantizer)) for c in m.modules() if c is not m):
+            continue
+        if isinstance(m, nn.TransformerEncoderLayer) and _run_submodules not in m._forward_pre_hooks.values():
+            m.register_forward_pre_hook(_run_submodules)
+        elif isinstance(m, nn.TransformerEncoder):
+            m.use_nested_tensor = False
 
 
 def quantizers(model: nn.Module) -> Iterable[tuple[str, TensorQuantizer]]:
@@ -176,7 +216,7 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
         else:
             skipped["<root>"] = reason
     else:
-        reason = _subclass_reason("", model, config)
+        reason = _subclass_reason("", model, config) or _recurrent_reason(model)
         if reason is not None:
             skipped["<root>"] = reason
         _swap(model, config, "", skipped, {})
@@ -184,6 +224,7 @@ def quantize(model: nn.Module, config: QuantConfig, forward_loop: ForwardLoop | 
     left_out: list[str] = []
     if (config.residual_add or config.quantize_matmuls) and cls is None:
         model, _, untraced = insert_graph_quantizers(model, config, left_out=left_out)
+    _keep_layers_called(model)
     _warn_unmatched_patterns(config, names | set(left_out) | {n for n, _ in model.named_modules()})
     for name, q in quantizers(model):
         q.name = name

@@ -380,6 +380,7 @@ def _insert_quantizers(model: torch.nn.Module, config: QuantConfig) -> torch.nn.
             convert_below(new, f"{prefix}{cname}.")
 
     convert_below(model, "")
+    api._keep_layers_called(model)  # for quantized layers the registered classes placed in encoder layers too
     for name, q in api.quantizers(model):
         q.name = q.name or name
     return model
