@@ -48,7 +48,8 @@ from _common import RESULTS, device_facts, gpu_kernels, kernel_breakdown, median
 CONFIGS = ("eager_fp16", "compile_default", "compile_ro", "engine_fp16", "engine_int8", "engine_fp8")
 # also accepted by --configs, not run by default: int8 / fp8 engines built with quantize_residuals (ResNet blocks
 # hand over 8-bit tensors only), and with lowp_linears="cublas" (Linear layers on cuBLAS or float only, no Triton)
-EXTRA_CONFIGS = ("engine_int8_qres", "engine_fp8_qres", "engine_int8_cublas", "engine_fp8_cublas")
+EXTRA_CONFIGS = ("engine_int8_qres", "engine_fp8_qres", "engine_int8_cublas", "engine_fp8_cublas", "engine_int8_siblings",
+                 "engine_fp8_siblings")
 LOWP = ("engine_int8", "engine_fp8", *EXTRA_CONFIGS)
 TIMM = {"resnet50": 256, "convnext_tiny": 128, "efficientnet_b0": 256, "vit_base_patch16_224": 128}
 ALIASES = {"vit": "vit_base_patch16_224", "convnext": "convnext_tiny", "efficientnet": "efficientnet_b0"}
@@ -394,7 +395,7 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
     from overdrive.engine import Builder, BuildConfig, ShapeProfile
     from overdrive.engine.runtime import fusions_summary
 
-    prec = cfg.removeprefix("engine_").removesuffix("_qres").removesuffix("_cublas")
+    prec = cfg.removeprefix("engine_").removesuffix("_qres").removesuffix("_cublas").removesuffix("_siblings")
     if prec == "fp16" and device.type == "cpu":
         prec = "fp32"
     if prec == "fp8":
@@ -409,7 +410,8 @@ def _prepare(cfg: str, zoo: Zoo, args: argparse.Namespace, device: torch.device,
         io["compile_mode"] = args.compile_mode
     bcfg = BuildConfig(precision=prec, device=str(device), backend=args.backend, profiles=prof,
                        quantize_residuals=cfg.endswith("_qres"),
-                       lowp_linears="cublas" if cfg.endswith("_cublas") else "timed", **io)
+                       lowp_linears="cublas" if cfg.endswith("_cublas") else "timed",
+                       sibling_gemms=True if cfg.endswith("_siblings") else None, **io)
     calib = zoo.calib if prec in ("int8", "fp8") else None
     note = ""
     with _budget(args.max_build_s):
@@ -596,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default=None, help="comma list: 'serving' (the model's serving batch) and/or "
                    "integers; default serving,1 (--quick: serving, which is 2)")
     p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"comma list of {', '.join(CONFIGS + EXTRA_CONFIGS)} (default: all but the last two)")
+                   help=f"comma list of {', '.join(CONFIGS + EXTRA_CONFIGS)} (default: the first six)")
     p.add_argument("--device", default=None, help="default cuda when present (--quick: cpu)")
     p.add_argument("--quick", action="store_true", help="tiny stand-in models, batch 2, few iterations (CPU smoke run)")
     p.add_argument("--cnn-batch", type=int, default=None, help="serving batch of the CNNs (default 256; ConvNeXt 128)")

@@ -38,8 +38,9 @@
 #                                  # engine_zoo_resnet50_gemm
 #   bash scripts/gpu_engine.sh 21  # every gpu-marked test (-n 4); the CNNs' int8/fp8 engines at batch 1 beside their
 #                                  # fp16 engine (the zoo's "not run" rows): engine_zoo_cnn_bs1_lowp
-#   bash scripts/gpu_engine.sh 22  # sibling int8/fp8 GEMMs as one (Q/K/V, gate/up): their GPU tests; Llama and BERT
-#                                  # fp16/fp8 with --kernel-time: engine_zoo_tf_siblings
+#   bash scripts/gpu_engine.sh 22  # sibling int8/fp8 GEMMs as one (Q/K/V, gate/up; --sibling-gemms): their GPU tests;
+#                                  # Llama and BERT fp8 with and without them, --kernel-time: engine_zoo_tf_siblings
+#                                  # (not yet run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -138,11 +139,12 @@ elif [ "$part" = 21 ]; then
       --models resnet50,efficientnet_b0,convnext_tiny --batches 1 --configs engine_fp16,engine_fp8,engine_int8 \
       --max-build-s 100 --budget-s 230 --out engine_zoo_cnn_bs1_lowp
 elif [ "$part" = 22 ]; then
-  step 90 "gpu tests: sibling GEMMs" python3 -m pytest -q -m gpu tests/engine/test_lowp_siblings.py \
-      -p no:cacheprovider -p no:logging -n 2
-  step 190 "engine_zoo llama+bert fp16/fp8 with sibling int8/fp8 GEMMs, kernel groups" python3 \
-      benchmarks/engine_zoo.py --models llama,bert --batches serving --configs engine_fp16,engine_fp8 \
-      --kernel-time --max-build-s 100 --budget-s 150 --out engine_zoo_tf_siblings
+  step 120 "gpu tests: sibling GEMMs, Linear layers" python3 -m pytest -q -m gpu tests/engine/test_lowp_siblings.py \
+      tests/engine/test_lowp_linear.py -p no:cacheprovider -p no:logging -n 4
+  step 440 "engine_zoo llama+bert fp8 with and without sibling int8/fp8 GEMMs, kernel groups" python3 \
+      benchmarks/engine_zoo.py --models llama,bert --batches serving \
+      --configs engine_fp16,engine_fp8,engine_fp8_siblings,engine_int8_siblings --kernel-time --max-build-s 120 \
+      --budget-s 400 --out engine_zoo_tf_siblings
 elif [ "$part" = 11 ]; then
   step 560 "engine_zoo: ConvNeXt int8/fp8 at serving batch; the CNNs' int8/fp8 at batch 1 (never run)" python3 \
       benchmarks/engine_zoo.py --models convnext_tiny,resnet50,efficientnet_b0 --batches serving,1 \

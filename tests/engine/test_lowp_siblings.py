@@ -137,8 +137,9 @@ def test_the_decider_vetoes_a_group_or_picks_its_tile_config() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["int8", "fp8"])
 def test_engine_groups_timed_siblings_on_gpu(precision: str) -> None:
-    """An int8/fp8 engine (every layer low precision) of two decoder layers at 16x256 tokens: the Q/K/V and gate/up
-    groups are timed on the GPU, fused where one GEMM won, and the engine stays within 8-bit tolerance of fp32."""
+    """An int8/fp8 engine (every layer low precision, sibling grouping asked for) of two decoder layers at 16x256
+    tokens: the Q/K/V and gate/up groups are timed on the GPU, fused where one GEMM won, and the engine stays within
+    8-bit tolerance of fp32."""
     from overdrive.engine import Builder, ShapeProfile
 
     torch.manual_seed(0)
@@ -147,7 +148,7 @@ def test_engine_groups_timed_siblings_on_gpu(precision: str) -> None:
     with torch.no_grad():
         ref = m(x)
     eng = Builder(precision=precision, device="cuda", profiles=[ShapeProfile.fixed("x", (16, 256, 256))],
-                  layer_precision="all").build(m, (x,), input_names=["x"], calib=[(x,)])
+                  layer_precision="all", sibling_gemms=True).build(m, (x,), input_names=["x"], calib=[(x,)])
     meta = eng.header["backend_meta"]
     timed = meta["lowp_sibling_gemms_timed"]
     assert timed, meta
@@ -254,3 +255,15 @@ def test_a_group_whose_timing_fails_keeps_its_layers_as_they_were(monkeypatch: p
                                                   kept, set(), margin=0.0)
     assert "not timed as one GEMM (RuntimeError: no kernel); kept as chosen" in verdicts["q"], verdicts
     assert set(kept) == {"q", "k", "v"} and type(q.q) is nn.Linear
+
+
+def test_int8_fp8_grouping_is_asked_for_and_the_layer_timing_follows_the_build() -> None:
+    # fp16 siblings group by default on CUDA; the int8/fp8 grouping only with sibling_gemms=True given, and the
+    # layer timing judges groups exactly when the build will group them
+    from overdrive.engine.config import BuildConfig
+
+    assert BuildConfig().groups_siblings("cuda") and not BuildConfig().groups_lowp_siblings("cuda")
+    assert BuildConfig(sibling_gemms=True).groups_lowp_siblings("cuda")
+    assert not BuildConfig(sibling_gemms=True, freezing=False).groups_lowp_siblings("cuda")
+    assert not BuildConfig(sibling_gemms=True).groups_lowp_siblings("cpu")  # CPU builds freeze only when asked
+    assert BuildConfig(sibling_gemms=True, freezing=True).groups_lowp_siblings("cpu")

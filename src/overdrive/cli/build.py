@@ -204,7 +204,8 @@ def _size(n: int) -> str:
                    "inductor backend (default: on for CUDA builds with static shapes, off for dynamic ones and on CPU).")
 @click.option("--sibling-gemms/--no-sibling-gemms", "sibling_gemms", default=None,
               help="Run Linears that read one input (Q/K/V, gate/up) as one GEMM where it times faster; inductor "
-                   "backend, with freezing (default: on for CUDA builds, off on CPU).")
+                   "backend, with freezing (default: on for CUDA builds, off on CPU). Given, int8/fp8 builds also "
+                   "group such Linear layers on their Triton kernel (not on by default).")
 @click.option("--quantize-residuals", "quantize_residuals", is_flag=True,
               help="int8/fp8 CNNs on CUDA, for a model calibrated without residual-add quantizers (the build's own "
                    "calibration has them, and then residuals are read in 8 bits anyway): a residual add whose input "

@@ -247,6 +247,7 @@ class BuildConfig(ConfigBase):
     gemm_gelu: bool | None = None  # GELU after a Linear folded into the GEMM's epilogue (cuBLASLt); None: on for CUDA
     conv_fusion: bool | None = None  # conv (+BN) (+add) + ReLU as one cuDNN call (fp16/bf16); None: static CUDA
     sibling_gemms: bool | None = None  # Linears reading one input as one GEMM, where timed faster; None: on for CUDA
+    # (fp16/bf16 GEMMs; True also groups int8/fp8 Linears on the Triton kernel: groups_lowp_siblings)
     drop_constant_masks: bool = True  # remove attention masks built from constants that mask nothing (exact)
     int8_activations: str | None = None  # int8: "static" (calibrated) or "dynamic" (per token); None: see above
     layer_precision: str = "timed"  # int8/fp8: "timed" (a layer whose low-precision GEMM loses stays float) or "all"
@@ -269,6 +270,17 @@ class BuildConfig(ConfigBase):
         cuda = device_type == "cuda"
         freezing = self.freezing if self.freezing is not None else cuda
         return freezing and (self.sibling_gemms if self.sibling_gemms is not None else cuda)
+
+    def groups_lowp_siblings(self, device_type: str) -> bool:
+        """Whether this int8/fp8 build also runs sibling Linear layers on the Triton kernel as one GEMM
+        (``engine/lowp_siblings.py``): only with ``sibling_gemms=True`` given (``--sibling-gemms``), while that
+        path has no GPU measurement behind it as a default; with freezing, as :meth:`groups_siblings`.
+
+        Example:
+            >>> BuildConfig().groups_lowp_siblings("cuda"), BuildConfig(sibling_gemms=True).groups_lowp_siblings("cuda")
+            (False, True)
+        """
+        return self.sibling_gemms is True and self.groups_siblings(device_type)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

@@ -14,7 +14,9 @@ channel is computed as before; a member's own ReLU / SiLU / GELU epilogue is app
 (Inductor fuses it into the reader). The concatenated weights are graph ops on constants, computed once by freezing.
 
 On CUDA :class:`TimedLowpGroups` times each group's shape both ways on the build's GPU and fuses only where one GEMM
-wins, with the tile config that ran it fastest.
+wins, with the tile config that ran it fastest. Builds group int8/fp8 siblings when asked (``--sibling-gemms``,
+``BuildConfig(sibling_gemms=True)``: :meth:`~overdrive.engine.config.BuildConfig.groups_lowp_siblings`), and then the
+per-layer timing judges each group as one GEMM too (:mod:`~overdrive.engine.layer_groups`).
 
 Example:
     >>> # fuse_lowp_convs(ep, siblings=TimedLowpGroups(torch.device("cuda")))["sibling_groups"]  # Llama fp8: 8

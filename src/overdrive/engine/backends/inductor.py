@@ -338,8 +338,9 @@ def _fuse(ep: Any, example: tuple[torch.Tensor, ...], cfg: BuildConfig, device: 
     convs = fuse_conv_relu(ep, choice) if conv_passes else []
     # int8/fp8 convolutions (quant.to_real on CUDA): BatchNorm, residual, ReLU and the next quantize in their epilogue
     grouping = use_sibling_gemms(cfg, device, use_freezing(cfg, device))  # = cfg.groups_siblings(device.type)
-    # the int8/fp8 Linear layers that read one quantized input as one GEMM too, timed on CUDA like the float ones
-    lowp_groups = (TimedLowpGroups(device) if cuda else True) if grouping else None
+    # the int8/fp8 Linear layers that read one quantized input as one GEMM too (asked for: --sibling-gemms), timed on
+    # CUDA like the float ones
+    lowp_groups = (TimedLowpGroups(device) if cuda else True) if cfg.groups_lowp_siblings(device.type) else None
     lowp = fuse_lowp_convs(ep, cfg.quantize_residuals, lowp_groups) if cfg.precision in ("int8", "fp8") else {}
     groups = TimedGroups(device) if cuda else None
     siblings = fuse_sibling_gemms(ep, groups) if grouping else []

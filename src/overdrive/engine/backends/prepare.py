@@ -279,7 +279,7 @@ def prepare(src: ModelSource, cfg: BuildConfig, device: torch.device,
             plan = conv_plan(model, x, cfg.quantize_residuals)
             model, kept = keep_float_where_faster(model, x, device, dtype, plan=plan, timings=timings,
                                                   replan=lambda mdl: conv_plan(mdl, x, cfg.quantize_residuals),
-                                                  groups=cfg.groups_siblings(device.type))
+                                                  groups=cfg.groups_lowp_siblings(device.type))
             phases["layer_timing"] = time.perf_counter() - t0
             phases.update({f"layer_timing.{k}": v for k, v in getattr(model, "_overdrive_layer_timing_s", {}).items()})
             model._overdrive_kept_float = kept
