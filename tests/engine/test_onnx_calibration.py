@@ -110,3 +110,34 @@ def test_importer_keeps_an_int8_qdq_model_on_the_inputs_device(digits_onnx: byte
         out = mod(torch.empty(8, 1, 8, 8, device="meta"))
     out = out[0] if isinstance(out, (list, tuple)) else out
     assert out.device.type == "meta" and tuple(out.shape) == (8, 10)
+
+
+def test_an_input_without_a_batch_dim_is_not_cut_into_calibration_rows() -> None:
+    # a model taking a shared bias of shape (4,) beside its batch of 3: the calibration batches were concatenated and
+    # cut by 3 rows each, bias included, and ONNX Runtime refused the (3,) bias; the bias now passes whole
+    from overdrive.engine.onnx.quantize import fit_batches
+
+    x = [torch.full((2, 5), float(i)) for i in range(3)]
+    bias = torch.arange(4.0)
+    batches = fit_batches([(t, bias) for t in x], [[3, 5], [4]], ["x", "bias"])
+    assert [tuple(t.shape) for b in batches for t in b] == [(3, 5), (4,), (3, 5), (4,)]
+    assert all(torch.equal(b[1], bias) for b in batches)
+    assert torch.equal(torch.cat([b[0] for b in batches]), torch.cat(x)[:6])
+
+    class Biased(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(5, 4)
+
+        def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + bias
+
+    torch.manual_seed(0)
+    m = Biased().eval()
+    ex = (torch.randn(3, 5), torch.randn(4))
+    eng = Builder(backend="onnxruntime", precision="int8").build(
+        m, ex, input_names=["x", "bias"], calib=[(torch.randn(2, 5), ex[1]) for _ in range(3)])
+    got = torch.as_tensor(np.asarray(eng(*ex)))
+    with torch.no_grad():
+        want = m(*ex)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99

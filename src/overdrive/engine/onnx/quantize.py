@@ -112,7 +112,9 @@ def fit_batches(calib: Sequence[tuple[torch.Tensor, ...]], shapes: list[list[int
                 ) -> list[tuple[torch.Tensor, ...]]:
     """Calibration batches in the batch size a model with a fixed batch dim takes: all rows in order, cut
     into batches of that size (a short tail dropped; fewer rows than one batch are repeated to fill it), so a
-    file of 8 rows calibrates an engine built for batch 4. Other fixed dims must match: a clear error if not.
+    file of 8 rows calibrates an engine built for batch 4. Other fixed dims must match: a clear error if not. An
+    input whose first dim the model fixes at another size than the batch (a shared bias) is passed whole, as the
+    first calibration batch has it.
 
     Example:
         >>> [b[0].shape[0] for b in fit_batches([(torch.zeros(8, 3),)], [[4, 3]], ["x"])]
@@ -128,15 +130,19 @@ def fit_batches(calib: Sequence[tuple[torch.Tensor, ...]], shapes: list[list[int
                                      f"{', '.join(str(v) for v in shape[1:])}) or build with a profile that lets "
                                      "that dim vary")
     b = shapes[0][0] if shapes and shapes[0] else None
-    if not calib or b is None or all(x.shape[0] == b for batch in calib for x in batch):
+    # an input whose first dim the model fixes at another size (a shared bias, a lookup table) has no batch dim:
+    # it is passed as the first batch has it, never cut into rows
+    batched = [not shape or shape[0] is None or shape[0] == b for shape in shapes]
+    batched += [True] * (len(calib[0]) - len(batched) if calib else 0)
+    if not calib or b is None or all(x.shape[0] == b for batch in calib for x, on in zip(batch, batched) if on):
         return calib
-    cols = [torch.cat([batch[i] for batch in calib]) for i in range(len(calib[0]))]
-    rows = cols[0].shape[0]
+    cols = [torch.cat([batch[i] for batch in calib]) if batched[i] else calib[0][i] for i in range(len(calib[0]))]
+    rows = next(c.shape[0] for c, on in zip(cols, batched) if on)
     if rows < b:
         reps = -(-b // rows)
-        cols = [c.repeat(reps, *([1] * (c.dim() - 1)))[:b] for c in cols]
+        cols = [c.repeat(reps, *([1] * (c.dim() - 1)))[:b] if on else c for c, on in zip(cols, batched)]
         rows = b
-    return [tuple(c[s:s + b] for c in cols) for s in range(0, rows - b + 1, b)]
+    return [tuple(c[s:s + b] if on else c for c, on in zip(cols, batched)) for s in range(0, rows - b + 1, b)]
 
 
 def calibration_feeds(onnx_model: bytes | object, calib: Sequence[tuple[torch.Tensor, ...]],
