@@ -125,6 +125,7 @@ def test_engine_of_a_model_taking_a_dataclass_takes_its_fields(backend: str) -> 
     b2 = Batch(torch.randn(3, 8), torch.ones(3, 4), 2.0)
     _check(engine(b2.x, b2.mask, bias), m(b2, bias))
     _check(engine(x=b.x, mask=b.mask, bias=bias), m(b, bias))
+    _check(engine(b2, bias), m(b2, bias))  # the dataclass itself, as the model takes it
     assert not m._forward_pre_hooks and not m._forward_hooks
 
 

@@ -15,6 +15,7 @@ import torch
 from overdrive._utils.device import cpu_isa, resolve_device
 from overdrive._utils.errors import UsageError
 from overdrive._utils.signing import signing_key
+from overdrive._utils.trees import is_plain_dataclass, tensor_leaves
 from overdrive.engine import backends, format as fmt
 from overdrive.engine.config import PRECISIONS, ShapeProfile, check_all_dynamic_shapes
 from overdrive.engine.inputs import random_input, random_inputs
@@ -216,7 +217,10 @@ class Engine:
 
     def check_inputs(self, inputs: tuple[torch.Tensor, ...] = (), named: dict[str, torch.Tensor] | None = None,
                      move: bool = True) -> list[torch.Tensor]:
-        """Order, validate against the profiles, cast and move the inputs."""
+        """Order, validate against the profiles, cast and move the inputs. A positional ``@dataclass`` argument (an
+        engine built from a model taking one) gives its tensors in field order, as the build took them."""
+        if any(is_plain_dataclass(x) for x in inputs):
+            inputs = tuple(t for x in inputs for t in (tensor_leaves(x) if is_plain_dataclass(x) else (x,)))
         if named:
             if inputs:
                 raise UsageError("pass inputs either by position or by name, not both")
