@@ -84,7 +84,7 @@ def make_dataset(root: str, n: int, classes: int, width: int, height: int, quali
 
 
 @command.command("tokenize")
-@click.argument("source", type=click.Path(exists=True))
+@click.argument("sources", metavar="SOURCE...", nargs=-1, required=True)
 @click.option("--tokenizer", "-t", "tokenizer", required=True, type=click.Path(exists=True),
               help="A tokenizer.json, or a folder a transformers fast tokenizer was saved to (save_pretrained).")
 @click.option("--field", default="text", show_default=True,
@@ -101,11 +101,12 @@ def make_dataset(root: str, n: int, classes: int, width: int, height: int, quali
 @click.option("--output", "-o", type=click.Path(), default=None,
               help="Write the ids and offsets to this .npz (text i: ids[offsets[i]:offsets[i+1]]).")
 @json_option("the summary")
-def tokenize_cmd(source: str, tokenizer: str, field: str, per: str, max_length: int | None, no_special_tokens: bool,
-                 workers: int | None, cache_dir: str | None, errors: str, output: str | None,
+def tokenize_cmd(sources: tuple[str, ...], tokenizer: str, field: str, per: str, max_length: int | None,
+                 no_special_tokens: bool, workers: int | None, cache_dir: str | None, errors: str, output: str | None,
                  json_path: str | None) -> None:
-    """Tokenize the texts in SOURCE: a .txt/.md (a text per line), .jsonl (a field), .csv/.tsv (a column) file, each
-    possibly .gz, or a folder of them.
+    """Tokenize the texts in each SOURCE, in the order given: a .txt/.md (a text per line), .jsonl (a field),
+    .csv/.tsv (a column) file, each possibly .gz, a folder of them, or a glob pattern (shards/*.jsonl.gz as the shell
+    expands it, or quoted: 'shards/**/*.jsonl').
 
     \b
     Example:
@@ -129,7 +130,8 @@ def tokenize_cmd(source: str, tokenizer: str, field: str, per: str, max_length: 
         from overdrive._utils.optional import require
 
         tok = require("transformers", extra="text", feature="a tokenizer folder").AutoTokenizer.from_pretrained(tokenizer)
-    texts = read_texts(source, field=field, per=per, errors=errors)
+    source = sources[0] if len(sources) == 1 else " ".join(sources)
+    texts = read_texts(list(sources), field=field, per=per, errors=errors)
     if not texts:
         raise UsageError(f"{source}: no texts (its files are empty or hold only blank lines); give a file with text")
     t0 = time.perf_counter()
@@ -139,7 +141,8 @@ def tokenize_cmd(source: str, tokenizer: str, field: str, per: str, max_length: 
     if output is not None:
         out.save(output)
     lens = out.lengths()
-    summary = {"source": source, "texts": len(out), "tokens": int(lens.sum()), "mean_length": float(lens.mean()),
+    summary = {"source": sources[0] if len(sources) == 1 else list(sources), "texts": len(out),
+               "tokens": int(lens.sum()), "mean_length": float(lens.mean()),
                "max_length": int(lens.max()), "from_cache": out.from_cache, "seconds": seconds,
                "texts_per_s": len(out) / seconds if seconds > 0 else None, "output": output}
     if json_path is not None:
