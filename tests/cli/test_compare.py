@@ -132,3 +132,37 @@ def test_an_fp8_qdq_file_is_compared_as_written(tmp_path: Path) -> None:
         quant.export_onnx(q, (y, x), path, opset=19, input_names=["y", "x"])
     r = compare(q, str(path), inputs=(y, x), atol=1e-5, rtol=1e-5)
     assert r["passed"], r["outputs"]
+
+
+FACTORY_PY = '''
+import torch
+
+
+def make():
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+'''
+
+
+def test_checkpoint_loads_the_trained_weights_into_a_factory_side(tmp_path: Path) -> None:
+    """compare had no --checkpoint: an engine built with `build --model f.py:make --checkpoint w.pt` compared against
+    f.py:make ran the factory's random weights and FAILED, with nothing saying why."""
+    torch.manual_seed(0)
+    trained = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    onnx = tmp_path / "trained.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(trained, (torch.randn(2, 4),), str(onnx), input_names=["input"], output_names=["out"],
+                          dynamo=False)
+    weights = tmp_path / "w.pt"
+    torch.save(trained.state_dict(), weights)
+    (tmp_path / "factory.py").write_text(FACTORY_PY)
+    spec = f"{tmp_path / 'factory.py'}:make"
+    code, out, err = _cli("compare", str(onnx), spec, "--checkpoint", str(weights), "--json", "-")
+    r = json.loads(out)
+    assert code == 0 and r["passed"] and r["outputs"][0]["max_abs"] < 1e-5, (out, err)  # fp32 ORT vs torch
+    code, _, err = _cli("compare", str(onnx), spec, "--seed", "1")  # the factory's own (random) weights
+    assert code == 1 and "[I] B (" in err and "ran with the weights its factory gives" in err and "--checkpoint" in err
+    code, _, err = _cli("compare", str(onnx), str(onnx), "--checkpoint", str(weights))
+    assert code == 2 and "neither A" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = _cli("compare", str(onnx), spec, "--checkpoint", str(tmp_path / "nope.pt"))
+    assert code == 2 and "'" + str(tmp_path / "nope.pt") + "' does not exist" in err, err

@@ -62,6 +62,7 @@ RUN = [
     "overdrive compare model.engine mypkg.models:make_model   # at the engine's opt shapes; mypkg/ in this folder",
     "overdrive compare model.onnx model_int8.onnx --shapes input:4x3x224x224 --atol 1e-1",
     "overdrive compare a.onnx b.onnx --inputs batch.npz   # or batch.pt: a tensor, a list or a dict name -> tensor",
+    "overdrive compare model.engine mypkg.models:make_model --checkpoint trained.pt   # the engine's own weights",
     "overdrive sparsify --model digits --allow-untrained --out digits.sparse24.pt --input-shape 1,1,8,8",
     "overdrive sparsify --model mypkg.models:build --checkpoint trained.pt --out model.sparse24.pt",
     "overdrive quantize --model mypkg.models:build --calib-data calib.pt --config fp8 --export m.onnx",

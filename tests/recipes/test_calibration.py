@@ -229,3 +229,34 @@ def test_batches_the_model_cannot_run_name_file_batch_and_shapes(case: str, data
     code, err = _run(["quantize", "--model", f"{models_py}:tok", "--calib-data", str(path)])
     assert code == 2 and len(err.strip().splitlines()) == 1, err  # a usage error, not a traceback or exit 1
     assert f"Tok fails on calibration batch 0 of '{path}'" in err and found in err, err
+
+
+@pytest.mark.parametrize("kind, found", [
+    ("state_dict", "holds the weights of a model (a state_dict: fc.weight, fc.bias)"),
+    ("checkpoint", "holds a training checkpoint (keys ['model', 'optimizer', 'epoch'])"),
+])
+def test_weights_given_as_calibration_data_are_named_as_weights(kind: str, found: str, tmp_path: Path,
+                                                                models_py: Path) -> None:
+    """The --checkpoint file given as --calib-data / --calib: a state_dict was read as inputs named 'fc.weight',
+    refused for their "different numbers of samples"; a Trainer-style checkpoint as an odd dict."""
+    sd = {"fc.weight": torch.zeros(16, 32), "fc.bias": torch.zeros(16)}
+    path = tmp_path / f"{kind}.pt"
+    torch.save(sd if kind == "state_dict" else {"model": sd, "optimizer": {"state": {}}, "epoch": 3}, path)
+    with pytest.raises(UsageError) as info:
+        load_calibration(str(path), "--calib-data", model=_load_factory(models_py, "tok"))
+    msg = str(info.value)
+    assert found in msg and "weights go to --checkpoint" in msg and "a dict of name -> tensor" in msg, msg
+    for verb in (["quantize", "--model", f"{models_py}:tok", "--calib-data", str(path)],
+                 ["build", "--model", f"{models_py}:tok", "--shapes", "input_ids:4x12,attention_mask:4x12",
+                  "--precision", "int8", "--calib", str(path), "--save-engine", str(tmp_path / "e.engine")]):
+        code, err = _run(verb)
+        assert code == 2 and found in err and len(err.strip().splitlines()) == 1, (verb[0], err)
+    assert not (tmp_path / "e.engine").exists()
+
+
+def test_input_names_that_are_no_weights_still_load(tmp_path: Path) -> None:
+    """ONNX input names carry dots too (``input.1``): only keys that end like a layer's parameters are weights."""
+    path = tmp_path / "onnx_names.pt"
+    torch.save({"input.1": torch.zeros(4, 3), "mask.weight": torch.ones(4, 3), "x": torch.ones(4, 3)}, path)
+    cal = load_calibration(str(path), batch_size=2)
+    assert cal.names == ("input.1", "mask.weight", "x") and len(cal) == 2

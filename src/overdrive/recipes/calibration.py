@@ -141,8 +141,37 @@ def _is_named(b: Any) -> bool:
                                                       for k, t in b.items())
 
 
+# What a state_dict's keys end with (a layer's parameters and buffers), and what a training checkpoint holds
+WEIGHT_KEY_SUFFIXES = (".weight", ".bias", ".running_mean", ".running_var", ".num_batches_tracked", ".in_proj_weight")
+CHECKPOINT_KEYS = ("state_dict", "model", "model_state_dict", "optimizer", "trainer")
+
+
+def _weights_kind(data: Any) -> str | None:
+    """What a file of weights given as calibration data is (a state_dict, a training checkpoint), from its keys;
+    None for anything else. Calibration inputs are named after forward's parameters or an ONNX model's inputs
+    (``input.1``), never ``fc1.weight``; a mix of such keys is taken as weights when most are.
+
+    Example:
+        >>> _weights_kind({"fc1.weight": torch.zeros(2, 2), "fc1.bias": torch.zeros(2)}), _weights_kind({"x": 1})
+        ('the weights of a model (a state_dict: fc1.weight, fc1.bias)', None)
+    """
+    if not isinstance(data, Mapping) or not data or not all(isinstance(k, str) for k in data):
+        return None
+    keys = list(data)
+    if sum(k.endswith(WEIGHT_KEY_SUFFIXES) for k in keys) * 2 > len(keys):
+        return f"the weights of a model (a state_dict: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+    nested = [k for k in CHECKPOINT_KEYS if isinstance(data.get(k), Mapping)]
+    if nested and not all(isinstance(v, torch.Tensor) for v in data.values()):
+        return f"a training checkpoint (keys {keys[:5]})"
+    return None
+
+
 def _records(path: str, flag: str, data: Any, batch_size: int) -> list[Batch]:
     """The file's contents as batches: tuples (by position) or dicts (by name)."""
+    weights = _weights_kind(data)
+    if weights is not None:  # --checkpoint's file given as --calib-data: it failed as inputs of odd lengths
+        raise UsageError(f"{flag} {path!r} holds {weights}, not calibration inputs; weights go to --checkpoint "
+                         f"(with --model file.py:factory), and {flag} takes the model's inputs: {FORMAT}")
     bad = UsageError(f"{flag} {path!r} holds {_what(data)}; expected the calibration format: {FORMAT}")
     if isinstance(data, torch.Tensor):
         return [(b,) for b in _split(path, flag, data, batch_size)]
@@ -269,10 +298,9 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
         >>> # quant.quantize(bert, quant.INT8_DEFAULT, forward_loop=calib.forward_loop())
     """
     opts = images or ImageOptions()
+    check_calibration_path(path, flag)
     if Path(path).is_dir():
         data: Any = read_image_folder(path, flag, opts, model, input_shape)
-    elif not Path(path).is_file():
-        raise UsageError(f"{flag} {path!r} does not exist; {FORMAT}")
     elif Path(path).suffix.lower() in TEXT_SUFFIXES:
         data = read_text_lines(path, flag, model, opts.samples)
     else:
@@ -333,6 +361,20 @@ def load_calibration(path: str, flag: str = "--calib", batch_size: int = 32, max
             raise UsageError(f"{flag} {path!r}: batch {k} holds inputs of different batch sizes {sizes}; each batch "
                              "needs the same number of samples in every input")
     return Calibration(path, tuple(names), [tuple(d[n] for n in names) for d in dicts])
+
+
+def check_calibration_path(path: str, flag: str = "--calib") -> None:
+    """Refuse a calibration path that is neither a file nor a folder, before the model is built or trained (the
+    verbs call this first: a typo was reported only after that work).
+
+    Example:
+        >>> check_calibration_path("no_such_calib.pt", "--calib-data")
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --calib-data 'no_such_calib.pt' does not exist; save the model's inputs only (no labels) with torch.save: a tensor (N, ...), a list of batch tensors, a list of per-batch tuples [(input_ids, attention_mask), ...], or a dict of name -> tensor (N, ...) / a list of such dicts; or give a folder of images (an image model) or a .txt file, one sample per line
+    """
+    if not Path(path).is_dir() and not Path(path).is_file():
+        raise UsageError(f"{flag} {path!r} does not exist; {FORMAT}")
 
 
 def _read(path: str, flag: str) -> Any:

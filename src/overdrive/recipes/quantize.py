@@ -93,6 +93,10 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
         from overdrive.recipes.model_spec import check_checkpoint_path
 
         check_checkpoint_path(checkpoint)
+    if calib_data != "digits":  # a typo'd path, refused before the model is built (digits trains for seconds)
+        from overdrive.recipes.calibration import check_calibration_path
+
+        check_calibration_path(calib_data, "--calib-data")
     model, digits = load_model(model_spec)
     from overdrive.recipes.models import DigitsCNN
 
@@ -131,11 +135,8 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
         if "fp32_accuracy" in result:
             console.print(f"digits test accuracy: fp32 {result['fp32_accuracy']:.4f}, "
                           f"{config_name} {method} {result['quantized_accuracy']:.4f}")
-    if save_path:
-        save_quantized(qmodel, cfg, model_spec, save_path)
-        result["saved"] = str(save_path)
-        if console is not None:
-            console.print(f"wrote {save_path} (reload: overdrive.recipes.quantize.load_quantized({str(save_path)!r}))")
+    # the export first: it is the step that fails (an op ONNX cannot express), and a run that fails must leave an
+    # existing --save file as it was, not replaced while the command exits 1
     if export_path:
         from overdrive.quant.export import export_onnx, qdq_counts
 
@@ -146,6 +147,11 @@ def run_quantize(model_spec: str, calib_data: str, config_name: str, method: str
         result["onnx"] = {"path": str(path), "ops": qdq_counts(path)}
         if console is not None:
             console.print(f"wrote {path} ({result['onnx']['ops'].get('QuantizeLinear', 0)} QuantizeLinear nodes)")
+    if save_path:
+        save_quantized(qmodel, cfg, model_spec, save_path)
+        result["saved"] = str(save_path)
+        if console is not None:
+            console.print(f"wrote {save_path} (reload: overdrive.recipes.quantize.load_quantized({str(save_path)!r}))")
     return result
 
 

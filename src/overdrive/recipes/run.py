@@ -122,3 +122,53 @@ def run_runners(model: str, trt: bool, onnxrt: bool, atol: float = 1e-3, rtol: f
     report = compare(engine, model, inputs=xs if named is None else named, atol=atol, rtol=rtol, seed=seed)
     report["engine"] = {"backend": engine.header["backend"], "precision": engine.header["precision"]}
     return report
+
+
+def is_factory(arg: str) -> bool:
+    """Whether a compare argument names a PyTorch factory (``pkg.module:factory`` or ``file.py:factory``) rather
+    than a file (an engine, an ONNX or TorchScript model).
+
+    Example:
+        >>> is_factory("models.py:make_model"), is_factory("no_such_model.engine")
+        (True, False)
+    """
+    return ":" in arg and not Path(arg).exists()
+
+
+def with_checkpoint(a: str, b: str, checkpoint: str | None) -> tuple[Any, Any]:
+    """``a`` and ``b`` as :func:`overdrive.engine.compare` takes them, with ``checkpoint``'s weights loaded into
+    the side (or sides) given as a PyTorch factory, read as every ``--checkpoint`` is
+    (:func:`overdrive.recipes.model_spec.load_checkpoint`); unchanged without a checkpoint.
+
+    Example:
+        >>> # a, b = with_checkpoint("model.engine", "models.py:make_model", "trained.pt"); compare(a, b)
+    """
+    if checkpoint is None:
+        return a, b
+    from overdrive.recipes.model_spec import check_checkpoint_path, load_checkpoint, load_model
+
+    if not (is_factory(a) or is_factory(b)):
+        raise UsageError(f"--checkpoint {checkpoint} loads weights into a PyTorch factory's model, and neither A "
+                         f"({a}) nor B ({b}) is one; engines, ONNX and TorchScript files carry their own weights: "
+                         "drop --checkpoint, or compare against pkg.module:factory / file.py:factory")
+    check_checkpoint_path(checkpoint)  # before either model is built
+
+    def load(arg: str, flag: str) -> Any:
+        if not is_factory(arg):
+            return arg
+        model = load_model(arg, flag)
+        load_checkpoint(model, checkpoint)
+        return model.eval()
+
+    return load(a, "A"), load(b, "B")
+
+
+def random_weights_note(a: str, b: str, checkpoint: str | None) -> str | None:
+    """For a failed comparison: the side built by its factory without ``--checkpoint`` (its initial weights, unless
+    the factory loads trained ones), which is the usual cause; None when there is none."""
+    sides = [f"{which} ({arg})" for which, arg in (("A", a), ("B", b)) if is_factory(arg)]
+    if checkpoint is not None or not sides:
+        return None
+    return (f"{' and '.join(sides)} ran with the weights {'its factory gives' if len(sides) == 1 else 'their factories give'} "
+            "(random, unless the factory loads trained ones); to compare with the trained model, give its weights "
+            "with --checkpoint FILE (as build --checkpoint takes them)")
