@@ -41,8 +41,9 @@ def _model(act: nn.Module | None = None) -> nn.Module:
     return nn.Sequential(_Block(act=act), _Block(act=copy.deepcopy(act) if act is not None else None)).eval()
 
 
-def _triton(model: nn.Module, cls: type, x: torch.Tensor) -> nn.Module:
-    """``model`` with every Linear replaced by ``cls``, its input amax calibrated on ``x`` (max)."""
+def _triton(model: nn.Module, cls: type, x: torch.Tensor, amax_of: dict[str, float] | None = None) -> nn.Module:
+    """``model`` with every Linear replaced by ``cls``, its input amax calibrated on ``x`` (max) unless ``amax_of``
+    gives it by layer name."""
     q = copy.deepcopy(model)
     amax: dict[str, torch.Tensor] = {}
     hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: amax.__setitem__(n, a[0].abs().amax()))
@@ -53,7 +54,8 @@ def _triton(model: nn.Module, cls: type, x: torch.Tensor) -> nn.Module:
         h.remove()
     for n, m in [(n, m) for n, m in q.named_modules() if isinstance(m, nn.Linear)]:
         parent, _, leaf = n.rpartition(".")
-        setattr(q.get_submodule(parent), leaf, cls.from_linear(m, amax[n]))
+        given = (amax_of or {}).get(n)
+        setattr(q.get_submodule(parent), leaf, cls.from_linear(m, amax[n] if given is None else torch.tensor(given)))
     return q
 
 

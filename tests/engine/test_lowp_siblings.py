@@ -6,8 +6,6 @@ moved after the split is the same function on the same fp32 value)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn as nn
@@ -15,6 +13,8 @@ import torch.nn.functional as F
 
 from overdrive.engine.lowp_conv_fusion import fuse_lowp_convs
 from overdrive.quant.triton_linear import Fp8TritonLinear, Int8TritonLinear
+
+from .test_lowp_linear import _triton
 
 CONV_Q = torch.ops.overdrive.conv2d_q.default
 
@@ -41,19 +41,9 @@ class _Decoder(nn.Module):
 
 
 def _lowp(model: nn.Module, cls: type, x: torch.Tensor, amax: dict[str, float] | None = None) -> nn.Module:
-    """``model`` with every Linear on the int8/fp8 kernel, each input amax calibrated on ``x`` (max) unless given."""
-    q = copy.deepcopy(model).eval()
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: seen.__setitem__(n, a[0].abs().amax()))
-             for n, m in q.named_modules() if isinstance(m, nn.Linear)]
-    with torch.no_grad():
-        q(x)
-    for h in hooks:
-        h.remove()
-    for n, m in [(n, m) for n, m in q.named_modules() if isinstance(m, nn.Linear)]:
-        a = torch.tensor((amax or {}).get(n, seen[n].item()))
-        setattr(q, n, cls.from_linear(m, a))
-    return q
+    """``model`` in eval mode with every Linear on the int8/fp8 kernel, each input amax calibrated on ``x`` (max)
+    unless given."""
+    return _triton(model.eval(), cls, x, amax).eval()
 
 
 def _run(q: nn.Module, x: torch.Tensor, siblings: object) -> tuple[torch.Tensor, torch.Tensor, dict, int]:
