@@ -226,12 +226,13 @@ def test_integer_ops_listed_and_others_refused_by_name() -> None:
     standard = {"MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear"}
     assert standard <= set(SUPPORTED_OPS)
     assert "com.microsoft::QLinearAdd" in SUPPORTED_CONTRIB_OPS and "com.microsoft::QGemm" in SUPPORTED_CONTRIB_OPS
-    x = np.zeros((2, 4), np.float32)
-    node = helper.make_node("DynamicQuantizeMatMul", ["x", "w", "s"], ["y"], name="dqmm", domain="com.microsoft")
+    x = np.zeros((2, 3, 4), np.float32)
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "w", "r"], ["y"], name="dqlstm", domain="com.microsoft",
+                            hidden_size=2)
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(_ints(0, np.int8, 4, 3), "w"),
-                           numpy_helper.from_array(np.float32(1), "s")])
+                          [numpy_helper.from_array(_ints(0, np.int8, 1, 4, 8), "w"),
+                           numpy_helper.from_array(_ints(1, np.int8, 1, 2, 8), "r")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
-    with pytest.raises(UsageError, match="DynamicQuantizeMatMul.*dqmm"):
+    with pytest.raises(UsageError, match="DynamicQuantizeLSTM.*dqlstm"):
         import_onnx(model)

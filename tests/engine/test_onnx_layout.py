@@ -17,7 +17,7 @@ PKG = "overdrive.engine.onnx"
 DIR = pathlib.Path(onnx_pkg.__file__).parent
 MODULES = sorted(p.stem for p in DIR.glob("*.py"))
 # lowest first: a module may import only modules before it (the package's __init__, the facade, comes last)
-LAYERS = ["values", "ops", "shape", "layers", "qdq", "rnn", "select", "vision", "dynamic", "integer", "qlinear",
+LAYERS = ["values", "ops", "shape", "layers", "qdq", "rnn", "select", "vision", "dynamic", "integer", "qlinear", "qfused",
           "contrib", "quantize", "importer", "__init__"]
 OPERATOR_MODULES = ("ops", "shape", "layers", "qdq", "rnn", "select", "vision", "dynamic")
 # standard-domain operators built on an operator module (the integer ops reuse the layers' convolution)

@@ -7,8 +7,9 @@ Gemm, Conv, pools, norms, Softmax), ``qdq`` (QuantizeLinear, DequantizeLinear), 
 ``select`` (TopK, ArgMax, ArgMin, Reduce*, Einsum, Gather/Scatter*, OneHot, DepthToSpace, Resize), ``vision``
 (GridSample, RoiAlign), ``dynamic`` (Compress, Unique) <- ``integer`` (MatMulInteger, ConvInteger, QLinearConv,
 QLinearMatMul, DynamicQuantizeLinear; it reuses ``layers``' Conv) <- ``qlinear`` (com.microsoft QLinearAdd, QGemm, ..)
-<- ``contrib`` (ONNX Runtime's com.microsoft Gelu family, Skip/SimplifiedLayerNormalization, FusedConv; it reuses
-``layers``' Conv and merges ``qlinear``) <- ``importer`` (the op table, ``ONNXModule``, ``import_onnx``); ``quantize``
+<- ``qfused`` (what ONNX Runtime's optimizer fuses: DynamicQuantizeMatMul, MatMulIntegerToFloat, FusedMatMul,
+QAttention) <- ``contrib`` (ONNX Runtime's com.microsoft Gelu family, Skip/SimplifiedLayerNormalization, FusedConv; it
+reuses ``layers``' Conv and merges ``qlinear`` and ``qfused``) <- ``importer`` (the op table, ``ONNXModule``, ``import_onnx``); ``quantize``
 (ONNX Runtime's static and dynamic quantization) stands alone. Nothing here imports ``onnx`` or ``onnxruntime``
 until a model is loaded or calibrated.
 

@@ -8,10 +8,13 @@ the simple, fully specified ones, with the semantics of ONNX Runtime's CPU kerne
 - ``SkipLayerNormalization`` (``LayerNorm(input + skip + bias)`` over the last axis, epsilon 1e-12 by default) and
   ``SkipSimplifiedLayerNormalization`` (the RMS form), with their optional outputs mean, inv_std_var and
   input_skip_bias_sum; ``SimplifiedLayerNormalization`` (RMSNorm over ``axis``.., epsilon 1e-5, default domain);
-- ``FusedConv`` (Conv, an optional sum input Z, then the ``activation`` attribute).
+- ``FusedConv`` (Conv, an optional sum input Z, then the ``activation`` attribute);
+- ``FusedMatMul`` (``alpha * A' @ B'``, the MatMul / Transpose / Mul fusion of ONNX Runtime's graph optimizer).
 
 The norms compute in float32 and return their statistics in float32, as ONNX Runtime does for float16 inputs.
-The fused attention and embedding operators (Attention, MultiHeadAttention, EmbedLayerNormalization) stay refused.
+The QLinear* operators of ``qlinear`` and the fused integer ones of ``qfused`` (DynamicQuantizeMatMul,
+MatMulIntegerToFloat, QAttention) are merged in. The float fused attention and embedding operators (Attention,
+MultiHeadAttention, EmbedLayerNormalization) stay refused.
 
 Example:
     >>> x = torch.tensor([[1.0, -1.0]])
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from overdrive._utils.errors import UsageError
-from overdrive.engine.onnx import qlinear
+from overdrive.engine.onnx import qfused, qlinear
 from overdrive.engine.onnx.layers import OPS as LAYER_OPS
 from overdrive.engine.onnx.values import Op, OpModule, Value, _tensor
 
@@ -34,7 +37,8 @@ ARITY: dict[str, tuple[int, int, str]] = {
     "Gelu": (1, 1, "X"), "FastGelu": (1, 2, "X, bias?"), "BiasGelu": (2, 2, "A, B"), "QuickGelu": (1, 1, "X"),
     "SkipLayerNormalization": (3, 5, "input, skip, gamma, beta?, bias?"),
     "SkipSimplifiedLayerNormalization": (3, 4, "input, skip, gamma, bias?"),
-    "SimplifiedLayerNormalization": (2, 2, "X, scale"), "FusedConv": (2, 4, "X, W, B?, Z?"), **qlinear.ARITY,
+    "SimplifiedLayerNormalization": (2, 2, "X, scale"), "FusedConv": (2, 4, "X, W, B?, Z?"),
+    "FusedMatMul": (2, 2, "A, B"), **qlinear.ARITY, **qfused.ARITY,
 }
 
 
@@ -135,14 +139,34 @@ def _fused_conv(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [_ACTIVATIONS[act][1](y, params) if act else y]
 
 
+def _fused_matmul(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """FusedMatMul: alpha * A' @ B'. transBatchA / transBatchB move an operand's first axis behind its other batch
+    axes ((d0, d1, .., M, K) -> (d1, .., d0, M, K)) first; transA / transB then swap its last two axes."""
+    x = _tensor(ins[0])
+    y = _tensor(ins[1], x)
+    if (int(a.get("transBatchA", 0)) or int(a.get("transBatchB", 0))) and not x.dim() == y.dim() >= 3:
+        raise UsageError(f"FusedMatMul with transBatchA / transBatchB of inputs of shapes {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}; expected two inputs of the same rank, 3 or more (ONNX Runtime's rule)")
+
+    def prep(t: torch.Tensor, batch: str, last: str) -> torch.Tensor:
+        if int(a.get(batch, 0)):
+            t = t.permute(*range(1, t.dim() - 1), 0, t.dim() - 1)
+        return t.transpose(-1, -2) if int(a.get(last, 0)) and t.dim() > 1 else t
+
+    out = LAYER_OPS["MatMul"](m, [prep(x, "transBatchA", "transA"), prep(y, "transBatchB", "transB")], {})[0]
+    alpha = float(a.get("alpha", 1.0))
+    return [out if alpha == 1.0 else out * alpha]
+
+
 OPS: dict[str, Op] = {
     "Gelu": _gelu, "FastGelu": _fast_gelu, "BiasGelu": _bias_gelu, "QuickGelu": _quick_gelu,
     "SkipLayerNormalization": _skip_norm(False), "SkipSimplifiedLayerNormalization": _skip_norm(True),
-    "FusedConv": _fused_conv, **qlinear.OPS,
+    "FusedConv": _fused_conv, "FusedMatMul": _fused_matmul, **qlinear.OPS, **qfused.OPS,
 }
 # what ONNX Runtime writes in the default domain, though the ONNX standard has no operator of that name
 DEFAULT_DOMAIN_OPS: dict[str, Op] = {"SimplifiedLayerNormalization": _simplified_norm}
 # each stays refused by name: fused attention and embeddings carry masks, packing and caches in many layouts
-REFUSED_HINT = ("the importer runs com.microsoft " + ", ".join(sorted(OPS)) + " only, not the fused attention and "
-                "embedding operators (onnxruntime.transformers.optimizer writes none of them with FusionOptions' "
-                "enable_attention and enable_embed_layer_norm set to False)")
+REFUSED_HINT = ("the importer runs com.microsoft " + ", ".join(sorted(OPS)) + " only, not the float fused attention "
+                "and embedding operators (Attention, MultiHeadAttention, EmbedLayerNormalization: "
+                "onnxruntime.transformers.optimizer writes none of them with FusionOptions' enable_attention and "
+                "enable_embed_layer_norm set to False), nor DynamicQuantizeLSTM or QEmbedLayerNormalization")

@@ -11,7 +11,8 @@ data-dependent ``.tolist()`` reaches the traced graph.
 
 The operators are in ``ops.py`` (elementwise and math), ``shape.py`` (shape and tensor manipulation, Split
 included), ``layers.py`` (MatMul, Gemm, Conv, pools, norms, Softmax), ``qdq.py`` (Q/DQ), ``integer.py`` (the
-integer ops of ONNX Runtime's quantization tool; its com.microsoft QLinear* ones in ``qlinear.py``), ``rnn.py``
+integer ops of ONNX Runtime's quantization tool; its com.microsoft QLinear* ones in ``qlinear.py``, and those its
+optimizer fuses in ``qfused.py``), ``rnn.py``
 (LSTM/GRU/RNN), ``contrib.py`` (ONNX Runtime's own Gelu family, Skip/SimplifiedLayerNormalization and
 FusedConv, which its transformer optimizer writes), ``select.py`` (TopK/ArgMax/ArgMin, the Reduce family, Einsum,
 the gathers and scatters, OneHot, DepthToSpace, Resize), ``vision.py`` (GridSample, RoiAlign) and ``dynamic.py`` (Compress, Unique), the value

@@ -1,10 +1,11 @@
 """ONNX Runtime's quantized com.microsoft operators that its quantization tool writes (``quantize_static`` in the
 QOperator format) around the standard QLinearConv / QLinearMatMul, for overdrive's importer (``OPS``, merged into
 ``contrib.OPS``): ``QLinearAdd``, ``QLinearMul``, ``QLinearSigmoid``, ``QLinearLeakyRelu``, ``QLinearSoftmax``,
-``QLinearGlobalAveragePool``, ``QLinearConcat`` and ``QGemm``.
+``QLinearGlobalAveragePool``, ``QLinearConcat``, ``QGemm`` and ``QLinearAveragePool``.
 
 Each follows ONNX Runtime's CPU kernel: ``QGemm`` and ``QLinearGlobalAveragePool`` accumulate exactly and
-requantize as ``integer.requantize`` does (bit for bit); the elementwise ones compute in float32 what ONNX
+requantize as ``integer.requantize`` does (bit for bit); ``QLinearAveragePool`` sums each window's dequantized values
+in float32 in the kernel's order, so it matches bit for bit too; the elementwise ones compute in float32 what ONNX
 Runtime's kernels compute (dequantize ``scale * (q - zero_point)``, the function, ``round(v / y_scale) +
 y_zero_point`` half to even, saturated), so they match it bit for bit but where ONNX Runtime's fused multiply-adds,
 its approximate exp / logistic or its integer softmax round a value that lies on a rounding edge the other way:
@@ -39,6 +40,7 @@ ARITY: dict[str, tuple[int, int, str]] = {
     "QLinearGlobalAveragePool": (4, 5, "X, x_scale, x_zero_point?, y_scale, y_zero_point?"),
     "QLinearConcat": (5, 1 << 30, "Y_scale, Y_zero_point, then (X, X_scale, X_zero_point) per input"),
     "QGemm": (6, 9, "A, a_scale, a_zero_point, B, b_scale, b_zero_point, C?, y_scale?, y_zero_point?"),
+    "QLinearAveragePool": (4, 5, "X, x_scale, x_zero_point?, y_scale, y_zero_point?"),
 }
 
 
@@ -155,6 +157,61 @@ def _qgemm(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
     return [requantize(acc, mult, _given(ins, 8), _qtype(_given(ins, 8)))]
 
 
+def _average_pool(m: OpModule, ins: list[Value], a: dict) -> list[Value]:
+    """QLinearAveragePool as ONNX Runtime's CPU kernel computes it: each window's dequantized values summed in float32
+    in the kernel's order (row by row), divided by the count (the whole kernel with ``count_include_pad``, else the
+    elements inside the input), then ``round(y / y_scale + y_zero_point)``, saturated. AveragePool's attributes;
+    ``channels_last`` 1 reads (N, spatial.., C)."""
+    x = _tensor(ins[0])
+    last = bool(a.get("channels_last", 0))
+    if last:
+        x = x.movedim(-1, 1)
+    k = [int(v) for v in a["kernel_shape"]]
+    n = len(k)
+    if x.dim() != n + 2:
+        raise UsageError(f"QLinearAveragePool kernel_shape {k} on an input of shape {tuple(x.shape)}; expected a "
+                         f"rank-{n + 2} input")
+    if any(d != 1 for d in a.get("dilations", [1] * n)):
+        raise UsageError(f"QLinearAveragePool dilations={list(a['dilations'])} are not supported; expected 1s")
+    strides = [int(v) for v in a.get("strides", [1] * n)]
+    spatial = list(x.shape[2:])
+    ap = a.get("auto_pad", "NOTSET")
+    ap = ap.decode() if isinstance(ap, bytes) else str(ap)
+    if ap in ("NOTSET", "VALID"):
+        pads = [0] * (2 * n) if ap == "VALID" else [int(v) for v in a.get("pads", [0] * (2 * n))]
+        ceil = bool(a.get("ceil_mode", 0))
+        out = [((i + pads[d] + pads[d + n] - k[d]) + (s - 1 if ceil else 0)) // s + 1
+               for d, (i, s) in enumerate(zip(spatial, strides))]
+    elif ap in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(spatial, strides)]
+        need = [max((o - 1) * s + kk - i, 0) for o, s, kk, i in zip(out, strides, k, spatial)]
+        small = [t // 2 for t in need]  # SAME_UPPER pads the odd element at the end, SAME_LOWER at the start
+        pads = ([t - h for t, h in zip(need, small)] if ap == "SAME_LOWER" else small) + [0] * n
+    else:
+        raise UsageError(f"QLinearAveragePool auto_pad={ap!r}; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+    xf = _dequant(x, ins[1], _given(ins, 2))  # (N, C, spatial..) float32
+    inside = torch.ones_like(xf[:1, :1])
+    # pad to cover every window: pads[d] before, whatever the last window needs after (zeros add nothing)
+    after = [max((o - 1) * s + kk - pads[d] - i, 0) for d, (o, s, kk, i) in enumerate(zip(out, strides, k, spatial))]
+    fpad = [p for d in reversed(range(n)) for p in (pads[d], after[d])]
+    xf, inside = torch.nn.functional.pad(xf, fpad), torch.nn.functional.pad(inside, fpad)
+    total = count = None
+    for offs in np.ndindex(*k):  # the kernel's order: outer axis first, each window's sum in float32
+        idx = (slice(None), slice(None)) + tuple(slice(o, o + (q - 1) * s + 1, s)
+                                                 for o, q, s in zip(offs, out, strides))
+        total = xf[idx] if total is None else total + xf[idx]
+        count = inside[idx] if count is None else count + inside[idx]
+    y = total / (float(np.prod(k)) if int(a.get("count_include_pad", 0)) else count)
+    zp = _given(ins, 4)
+    qdt = _qtype(zp)
+    y = y / _f32(ins[3], y)
+    if zp is not None:
+        y = y + _f32(zp, y)
+    info = torch.iinfo(qdt)
+    y = torch.round(y).clamp(info.min, info.max).to(qdt)
+    return [y.movedim(1, -1) if last else y]
+
+
 def _leaky(x: torch.Tensor, a: dict) -> torch.Tensor:
     return torch.where(x >= 0, x, x * float(a.get("alpha", 0.01)))
 
@@ -163,5 +220,5 @@ OPS: dict[str, Op] = {
     "QLinearAdd": _binary(False), "QLinearMul": _binary(True),
     "QLinearSigmoid": _lookup(lambda x, a: torch.sigmoid(x)), "QLinearLeakyRelu": _lookup(_leaky),
     "QLinearSoftmax": _lookup(_softmax), "QLinearGlobalAveragePool": _global_avg_pool, "QLinearConcat": _concat,
-    "QGemm": _qgemm,
+    "QGemm": _qgemm, "QLinearAveragePool": _average_pool,
 }
