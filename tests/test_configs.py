@@ -124,9 +124,9 @@ def test_missing_required_key_is_named() -> None:
 
 
 def test_validation_still_runs_on_from_dict_and_replace() -> None:
-    with pytest.raises(UsageError, match="precision 'fp12'"):
+    with pytest.raises(UsageError, match="precision='fp12' is not one of"):
         BuildConfig.from_dict({"precision": "fp12"})
-    with pytest.raises(UsageError, match="precision 'fp12'"):
+    with pytest.raises(UsageError, match="precision='fp12' is not one of"):
         FP16_CUDA.replace(precision="fp12")
     with pytest.raises(UsageError, match="dtype=.*int8"):
         LoaderConfig.from_dict({"dtype": "int8"})

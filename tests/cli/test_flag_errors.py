@@ -39,6 +39,27 @@ CASES = [
     (["quantize", "--batch-size", "0"], "--batch-size"),
     (["quantize", "--percentile", "200"], "--percentile"),
     (["quantize", "--config", "int8_dynamic", "--export", "m.onnx"], "--config int8_dynamic has dynamic per-token"),
+    # values a config or the library checks: named by the flag typed, with the close choice
+    (["quantize", "--export", "m.onnx", "--opset", "30"], "--opset 30 is newer"),
+    (["exec", "--load-engine", "x.engine", "--precision", "fp61"], "--precision 'fp61' is not one of fp32, tf32, "
+     "fp16, bf16, int8, fp8, best; did you mean 'fp16'?"),
+    (["build", "--model", "torch.nn:Identity", "--shapes", "x:1x4", "--save-engine", "m.engine", "--precision", "fp61"],
+     "--precision 'fp61' is not one of fp32, tf32, fp16, bf16, int8, fp8, best; did you mean 'fp16'?"),
+    (["build", "--model", "torch.nn:Identity", "--shapes", "x:1x4", "--save-engine", "m.engine", "--backend", "onnxrt"],
+     "--backend 'onnxrt' is not one of auto, inductor, onnxruntime, tensorrt; did you mean 'onnxruntime'?"),
+    (["build", "--model", "torch.nn:Identity", "--shapes", "x:1x4", "--save-engine", "m.engine", "--fp16",
+      "--int8-activations", "static"], "--int8-activations 'static' applies to int8 engines, but this build has "
+     "--precision 'fp16'"),
+    (["build", "--model", "torch.nn:Identity", "--shapes", "x:1x4", "--save-engine", "m.engine",
+      "--inputIOFormats", "fp61:chw"], "did you mean fp16:chw?"),
+    # outputs swapped: a torch.save file under an ONNX name (build --onnx could not read it), ONNX under a .pt name
+    (["quantize", "--save", "q.onnx"], "--save q.onnx names an ONNX file, but --save writes the quantized PyTorch "
+     "model (a torch.save file, e.g. q.pt); for ONNX with Q/DQ nodes give --export q.onnx"),
+    (["quantize", "--export", "q.pt"], "--export q.pt names a torch.save file, but --export writes ONNX"),
+    (["sparsify", "--model", "digits", "--allow-untrained", "--out", "s.onnx"], "--out s.onnx names an ONNX file, "
+     "but sparsify writes a compressed 2:4 PyTorch checkpoint"),
+    (["quantize", "--model", "torch.nn:Linnear"], "--model 'torch.nn:Linnear': 'torch.nn' has no 'Linnear'; did you "
+     "mean 'Linear'?"),
 ]
 
 

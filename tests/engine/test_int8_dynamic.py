@@ -213,16 +213,16 @@ def test_cli_int8_activations_flag(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["build", "--model", "tiny.py:bert", *shapes, "--int8-activations", "dynamic",
                  "--save-engine", "f.engine"]) != 0  # fp32: the flag is for int8
     err = capsys.readouterr().err
-    assert "applies to int8 engines, but the precision is fp32" in err
+    assert "--int8-activations 'dynamic' applies to int8 engines, but this build has --precision 'fp32'" in err
     assert main(["build", "--model", "tiny.py:bert", "--int8-activations", "per-token", "--save-engine", "x.engine"]) != 0
 
 
 def test_impossible_combinations_are_refused_with_the_fix(digits_onnx: bytes) -> None:
-    with pytest.raises(UsageError, match=r"is for --precision int8: fp8 engines use calibrated per-tensor scales"):
+    with pytest.raises(UsageError, match=r"int8_activations='dynamic' is for precision='int8': fp8 engines use calibrated per-tensor scales"):
         BuildConfig(precision="fp8", int8_activations="dynamic")
-    with pytest.raises(UsageError, match=r"applies to int8 engines, but the precision is fp16"):
+    with pytest.raises(UsageError, match=r"applies to int8 engines, but this build has precision='fp16'"):
         BuildConfig(precision="fp16", device="cuda", int8_activations="static")
-    with pytest.raises(UsageError, match=r"int8_activations 'per-token' is not one of static, dynamic"):
+    with pytest.raises(UsageError, match=r"int8_activations='per-token' is not one of static, dynamic"):
         BuildConfig(precision="int8", int8_activations="per-token")
     src = from_module(_bert(), NAMES)
     with pytest.raises(UsageError, match=r"dynamic int8 runs on ONNX Runtime's CPU provider; on CUDA build static"):

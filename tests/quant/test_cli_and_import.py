@@ -34,8 +34,8 @@ def test_cli_bad_input(args: list[str], fragment: str) -> None:
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--export", "m.onnx", "--opset", "30"], "opset 30 is newer"),
-    (["--export", "m.onnx", "--opset", "11"], "opset 11 is too old"),
+    (["--export", "m.onnx", "--opset", "30"], "opset=30 is newer"),
+    (["--export", "m.onnx", "--opset", "11"], "opset=11 is too old"),
     (["--export", "m.onnx", "--config", "fp8", "--opset", "17"], "opset >= 19"),
 ])
 def test_cli_bad_opset_is_a_usage_error_before_calibration(tmp_path, monkeypatch, args, fragment) -> None:

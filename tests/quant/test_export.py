@@ -123,6 +123,22 @@ def test_unsupported_op_names_op_and_module(tmp_path) -> None:
         quant.export_onnx(q, (torch.randn(2, 8),), tmp_path / "x.onnx")
 
 
+class _Bessel(nn.Module):
+    """torch.special.i0: the exporter names it aten::i0, not the Python call's name (special_i0)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.i0(x)
+
+
+def test_unsupported_op_named_by_its_aten_alias_names_the_module(tmp_path) -> None:
+    """The owner was looked up by the Python call's name only, so an op the exporter names by its aten name
+    (torch.special.i0 -> aten::i0) said "used in module '?'"."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU(), _Bessel()))
+    q = quant.quantize(model, quant.INT8_DEFAULT, forward_loop=lambda m: m(torch.randn(4, 8)))
+    with pytest.raises(OverdriveError, match=r"op 'i0' used in module '1\.1'"):
+        quant.export_onnx(q, (torch.randn(2, 8),), tmp_path / "x.onnx")
+
+
 def _fq(x: torch.Tensor, amax: torch.Tensor, qmin: int) -> torch.Tensor:
     """Reference int8 fake quantization: per tensor (amax ()) or per row (amax (C,)), scale amax / 127."""
     s = amax / 127 if amax.dim() == 0 else (amax / 127).view(-1, 1)

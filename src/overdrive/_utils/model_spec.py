@@ -29,7 +29,7 @@ from typing import Any
 
 from torch import nn
 
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import UsageError, close_names, did_you_mean
 
 
 @contextmanager
@@ -115,7 +115,7 @@ def _load_factory(spec: str, flag: str) -> nn.Module:
         if where.endswith(".py"):
             path = Path(where)
             if not path.is_file():
-                raise UsageError(f"{flag} file {where!r} does not exist; give the path of a .py file")
+                raise UsageError(f"{flag} file {where!r} does not exist; give the path of a .py file{_near_files(path)}")
             name = f"_overdrive_model_{abs(hash(str(path.resolve())))}"
             loader = importlib.util.spec_from_file_location(name, path)
             mod = importlib.util.module_from_spec(loader)  # type: ignore[arg-type]
@@ -124,10 +124,23 @@ def _load_factory(spec: str, flag: str) -> nn.Module:
         else:
             mod = importlib.import_module(where)
     except ImportError as exc:
-        raise UsageError(f"{flag} {spec!r}: cannot import {where!r} ({exc}); check the module path") from exc
+        missing = getattr(exc, "name", None)
+        if isinstance(exc, ModuleNotFoundError) and missing and _is_part_of(missing, where):  # the path is wrong
+            top = "." not in missing  # a package that may not be installed
+            raise UsageError(f"{flag} {spec!r}: cannot import {where!r} ({exc}); check the module path"
+                             f"{' (or install the package)' if top else ''}{_near_modules(where, missing)}") from exc
+        if isinstance(exc, ModuleNotFoundError) and missing:  # the module's code imports a package not installed
+            raise UsageError(f"{flag} {spec!r}: {where!r} imports {missing!r}, which this Python ({sys.executable}) "
+                             "does not have; install the package that provides it, or run overdrive from the "
+                             "environment that has it") from exc
+        raise UsageError(f"{flag} {spec!r}: importing {where!r} failed ({exc}); fix that import in its code "
+                         "(--verbose shows where)") from exc
     factory = getattr(mod, attr, None)
-    if factory is None or not callable(factory):
-        raise UsageError(f"{flag} {spec!r}: {where!r} has no callable {attr!r}")
+    if factory is None:
+        raise UsageError(f"{flag} {spec!r}: {where!r} has no {attr!r}{_near_names(mod, attr, where)}")
+    if not callable(factory):
+        raise UsageError(f"{flag} {spec!r}: {where}'s {attr!r} is a {type(factory).__name__}, not callable; name a "
+                         f"function or class that builds the model{_near_names(mod, attr, where)}")
     if isinstance(factory, nn.Module) and (args or kwargs):
         raise UsageError(f"{flag} {full!r}: {attr!r} is a module instance, not a factory; it takes no arguments "
                          f"(give '{spec}' alone, or a function that builds the model)")
@@ -145,3 +158,51 @@ def _load_factory(spec: str, flag: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise UsageError(f"{flag} {full!r} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def _is_part_of(missing: str, where: str) -> bool:
+    """Whether the module an ImportError says is missing is ``where`` itself or a package above it (the spec's
+    path is wrong), not something ``where``'s code imports (a dependency to install)."""
+    if where.endswith(".py"):
+        return False
+    return missing == where or where.startswith(missing + ".")
+
+
+def _near_names(mod: Any, attr: str, where: str) -> str:
+    """The names of ``mod`` that ``attr`` may have meant, or the callables it defines when they are few. Read from
+    ``dir`` and the module's own dict: no attribute is fetched, so a lazy package imports nothing more."""
+    public = [n for n in dir(mod) if not n.startswith("_") and n != attr]
+    own = [n for n, v in vars(mod).items() if not n.startswith("_") and callable(v)
+           and (getattr(v, "__module__", None) == mod.__name__ or isinstance(v, nn.Module))]
+    return did_you_mean(attr, public, list_up_to=0) or did_you_mean(attr, own, what=f"callables {where!r} defines")
+
+
+def _near_files(path: Path) -> str:
+    """The .py files beside a missing one that its name may have meant."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f" (no folder {str(folder)!r} here either)"
+    return did_you_mean(path.name, [f.name for f in folder.glob("*.py")], list_up_to=0)
+
+
+def _near_modules(where: str, missing: str | None) -> str:
+    """The modules a misspelled dotted path may have meant: the part that failed to import (``missing``, the
+    ImportError's name) against the modules beside it (a package's submodules; for a top-level name, those on the
+    path, the current folder's first), the rest of the path kept.
+
+    Example:
+        >>> _near_modules("torch.nn.modules.liner", "torch.nn.modules.liner")
+        "; did you mean 'torch.nn.modules.linear'?"
+    """
+    import pkgutil
+
+    bad = missing if missing and _is_part_of(missing, where) else where
+    parent, _, last = bad.rpartition(".")
+    try:
+        found = (pkgutil.iter_modules(importlib.import_module(parent).__path__) if parent
+                 else pkgutil.iter_modules([os.getcwd(), *sys.path]))
+        close = close_names(last, [m.name for m in found])
+    except (ImportError, AttributeError):  # the parent is a module, not a package
+        return ""
+    rest = where[len(bad):]
+    return f"; did you mean {' or '.join(repr(f'{parent}.{m}{rest}' if parent else f'{m}{rest}') for m in close)}?" if close else ""

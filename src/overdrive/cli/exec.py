@@ -145,8 +145,9 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
       overdrive exec --loadEngine rn50_fp16.engine --duration 10 --percentile 50,99 --json summary.json
       overdrive exec --loadEngine model.engine --loadInputs input:x.bin --exportOutput out.json --iterations 1
     """
-    from overdrive._utils.errors import UsageError
+    from overdrive._utils.errors import UsageError, did_you_mean
     from overdrive.engine import Engine, parse_shapes
+    from overdrive.engine.config import PRECISIONS
     from overdrive.engine.benchmark import check_cuda_graph, check_load_inputs, check_percentiles, format_summary
     from overdrive.engine.benchmark import load_inputs as read_inputs
 
@@ -166,6 +167,9 @@ def command(load_engine: str, shapes: str | None, iterations: int, warm_up: floa
     except ValueError as exc:
         raise UsageError(f"--percentile {percentile!r} must be numbers separated by commas, like 90,95,99") from exc
     check_percentiles(pct)  # before the load, which can take a compile
+    if precision is not None and precision not in PRECISIONS:  # named by its flag, before the load
+        raise UsageError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}"
+                         f"{did_you_mean(precision, PRECISIONS, list_up_to=0)}")
     engine = Engine.load(load_engine, device=device, precision=precision, trust=trust)
     if use_cuda_graph:
         check_cuda_graph(engine.device.type, engine.header["backend"])

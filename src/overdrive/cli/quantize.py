@@ -67,6 +67,7 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, input_shap
       overdrive quantize --model mypkg.models:tagger --calib-data tokens.npz --input-shape input_ids:1x32
     """
     check_json_target(json_path)
+    _check_suffixes(export_path, save_path)
     check_output("--export", export_path)  # before the model is trained and calibrated
     check_output("--save", save_path)
     check_distinct([("--export", export_path), ("--save", save_path), ("--json", json_path)],
@@ -87,3 +88,18 @@ def command(model_spec: str, checkpoint: str | None, calib_data: str, input_shap
                               checkpoint=checkpoint, input_shape=shape, calib_normalize=calib_normalize)
     if json_path is not None:
         write_json(result, json_path)
+
+
+def _check_suffixes(export_path: str | None, save_path: str | None) -> None:
+    """Refuse the two outputs swapped, before any work: ``--save m.onnx`` wrote a torch.save file under an ONNX
+    name (which ``build --onnx`` then could not read), ``--export m.pt`` an ONNX graph under a torch.save name."""
+    from pathlib import Path
+
+    from overdrive._utils.errors import UsageError
+
+    if save_path and save_path.lower().endswith(".onnx"):
+        raise UsageError(f"--save {save_path} names an ONNX file, but --save writes the quantized PyTorch model (a "
+                         f"torch.save file, e.g. {Path(save_path).stem}.pt); for ONNX with Q/DQ nodes give --export {save_path}")
+    if export_path and export_path.lower().endswith((".pt", ".pth")):
+        raise UsageError(f"--export {export_path} names a torch.save file, but --export writes ONNX (e.g. "
+                         f"{Path(export_path).stem}.onnx); to save the quantized PyTorch model give --save {export_path}")

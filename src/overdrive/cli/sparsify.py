@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from overdrive.cli.common import (check_distinct, check_json_target, check_output, console, json_option, spec_file,
@@ -37,6 +39,13 @@ def command(model_spec: str, checkpoint: str | None, allow_untrained: bool, out:
           --input-shape input_ids:1x32,attention_mask:1x32
     """
     check_json_target(json_path)
+    if out.lower().endswith((".onnx", ".engine")):  # a torch.save file under a name other tools read as theirs
+        from overdrive._utils.errors import UsageError
+
+        kind = "an ONNX" if out.lower().endswith(".onnx") else "an engine"
+        raise UsageError(f"--out {out} names {kind} file, but sparsify writes a compressed "
+                         f"2:4 PyTorch checkpoint (a torch.save file, e.g. {Path(out).stem}.sparse24.pt); build an "
+                         f"engine from it with overdrive build --model ... --checkpoint {Path(out).stem}.sparse24.pt")
     check_output("--out", out)
     check_distinct([("--out", out), ("--json", json_path)], [("--model", spec_file(model_spec)),
                                                             ("--checkpoint", checkpoint)])

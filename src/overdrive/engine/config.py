@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from overdrive._utils.config import ConfigBase
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import UsageError, close_names, did_you_mean
 
 IO_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64", "bool": "bool"}
 IO_LAYOUTS = ("chw", "hwc", "hwc8")  # hwc / hwc8: channels_last for 4-D tensors (trtexec's names)
@@ -163,8 +163,12 @@ def parse_io_formats(spec: str | list[str] | None) -> list[str]:
         dtype, sep, layout = item.partition(":")
         layout = layout or "chw"
         if dtype not in IO_DTYPES or layout not in IO_LAYOUTS:
-            raise UsageError(f"I/O format {item!r} is not type:layout with type one of {', '.join(IO_DTYPES)} and layout "
-                             f"one of {', '.join(IO_LAYOUTS)} (for example fp16:chw)")
+            types = [dtype] if dtype in IO_DTYPES else close_names(dtype, IO_DTYPES)
+            layouts = [layout] if layout in IO_LAYOUTS else close_names(layout, IO_LAYOUTS)
+            near = f"; did you mean {types[0]}:{layouts[0]}?" if types and layouts else ""
+            raise UsageError(f"I/O format {item!r} (--inputIOFormats / --outputIOFormats) is not type:layout with type "
+                             f"one of {', '.join(IO_DTYPES)} and layout one of {', '.join(IO_LAYOUTS)} (for example "
+                             f"fp16:chw){near}")
         out.append(f"{dtype}:{layout}")
     return out
 
@@ -284,11 +288,14 @@ class BuildConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise UsageError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+            raise UsageError(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}"
+                             f"{did_you_mean(self.precision, PRECISIONS, list_up_to=0)}")
         if self.backend not in BACKENDS:
-            raise UsageError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+            raise UsageError(f"backend={self.backend!r} is not one of {', '.join(BACKENDS)}"
+                             f"{did_you_mean(self.backend, BACKENDS, list_up_to=0)}")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
-            raise UsageError(f"compile mode {self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}")
+            raise UsageError(f"compile_mode={self.compile_mode!r} is not one of {', '.join(COMPILE_MODES)}"
+                             f"{did_you_mean(self.compile_mode, COMPILE_MODES, list_up_to=0)}")
         if self.layer_precision not in LAYER_PRECISIONS:
             raise UsageError(f"layer_precision {self.layer_precision!r} (--layer-precision) is not one of "
                              f"{', '.join(LAYER_PRECISIONS)}: 'timed' keeps a layer float where its int8/fp8 GEMM is "
@@ -299,21 +306,22 @@ class BuildConfig(ConfigBase):
                              "(epilogue fused), on cuBLAS and in float; 'cublas' leaves the Triton kernel out")
         if self.int8_activations is not None:
             if self.int8_activations not in INT8_ACTIVATIONS:
-                raise UsageError(f"int8_activations {self.int8_activations!r} is not one of {', '.join(INT8_ACTIVATIONS)} "
-                                 "(or None: dynamic without calibration data on CPU, else static)")
+                raise UsageError(f"int8_activations={self.int8_activations!r} is not one of "
+                                 f"{', '.join(INT8_ACTIVATIONS)} (or None: dynamic without calibration data on CPU, "
+                                 f"else static){did_you_mean(self.int8_activations, INT8_ACTIVATIONS, list_up_to=0)}")
             if self.precision == "fp8" and self.int8_activations == "dynamic":
-                raise UsageError("int8_activations='dynamic' (--int8-activations dynamic) is for --precision int8: fp8 "
-                                 "engines use calibrated per-tensor scales; drop the flag, or build int8")
+                raise UsageError("int8_activations='dynamic' is for precision='int8': fp8 engines use calibrated "
+                                 "per-tensor scales; drop it, or build int8")
             if self.precision not in ("int8", "best"):
-                raise UsageError(f"int8_activations={self.int8_activations!r} (--int8-activations) applies to int8 "
-                                 f"engines, but the precision is {self.precision}; give --precision int8 (or best), or "
-                                 "drop the flag")
+                raise UsageError(f"int8_activations={self.int8_activations!r} applies to int8 engines, but this "
+                                 f"build has precision={self.precision!r}; give precision='int8' (or 'best'), or drop "
+                                 "it")
         if not isinstance(self.allow_tf32, bool):
             raise UsageError(f"allow_tf32 {self.allow_tf32!r} is not a bool: True lets the fp32 layers of a "
                              "fp16/bf16/int8/fp8 CUDA engine run TF32, False keeps them IEEE fp32 (trtexec's --noTF32)")
         if self.precision == "tf32" and not self.allow_tf32:
-            raise UsageError("allow_tf32=False (--noTF32) and precision 'tf32' ask for opposite fp32 math; give "
-                             "precision 'fp32' (IEEE fp32, which allow_tf32=False asks for) or drop allow_tf32=False")
+            raise UsageError("allow_tf32=False (--noTF32) and precision='tf32' ask for opposite fp32 math; give "
+                             "precision='fp32' (IEEE fp32, which allow_tf32=False asks for) or drop allow_tf32=False")
         if self.quantize_residuals and self.precision not in ("int8", "fp8", "best"):
             raise UsageError(f"quantize_residuals (--quantize-residuals) applies to int8 / fp8 engines, but the "
                              f"precision is {self.precision}; give --int8 or --fp8, or drop the flag")

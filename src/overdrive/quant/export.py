@@ -84,29 +84,44 @@ def check_opset(opset: int | None, fmt: str) -> int:
     so the CLI can refuse it before calibrating."""
     opset = opset or (19 if fmt == "fp8_e4m3" else 17)
     if opset < 13:
-        raise UsageError(f"opset {opset} is too old: per-channel QuantizeLinear needs opset >= 13")
+        raise UsageError(f"opset={opset} is too old: per-channel QuantizeLinear needs opset >= 13")
     if fmt == "fp8_e4m3" and opset < 19:
-        raise UsageError(f"opset {opset} cannot express fp8 QuantizeLinear; use opset >= 19 for fp8 models")
+        raise UsageError(f"opset={opset} cannot express fp8 QuantizeLinear; use opset >= 19 for fp8 models")
     top = _max_opset()
     if top is not None and opset > top:
-        raise UsageError(f"opset {opset} is newer than torch {torch.__version__}'s ONNX exporter writes (at most "
+        raise UsageError(f"opset={opset} is newer than torch {torch.__version__}'s ONNX exporter writes (at most "
                          f"{top}); use an opset from {19 if fmt == 'fp8_e4m3' else 13} to {top}")
     return opset
 
 
 def find_op_owner(model: nn.Module, example_inputs: tuple[Any, ...], op: str) -> str | None:
-    """The name of the innermost module whose forward calls aten ``op`` (for error messages)."""
+    """The name of the innermost module whose forward calls aten ``op`` (for error messages).
+
+    The exporter names the aten op, which is often not the Python call's name: ``torch.special.i0`` is
+    ``aten::i0``, ``F.interpolate(..., antialias=True)`` is ``aten::_upsample_bilinear2d_aa``, ``x[mask]`` is
+    ``aten::index``. So the calls are watched at both levels: torch.* functions (composite ops the exporter
+    sees whole, ``linalg_svdvals``) and the aten ops they dispatch to."""
     from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     stack: list[str] = []
     found: list[str] = []
     names = {m: n for n, m in model.named_modules()}
+    want = op.strip("_")
+
+    def seen(name: str) -> None:
+        if not found and name and (name == op or name.strip("_") == want):
+            found.append(stack[-1] if stack else "<root>")
 
     class _Watch(TorchFunctionMode):  # sees torch.* calls (torch.fft.fft is named 'fft_fft' there)
         def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-            fname = getattr(func, "__name__", "")
-            if not found and fname and (fname == op or fname.strip("_") == op.strip("_")):
-                found.append(stack[-1] if stack else "<root>")
+            seen(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    class _WatchAten(TorchDispatchMode):  # sees the aten ops by the names the exporter gives them
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            schema = getattr(func, "_schema", None)
+            seen(schema.name.split("::")[-1] if schema is not None else "")
             return func(*args, **(kwargs or {}))
 
     def enter(m: nn.Module, inputs: Any) -> None:
@@ -119,7 +134,7 @@ def find_op_owner(model: nn.Module, example_inputs: tuple[Any, ...], op: str) ->
 
     handles = [h for m in names for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     try:
-        with torch.no_grad(), _Watch():
+        with torch.no_grad(), _Watch(), _WatchAten():
             model(*example_inputs)
     except Exception:  # noqa: BLE001 - best effort: only used to improve an error message
         pass
@@ -281,8 +296,9 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | Path, opset: 
             owner = find_op_owner(traced, xs, op)
         if owner is not None and traced is not model:
             owner = owner.removeprefix("module.").removeprefix("module") or "<root>"
+        where = f" used in module '{owner}'" if owner is not None else ""  # not reached by the example forward
         raise OverdriveError(
-            f"ONNX (opset {opset}) cannot express op '{op}' used in module '{owner or '?'}': "
+            f"ONNX (opset {opset}) cannot express op '{op}'{where}: "
             f"{msg.splitlines()[0][:300]}; replace that op, keep the module out of the export, or try another opset"
         ) from exc
     if isinstance(traced, ByName):
