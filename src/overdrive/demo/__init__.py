@@ -34,11 +34,22 @@ STAGES: dict[str, str] = {
 # Stages that bring their own model: run alone, they need no O0-trained digits model from amp first. The others
 # (quant, sparsity, engine) start from it: run without amp, amp runs first at O0 only and its table says why.
 STANDALONE: frozenset[str] = frozenset({"transformer", "data", "distributed"})
+# The run_demo settings (by their CLI flag) each stage trains or measures with; the others have no effect on it.
+# The amp stage run first for quant/sparsity/engine trains at O0 in fp32: it uses --epochs and --batch-size only.
+USES: dict[str, frozenset[str]] = {
+    "amp": frozenset({"--opt-level", "--dtype", "--epochs", "--batch-size"}),
+    "quant": frozenset({"--epochs", "--batch-size"}),  # QAT epochs, calibration and fine-tune batches
+    "sparsity": frozenset({"--batch-size"}),  # its fine-tune has fixed epochs
+    "engine": frozenset(),  # inference at the workload's serving batch
+    "transformer": frozenset(),  # its own model and shapes
+    "data": frozenset({"--epochs", "--batch-size"}),  # --batch-size with --quick only (else the digits CNN's 64)
+    "distributed": frozenset(),  # a fixed global batch and epochs, the same for every strategy
+}
 
 
 def run_demo(
     device: str = "auto",
-    opt_levels: Sequence[str] = OPT_LEVELS,
+    opt_levels: Sequence[str] | None = None,
     epochs: int | None = None,
     batch_size: int | None = None,
     dtype: str | torch.dtype | None = None,
@@ -57,13 +68,23 @@ def run_demo(
     stage's O0 model, when amp failed, are skipped and say so). Ctrl-C does end it:
     ``on_table`` then gets an "interrupted" table for the stage it stopped, and KeyboardInterrupt goes on up. ``quick`` trains the tiny digits CNN (seconds); otherwise the workload
     is sized for the device (:func:`overdrive.demo.workloads.choose_workload`).
+    ``opt_levels`` None is every level (O0-O3). A setting that none of the chosen stages uses (``opt_levels`` or
+    ``dtype`` without the amp stage, ``epochs`` with only the transformer stage...) is refused before any work.
     """
     dev = resolve_device(device)
+    given = {"--opt-level": opt_levels is not None and any(lvl != "O0" for lvl in opt_levels),
+             "--dtype": dtype is not None, "--epochs": epochs is not None, "--batch-size": batch_size is not None}
+    opt_levels = OPT_LEVELS if opt_levels is None else tuple(opt_levels)
     for lvl in opt_levels:
         if lvl not in OPT_LEVELS:
             raise UsageError(f"opt level {lvl!r} is not one of {', '.join(OPT_LEVELS)}")
     if "O0" not in opt_levels:
         opt_levels = ("O0", *opt_levels)  # the baseline every other row is compared with
+    # torch's generators take 64 bits (the stages add small offsets to the seed): a bigger one failed on "Overflow
+    # when unpacking long long" once the set-up had run
+    if not -2**63 <= seed < 2**63:
+        raise UsageError(f"--seed {seed} does not fit torch's 64-bit generator; use a seed from {-2**63} to "
+                         f"{2**63 - 1}, such as 0")
     if epochs is not None and epochs < 1:
         raise UsageError(f"--epochs {epochs} must be >= 1")
     if batch_size is not None and batch_size < 2:
@@ -79,6 +100,7 @@ def run_demo(
     chosen = [s for s in STAGES if not stages or s in stages]
     needs_model = [s for s in chosen if s not in STANDALONE and s != "amp"]
     prerequisite = "amp" not in chosen and bool(needs_model)
+    _refuse_unused(given, chosen, prerequisite, quick)
     if prerequisite:  # they start from the O0-trained model: train that one, not every opt level
         chosen = ["amp", *chosen]
         opt_levels = ("O0",)
@@ -123,6 +145,31 @@ def run_demo(
             if on_table is not None:
                 on_table(table)
     return tables
+
+
+def _refuse_unused(given: dict[str, bool], chosen: Sequence[str], prerequisite: bool, quick: bool) -> None:
+    """Refuse a setting that was given but that none of the ``chosen`` stages uses: ``--stage quant --opt-level O2``
+    ran amp at O0 only and ``--stage transformer --epochs 20`` trained nothing, each without a word.
+
+    Example:
+        >>> _refuse_unused({"--dtype": True}, ["engine"], prerequisite=True, quick=True)
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --dtype has no effect on stage(s) engine: only amp uses it; add --stage amp, or leave --dtype out
+    """
+    used: set[str] = set()
+    for name in chosen:
+        used |= USES[name] - ({"--batch-size"} if name == "data" and not quick else set())
+    if prerequisite:  # the amp stage that quant/sparsity/engine start from: O0, fp32
+        used |= {"--epochs", "--batch-size"}
+    unused = [flag for flag, on in given.items() if on and flag not in used]
+    if unused:
+        users = sorted({s for flag in unused for s in STAGES if flag in USES[s]}, key=list(STAGES).index)
+        add = f"--stage {users[0]}" if len(users) == 1 else f"one of {', '.join(users)} with --stage"
+        raise UsageError(f"{' and '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect on stage(s) "
+                         f"{', '.join(chosen)}: only {', '.join(users)} use{'s' if len(users) == 1 else ''} "
+                         f"{'it' if len(unused) == 1 else 'them'}; add "
+                         f"{add}, or leave {' and '.join(unused)} out")
 
 
 def _status_table(stage: str, status: str, why: str) -> Table:

@@ -185,8 +185,11 @@ def run(ctx: DemoContext) -> Table:
                               None if hand is None or acc is None else 100 * (acc - hand["accuracy"]))
     fp8_row(ctx, table)
     mem = "peak CUDA memory allocated" if cuda else "training state (params, grads, masters, optimizer state)"
-    table.notes.append(f"memory: {mem}; samples/s excludes the first (warm-up, compile) epoch, 'epochs min-max' gives its slowest and fastest timed epoch; every run starts from "
-                       f"the same seed and sees the same batches; {ctx.epochs} epochs of {len(ctx.data.y_train)} images.")
+    timed = ("samples/s excludes the first (warm-up, compile) epoch, 'epochs min-max' gives its slowest and fastest "
+             "timed epoch" if ctx.epochs > 1 else "samples/s is the one epoch's, warm-up (and compile) included: "
+             "--epochs 2 or more leaves it out")
+    table.notes.append(f"memory: {mem}; {timed}; every run starts from "
+                       f"the same seed and sees the same batches; {ctx.epochs} epoch(s) of {len(ctx.data.y_train)} images.")
     if not cuda:
         from overdrive._utils.device import cpu_features, cpu_summary
 
