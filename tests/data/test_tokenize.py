@@ -423,3 +423,13 @@ def test_padded_equals_a_row_by_row_reference(max_length: int | None) -> None:
             ref[i, :len(row)] = row
             ref_mask[i, :len(row)] = 1
         assert torch.equal(ids, ref) and torch.equal(mask, ref_mask)
+
+
+def test_training_the_local_tokenizer_prints_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    # the tokenizers library's trainer printed progress lines (blank lines off a terminal) into the demo's tables
+    pytest.importorskip("tokenizers")
+    from overdrive.data.tokenize import train_local_tokenizer
+
+    train_local_tokenizer([f"sentence number {i} about fast tokenizers" for i in range(200)], vocab_size=120)
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)

@@ -548,7 +548,8 @@ def train_local_tokenizer(texts: Sequence[str], vocab_size: int = 8000) -> Any:
     tok = tk.Tokenizer(tk.models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-    trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    trainer = tk.trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"],
+                                         show_progress=False)  # its progress lines are blank lines off a terminal
     tok.train_from_iterator(texts, trainer=trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = tk.processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
