@@ -114,3 +114,30 @@ def test_a_negative_shape_and_two_precisions_are_usage_errors(tmp_path, monkeypa
         with contextlib.redirect_stderr(err):
             code = main(args)
         assert code == 2 and want in err.getvalue(), err.getvalue()
+
+
+def test_a_misspelled_verb_gets_the_close_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """``overdrive buld`` said "No such command 'buld'." with nothing to try: the verbs load lazily, so click had
+    none to compare with (``overdrive data tokenise`` got its suggestion)."""
+    assert main(["buld"]) == 2
+    assert "No such command 'buld'. Did you mean 'build'?" in capsys.readouterr().err
+    assert main(["zzz"]) == 2
+    assert "The commands are: build, compare," in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--precision", "fp61"], "--precision 'fp61' is not one of"),
+    (["--backend", "tensrt"], "did you mean 'tensorrt'?"),
+    (["--inputIOFormats", "fp61:chw"], "--inputIOFormats fp61:chw: I/O format 'fp61:chw'"),
+    (["--outputIOFormats", "fp16:cwh"], "--outputIOFormats fp16:cwh: I/O format 'fp16:cwh'"),
+])
+def test_build_refuses_bad_config_values_before_reading_the_model(flags: list[str], needle: str, tmp_path,  # type: ignore[no-untyped-def]
+                                                                  monkeypatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad --precision / --backend / I/O formats were refused only after the model was imported (minutes for a
+    large one, or its import's own failure first); an I/O format's message did not say which of the two flags."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "slow.py").write_text("raise RuntimeError('the model was imported')\n")
+    assert main(["build", "--model", "slow.py:make", "--shapes", "x:1x4", "--save-engine", "m.engine", *flags]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert needle in err and "imported" not in err, err
+    assert "--inputIOFormats / --outputIOFormats" not in err

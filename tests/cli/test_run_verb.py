@@ -138,3 +138,27 @@ def test_an_empty_onnx_file_is_named_as_such(tmp_path: Path, verb: str) -> None:
             else [str(empty), "--trt", "--onnxrt"])
     code, _, err = _cli(verb, *args)
     assert code == 2 and "declares no inputs (an empty or truncated file?)" in err
+
+
+@pytest.mark.parametrize("saved, needle", [
+    ({"inp": torch.zeros(2, 16)}, "holds inp (2x16), but the model takes x (Nx16): no input named 'inp'"),
+    ({"X": torch.zeros(2, 16)}, "no input named 'X' (did you mean 'x'?)"),
+    ({"x": torch.zeros(2, 15)}, "holds x (2x15), but the model takes x (Nx16): 'x' dim 1 is 15, which the model fixes "
+                                "at 16"),
+    ({"x": torch.zeros(16)}, "'x' has 1 dims, the model's 2"),
+    ([torch.zeros(2, 16), torch.zeros(2, 16)], "2 tensor(s) for 1 input(s)"),
+    ({"0.weight": torch.zeros(8, 16), "0.bias": torch.zeros(8)}, "holds weights (a state_dict: '0.weight', '0.bias'), "
+                                                                 "not inputs; the model takes x (Nx16)"),
+])
+def test_load_inputs_that_do_not_fit_name_the_file_its_arrays_and_the_model_inputs(
+        tmp_path: Path, saved: object, needle: str) -> None:
+    """A --load-inputs file of other names or shapes reached the profile check ("shape profiles must name every
+    model input ['x']: missing [], unknown ['inp']", "the profile asks for 15..15"), which named neither the file
+    nor what it holds; a state_dict there read as inputs named '0.weight'."""
+    model = _onnx(tmp_path / "m.onnx", dynamic=True)
+    torch.save(saved, tmp_path / "in.pt")
+    code, _, err = _cli("run", str(model), "--trt", "--onnxrt", "--load-inputs", str(tmp_path / "in.pt"))
+    err = " ".join(err.split())
+    assert code == 2 and f"--load-inputs {tmp_path / 'in.pt'}" in err and needle in err, err
+    code, _, err = _cli("run", str(model), "--trt", "--onnxrt", "--load-inputs", str(tmp_path / "none.pt"))
+    assert code == 2 and "--load-inputs" in err and "does not exist" in err and "--inputs " not in err, err

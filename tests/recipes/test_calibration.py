@@ -260,3 +260,24 @@ def test_input_names_that_are_no_weights_still_load(tmp_path: Path) -> None:
     torch.save({"input.1": torch.zeros(4, 3), "mask.weight": torch.ones(4, 3), "x": torch.ones(4, 3)}, path)
     cal = load_calibration(str(path), batch_size=2)
     assert cal.names == ("input.1", "mask.weight", "x") and len(cal) == 2
+
+
+def test_a_model_or_engine_given_as_calibration_data_is_named(tmp_path: Path) -> None:
+    """``--calib-data model.onnx`` or ``x.engine`` said "is not a tensor file overdrive can read safely
+    (UnpicklingError)": the file is a model, and calibration data is the model's sample inputs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from overdrive.engine.format import MAGIC
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    (tmp_path / "m.engine").write_bytes(MAGIC + b"\0" * 32)
+    torch.jit.save(torch.jit.script(torch.nn.ReLU()), str(tmp_path / "ts.pt"))
+    for name, what in (("m.onnx", "an ONNX model"), ("m.engine", "an overdrive engine"),
+                       ("ts.pt", "a TorchScript module")):
+        with pytest.raises(UsageError, match=rf"--calib-data '.*{name}' is {what}.*not calibration data: --calib-data "
+                                             r"takes the model's sample inputs; save the model's inputs"):
+            load_calibration(str(tmp_path / name), "--calib-data")

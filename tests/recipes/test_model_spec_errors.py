@@ -103,3 +103,36 @@ def test_close_names() -> None:
     assert close_names("zzz", ["make_mlp"]) == []
     assert did_you_mean("zzz", ["b", "a"], what="choices") == "; the choices are: a, b"
     assert did_you_mean("zzz", ["b", "a"], list_up_to=1) == ""
+
+
+def test_a_misspelled_alias_gets_the_close_one() -> None:
+    """``--model digts`` listed the aliases but did not say which one was meant."""
+    with pytest.raises(UsageError, match=r"--model 'digts' must be .*; did you mean 'digits'\?"):
+        load_model("digts")
+
+
+def test_a_model_file_given_as_a_factory_is_named_with_the_flag_that_takes_it(tmp_path: Path) -> None:
+    """``--model mlp.onnx`` read as a malformed factory spec ("must be 'package.module:factory' ..."): it is an ONNX
+    file, which ``build --onnx`` takes; a TorchScript file goes to --torchscript, an engine to exec."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "mlp.onnx"))
+    with pytest.raises(UsageError, match=r"--model '.*mlp.onnx' is an ONNX model, not a PyTorch model factory .*"
+                                         r"overdrive build --onnx .*mlp.onnx"):
+        load_model(str(tmp_path / "mlp.onnx"))
+    torch.jit.save(torch.jit.script(nn.ReLU()), str(tmp_path / "relu.pt"))
+    with pytest.raises(UsageError, match=r"is a TorchScript module .*overdrive build --torchscript"):
+        load_model(str(tmp_path / "relu.pt"))
+
+
+def test_a_python_file_without_a_factory_names_the_ones_it_defines(tmp_path: Path) -> None:
+    """``--model models.py`` (the factory forgotten) said only the spec's syntax; the file's top-level functions and
+    classes are read from its syntax tree (nothing run) and offered as specs."""
+    (tmp_path / "models.py").write_text("raise SystemExit('imported')\ndef make_mlp():\n    pass\nclass Net:\n    pass\n")
+    spec = str(tmp_path / "models.py")
+    with pytest.raises(UsageError, match=rf"name the factory in .*models.py: '{spec}:make_mlp', '{spec}:Net'"):
+        load_model(spec)

@@ -41,9 +41,9 @@ def _build_scripted(path: str, save_engine: str, calib: str | None, profiles: li
     import torch
 
     from overdrive.engine.api import Builder
-    from overdrive.engine.config import BuildConfig, parse_io_formats
     from overdrive._utils.files import require_file
     from overdrive.engine.sources import from_module
+    from overdrive.recipes.build import build_config
     from overdrive.recipes.calibration import load_calibration
 
     require_file(path, "TorchScript file")
@@ -57,10 +57,7 @@ def _build_scripted(path: str, save_engine: str, calib: str | None, profiles: li
     src = from_module(scripted)
     batches = load_calibration(calib, "--calib", input_names=src.input_names).batches if calib else None
     accept = options.pop("accept_low_accuracy")
-    for key in ("input_io_formats", "output_io_formats"):
-        options[key] = parse_io_formats(options[key])
-    max_autotune = options.pop("max_autotune")
-    cfg = BuildConfig(profiles=profiles, compile_mode="max-autotune" if max_autotune else None, **options)
+    cfg = build_config(profiles=profiles, **options)
     engine = Builder(cfg, on_low_accuracy="warn" if accept else "raise").build(
         src, calib=batches, onnx_path=str(Path(save_engine).with_suffix(".onnx")))
     engine.save(save_engine)
@@ -265,7 +262,7 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
           --shapes x:1x3x224x224 --save-engine m_int8.engine
     """
     from overdrive.engine.runtime import describe_device
-    from overdrive.recipes.build import build_engine
+    from overdrive.recipes.build import build_config, build_engine
 
     check_json_target(json_path)
     check_device("--device", device)
@@ -301,6 +298,10 @@ def command(onnx: str | None, model: str | None, torchscript: str | None, export
     from overdrive.engine.config import profiles_from_shapes
 
     profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+    # bad --precision / --backend / I/O formats are refused before any file is read (build_engine checks them again)
+    build_config(precision=chosen, backend=backend, device=device, int8_activations=int8_activations,
+                 layer_precision=layer_precision, quantize_residuals=quantize_residuals, lowp_linears=lowp_linears,
+                 input_io_formats=input_io_formats, output_io_formats=output_io_formats, allow_tf32=allow_tf32)
     dynamic_ts = bool(torchscript) and not (onnx or model or exported or checkpoint) and any(not p.static for p in profiles)
     if dynamic_ts:
         _check_scripted_backend(backend, device, chosen)

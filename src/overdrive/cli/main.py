@@ -49,6 +49,20 @@ class _Verbs(click.Group):
             return None
         return importlib.import_module(f"overdrive.cli.{mod}").command
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        # click suggests close names from the commands it holds, and this group holds none until asked (lazy):
+        # `overdrive buld` would get no 'build' to try
+        name = args[0] if args else ""
+        if (args and not ctx.resilient_parsing and not name.startswith("-")
+                and self.get_command(ctx, name) is None):
+            from overdrive._utils.errors import close_names
+
+            close = close_names(name, self.list_commands(ctx))
+            hint = (f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else
+                    f" The commands are: {', '.join(self.list_commands(ctx))}.")
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
 
 @click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(overdrive.__version__, "--version", prog_name="overdrive")

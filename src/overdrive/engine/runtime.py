@@ -167,7 +167,12 @@ class Engine:
         trusted = status == "signed" or trust
         built = h["device"]
         if precision is not None and precision not in PRECISIONS:
-            raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+            from overdrive._utils.errors import did_you_mean
+
+            raise UsageError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}"
+                             f"{did_you_mean(precision, PRECISIONS, list_up_to=0)}. It only checks the engine's own "
+                             f"precision, fixed at build ({h['precision']} for {path}): leave it out to load the "
+                             "engine as built")
         if precision == "best" and not h.get("best"):
             raise UsageError(f"{path} was built for precision {h['precision']}, not with --best; load it without a "
                              "precision, or rebuild with --best")

@@ -121,6 +121,34 @@ def _exported_example(path: str, src: ModelSource) -> tuple[torch.Tensor, ...]:
     return tuple(x.detach().cpu() for x in xs)
 
 
+def io_formats(flag: str, spec: str | list[str] | None) -> list[str]:
+    """:func:`~overdrive.engine.config.parse_io_formats` for one flag, whose name a bad value's message carries.
+
+    Example:
+        >>> io_formats("--inputIOFormats", "fp16:hwc")
+        ['fp16:hwc']
+    """
+    try:
+        return parse_io_formats(spec)
+    except UsageError as exc:
+        why = str(exc).replace(" (--inputIOFormats / --outputIOFormats)", "")
+        raise UsageError(f"{flag} {spec if isinstance(spec, str) else ','.join(spec or [])}: {why}") from exc
+
+
+def build_config(max_autotune: bool = False, input_io_formats: str | list[str] | None = None,
+                 output_io_formats: str | list[str] | None = None, **options: Any) -> BuildConfig:
+    """The :class:`~overdrive.engine.config.BuildConfig` of ``overdrive build``'s flags (``max_autotune``: the
+    compile mode; the I/O formats as trtexec spells them), checked before any model is read.
+
+    Example:
+        >>> build_config(precision="fp16", max_autotune=True).compile_mode
+        'max-autotune'
+    """
+    return BuildConfig(compile_mode="max-autotune" if max_autotune else None,
+                       input_io_formats=io_formats("--inputIOFormats", input_io_formats),
+                       output_io_formats=io_formats("--outputIOFormats", output_io_formats), **options)
+
+
 def build_engine(onnx: str | None = None, model: str | None = None, torchscript: str | None = None,
                  exported: str | None = None, save_engine: str = "model.engine", precision: str = "fp32",
                  shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
@@ -155,6 +183,14 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
     if len(given) != 1:
         raise UsageError(f"give exactly one of --onnx, --model, --torchscript, --exported (got {given or 'none'})")
     profiles = profiles_from_shapes(shapes, min_shapes, opt_shapes, max_shapes)
+    # bad --precision, --backend or I/O formats are refused here, before the model is imported or read
+    cfg = build_config(precision=precision, backend=backend, device=device, profiles=profiles,
+                       max_autotune=max_autotune, aot=aot, int8_activations=int8_activations,
+                       layer_precision=layer_precision, timing_cache=timing_cache,
+                       trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
+                       conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
+                       lowp_linears=lowp_linears, input_io_formats=input_io_formats,
+                       output_io_formats=output_io_formats, allow_tf32=allow_tf32)
     images = ImageOptions(normalize=calib_normalize, samples=calib_samples)  # bad values refused before the build
     example: tuple[torch.Tensor, ...] | None = None
     if torchscript:
@@ -176,13 +212,6 @@ def build_engine(onnx: str | None = None, model: str | None = None, torchscript:
         if checkpoint:  # its weights: a state_dict, a Trainer checkpoint or a .sparse24.pt from overdrive sparsify
             load_checkpoint(module, checkpoint)
         src = from_module(module.eval())
-    cfg = BuildConfig(precision=precision, backend=backend, device=device, profiles=profiles,
-                      compile_mode="max-autotune" if max_autotune else None, aot=aot, int8_activations=int8_activations,
-                      layer_precision=layer_precision,
-                      timing_cache=timing_cache, trust_timing_cache=trust_timing_cache, freezing=freezing, gemm_gelu=gemm_gelu,
-                      conv_fusion=conv_fusion, sibling_gemms=sibling_gemms, quantize_residuals=quantize_residuals,
-                      lowp_linears=lowp_linears, input_io_formats=parse_io_formats(input_io_formats), output_io_formats=parse_io_formats(output_io_formats),
-                      allow_tf32=allow_tf32)
     if calib and profiles and src.module is not None:
         # the --shapes names are the engine's inputs (a T5's input_ids and decoder_input_ids, not forward's first
         # two): the batches are read and checked by them, and the builder resolves them again the same way

@@ -395,11 +395,27 @@ def _read(path: str, flag: str) -> Any:
             why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             raise UsageError(f"{flag} {path!r} is not a NumPy file overdrive can read safely ({type(exc).__name__}: "
                              f"{why}); save numeric arrays with np.save / np.savez (no object arrays), or {FORMAT}") from exc
+    _refuse_model_file(path, flag)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a pickle of objects weights_only refuses, or not a torch file
         raise UsageError(f"{flag} {path!r} is not a tensor file overdrive can read safely ({type(exc).__name__}); "
                          f"{FORMAT} (or an .npy / .npz file)") from exc
+
+
+def _refuse_model_file(path: str, flag: str) -> None:
+    """A model or engine given as calibration data (``--calib-data model.onnx``): say what the file is, before
+    torch.load says only that it could not unpickle it."""
+    from overdrive.engine.format import MAGIC, model_file_kind
+
+    with open(path, "rb") as f:
+        engine = f.read(len(MAGIC)) == MAGIC
+    what = "an overdrive engine" if engine else {
+        "onnx": "an ONNX model", "torchscript": "a TorchScript module (torch.jit.save)",
+        "exported": "a torch.export archive"}.get(model_file_kind(path) or "")
+    if what:
+        raise UsageError(f"{flag} {path!r} is {what}, not calibration data: {flag} takes the model's sample "
+                         f"inputs; {FORMAT}")
 
 
 TOKENIZED_KEYS = ("ids", "offsets")

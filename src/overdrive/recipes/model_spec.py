@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from overdrive._utils.errors import UsageError
+from overdrive._utils.errors import UsageError, did_you_mean
 from overdrive._utils.model_spec import load_factory
 from overdrive.recipes.calibration import Calibration, load_calibration
 
@@ -31,14 +31,62 @@ ALIASES = {"digits": "overdrive.recipes.models:DigitsCNN", "docstrings": "overdr
 
 def load_model(spec: str, flag: str = "--model") -> nn.Module:
     """An alias (``digits``, ``docstrings``), ``pkg.module:factory`` or ``file.py:factory`` -> a fresh model."""
-    if spec.endswith((".pt", ".pth")) and Path(spec).is_file():
+    if spec not in ALIASES:
+        _refuse_model_file(spec, flag)
+    if ":" not in spec and spec not in ALIASES:
+        raise UsageError(f"{flag} {spec!r} must be 'package.module:factory', 'path/to/file.py:factory' or one of "
+                         f"{', '.join(sorted(ALIASES))}{_spec_hint(spec)}")
+    return load_factory(ALIASES.get(spec, spec), flag)
+
+
+# the build flag that takes each kind of model file, and what the file is (engine.format.model_file_kind's kinds)
+_MODEL_FILES = {"onnx": ("an ONNX model", "--onnx"), "torchscript": ("a TorchScript module (torch.jit.save)", "--torchscript"),
+                "exported": ("a torch.export archive", "--exported")}
+
+
+def _refuse_model_file(spec: str, flag: str) -> None:
+    """A model file given where a factory goes (``--model mlp.onnx``, ``--model model.pt``): say what it is and the
+    flag that takes it, instead of a factory spec's syntax error."""
+    from overdrive.engine.format import MAGIC, model_file_kind
+
+    path = Path(spec)
+    if not path.is_file():
+        kind = {".onnx": "onnx", ".pt2": "exported", ".engine": "engine"}.get(path.suffix.lower())
+        if kind is None:
+            return
+    else:
+        with open(path, "rb") as f:
+            kind = "engine" if f.read(len(MAGIC)) == MAGIC else model_file_kind(path)
+    if kind == "engine":
+        raise UsageError(f"{flag} {spec!r} {'is' if path.is_file() else 'names'} an overdrive engine, not a PyTorch model factory; run it with "
+                         f"overdrive exec --loadEngine {spec}, or give {flag} 'file.py:factory' that builds the model")
+    if kind in _MODEL_FILES:
+        what, build_flag = _MODEL_FILES[kind]
+        is_ = "is" if path.is_file() else "names"  # a missing file: its suffix says what it would be
+        raise UsageError(f"{flag} {spec!r} {is_} {what}, not a PyTorch model factory ({flag} takes 'file.py:factory' or "
+                         f"'package.module:factory'); build an engine from it with overdrive build {build_flag} {spec}")
+    if kind == "torch.save" or (path.is_file() and path.suffix.lower() in (".pt", ".pth", ".bin", ".ckpt")):
         raise UsageError(f"{flag} {spec!r} is a pickled file; overdrive does not unpickle models (loading a pickle "
                          "runs code). Give 'file.py:factory' that builds the model, and its weights as a state_dict "
                          "where the verb takes --checkpoint")
-    if ":" not in spec and spec not in ALIASES:
-        raise UsageError(f"{flag} {spec!r} must be 'package.module:factory', 'path/to/file.py:factory' or one of "
-                         f"{', '.join(sorted(ALIASES))}")
-    return load_factory(ALIASES.get(spec, spec), flag)
+
+
+def _spec_hint(spec: str) -> str:
+    """The end of the message for a spec with no ':': the alias it may misspell, or for a ``.py`` file the
+    factories it defines (read from its syntax tree, nothing run)."""
+    if not spec.endswith(".py"):
+        return did_you_mean(spec, ALIASES, what="aliases", list_up_to=0)
+    import ast
+
+    try:
+        tree = ast.parse(Path(spec).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return f"; name the factory in {spec}: '{spec}:make_model'"
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+    if not names:
+        return f"; {spec} defines no function or class at its top level to build the model with"
+    shown = ", ".join(f"'{spec}:{n}'" for n in names[:4])
+    return f"; name the factory in {spec}: {shown}{' ...' if len(names) > 4 else ''}"
 
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike[str], flag: str = "--checkpoint") -> None:

@@ -75,6 +75,73 @@ def check_inputs_file(flag: str, path: str | None) -> None:
                      "name -> tensor)")
 
 
+_WEIGHT_ENDINGS = (".weight", ".bias", ".running_mean", ".running_var", ".num_batches_tracked")
+
+
+def _dims(shape: Any, params: list[str | None] | None = None) -> str:
+    """A shape as ``1x3x224x224``; a dynamic dim (None) by its ONNX name, else ``?``."""
+    params = params or [None] * len(shape)
+    return "x".join(str(d) if d is not None else (p or "?") for d, p in zip(shape, params)) or "scalar"
+
+
+def check_loaded_inputs(path: str, loaded: dict[str, torch.Tensor] | tuple[torch.Tensor, ...],
+                        src: Any) -> dict[str, torch.Tensor]:
+    """The inputs of a ``--load-inputs`` file by the model's input names, refused with the file's names and shapes
+    beside the model's where they do not fit (names, count, rank or a dim the ONNX model fixes); a state_dict given
+    there is named as weights.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> src = SimpleNamespace(input_names=["x"], onnx_shapes={"x": [None, 4]}, onnx_dim_params={})
+        >>> check_loaded_inputs("in.pt", {"inp": torch.zeros(2, 4)}, src)
+        Traceback (most recent call last):
+        ...
+        overdrive._utils.errors.UsageError: --load-inputs in.pt holds inp (2x4), but the model takes x (?x4): no input named 'inp'; save the inputs by the model's input names, e.g. np.savez(path, x=...) or torch.save({'x': ...}, path)
+    """
+    names = list(src.input_names)
+    shapes = getattr(src, "onnx_shapes", {}) or {}
+    params = getattr(src, "onnx_dim_params", {}) or {}
+    wants = ", ".join(f"{n} ({_dims(shapes[n], params.get(n))})" if n in shapes else n for n in names)
+    holds = ", ".join(f"{k} ({_dims(tuple(v.shape))})" for k, v in (
+        loaded.items() if isinstance(loaded, dict) else ((f"#{i}", x) for i, x in enumerate(loaded))))
+    head = f"--load-inputs {path} holds {holds}, but the model takes {wants}"
+    example = f"np.savez(path, {', '.join(f'{n}=...' for n in names)}) or torch.save({{{', '.join(repr(n) + ': ...' for n in names)}}}, path)"
+    if isinstance(loaded, dict):
+        unknown = [k for k in loaded if k not in names]
+        if unknown and any(k.endswith(_WEIGHT_ENDINGS) for k in unknown):
+            shown = ", ".join(repr(k) for k in list(loaded)[:4])
+            raise UsageError(f"--load-inputs {path} holds weights (a state_dict: {shown}{' ...' if len(loaded) > 4 else ''}), "
+                             f"not inputs; the model takes {wants}: save the inputs by name, e.g. {example}")
+        missing = [n for n in names if n not in loaded]
+        if unknown or missing:
+            from overdrive._utils.errors import close_names
+
+            def near(k: str) -> str:
+                close = close_names(k, missing or names)
+                return f" (did you mean {close[0]!r}?)" if close else ""
+
+            why = "; ".join([*(f"no input named {k!r}{near(k)}" for k in unknown),
+                             *([f"no array for {', '.join(map(repr, missing))}"] if missing and not unknown else [])])
+            raise UsageError(f"{head}: {why}; save the inputs by the model's input names, e.g. {example}")
+        named = dict(loaded)
+    else:
+        if len(loaded) != len(names):
+            raise UsageError(f"{head}: {len(loaded)} tensor(s) for {len(names)} input(s); save one per input, in "
+                             f"order, or by name: {example}")
+        named = dict(zip(names, loaded))
+    for n in names:
+        want, got = shapes.get(n), tuple(named[n].shape)
+        if want is None:
+            continue
+        bad = [i for i, (g, w) in enumerate(zip(got, want)) if w is not None and g != w]
+        if len(got) != len(want) or bad:
+            why = (f"{n!r} has {len(got)} dims, the model's {len(want)}" if len(got) != len(want) else
+                   f"{n!r} dim {bad[0]} is {got[bad[0]]}, which the model fixes at {want[bad[0]]}")
+            raise UsageError(f"{head}: {why}; save inputs of the model's shape, or re-export the model with that "
+                             "dim dynamic")
+    return named
+
+
 def run_runners(model: str, trt: bool, onnxrt: bool, atol: float = 1e-3, rtol: float = 1e-3, seed: int = 0,
                 shapes: str | None = None, load_inputs: str | None = None, save_inputs: str | None = None,
                 precision: str = "fp32", device: str = "auto") -> dict[str, Any]:
@@ -108,8 +175,14 @@ def run_runners(model: str, trt: bool, onnxrt: bool, atol: float = 1e-3, rtol: f
     if load_inputs:
         from overdrive.engine.compare import load_inputs as read_inputs
 
-        loaded = read_inputs(load_inputs)
-        named = loaded if isinstance(loaded, dict) else dict(zip(src.input_names, loaded))
+        if not Path(load_inputs).is_file():  # named by this verb's flag (compare's reader says --inputs)
+            raise UsageError(f"--load-inputs {load_inputs!r} does not exist; give an .npz of arrays by input name "
+                             "or a .pt (torch.save of a dict name -> tensor), e.g. one --save-inputs wrote")
+        try:
+            loaded = read_inputs(load_inputs)
+        except UsageError as exc:
+            raise UsageError(re.sub(r"^--inputs ", "--load-inputs ", str(exc))) from exc
+        named = check_loaded_inputs(load_inputs, loaded, src)
         shapes_by = {n: tuple(x.shape) for n, x in named.items()}
     else:
         shapes_by = parse_shapes(shapes)
