@@ -123,3 +123,34 @@ def test_a_write_to_a_folder_or_a_missing_folder_is_one_clear_error(tmp_path) ->
         with pytest.raises(UsageError, match="not writable"):
             check_output("--save-engine", "/proc/a.engine")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("writer", ["atomic_write", "atomic_path"])
+def test_a_device_or_pipe_is_written_through_not_replaced(tmp_path: Path, writer: str) -> None:
+    # `--json /dev/null` as root renamed a temporary file over /dev/null: the device became a plain file for every
+    # process on the machine. A named pipe stands in for the device here (same rule: not a regular file)
+    import stat
+    import threading
+
+    from overdrive._utils.files import atomic_path, atomic_write
+
+    fifo = tmp_path / "out.pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        if writer == "atomic_write":
+            atomic_write(fifo, b"through")
+        else:
+            with atomic_path(fifo) as p:
+                p.write_bytes(b"through")
+    finally:
+        if not got:  # unblock the reader if the write went elsewhere
+            with open(fifo, "wb", buffering=0) as f:
+                f.write(b"")
+        reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the pipe was replaced by a file"
+    assert got == [b"through"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.pipe"]  # no temporary left

@@ -1,7 +1,7 @@
 """Writes that cannot tear: a unique temporary file in the destination's folder, flushed and fsynced, then
 renamed over the destination (``os.replace`` is atomic on POSIX and Windows). A reader sees the old file or
 the new one, never a mix; two writers to one path leave one whole file; a crash mid-write leaves the old
-file and no temporary behind.
+file and no temporary behind. A device or pipe (``--json /dev/null``, ``/dev/stdout``) is written through instead.
 
 Example:
     >>> import tempfile, pathlib
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import tempfile
 from pathlib import Path
 from collections.abc import Iterator
@@ -51,6 +52,17 @@ def _default_mode() -> int:
     return 0o666 & ~_UMASK
 
 
+def _special(path: Path) -> bool:
+    """Whether ``path`` exists and is no regular file or folder (a device such as ``/dev/null``, ``/dev/stdout``, a
+    named pipe): renaming a temporary file over it would replace the device itself (as root: ``/dev/null`` became
+    a plain file for every process on the machine), so such a path is written through."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes | str, durable: bool = True) -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` atomically; returns the path. An existing file keeps its
     permission bits; a new one gets the usual ``0o666 & ~umask``. ``durable=False`` skips the fsyncs (a reader or
@@ -60,6 +72,10 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, durable: bool 
 
     path = Path(path)
     blob = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if _special(path):  # /dev/null, /dev/stdout, a named pipe: written through, never renamed over
+        with open(path, "wb") as f:
+            f.write(blob)
+        return path
     if path.is_dir():
         raise UsageError(f"cannot write {str(path)!r}: it is a folder; give a file path such as "
                          f"{str(path / 'out')!r}")
@@ -116,6 +132,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         ('new', ['a.txt'])
     """
     path = Path(path)
+    if _special(path):  # /dev/null, a named pipe: the writer writes to it itself
+        yield path
+        return
     try:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
