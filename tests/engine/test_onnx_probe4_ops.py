@@ -173,7 +173,7 @@ def test_model_local_function_is_inlined_and_matches_onnxruntime() -> None:
     ("ai.onnx.ml", "LinearRegressor",
      r"ai\.onnx\.ml::LinearRegressor \(node 'n'\) .* classical-ML .* --backend onnxruntime"),
     ("com.microsoft", "Attention",
-     r"com\.microsoft::Attention \(node 'n'\) .* ONNX Runtime's own fusions.*not the fused attention"),
+     r"com\.microsoft::Attention \(node 'n'\) .* ONNX Runtime's own fusions.*not the float fused attention"),
     ("", "FastGelu", r"FastGelu \(node 'n'\) is not an operator of the ONNX standard.*build from the model as "
                      r"exported"),
 ], ids=["ml", "microsoft", "ort_default_domain"])
