@@ -352,12 +352,47 @@ def rank_env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
     return out
 
 
+def master_host(addr: str, what: str = "MASTER_ADDR") -> str:
+    """The host of a master address as sockets and torch's ``TCPStore`` take it: a name, an IPv4 address, or an IPv6
+    one without the brackets of URLs and ``host:port`` (``[fd00::1]``); the store did not read a bracketed one and
+    waited out its whole timeout ("cannot be retrieved"). Raises :class:`UsageError` for what no host can be: empty,
+    unbalanced brackets, or a ``host:port`` (the port goes in MASTER_PORT).
+
+    Example:
+        >>> master_host("[fd00::1]"), master_host("fd00::1"), master_host(" node0 ")
+        ('fd00::1', 'fd00::1', 'node0')
+    """
+    import ipaddress
+
+    from overdrive._utils.errors import UsageError
+
+    host = addr.strip()
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if ":" in inner or inner != host:
+        try:
+            ipaddress.IPv6Address(inner)  # a link-local scope (fe80::1%eth0) included
+            return inner
+        except ValueError:
+            pass
+        name, _, port = inner.rpartition(":")
+        if inner == host and port.isdigit() and name and ":" not in name:
+            raise UsageError(f"{what}={addr!r} holds a port: give the host alone ({what}={name}) and the port as "
+                             f"MASTER_PORT={port} (--master-port {port})")
+        raise UsageError(f"{what}={addr!r} is not a host name, an IPv4 address or an IPv6 address (bare, or in "
+                         "brackets as [fd00::1]); fix the address")
+    if not host or any(c in host for c in "[]/ "):
+        raise UsageError(f"{what}={addr!r} is not a host name, an IPv4 address or an IPv6 address; give node 0's "
+                         "address, e.g. 10.0.0.1 or node0")
+    return host
+
+
 def _resolve(addr: str, port: int) -> tuple[int, Any]:
     """(address family, socket address) of ``addr``: a name, an IPv4 address, or an IPv6 one, bare or bracketed as in
     ``[fd00::1]:29400`` (``socket.gethostbyname`` reads IPv4 only: every IPv6 master was "does not resolve")."""
-    host = addr.strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+    try:
+        host = master_host(addr)
+    except ValueError as exc:  # UsageError: reported as the address finding
+        raise OSError(str(exc)) from None
     family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     return family, sockaddr
 

@@ -8,14 +8,18 @@ Example:
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -205,31 +209,134 @@ def _restarting(cfg: LaunchConfig, script: str, script_args: list[str], module: 
     return rc
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout_s: float | None) -> int:
-    if timeout_s is None:
-        return subprocess.run(cmd, env=env, check=False).returncode
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own group: the ranks die with it
+class Interrupted(KeyboardInterrupt):
+    """The launch was stopped by SIGINT (Ctrl-C) or SIGTERM (``kill``, a scheduler's cancel) after every rank was;
+    a ``KeyboardInterrupt``, so callers that end on Ctrl-C (the CLI: one line, exit 130) end on either."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_signals() -> Iterator[bool]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` for the block (then restored), so the launcher stops torchrun
+    and its ranks before it exits: by default SIGTERM killed the launcher alone and left them running. Yields
+    whether it could (only the main thread may set signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    before = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait(timeout=timeout_s)
-    except KeyboardInterrupt:  # a new session gets no terminal SIGINT: pass it on, as torchrun would get it
-        proc.send_signal(signal.SIGINT)
-        _reap(proc)
-        raise
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # torchrun stops its ranks on SIGTERM (each runs in a session of its own)
-        _reap(proc)
-        raise OverdriveError(f"the launched job ran past timeout_s={timeout_s:g} s and was stopped with every rank; "
-                             "a rank may be stuck in a collective: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL, or "
-                             "raise the limit") from None
+        yield True
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _pump(src: int, quiet: threading.Event) -> None:
+    """Copy the job's stderr (torchrun's and every rank's) to ours as it comes, until ``quiet`` is set: after the
+    launch is stopped the ranks' ``KeyboardInterrupt`` tracebacks and torchrun's own (``SignalException``) say
+    nothing the one line about the stop does not; before it, a rank's own error shows as it always did."""
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while True:
+        try:
+            chunk = os.read(src, 65536)
+        except OSError:  # a pty reads EIO once every writer closed it: the end
+            chunk = b""
+        if not chunk:
+            break
+        if not quiet.is_set():
+            try:
+                sys.stderr.write(decode.decode(chunk))
+                sys.stderr.flush()
+            except (OSError, ValueError):  # our stderr closed: keep draining so no rank blocks on a full pipe
+                pass
+    os.close(src)
+
+
+def _stderr_channel() -> tuple[int, int]:
+    """(the job's stderr, our end to read it): a pseudo-terminal when our stderr is a terminal, so the ranks still
+    see one (progress bars, colours), else a pipe."""
+    try:
+        if sys.stderr.isatty():
+            import fcntl
+            import pty
+            import termios
+
+            ours, theirs = pty.openpty()
+            try:  # the terminal's size, or ranks that ask for it would get 0 columns
+                fcntl.ioctl(theirs, termios.TIOCSWINSZ, fcntl.ioctl(sys.stderr.fileno(), termios.TIOCGWINSZ, b"\0" * 8))
+            except OSError:
+                pass
+            return theirs, ours
+    except (AttributeError, ValueError, OSError, ImportError):  # a replaced stderr, or no ptys (Windows)
+        pass
+    ours, theirs = os.pipe()
+    return theirs, ours
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout_s: float | None) -> int:
+    """Run torchrun in a session of its own and wait for it; SIGINT / SIGTERM (and ``timeout_s``) reach it from
+    here, quietly: torchrun passes the signal to its ranks and waits for them (SIGKILL after its shutdown timeout),
+    then exits. The launcher exits after it, so no rank is left running."""
+    with _stop_signals() as own:
+        theirs, ours = _stderr_channel()
+        try:
+            # its own group when we forward the signals: a terminal's Ctrl-C reaches the launcher alone
+            proc = subprocess.Popen(cmd, env=env, stderr=theirs, start_new_session=own)
+        except BaseException:
+            os.close(ours)
+            raise
+        finally:
+            os.close(theirs)
+        quiet = threading.Event()
+        pump = threading.Thread(target=_pump, args=(ours, quiet), name="overdrive-launch-stderr", daemon=True)
+        pump.start()
+        try:
+            return proc.wait(timeout=timeout_s)
+        except KeyboardInterrupt as exc:
+            quiet.set()
+            proc.send_signal(exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+            _reap(proc)
+            raise
+        except subprocess.TimeoutExpired:
+            quiet.set()
+            proc.terminate()  # torchrun stops its ranks on SIGTERM (each runs in a session of its own)
+            _reap(proc)
+            raise OverdriveError(f"the launched job ran past timeout_s={timeout_s:g} s and was stopped with every "
+                                 "rank; a rank may be stuck in a collective: rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL, "
+                                 "or raise the limit") from None
+        finally:
+            if proc.poll() is None:  # any other way out of the wait: nothing of the job may outlive it
+                quiet.set()
+                proc.terminate()
+                _reap(proc)
+            pump.join()
 
 
 def _reap(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
-    """Wait for torchrun to stop its ranks and exit; past ``grace_s``, kill its process group."""
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    """Wait for torchrun to stop its ranks and exit (it SIGKILLs them after its 30 s shutdown timeout); past
+    ``grace_s``, kill its process group. A second Ctrl-C meanwhile does not cut the wait short: leaving now would
+    leave the ranks running."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            return
+        except KeyboardInterrupt:
+            continue
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+            proc.wait()
+            return
 
 
 def _warn_oversubscribed(nproc: int, backend: str | None) -> None:

@@ -131,7 +131,7 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
     Example:
         >>> # env = overdrive.distributed.init(); model = ... .to(env.device)
     """
-    from overdrive.distributed.doctor import rank_env_problems
+    from overdrive.distributed.doctor import master_host, rank_env_problems
 
     environ, launcher = rank_env(dict(os.environ))  # torchrun's RANK / WORLD_SIZE, else an MPI launcher's or srun's
     bad = rank_env_problems(environ)
@@ -166,8 +166,9 @@ def init(backend: str | None = None, device: str | torch.device | None = None) -
             derived = launcher == slurm.LAUNCHER and "MASTER_PORT" not in os.environ  # srun: the port from the job id
             if launcher == slurm.LAUNCHER and "MASTER_ADDR" not in os.environ and "MASTER_ADDR" in environ:
                 slurm.check_master_host(environ)  # the address from the node list: task 0 must run there
+            host = master_host(environ.get("MASTER_ADDR", "127.0.0.1"))  # [fd00::1] as the store reads it
             try:
-                store = dist.TCPStore(environ.get("MASTER_ADDR", "127.0.0.1"), int(environ["MASTER_PORT"]), world,
+                store = dist.TCPStore(host, int(environ["MASTER_PORT"]), world,
                                       is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
                                       timeout=datetime.timedelta(seconds=300))
             except RuntimeError as exc:
