@@ -76,3 +76,14 @@ def test_init_refuses_a_master_addr_with_a_port(hosts: list[str], monkeypatch: p
     with pytest.raises(UsageError, match="holds a port"):
         odist.init(backend="gloo", device="cpu")
     assert hosts == [] and not dist.is_initialized()
+
+
+def test_launch_hands_torchrun_the_master_host_without_brackets() -> None:
+    # `overdrive launch --master-addr "[fd00::1]"` went to torchrun as typed, whose store cannot read the brackets
+    from overdrive._utils.errors import UsageError
+    from overdrive.distributed.config import LaunchConfig
+
+    cfg = LaunchConfig(nnodes=2, node_rank=1, master_addr="[fd00::1]", master_port=29500)
+    assert cfg.master_addr == "fd00::1"
+    with pytest.raises(UsageError, match=r"--master-addr='10.0.0.1:29500' holds a port.*MASTER_PORT=29500"):
+        LaunchConfig(nnodes=2, master_addr="10.0.0.1:29500")

@@ -99,6 +99,10 @@ class LaunchConfig(ConfigBase):
             raise UsageError(f"master_port={self.master_port} is not a TCP port (1-65535)")
         if self.max_restarts < 0:
             raise UsageError(f"max_restarts={self.max_restarts} must be >= 0")
+        if self.master_addr is not None:  # [fd00::1] as torch's store takes it; a host:port refused naming the fix
+            from overdrive.distributed.doctor import master_host
+
+            object.__setattr__(self, "master_addr", master_host(self.master_addr, "--master-addr"))
         if self.nnodes > 1 and self.master_addr is None and self.rdzv_endpoint is None:
             raise UsageError(
                 f"nnodes={self.nnodes} needs --master-addr (static) or --rdzv-endpoint host:port (elastic) "
