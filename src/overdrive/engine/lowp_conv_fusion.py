@@ -45,6 +45,9 @@ import torch
 from torch.fx.node import Node
 
 from overdrive.engine.conv_fusion import _ADD, _BN, _BN_LEGIT, _RELU, _bn_args
+from overdrive.engine.conv_q_layout import (ACT, BIAS, CONFIG, DILATION, DUAL_ACT, DUAL_RES_SCALE, OUT_DTYPE,
+                                            OUT_SCALE, PADDING, QMIN, RELU, RES, RES_SCALE, SCALE, STRIDE, W, X,
+                                            full_args, full_dual_args)
 from overdrive.engine.lowp_siblings import group_lowp_siblings
 from overdrive.engine.passes import constant_inputs, drop_inference_dropout, rename_output
 from overdrive.engine.passes import refresh_values
@@ -56,23 +59,9 @@ _CONV_Q = torch.ops.overdrive.conv2d_q.default
 _QUANTIZE = torch.ops.overdrive.quantize.default
 _DUAL = torch.ops.overdrive.conv2d_q_dual.default
 _DEQUANT = torch.ops.overdrive.dequantize.default
-# conv2d_q's arguments, by position
-X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE, ACT = range(15)
-DUAL_RES_SCALE, DUAL_ACT = 14, 15  # conv2d_q_dual's res_scale and act (its first six arguments are conv2d_q's)
 _ACTS = {aten.silu.default: _qconv.ACT_SILU, aten.silu_.default: _qconv.ACT_SILU, aten.gelu.default: _qconv.ACT_GELU,
          aten.gelu_.default: _qconv.ACT_GELU}
 _ACT_NAMES = {code: name for name, code in _qconv.ACTS.items()}
-
-
-def _args(conv: Node) -> list[Any]:
-    """A conv2d_q node's arguments, all 15 (export leaves the trailing defaults ``res_scale`` and ``act`` out)."""
-    return [*conv.args, *[None] * (RES_SCALE + 1 - len(conv.args)), *([0] if len(conv.args) <= ACT else [])]
-
-
-def _dual_args(node: Node) -> list[Any]:
-    """A conv2d_q_dual node's arguments, all 16."""
-    a = list(node.args)
-    return [*a, *[None] * (DUAL_RES_SCALE + 1 - len(a)), *([0] if len(a) <= DUAL_ACT else [])]
 
 
 def _act_of(node: Node | None, tail: Node) -> int:
@@ -144,9 +133,9 @@ def _fold_epilogues(ep: Any, graph: torch.fx.Graph) -> int:
     """Step 1 for every conv2d_q writing a float tensor: returns how many took at least one epilogue step."""
     folded = 0
     for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
-        if conv.args[OUT_SCALE] is not None or conv.args[RES] is not None or conv.args[RELU] or _args(conv)[ACT]:
+        if conv.args[OUT_SCALE] is not None or conv.args[RES] is not None or conv.args[RELU] or full_args(conv)[ACT]:
             continue
-        args = _args(conv)
+        args = full_args(conv)
         tail, chain = conv, [conv]
         got = _bn_after(tail)
         if got is not None:
@@ -275,7 +264,7 @@ def _quantize_residuals(ep: Any, graph: torch.fx.Graph) -> int:
     done = 0
     order = {n: i for i, n in enumerate(graph.nodes)}
     for conv in [n for n in graph.nodes if n.op == "call_function" and n.target is _CONV_Q]:
-        args = _args(conv)
+        args = full_args(conv)
         r = args[RES]
         if not isinstance(r, Node) or args[RES_SCALE] is not None:
             continue
@@ -324,7 +313,7 @@ def _quantize_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Te
             continue
         first = min(users, key=order.__getitem__)
         _, scale, qmin, fp8 = first.args
-        args = _args(conv)
+        args = full_args(conv)
         args[OUT_SCALE], args[QMIN] = scale, qmin
         args[OUT_DTYPE] = torch.float8_e4m3fn if fp8 else torch.int8
         with graph.inserting_before(first):  # after the conv and the scale, before every reader
@@ -358,7 +347,7 @@ def _dual_outputs(ep: Any, graph: torch.fx.Graph, consts: dict[str, torch.Tensor
         _, scale, qmin, fp8 = served[0].args
         if isinstance(scale, Node) and scale.op != "placeholder":  # computed after the conv, maybe: not movable
             continue
-        a = _args(conv)
+        a = full_args(conv)
         with graph.inserting_before(conv):
             new = graph.call_function(_DUAL, (a[X], a[W], a[SCALE], a[BIAS], a[RES], a[RELU], a[OUT_DTYPE], scale,
                                               qmin, fp8, a[STRIDE], a[PADDING], a[DILATION], a[CONFIG],
@@ -466,8 +455,8 @@ def fuse_lowp_convs(ep: Any, quantize_residuals: bool = False, siblings: Any = N
     with contextlib.suppress(Exception):  # meta values refresh; a failure leaves the (valid) graph as it is
         refresh_values(gm)
     residuals = sum(1 for n in graph.nodes if n.op == "call_function" and (
-        (n.target is _CONV_Q and _args(n)[RES_SCALE] is not None)
-        or (n.target is _DUAL and _dual_args(n)[DUAL_RES_SCALE] is not None)))
+        (n.target is _CONV_Q and full_args(n)[RES_SCALE] is not None)
+        or (n.target is _DUAL and full_dual_args(n)[DUAL_RES_SCALE] is not None)))
     counts = {"folded": folded, "quantized_out": quantized, "dual_out": dual, "inlined": inlined,
               "quantized_residuals": residuals}
     return counts if grouped is None else {**counts, "sibling_groups": len(grouped)}
@@ -493,10 +482,10 @@ def conv_epilogues(ep: Any) -> dict[str, dict[str, Any]]:
             continue
         name = list(stack.values())[-1][0]
         if n.target is _DUAL:
-            a = _dual_args(n)
+            a = full_dual_args(n)
             res, res_scale, relu, act, kind = a[RES], a[DUAL_RES_SCALE], a[RELU], a[DUAL_ACT], "dual"
         else:
-            a = _args(n)
+            a = full_args(n)
             res, res_scale, relu, act = a[RES], a[RES_SCALE], a[RELU], a[ACT]
             kind = "8-bit" if a[OUT_SCALE] is not None else "float"
         out[name] = {"residual": None if res is None else "8-bit" if res_scale is not None else "float",

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch.fx.node import Node
 
+from overdrive.engine.conv_q_layout import (ACT, BIAS, CONFIG, DILATION, OUT_DTYPE, OUT_SCALE, PADDING, QMIN, RELU,
+                                            RES, RES_SCALE, SCALE, STRIDE, W, X, full_args)
 from overdrive.engine.passes import node_value as _val
 from overdrive.engine.passes import rename_output
 from overdrive.quant import conv as _qconv
@@ -39,17 +41,11 @@ aten = torch.ops.aten
 _CONV_Q = torch.ops.overdrive.conv2d_q.default
 _QUANTIZE = torch.ops.overdrive.quantize.default
 _VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
-# conv2d_q's arguments, by position (as lowp_conv_fusion names them)
-X, W, SCALE, BIAS, RES, RELU, OUT_SCALE, OUT_DTYPE, QMIN, STRIDE, PADDING, DILATION, CONFIG, RES_SCALE, ACT = range(15)
 
 Decide = Callable[[torch.Tensor, list[torch.Tensor], list[int], bool, torch.dtype], "tuple[bool, int] | bool"]
 """``decide(x, weights, configs, has_bias, out_dtype) -> (fuse, config)`` for one group (fake tensors: the 8-bit
 input in the kernel's ``(tokens, K, 1, 1)`` view and each member's ``(N, K, 1, 1)`` weight; ``configs`` the members'
 tile configs); a bare bool keeps the first member's config."""
-
-
-def _full_args(conv: Node) -> list[Any]:
-    return [*conv.args, *[None] * (RES_SCALE + 1 - len(conv.args)), *([0] if len(conv.args) <= ACT else [])]
 
 
 def _view_key(node: Any) -> Any:
@@ -69,7 +65,7 @@ def _input_key(x: Any, quantize_key: Callable[[Node], Any]) -> Any:
 
 
 def _eligible(conv: Node, first_pos: int, order: dict[Node, int]) -> bool:
-    a = _full_args(conv)
+    a = full_args(conv)
     w = _val(a[W])
     if w is None or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1):
         return False
@@ -102,7 +98,7 @@ def _groups(graph: torch.fx.Graph, quantize_key: Callable[[Node], Any]) -> list[
         # one group per (weight dtype, K, output dtype, qmin): the one kernel computes one of each
         kinds: dict[tuple, list[Node]] = {}
         for c in ok:
-            a, w = _full_args(c), _val(c.args[W])
+            a, w = full_args(c), _val(c.args[W])
             kinds.setdefault((w.dtype, int(w.shape[1]), a[OUT_DTYPE], a[QMIN]), []).append(c)
         groups += [sorted(g, key=order.__getitem__) for g in kinds.values() if len(g) >= 2]
     return groups
@@ -127,7 +123,7 @@ def group_lowp_siblings(ep: Any, graph: torch.fx.Graph, quantize_key: Callable[[
     each as its nodes' names. Meta values of the new nodes are left to the caller's refresh."""
     fused: list[list[str]] = []
     for group in _groups(graph, quantize_key):
-        args = [_full_args(c) for c in group]
+        args = [full_args(c) for c in group]
         weights = [_val(a[W]) for a in args]
         outs = [int(w.shape[0]) for w in weights]
         has_bias = any(a[BIAS] is not None for a in args)
